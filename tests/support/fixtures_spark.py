@@ -1,0 +1,1 @@
+"""Fixtures: spark (being built)."""
