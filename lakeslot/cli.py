@@ -16,7 +16,12 @@ from lakeslot import __version__
 def _provision_jars(args: argparse.Namespace) -> int:
     from lakeslot import iceberg_jars
 
-    for path in iceberg_jars.ensure_jars(refresh=args.refresh):
+    try:
+        jars = iceberg_jars.ensure_jars(refresh=args.refresh)
+    except iceberg_jars.JarProvisioningError as e:
+        print(f"lakeslot provision-jars: {e}", file=sys.stderr)
+        return 1
+    for path in jars:
         print(path)
     return 0
 
