@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from lakeslot import pgcluster
+from lakeslot.source.connection import ConnectionSettings
 
 VERSIONS = {
     "pg15": lambda: pgcluster.debian_install(15),
@@ -82,3 +83,12 @@ def pgdb(pg) -> Database:
     pg.create_database(name)
     yield Database(pg, name)
     pg.drop_database(name)
+
+
+def connection_settings(db: Database, user: str | None = None,
+                        password: str | None = None) -> ConnectionSettings:
+    """How lakeslot would connect to ``db`` as ``user`` (default: the superuser)."""
+    if user is None:
+        user, password = db.cluster.superuser, db.cluster.password
+    return ConnectionSettings(host="127.0.0.1", port=db.cluster.port, dbname=db.name, user=user,
+                              password=password)

@@ -1,0 +1,25 @@
+"""PostgreSQL log sequence numbers: 64-bit integers, written ``X/XXXXXXXX`` by PostgreSQL.
+
+Everything inside lakeslot holds LSNs as ``int``; text appears only at the edges (SQL, status,
+segment names). ``parse`` accepts exactly PostgreSQL's form and raises ``ValueError`` otherwise,
+so a corrupted status or file name never turns into a silently wrong position.
+"""
+
+from __future__ import annotations
+
+import re
+
+_LSN = re.compile(r"([0-9A-Fa-f]{1,8})/([0-9A-Fa-f]{1,8})")
+
+
+def parse(text: str) -> int:
+    m = _LSN.fullmatch(text.strip())
+    if not m:
+        raise ValueError(f"not a PostgreSQL LSN: {text!r} (expected e.g. '0/16B3748')")
+    return (int(m.group(1), 16) << 32) | int(m.group(2), 16)
+
+
+def format(lsn: int) -> str:  # noqa: A001 - mirrors PostgreSQL's name for the text form
+    if not 0 <= lsn < 1 << 64:
+        raise ValueError(f"LSN out of range: {lsn}")
+    return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"

@@ -1,0 +1,303 @@
+"""Preflight: can this database feed this ingestion? Each check says what is wrong and how to
+fix it (the SQL to run or the setting to change), so a user never has to guess.
+
+Invariants:
+
+- Checks only read the catalog: running them never changes the database and is always safe
+  to repeat (the operator runs them on every reconcile).
+- Every table-level problem names the table (quoted as ``psql`` would accept it), and fixes are
+  rendered with ``psycopg.sql`` so they are correct for any identifier.
+- A table without a usable replica identity is reported *before* it could be added to a
+  publication: once such a table is in a publication that publishes updates and deletes, the
+  application's own UPDATE and DELETE statements on it fail (FACTS.md).
+
+Replica identity rules (what the mirror's key will be):
+
+- primary key with REPLICA IDENTITY DEFAULT → the primary key;
+- REPLICA IDENTITY USING INDEX → that index's columns;
+- REPLICA IDENTITY FULL → the primary key if there is one, else the configured key columns
+  (required then: without them the mirror cannot tell rows apart);
+- configured key columns are accepted only with FULL (otherwise updates and deletes would not
+  carry them);
+- DEFAULT without a primary key, or NOTHING → not usable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from lakeslot import typemap
+from lakeslot.source.connection import render_sql
+from lakeslot.source.tables import TableName, existing, quote_ident
+
+MIN_SERVER_VERSION = 130000
+# Managed services grant replication through a role instead of the REPLICATION attribute.
+REPLICATION_ROLES = ("rds_replication",)
+
+
+@dataclass(frozen=True)
+class Finding:
+    check: str
+    ok: bool
+    message: str
+    fix: str = ""
+    table: TableName | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.table}: " if self.table else ""
+        return f"{where}{self.message}" + (f" — fix: {self.fix}" if self.fix else "")
+
+
+def failures(findings: Sequence[Finding]) -> list[Finding]:
+    return [f for f in findings if not f.ok]
+
+
+def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
+        key_columns: Mapping[TableName, Sequence[str]] | None = None,
+        slot_name: str | None = None, manage_publication: bool = True) -> list[Finding]:
+    """All checks for these tables, in the order a user should address them."""
+    key_columns = key_columns or {}
+    findings = [_server_version(conn), _wal_level(conn), *_headroom(conn, slot_name),
+                _replication_privilege(conn)]
+    if manage_publication:
+        findings.append(_create_privilege(conn))
+    oids = existing(conn, tables)
+    for table in tables:
+        oid = oids.get(table)
+        if oid is None:
+            findings.append(Finding("table_exists", False, "table does not exist (or is not a "
+                                    "table)", "check the schema and table name, including case",
+                                    table))
+            continue
+        findings += _table_checks(conn, table, oid, list(key_columns.get(table, ())),
+                                  manage_publication)
+    return findings
+
+
+# server-level ----------------------------------------------------------------------------
+
+def _setting(conn: psycopg.Connection, name: str) -> str:
+    return conn.execute("SELECT current_setting(%s)", (name,)).fetchone()[0]
+
+
+def _server_version(conn: psycopg.Connection) -> Finding:
+    version = conn.info.server_version
+    if version >= MIN_SERVER_VERSION:
+        return Finding("server_version", True, f"PostgreSQL {version // 10000}")
+    return Finding("server_version", False,
+                   f"PostgreSQL {version // 10000} is too old: lakeslot needs 13 or newer "
+                   "(slot health reporting relies on wal_status)", "upgrade the server")
+
+
+def _wal_level(conn: psycopg.Connection) -> Finding:
+    level = _setting(conn, "wal_level")
+    if level == "logical":
+        return Finding("wal_level", True, "wal_level is logical")
+    return Finding("wal_level", False, f"wal_level is {level!r}, logical decoding needs 'logical'",
+                   "ALTER SYSTEM SET wal_level = logical; then restart PostgreSQL (managed "
+                   "services: RDS/Aurora rds.logical_replication = 1, Cloud SQL "
+                   "cloudsql.logical_decoding = on, Azure wal_level = logical)")
+
+
+def _headroom(conn: psycopg.Connection, slot_name: str | None) -> list[Finding]:
+    """A free slot for the snapshot's temporary slot (+1 if ours does not exist yet) and free
+    WAL senders for the reader and the snapshot leader."""
+    max_slots = int(_setting(conn, "max_replication_slots"))
+    used_slots, ours = conn.execute(
+        "SELECT count(*), count(*) FILTER (WHERE slot_name = %s) FROM pg_replication_slots",
+        (slot_name,)).fetchone()
+    need_slots = 1 if ours else 2
+    max_senders = int(_setting(conn, "max_wal_senders"))
+    used_senders = conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone()[0]
+    findings = []
+    for check, setting, limit, used, need in (
+        ("replication_slots", "max_replication_slots", max_slots, used_slots, need_slots),
+        ("wal_senders", "max_wal_senders", max_senders, used_senders, 2),
+    ):
+        free = limit - used
+        if free >= need:
+            findings.append(Finding(check, True, f"{free} of {setting}={limit} free"))
+        else:
+            findings.append(Finding(
+                check, False, f"{setting}={limit} with {used} in use leaves {free}; lakeslot "
+                f"needs {need} (the reader and the snapshot)",
+                f"ALTER SYSTEM SET {setting} = {used + need + 2}; then restart PostgreSQL"))
+    return findings
+
+
+def _replication_privilege(conn: psycopg.Connection) -> Finding:
+    user, allowed = conn.execute(
+        """SELECT current_user, r.rolreplication OR r.rolsuper OR EXISTS (
+                  SELECT 1 FROM pg_roles m WHERE m.rolname = ANY(%s)
+                     AND pg_has_role(current_user, m.oid, 'MEMBER'))
+             FROM pg_roles r WHERE r.rolname = current_user""",
+        (list(REPLICATION_ROLES),)).fetchone()
+    if allowed:
+        return Finding("replication_privilege", True, f"role {user} may replicate")
+    return Finding("replication_privilege", False,
+                   f"role {quote_ident(user)} lacks the REPLICATION attribute",
+                   render_sql(conn, "ALTER ROLE {} WITH REPLICATION;", sql.Identifier(user))
+                   + " (RDS/Aurora: GRANT rds_replication TO the role)")
+
+
+def _create_privilege(conn: psycopg.Connection) -> Finding:
+    user, db, allowed = conn.execute(
+        "SELECT current_user, current_database(), "
+        "has_database_privilege(current_database(), 'CREATE')").fetchone()
+    if allowed:
+        return Finding("create_privilege", True, f"role {user} may create publications")
+    return Finding("create_privilege", False,
+                   f"role {quote_ident(user)} cannot create a publication in database "
+                   f"{quote_ident(db)}",
+                   render_sql(conn, "GRANT CREATE ON DATABASE {} TO {};", sql.Identifier(db),
+                           sql.Identifier(user))
+                   + " — or create the publication yourself and let lakeslot only verify it")
+
+
+# table-level -----------------------------------------------------------------------------
+
+def _table_checks(conn: psycopg.Connection, table: TableName, oid: int, key_columns: list[str],
+                  manage_publication: bool) -> list[Finding]:
+    checks = [_select_privilege(conn, table, oid), _replica_identity(conn, table, oid, key_columns),
+              _row_level_security(conn, table, oid), *_column_types(conn, table, oid)]
+    if manage_publication:
+        checks.append(_ownership(conn, table, oid))
+    return checks
+
+
+def _select_privilege(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:
+    user, allowed = conn.execute(
+        "SELECT current_user, has_table_privilege(%s::oid, 'SELECT')", (oid,)).fetchone()
+    if allowed:
+        return Finding("select_privilege", True, "readable", table=table)
+    return Finding("select_privilege", False, f"role {quote_ident(user)} cannot SELECT from it",
+                   render_sql(conn, "GRANT USAGE ON SCHEMA {} TO {u}; GRANT SELECT ON {} TO {u};",
+                           sql.Identifier(table.schema), table.sql(), u=sql.Identifier(user)),
+                   table)
+
+
+def _ownership(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:
+    """Adding a table to a publication requires owning it (or being superuser)."""
+    user, owner, allowed = conn.execute(
+        """SELECT current_user, pg_get_userbyid(c.relowner),
+                  pg_has_role(current_user, c.relowner, 'USAGE')
+             FROM pg_class c WHERE c.oid = %s::oid""", (oid,)).fetchone()
+    if allowed:
+        return Finding("ownership", True, "may be added to the publication", table=table)
+    return Finding("ownership", False,
+                   f"role {quote_ident(user)} does not own it (owner: {quote_ident(owner)}), so it "
+                   "cannot add it to a publication",
+                   render_sql(conn, "GRANT {} TO {};", sql.Identifier(owner), sql.Identifier(user))
+                   + " — or create the publication as the owner and let lakeslot only verify it",
+                   table)
+
+
+def replica_identity_key(conn: psycopg.Connection, oid: int) -> tuple[str, list[str]]:
+    """``(relreplident, key columns)`` where the key comes from the primary key (DEFAULT or
+    FULL) or from the replica identity index (USING INDEX); empty when there is none."""
+    identity = conn.execute("SELECT relreplident FROM pg_class WHERE oid = %s::oid",
+                            (oid,)).fetchone()[0]
+    index_flag = "indisreplident" if identity == "i" else "indisprimary"
+    key = [r[0] for r in conn.execute(
+        sql.SQL("""SELECT a.attname FROM pg_index i
+                     JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) ON true
+                     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                    WHERE i.indrelid = %s::oid AND i.{} ORDER BY k.n""").format(
+            sql.Identifier(index_flag)), (oid,))]
+    return identity, key
+
+
+def _replica_identity(conn: psycopg.Connection, table: TableName, oid: int,
+                      key_columns: list[str]) -> Finding:
+    identity, key = replica_identity_key(conn, oid)
+    check = "replica_identity"
+    full = render_sql(conn, "ALTER TABLE {} REPLICA IDENTITY FULL;", table.sql())
+    if key_columns:
+        missing = _missing_columns(conn, oid, key_columns)
+        if missing:
+            return Finding(check, False, f"configured key columns {missing} do not exist",
+                           "fix keyColumns in the spec", table)
+        if identity != "f":
+            return Finding(check, False, "key columns are configured but the replica identity is "
+                           "not FULL, so updates and deletes would not carry them",
+                           full + " — or remove keyColumns and use the table's primary key", table)
+        return Finding(check, True, f"REPLICA IDENTITY FULL keyed by {key_columns}", table=table)
+    if identity in ("d", "i", "f") and key:
+        return Finding(check, True, f"keyed by {key}", table=table)
+    if identity == "f":
+        return Finding(check, False, "REPLICA IDENTITY FULL without a primary key: the mirror "
+                       "needs key columns to tell rows apart", "set keyColumns for this table "
+                       "in the spec (columns that identify a row)", table)
+    what = "REPLICA IDENTITY NOTHING" if identity == "n" else "no primary key"
+    return Finding(check, False, f"{what}: updates and deletes cannot be replicated (and adding "
+                   "it to a publication would make them fail for the application)",
+                   _identity_fix(conn, table, oid, full), table)
+
+
+def _identity_fix(conn: psycopg.Connection, table: TableName, oid: int, full: str) -> str:
+    candidates = [r[0] for r in conn.execute(
+        """SELECT ic.relname FROM pg_index i JOIN pg_class ic ON ic.oid = i.indexrelid
+            WHERE i.indrelid = %s::oid AND i.indisunique AND i.indimmediate
+              AND i.indpred IS NULL AND i.indexprs IS NULL
+              AND NOT EXISTS (SELECT 1 FROM unnest(i.indkey) k(attnum)
+                                JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                               WHERE NOT a.attnotnull)
+            ORDER BY 1""", (oid,))]
+    if candidates:
+        return render_sql(conn, "ALTER TABLE {} REPLICA IDENTITY USING INDEX {};", table.sql(),
+                       sql.Identifier(candidates[0]))
+    return (render_sql(conn, "ALTER TABLE {} ADD PRIMARY KEY (<columns>);", table.sql())
+            + f" — or {full} and set keyColumns in the spec")
+
+
+def _missing_columns(conn: psycopg.Connection, oid: int, columns: list[str]) -> list[str]:
+    present = {r[0] for r in conn.execute(
+        "SELECT attname FROM pg_attribute WHERE attrelid = %s::oid AND attnum > 0"
+        " AND NOT attisdropped", (oid,))}
+    return [c for c in columns if c not in present]
+
+
+def _row_level_security(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:
+    user, hidden = conn.execute(
+        """SELECT current_user, c.relrowsecurity AND NOT (r.rolsuper OR r.rolbypassrls)
+                  AND (c.relforcerowsecurity OR NOT pg_has_role(current_user, c.relowner, 'USAGE'))
+             FROM pg_class c, pg_roles r WHERE c.oid = %s::oid AND r.rolname = current_user""",
+        (oid,)).fetchone()
+    if not hidden:
+        return Finding("row_level_security", True, "no row-level security hides rows", table=table)
+    return Finding("row_level_security", False,
+                   f"row-level security is enabled and role {quote_ident(user)} does not bypass "
+                   "it: the snapshot would silently miss rows",
+                   render_sql(conn, "ALTER ROLE {} BYPASSRLS;", sql.Identifier(user))
+                   + " (as a superuser) — or "
+                   + render_sql(conn, "ALTER TABLE {} DISABLE ROW LEVEL SECURITY;", table.sql()),
+                   table)
+
+
+def _column_types(conn: psycopg.Connection, table: TableName, oid: int) -> list[Finding]:
+    rows = conn.execute(
+        """WITH RECURSIVE base(attname, typid, depth) AS (
+               SELECT a.attname, a.atttypid, 0 FROM pg_attribute a
+                WHERE a.attrelid = %s::oid AND a.attnum > 0 AND NOT a.attisdropped
+               UNION ALL
+               SELECT b.attname, CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.typelem END,
+                      b.depth + 1
+                 FROM base b JOIN pg_type t ON t.oid = b.typid
+                WHERE t.typtype = 'd' OR (t.typcategory = 'A' AND t.typelem <> 0))
+           SELECT DISTINCT ON (b.attname) b.attname, t.typname, t.typtype
+             FROM base b JOIN pg_type t ON t.oid = b.typid
+            ORDER BY b.attname, b.depth DESC""", (oid,)).fetchall()
+    findings = []
+    for column, base_type, typtype in rows:
+        kind, reason = typemap.classify(base_type, typtype)
+        if kind is typemap.Kind.UNSUPPORTED:
+            findings.append(Finding(
+                "column_types", False, f"column {quote_ident(column)}: unsupported type "
+                f"{base_type}: {reason}", "exclude the column in the spec (excludedColumns)",
+                table))
+    return findings or [Finding("column_types", True, "every column type is supported",
+                                table=table)]

@@ -1,0 +1,192 @@
+"""The publication: make it publish exactly the ingestion's tables, or verify one we do not own.
+
+Ownership: a publication lakeslot creates carries the comment ``managed by lakeslot: <owner>``
+(``owner`` = the ingestion's identity). lakeslot changes a publication only when it carries
+that comment or the spec explicitly asks to manage it; anything else is verified and every
+difference reported with the SQL that would fix it. Only a publication we own is ever dropped.
+
+Invariants:
+
+- Sync is a computed diff applied change by change; one failing change (a missing table, a
+  missing privilege) does not stop the others, and all errors come back together.
+- Sync is idempotent and safe under concurrent callers: creation and its ownership comment are
+  one transaction, and "already exists"/"already member"/"not a member" races are absorbed.
+- A table without a usable replica identity is never added: in a publication that publishes
+  updates and deletes it would make the application's own UPDATE and DELETE fail (FACTS.md).
+- Managed publications publish insert, update, delete and truncate, and publish changes of
+  partitions through their partitioned root (``publish_via_partition_root``), so a partitioned
+  table is one mirror table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import errors, sql
+
+from lakeslot.source.preflight import replica_identity_key
+from lakeslot.source.connection import render_sql
+from lakeslot.source.tables import TableName, existing, quote_ident
+
+MARKER = "managed by lakeslot: "
+PUBLISH = ("insert", "update", "delete", "truncate")
+
+
+@dataclass
+class SyncReport:
+    name: str
+    managed: bool
+    created: bool = False
+    added: list[TableName] = field(default_factory=list)
+    removed: list[TableName] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+@dataclass(frozen=True)
+class _Publication:
+    comment: str | None
+    all_tables: bool
+    publishes: tuple[str, ...]
+
+
+def _lookup(conn: psycopg.Connection, name: str) -> _Publication | None:
+    row = conn.execute(
+        """SELECT obj_description(oid, 'pg_publication'), puballtables,
+                  pubinsert, pubupdate, pubdelete, pubtruncate
+             FROM pg_publication WHERE pubname = %s""", (name,)).fetchone()
+    if row is None:
+        return None
+    publishes = tuple(op for op, on in zip(PUBLISH, row[2:]) if on)
+    return _Publication(row[0], row[1], publishes)
+
+
+def members(conn: psycopg.Connection, name: str) -> set[TableName]:
+    return {TableName(s, t) for s, t in conn.execute(
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s", (name,))}
+
+
+def sync(conn: psycopg.Connection, name: str, tables: Sequence[TableName], *, owner: str,
+         manage: bool | None = None) -> SyncReport:
+    """Make publication ``name`` match ``tables``.
+
+    ``manage``: None = change it only if lakeslot (``owner``) created it, True = always manage,
+    False = only verify (and never create)."""
+    publication = _lookup(conn, name)
+    if publication is None:
+        if manage is False:
+            return SyncReport(name, managed=False, errors=[
+                f"publication {quote_ident(name)} does not exist and lakeslot is configured "
+                "not to manage it: " + render_sql(conn, "CREATE PUBLICATION {} FOR TABLE {};",
+                                                sql.Identifier(name),
+                                                sql.SQL(", ").join(t.sql() for t in tables))])
+        report = SyncReport(name, managed=True, created=_create(conn, name, owner))
+        publication = _lookup(conn, name)
+    else:
+        ours = publication.comment == MARKER + owner
+        report = SyncReport(name, managed=bool(manage) or (manage is None and ours))
+
+    if report.managed:
+        _manage(conn, name, publication, tables, report)
+    else:
+        _verify(conn, name, publication, tables, report)
+    return report
+
+
+def _create(conn: psycopg.Connection, name: str, owner: str) -> bool:
+    options = sql.SQL("publish = {}").format(sql.Literal(", ".join(PUBLISH)))
+    if conn.info.server_version >= 130000:
+        options = sql.SQL("{}, publish_via_partition_root = true").format(options)
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL("CREATE PUBLICATION {} WITH ({})").format(
+                sql.Identifier(name), options))
+            conn.execute(sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
+                sql.Identifier(name), sql.Literal(MARKER + owner)))
+    except errors.DuplicateObject:
+        return False  # a concurrent caller created it first
+    return True
+
+
+def _manage(conn: psycopg.Connection, name: str, publication: _Publication,
+            tables: Sequence[TableName], report: SyncReport) -> None:
+    ident = sql.Identifier(name)
+    if publication.all_tables:
+        report.errors.append(f"publication {quote_ident(name)} is FOR ALL TABLES: lakeslot cannot "
+                             "manage its table list; use a publication of its own")
+        return
+    if publication.publishes != PUBLISH:
+        _attempt(conn, report, sql.SQL("ALTER PUBLICATION {} SET (publish = {})").format(
+            ident, sql.Literal(", ".join(PUBLISH))))
+    current = members(conn, name)
+    oids = existing(conn, tables)
+    for table in tables:
+        if table in current:
+            continue
+        if table not in oids:
+            report.errors.append(f"cannot add {table}: the table does not exist")
+        elif not _usable_identity(conn, oids[table]):
+            report.errors.append(
+                f"refusing to add {table}: it has no usable replica identity, and in a "
+                "publication its UPDATE and DELETE statements would start failing (see preflight)")
+        elif _attempt(conn, report, sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+                ident, table.sql()), absorb=errors.DuplicateObject):
+            report.added.append(table)
+    for table in sorted(current - set(tables)):
+        if _attempt(conn, report, sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+                ident, table.sql()), absorb=errors.UndefinedObject):
+            report.removed.append(table)
+
+
+def _verify(conn: psycopg.Connection, name: str, publication: _Publication,
+            tables: Sequence[TableName], report: SyncReport) -> None:
+    ident = sql.Identifier(name)
+    if publication.publishes != PUBLISH:
+        report.errors.append(
+            f"publication {quote_ident(name)} publishes only {', '.join(publication.publishes)}: "
+            + render_sql(conn, "ALTER PUBLICATION {} SET (publish = {});", ident,
+                      sql.Literal(", ".join(PUBLISH))))
+    if publication.all_tables:
+        return
+    missing = [t for t in tables if t not in members(conn, name)]
+    if missing:
+        report.errors.append(
+            f"publication {quote_ident(name)} (not managed by lakeslot) lacks "
+            f"{', '.join(map(str, missing))}: "
+            + render_sql(conn, "ALTER PUBLICATION {} ADD TABLE {};", ident,
+                      sql.SQL(", ").join(t.sql() for t in missing)))
+
+
+def _usable_identity(conn: psycopg.Connection, oid: int) -> bool:
+    identity, key = replica_identity_key(conn, oid)
+    return identity == "f" or (identity in ("d", "i") and bool(key))
+
+
+def _attempt(conn: psycopg.Connection, report: SyncReport, statement: sql.Composed, *,
+             absorb: type[Exception] | None = None) -> bool:
+    """Run one change; a failure is recorded, not raised. ``absorb`` = the error a concurrent
+    caller doing the same change would cause (counts as done)."""
+    try:
+        conn.execute(statement)
+    except psycopg.Error as e:
+        if absorb is not None and isinstance(e, absorb):
+            return False
+        report.errors.append(f"{statement.as_string(conn)}: {e.diag.message_primary or e}")
+        return False
+    return True
+
+
+def drop(conn: psycopg.Connection, name: str, *, owner: str) -> str:
+    """Drop the publication if lakeslot (``owner``) created it. Returns what happened."""
+    publication = _lookup(conn, name)
+    if publication is None:
+        return "absent"
+    if publication.comment != MARKER + owner:
+        return "kept (not created by this ingestion)"
+    conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(name)))
+    return "dropped"

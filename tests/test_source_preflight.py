@@ -1,0 +1,184 @@
+"""Preflight checks against real PostgreSQL 15 and 18: each failure has its message and fix."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from lakeslot.source import connection, preflight
+from lakeslot.source.tables import TableName
+from tests.support.fixtures_pg import connection_settings
+from tests.support.odd_names import create_odd_tables
+
+APP = connection.application_name("test", "default/preflight")
+
+
+def _run(settings, tables, **kwargs):
+    with connection.connect(settings, APP) as conn:
+        return preflight.run(conn, tables, **kwargs)
+
+
+def _failure(findings, check, table=None):
+    found = [f for f in preflight.failures(findings) if f.check == check and f.table == table]
+    assert found, f"no {check} failure for {table} in {[str(f) for f in findings]}"
+    return found[0]
+
+
+@pytest.fixture
+def role(pgdb):
+    """A fresh login role (no REPLICATION, no SELECT, owns nothing) and its password."""
+    name, password = f"r_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    with pgdb.connect() as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+            sql.Identifier(name), sql.Literal(password)))
+    yield name, password
+    with pgdb.connect() as conn:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+    with pgdb.cluster.connect() as conn:
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def test_a_healthy_setup_passes_every_check_with_odd_identifiers(pgdb):
+    with pgdb.connect() as conn:
+        tables = create_odd_tables(conn)
+    findings = _run(connection_settings(pgdb), tables, slot_name="s")
+    assert preflight.failures(findings) == []
+    checked = {(f.check, f.table) for f in findings}
+    for table in tables:
+        for check in ("select_privilege", "replica_identity", "row_level_security",
+                      "column_types", "ownership"):
+            assert (check, table) in checked
+
+
+@pytest.mark.parametrize("version", ["pg15", "pg18"])
+def test_wal_level_replica_is_reported_with_the_fix(pg_cluster_factory, version):
+    cluster = pg_cluster_factory.get(version, wal_level="replica")
+    settings = connection.ConnectionSettings("127.0.0.1", cluster.port, "postgres",
+                                             cluster.superuser, cluster.password)
+    failure = _failure(_run(settings, []), "wal_level")
+    assert "'replica'" in failure.message
+    assert "ALTER SYSTEM SET wal_level = logical" in failure.fix
+
+
+def test_missing_privileges_are_reported_with_grants(pgdb, role):
+    user, password = role
+    with pgdb.connect() as conn:
+        conn.execute('CREATE TABLE "Private" (id int PRIMARY KEY)')
+    table = TableName("public", "Private")
+    findings = _run(connection_settings(pgdb, user, password), [table])
+    assert f'ALTER ROLE "{user}" WITH REPLICATION;' in _failure(findings, "replication_privilege").fix
+    assert 'GRANT SELECT ON "public"."Private"' in _failure(findings, "select_privilege", table).fix
+    ownership = _failure(findings, "ownership", table)
+    assert "does not own it (owner: postgres)" in ownership.message
+    assert ownership.fix.startswith(f'GRANT "postgres" TO "{user}"')
+    create = _failure(findings, "create_privilege")
+    assert create.fix.startswith(f'GRANT CREATE ON DATABASE "{pgdb.name}" TO "{user}";')
+    # Once fixed, the same checks pass: the messages were right about what was missing.
+    with pgdb.connect() as conn:
+        conn.execute(sql.SQL("ALTER ROLE {} WITH REPLICATION").format(sql.Identifier(user)))
+        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(table.sql(), sql.Identifier(user)))
+        conn.execute(sql.SQL("ALTER TABLE {} OWNER TO {}").format(table.sql(), sql.Identifier(user)))
+        conn.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
+            sql.Identifier(pgdb.name), sql.Identifier(user)))
+    assert preflight.failures(_run(connection_settings(pgdb, user, password), [table])) == []
+
+
+def test_tables_without_a_usable_replica_identity(pgdb):
+    with pgdb.connect() as conn:
+        conn.execute("CREATE TABLE keyless (a int, b text)")
+        conn.execute("CREATE TABLE indexed (a int NOT NULL, b text)")
+        conn.execute("CREATE UNIQUE INDEX indexed_a ON indexed (a)")
+        conn.execute("CREATE TABLE nothing (a int PRIMARY KEY)")
+        conn.execute("ALTER TABLE nothing REPLICA IDENTITY NOTHING")
+        conn.execute("CREATE TABLE full_keyless (a int, b text)")
+        conn.execute("ALTER TABLE full_keyless REPLICA IDENTITY FULL")
+        conn.execute("CREATE TABLE keyed_default (a int, b text)")
+    t = {n: TableName("public", n) for n in
+         ("keyless", "indexed", "nothing", "full_keyless", "keyed_default")}
+    findings = _run(connection_settings(pgdb), list(t.values()),
+                    key_columns={t["full_keyless"]: ["a"], t["keyed_default"]: ["a"]})
+
+    keyless = _failure(findings, "replica_identity", t["keyless"])
+    assert "no primary key" in keyless.message
+    assert "ALTER TABLE \"public\".\"keyless\" ADD PRIMARY KEY" in keyless.fix
+    assert 'REPLICA IDENTITY FULL' in keyless.fix
+    indexed = _failure(findings, "replica_identity", t["indexed"])
+    assert indexed.fix == 'ALTER TABLE "public"."indexed" REPLICA IDENTITY USING INDEX "indexed_a";'
+    assert "REPLICA IDENTITY NOTHING" in _failure(findings, "replica_identity", t["nothing"]).message
+    not_full = _failure(findings, "replica_identity", t["keyed_default"])
+    assert "not FULL" in not_full.message
+    assert not_full.fix.startswith('ALTER TABLE "public"."keyed_default" REPLICA IDENTITY FULL;')
+    # FULL with configured key columns is usable.
+    assert not [f for f in preflight.failures(findings) if f.table == t["full_keyless"]]
+
+
+def test_full_identity_without_key_columns_asks_for_them(pgdb):
+    with pgdb.connect() as conn:
+        conn.execute("CREATE TABLE full_keyless (a int)")
+        conn.execute("ALTER TABLE full_keyless REPLICA IDENTITY FULL")
+    table = TableName("public", "full_keyless")
+    failure = _failure(_run(connection_settings(pgdb), [table]), "replica_identity", table)
+    assert "keyColumns" in failure.fix
+
+
+def test_row_level_security_that_hides_rows(pgdb, role):
+    user, password = role
+    table = TableName("public", "Secret Rows")
+    with pgdb.connect() as conn:
+        conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, owner text)").format(table.sql()))
+        conn.execute(sql.SQL("ALTER TABLE {} ENABLE ROW LEVEL SECURITY").format(table.sql()))
+        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(table.sql(), sql.Identifier(user)))
+        conn.execute(sql.SQL("INSERT INTO {} VALUES (1, 'x')").format(table.sql()))
+    settings = connection_settings(pgdb, user, password)
+    with connection.connect(settings, APP) as conn:  # the danger is real: the row is invisible
+        assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table.sql())).fetchone() == (0,)
+    failure = _failure(_run(settings, [table], manage_publication=False), "row_level_security",
+                       table)
+    assert "silently miss rows" in failure.message
+    assert f"ALTER ROLE \"{user}\" BYPASSRLS;" in failure.fix
+    # The superuser bypasses RLS: no finding.
+    assert not [f for f in preflight.failures(_run(connection_settings(pgdb), [table]))
+                if f.check == "row_level_security"]
+
+
+def test_unsupported_column_type(pgdb):
+    table = TableName("public", "catalog refs")
+    with pgdb.connect() as conn:
+        conn.execute("CREATE DOMAIN class_ref AS regclass")
+        conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, rel class_ref[], r regtype,"
+                             " ok int4range)").format(table.sql()))
+    findings = _run(connection_settings(pgdb), [table])
+    messages = sorted(f.message for f in preflight.failures(findings) if f.check == "column_types")
+    assert len(messages) == 2
+    assert messages[0].startswith("column r: unsupported type regtype")
+    assert messages[1].startswith("column rel: unsupported type regclass")
+    assert all("excludedColumns" in f.fix for f in preflight.failures(findings))
+
+
+def test_missing_table_and_exhausted_slots(pg_cluster_factory):
+    cluster = pg_cluster_factory.get("pg15", max_replication_slots="2")
+    with cluster.connect() as conn:
+        conn.execute("SELECT pg_create_logical_replication_slot('occupant', 'pgoutput')")
+    try:
+        settings = connection.ConnectionSettings("127.0.0.1", cluster.port, "postgres",
+                                                 cluster.superuser, cluster.password)
+        findings = _run(settings, [TableName("public", "Nope")], slot_name="mine")
+        slots = _failure(findings, "replication_slots")
+        assert "max_replication_slots=2 with 1 in use leaves 1; lakeslot needs 2" in slots.message
+        assert slots.fix.startswith("ALTER SYSTEM SET max_replication_slots = 5")
+        assert "does not exist" in _failure(findings, "table_exists", TableName("public", "Nope")).message
+    finally:
+        with cluster.connect() as conn:
+            conn.execute("SELECT pg_drop_replication_slot('occupant')")
+
+
+def test_wrong_password_names_the_user_not_the_password(pgdb):
+    settings = connection_settings(pgdb, "postgres", "not-the-password-42")
+    with pytest.raises(psycopg.OperationalError) as caught:
+        connection.connect(settings, APP)
+    assert 'password authentication failed for user "postgres"' in str(caught.value)
+    assert "not-the-password-42" not in str(caught.value)
+    assert "not-the-password-42" not in repr(settings)
