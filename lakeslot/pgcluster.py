@@ -169,6 +169,7 @@ class Cluster:
     install: Install
     settings: dict[str, str] = field(default_factory=dict)
     superuser: str = "postgres"
+    tls: bool = False  # serve TLS with a server certificate from a fresh CA (``ca_cert``)
 
     def __post_init__(self) -> None:
         self._run_as = _RunAs.for_current_process()
@@ -276,10 +277,35 @@ class Cluster:
         if result.returncode != 0:
             raise ClusterError(f"initdb ({self.install.label}) failed: {result.stderr.strip()}")
         settings = {**DEFAULT_SETTINGS, "unix_socket_directories": f"'{self.socketdir}'",
-                    **self.settings}
+                    **(self._make_certificates() if self.tls else {}), **self.settings}
         with open(self.datadir / "postgresql.conf", "a") as conf:
             conf.write("\n# lakeslot throwaway cluster\n")
             conf.writelines(f"{k} = {v}\n" for k, v in settings.items())
+
+    @property
+    def ca_cert(self) -> Path:
+        """The CA that signed the server certificate (``tls=True``), for ``sslrootcert``."""
+        return self.root / "tls" / "ca.crt"
+
+    def _make_certificates(self) -> dict[str, str]:
+        """A CA and a server certificate for 127.0.0.1/localhost, so clients can verify-full."""
+        tls = self.root / "tls"
+        tls.mkdir()
+        openssl = ["openssl", "req", "-nodes", "-newkey", "rsa:2048", "-days", "2"]
+        for argv in (
+            [*openssl, "-x509", "-keyout", "ca.key", "-out", "ca.crt", "-subj", "/CN=lakeslot test CA"],
+            [*openssl, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=localhost"],
+            ["openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+             "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "san.ext"],
+        ):
+            (tls / "san.ext").write_text("subjectAltName = IP:127.0.0.1, DNS:localhost\n")
+            result = subprocess.run(argv, cwd=tls, capture_output=True, text=True)
+            if result.returncode != 0:
+                raise ClusterError(f"openssl failed: {result.stderr.strip()}")
+        (tls / "server.key").chmod(0o600)
+        self._run_as.chown_tree(tls)
+        return {"ssl": "on", "ssl_cert_file": f"'{tls / 'server.crt'}'",
+                "ssl_key_file": f"'{tls / 'server.key'}'"}
 
     def _start_on_a_free_port(self) -> None:
         for _ in range(PORT_ATTEMPTS):

@@ -58,6 +58,25 @@ def test_sslmode_is_honoured(pgdb):
     assert "password" not in settings.params()
 
 
+@pytest.mark.parametrize("version", ["pg15", "pg18"])
+def test_tls_verify_full(pg_cluster_factory, version, tmp_path):
+    cluster = pg_cluster_factory.get(version, tls=True)
+    base = connection.ConnectionSettings("127.0.0.1", cluster.port, "postgres", cluster.superuser,
+                                         cluster.password)
+    verified = dataclasses.replace(base, sslmode="verify-full", sslrootcert=str(cluster.ca_cert))
+    with connection.connect(verified, "lakeslot-test") as conn:
+        assert conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+                            ).fetchone() == (True,)
+    with connection.connect(dataclasses.replace(base, sslmode="disable"), "lakeslot-test") as conn:
+        assert conn.execute("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()"
+                            ).fetchone() == (False,)
+    other_ca = tmp_path / "other-ca.crt"  # a CA that did not sign the server's certificate
+    other_ca.write_text(pg_cluster_factory.get(version, tls=True, application_name="'other'")
+                        .ca_cert.read_text())
+    with pytest.raises(psycopg.OperationalError, match="certificate verify failed"):
+        connection.connect(dataclasses.replace(verified, sslrootcert=str(other_ca)), "lakeslot-test")
+
+
 def test_tables_are_resolved_by_exact_name(pgdb):
     with pgdb.connect() as conn:
         create_odd_tables(conn)

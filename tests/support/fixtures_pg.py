@@ -30,16 +30,16 @@ class ClusterFactory:
     def __init__(self) -> None:
         self._clusters: dict[tuple, pgcluster.Cluster | pgcluster.ClusterError] = {}
 
-    def get(self, version: str, **settings: str) -> pgcluster.Cluster:
+    def get(self, version: str, *, tls: bool = False, **settings: str) -> pgcluster.Cluster:
         """The shared cluster of ``version`` with ``settings``; skips the test if unavailable."""
-        key = (version, tuple(sorted(settings.items())))
+        key = (version, tls, tuple(sorted(settings.items())))
         if key not in self._clusters:
             install = VERSIONS[version]()
             if install is None:
                 self._clusters[key] = pgcluster.ClusterError(f"{version} is not installed")
             else:
                 try:
-                    self._clusters[key] = pgcluster.Cluster(install, settings=settings).start()
+                    self._clusters[key] = pgcluster.Cluster(install, settings=settings, tls=tls).start()
                 except pgcluster.ClusterError as e:
                     self._clusters[key] = e
         cluster = self._clusters[key]
