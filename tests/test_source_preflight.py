@@ -155,7 +155,24 @@ def test_unsupported_column_type(pgdb):
     assert len(messages) == 2
     assert messages[0].startswith("column r: unsupported type regtype")
     assert messages[1].startswith("column rel: unsupported type regclass")
-    assert all("excludedColumns" in f.fix for f in preflight.failures(findings))
+    assert all("excludeColumns" in f.fix for f in preflight.failures(findings))
+    # Excluding the unsupported columns is the documented way out.
+    assert preflight.failures(_run(connection_settings(pgdb), [table],
+                                   excluded_columns={table: ["rel", "r"]})) == []
+
+
+def test_excluded_columns_must_exist_and_not_be_keys(pgdb):
+    with pgdb.connect() as conn:
+        conn.execute('CREATE TABLE t ("Id" int PRIMARY KEY, "Big Blob" bytea)')
+    table = TableName("public", "t")
+    findings = _run(connection_settings(pgdb), [table], excluded_columns={table: ["Id", "nope"]})
+    assert _failure(findings, "excluded_columns", table).message == \
+        "excluded columns ['nope'] do not exist"
+    findings = _run(connection_settings(pgdb), [table], excluded_columns={table: ["Id"]})
+    assert "key columns ['Id'] cannot be excluded" in _failure(findings, "excluded_columns",
+                                                               table).message
+    ok = _run(connection_settings(pgdb), [table], excluded_columns={table: ["Big Blob"]})
+    assert preflight.failures(ok) == []
 
 
 def test_missing_table_and_exhausted_slots(pg_cluster_factory):

@@ -58,9 +58,11 @@ def failures(findings: Sequence[Finding]) -> list[Finding]:
 
 def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
         key_columns: Mapping[TableName, Sequence[str]] | None = None,
+        excluded_columns: Mapping[TableName, Sequence[str]] | None = None,
         slot_name: str | None = None, manage_publication: bool = True) -> list[Finding]:
     """All checks for these tables, in the order a user should address them."""
     key_columns = key_columns or {}
+    excluded_columns = excluded_columns or {}
     findings = [_server_version(conn), _wal_level(conn), *_headroom(conn, slot_name),
                 _replication_privilege(conn)]
     if manage_publication:
@@ -74,7 +76,7 @@ def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
                                     table))
             continue
         findings += _table_checks(conn, table, oid, list(key_columns.get(table, ())),
-                                  manage_publication)
+                                  list(excluded_columns.get(table, ())), manage_publication)
     return findings
 
 
@@ -161,9 +163,10 @@ def _create_privilege(conn: psycopg.Connection) -> Finding:
 # table-level -----------------------------------------------------------------------------
 
 def _table_checks(conn: psycopg.Connection, table: TableName, oid: int, key_columns: list[str],
-                  manage_publication: bool) -> list[Finding]:
+                  excluded: list[str], manage_publication: bool) -> list[Finding]:
     checks = [_select_privilege(conn, table, oid), _replica_identity(conn, table, oid, key_columns),
-              _row_level_security(conn, table, oid), *_column_types(conn, table, oid)]
+              _excluded_columns(conn, table, oid, key_columns, excluded),
+              _row_level_security(conn, table, oid), *_column_types(conn, table, oid, excluded)]
     if manage_publication:
         checks.append(_ownership(conn, table, oid))
     return checks
@@ -261,6 +264,22 @@ def _missing_columns(conn: psycopg.Connection, oid: int, columns: list[str]) -> 
     return [c for c in columns if c not in present]
 
 
+def _excluded_columns(conn: psycopg.Connection, table: TableName, oid: int,
+                       key_columns: list[str], excluded: list[str]) -> Finding:
+    check = "excluded_columns"
+    missing = _missing_columns(conn, oid, excluded)
+    if missing:
+        return Finding(check, False, f"excluded columns {missing} do not exist",
+                       "fix excludeColumns in the spec", table)
+    key = key_columns or replica_identity_key(conn, oid)[1]
+    excluded_keys = [c for c in excluded if c in key]
+    if excluded_keys:
+        return Finding(check, False, f"key columns {excluded_keys} cannot be excluded: the mirror "
+                       "needs them to tell rows apart", "remove them from excludeColumns", table)
+    return Finding(check, True, f"excluding {excluded}" if excluded else "no column excluded",
+                   table=table)
+
+
 def _row_level_security(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:
     user, hidden = conn.execute(
         """SELECT current_user, c.relrowsecurity AND NOT (r.rolsuper OR r.rolbypassrls)
@@ -278,7 +297,8 @@ def _row_level_security(conn: psycopg.Connection, table: TableName, oid: int) ->
                    table)
 
 
-def _column_types(conn: psycopg.Connection, table: TableName, oid: int) -> list[Finding]:
+def _column_types(conn: psycopg.Connection, table: TableName, oid: int,
+                  excluded: list[str]) -> list[Finding]:
     rows = conn.execute(
         """WITH RECURSIVE base(attname, typid, depth) AS (
                SELECT a.attname, a.atttypid, 0 FROM pg_attribute a
@@ -293,11 +313,13 @@ def _column_types(conn: psycopg.Connection, table: TableName, oid: int) -> list[
             ORDER BY b.attname, b.depth DESC""", (oid,)).fetchall()
     findings = []
     for column, base_type, typtype in rows:
+        if column in excluded:
+            continue
         kind, reason = typemap.classify(base_type, typtype)
         if kind is typemap.Kind.UNSUPPORTED:
             findings.append(Finding(
                 "column_types", False, f"column {quote_ident(column)}: unsupported type "
-                f"{base_type}: {reason}", "exclude the column in the spec (excludedColumns)",
+                f"{base_type}: {reason}", "exclude the column in the spec (excludeColumns)",
                 table))
     return findings or [Finding("column_types", True, "every column type is supported",
                                 table=table)]
