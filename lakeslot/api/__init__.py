@@ -1,0 +1,1 @@
+"""The PostgresIngestion API: models, CRD generation, offline validation, naming defaults."""

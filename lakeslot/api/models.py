@@ -1,0 +1,590 @@
+"""The PostgresIngestion API (``lakeslot.io/v1alpha1``): the single source of truth.
+
+Field names, types, constraints, enums, defaults, descriptions and validation rules live here and
+only here; the CRD (``lakeslot.api.crd``), the README reference and the offline validator are
+derived from these classes. Python uses snake_case, documents use camelCase (aliases).
+
+Invariants:
+
+- every field has a description (the CRD generator refuses a field without one);
+- a section with defaults (``snapshot``, ``spark``, ...) has no required field, so the CRD can
+  default it to ``{}`` and Kubernetes fills in the same defaults pydantic does;
+- credentials are only ever references to Secrets (:class:`SecretKeyRef`), never values;
+- cross-field and immutability constraints are :class:`~lakeslot.api.rules.Rule` rows in the
+  ``rules`` attribute of the class they constrain, enforced by both Kubernetes and pydantic;
+- names computed by the operator (publication and slot defaults, see ``lakeslot.api.naming``) are
+  not CRD defaults: the spec field stays empty and the status reports the effective name.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, StringConstraints
+
+from lakeslot.api.rules import ApiModel, ListKeys, Rule
+from lakeslot.api.types import (
+    Identifier,
+    KubeLabel,
+    KubeName,
+    KubeTime,
+    Lsn,
+    Quantity,
+    SecretKey,
+    SlotName,
+    SparkMemory,
+)
+
+GROUP = "lakeslot.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "PostgresIngestion"
+PLURAL = "postgresingestions"
+SINGULAR = "postgresingestion"
+SHORT_NAMES = ("pgi",)
+CATEGORIES = ("lakeslot",)
+
+MiB = 1 << 20
+
+
+def section(model: type[ApiModel], description: str) -> Any:
+    """A nested object that may be omitted: pydantic and the CRD (``default: {}``) fill it in."""
+    return Field(default_factory=model, description=description, json_schema_extra={"default": {}})
+
+
+def optional(description: str, **constraints: Any) -> Any:
+    """An optional field: absent (``None`` in Python) unless the document sets it."""
+    return Field(None, description=description, **constraints)
+
+
+def listing(description: str, **constraints: Any) -> Any:
+    """A list or map field that may be omitted; absent means empty (no CRD default is stored)."""
+    return Field(default_factory=list, description=description, **constraints)
+
+
+def mapping(description: str) -> Any:
+    return Field(default_factory=dict, description=description)
+
+
+StringMap = dict[str, str]
+
+
+# --------------------------------------------------------------------------------------- spec
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the PostgresIngestion's namespace (like a container's secretKeyRef)."""
+
+    name: KubeName = Field(description="Name of the Secret, in the namespace of the PostgresIngestion.")
+    key: SecretKey = Field(description="Key within the Secret whose value is used.")
+
+
+class TableSpec(ApiModel):
+    """One source table, named by schema and table exactly as PostgreSQL stores them."""
+
+    schema_name: Identifier = Field(
+        "public",
+        alias="schema",
+        description="Schema of the table, unquoted and case-sensitive as stored by PostgreSQL "
+        "(`Sales` and `sales` are different schemas).",
+    )
+    name: Identifier = Field(
+        description="Name of the table, unquoted and case-sensitive as stored by PostgreSQL; any "
+        "identifier is allowed (spaces, quotes, upper case, non-ASCII), at most 63 bytes."
+    )
+    key_columns: Annotated[list[Identifier], ListKeys(), Field(max_length=32)] = listing(
+        "Columns that identify a row, for a table without a primary key. Empty: the table's "
+        "replica identity (its primary key). These columns require REPLICA IDENTITY FULL on the "
+        "table (otherwise updates and deletes would not carry them); preflight checks it."
+    )
+    exclude_columns: Annotated[list[Identifier], ListKeys(), Field(max_length=100)] = listing(
+        "Columns left out of the Iceberg table (for example large or sensitive ones). Key "
+        "columns cannot be excluded (checked at preflight, where the columns are known)."
+    )
+
+
+SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]
+VERIFYING_SSL_MODES = ("verify-ca", "verify-full")
+RESERVED_OPTIONS = (
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "passfile",
+    "sslmode",
+    "sslrootcert",
+    "replication",
+)
+
+reserved_options = Rule(
+    cel=" && ".join(f"!('{key}' in self)" for key in RESERVED_OPTIONS),
+    message="options set a connection parameter that has its own field",
+    fix=f"remove {', '.join(RESERVED_OPTIONS)} from options and use host, port, database, user, "
+    "passwordSecretRef, sslMode and caSecretRef",
+    check=lambda options: not set(options) & set(RESERVED_OPTIONS),
+)
+
+
+def _unchanged_once_set(field: str, attribute: str) -> Rule:
+    return Rule(
+        cel=f"!has(oldSelf.{field}) || (has(self.{field}) && self.{field} == oldSelf.{field})",
+        message=f"{field} cannot be changed or removed once set",
+        fix=f"restore the previous {field}; to move to a new one, create a new PostgresIngestion",
+        check=lambda new, old: getattr(old, attribute) is None or getattr(new, attribute) == getattr(old, attribute),
+        field_path=f".{field}",
+    )
+
+
+class SourceSpec(ApiModel):
+    """The PostgreSQL database to read, how to connect, and what to replicate."""
+
+    host: Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^\S+$")] = Field(
+        description="Host name or IP address of the PostgreSQL server (the primary: logical "
+        "replication slots live on the primary before PostgreSQL 17)."
+    )
+    port: int = Field(5432, ge=1, le=65535, description="TCP port of the PostgreSQL server.")
+    database: Identifier = Field(description="Database to replicate. Immutable: the slot and publication belong to it.")
+    user: Identifier = Field(
+        description="Role to connect as; it needs the REPLICATION attribute (or rds_replication), "
+        "SELECT on the tables, and CREATE on the database unless the publication already exists."
+    )
+    password_secret_ref: SecretKeyRef | None = optional(
+        "Secret key holding the password of `user`. Omit for password-less authentication "
+        "(trust, peer or certificate)."
+    )
+    ssl_mode: SslMode = Field(
+        "prefer",
+        description="libpq sslmode: disable, allow, prefer, require, verify-ca (check the server "
+        "certificate against caSecretRef) or verify-full (also check the host name).",
+    )
+    ca_secret_ref: SecretKeyRef | None = optional(
+        "Secret key holding the PEM CA certificate(s) that sign the server certificate (libpq "
+        "sslrootcert). Required by verify-ca and verify-full."
+    )
+    options: Annotated[StringMap, reserved_options] = mapping(
+        "Extra libpq connection parameters, such as connect_timeout or application_name. "
+        "Parameters that have their own field (host, port, dbname, user, password, sslmode, ...) "
+        "are rejected."
+    )
+    publication_name: Identifier | None = optional(
+        "Publication to use; created with the selected tables when missing. Default: derived from "
+        "namespace and name (see Names). The effective name is reported in "
+        "status.publicationName. Cannot be changed or removed once set."
+    )
+    slot_name: SlotName | None = optional(
+        "Permanent logical replication slot (lower-case letters, digits and underscore, at most "
+        "63 bytes). Default: derived from namespace and name (see Names). The effective name is "
+        "reported in status.slot.name. Cannot be changed or removed once set."
+    )
+    tables: Annotated[list[TableSpec], ListKeys(("schema", "name")), Field(max_length=1000)] = listing(
+        "Tables to replicate, each at most once. An entry here also sets per-table options for a "
+        "table that `schemas` selects."
+    )
+    schemas: Annotated[list[Identifier], ListKeys(), Field(max_length=100)] = listing(
+        "Whole schemas to replicate: every table in them, including tables created later "
+        "(resolved to an explicit table list on every reconcile, so a new table without a usable "
+        "replica identity is reported instead of breaking the application's UPDATE and DELETE)."
+    )
+
+    rules = (
+        Rule(
+            cel="(has(self.tables) && size(self.tables) > 0) || (has(self.schemas) && size(self.schemas) > 0)",
+            message="no tables selected",
+            fix="list tables in source.tables or whole schemas in source.schemas",
+            check=lambda source: bool(source.tables or source.schemas),
+            field_path=".tables",
+        ),
+        Rule(
+            cel="!has(self.sslMode) || !(self.sslMode in ['verify-ca', 'verify-full']) || has(self.caSecretRef)",
+            message="sslMode verify-ca and verify-full need the CA certificate",
+            fix="set caSecretRef to the Secret key holding the CA certificate, or use sslMode require",
+            check=lambda source: source.ssl_mode not in VERIFYING_SSL_MODES or source.ca_secret_ref is not None,
+            field_path=".caSecretRef",
+        ),
+        Rule(
+            cel="!has(self.caSecretRef) || !has(self.sslMode) || self.sslMode != 'disable'",
+            message="caSecretRef is set but sslMode is disable",
+            fix="use sslMode verify-full (or verify-ca) with the CA, or remove caSecretRef",
+            check=lambda source: source.ca_secret_ref is None or source.ssl_mode != "disable",
+            field_path=".sslMode",
+        ),
+        Rule(
+            cel="self.database == oldSelf.database",
+            message="database cannot be changed",
+            fix="restore the previous database; to replicate another database, create a new PostgresIngestion",
+            check=lambda new, old: new.database == old.database,
+            field_path=".database",
+        ),
+        _unchanged_once_set("publicationName", "publication_name"),
+        _unchanged_once_set("slotName", "slot_name"),
+    )
+
+
+CatalogType = Literal["hadoop", "rest", "jdbc", "glue", "hive"]
+SparkName = Annotated[str, StringConstraints(max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+
+
+class CatalogSpec(ApiModel):
+    """The Iceberg catalog, configured as a Spark catalog (spark.sql.catalog.<name>.*)."""
+
+    name: SparkName = Field("lakeslot", description="Name of the catalog inside the Spark jobs.")
+    type: CatalogType = Field(description="Catalog implementation: hadoop, rest, jdbc, glue or hive.")
+    uri: Annotated[str, StringConstraints(min_length=1)] | None = optional(
+        "Catalog URI (REST endpoint, JDBC URL or Hive metastore thrift URI). Required by rest, " "jdbc and hive."
+    )
+    warehouse: Annotated[str, StringConstraints(min_length=1)] | None = optional(
+        "Warehouse location, for example s3://bucket/warehouse. Required by hadoop and glue."
+    )
+    properties: StringMap = mapping("Further catalog properties, passed through as spark.sql.catalog.<name>.<key>.")
+    secret_properties: dict[str, SecretKeyRef] = mapping(
+        "Catalog properties whose values come from Secrets (for example jdbc.password or token), "
+        "passed like `properties`."
+    )
+
+    rules = (
+        Rule(
+            cel="!(self.type in ['hadoop', 'glue']) || has(self.warehouse)",
+            message="hadoop and glue catalogs need a warehouse",
+            fix="set sink.catalog.warehouse to the warehouse location, for example s3://bucket/warehouse",
+            check=lambda catalog: catalog.type not in ("hadoop", "glue") or catalog.warehouse is not None,
+            field_path=".warehouse",
+        ),
+        Rule(
+            cel="!(self.type in ['rest', 'jdbc', 'hive']) || has(self.uri)",
+            message="rest, jdbc and hive catalogs need a uri",
+            fix="set sink.catalog.uri to the catalog endpoint",
+            check=lambda catalog: catalog.type not in ("rest", "jdbc", "hive") or catalog.uri is not None,
+            field_path=".uri",
+        ),
+    )
+
+
+class ChangelogSpec(ApiModel):
+    """An optional append-only history table next to each mirror table."""
+
+    enabled: bool = Field(
+        False,
+        description="Also write every change to <table><suffix> (source columns plus "
+        "_lakeslot_lsn, _lakeslot_op and _lakeslot_seq).",
+    )
+    suffix: Annotated[str, StringConstraints(min_length=1, max_length=32, pattern=r"^[a-z0-9_]+$")] = Field(
+        "__changes", description="Suffix appended to the mirror table name to name the changelog table."
+    )
+
+
+class SinkSpec(ApiModel):
+    """Where the Iceberg mirror tables live."""
+
+    catalog: CatalogSpec = Field(description="The Iceberg catalog.")
+    namespace: Annotated[
+        str, StringConstraints(max_length=255, pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+    ] = Field(description="Iceberg namespace of the mirror tables; dots separate levels (a.b).")
+    table_name_template: Annotated[str, StringConstraints(max_length=255, pattern=r"\{table\}")] = Field(
+        "{schema}__{table}",
+        description="Name of each mirror table, with {schema} and {table} replaced by the source "
+        "names; the result is lower-cased and every character other than a-z, 0-9 and _ becomes _. "
+        "Two tables that map to the same name are rejected at preflight.",
+    )
+    changelog: ChangelogSpec = section(ChangelogSpec, "Optional changelog (history) tables.")
+    table_properties: StringMap = mapping(
+        "Iceberg table properties set when lakeslot creates a table (for example "
+        "write.parquet.compression-codec: zstd)."
+    )
+
+
+class StagingSpec(ApiModel):
+    """Durable storage between the reader and the apply job (sealed change segments)."""
+
+    uri: Annotated[str, StringConstraints(max_length=1024, pattern=r"^(file|s3|gs|abfs|hdfs)://\S+$")] = Field(
+        description="Location of the change segments: file:///path (local mode or a shared "
+        "volume), s3://, gs://, abfs:// or hdfs://."
+    )
+    retention_seconds: int = Field(
+        86400,
+        ge=0,
+        description="How long segments stay after every table has applied them (for audit and "
+        "re-apply); 0 deletes them as soon as they are applied.",
+    )
+
+
+class SnapshotSpec(ApiModel):
+    """The initial copy of every table (a Spark job reading one exported snapshot in parallel)."""
+
+    mode: Literal["initial", "never"] = Field(
+        "initial",
+        description="initial: copy every table, then stream; never: start the mirror tables empty "
+        "and only stream changes made after the slot was created.",
+    )
+    parallelism: int = Field(4, ge=1, le=256, description="Maximum number of ctid ranges read at the same time.")
+    target_range_bytes: int = Field(
+        256 * MiB,
+        ge=MiB,
+        description="Target size of one ctid range, in bytes of table heap; a table is split "
+        "into about relpages * 8 KiB / targetRangeBytes ranges (the last one open-ended).",
+    )
+    statement_timeout_seconds: int = Field(
+        0, ge=0, description="statement_timeout of the snapshot's COPY statements; 0: none."
+    )
+    resnapshot_generation: int = Field(
+        0,
+        ge=0,
+        description="Increase this counter to request a new snapshot of every table (for example "
+        "after a lost slot with onSlotLost: Error). The operator records the generation it acted "
+        "on in status.observedResnapshotGeneration. It may not decrease.",
+    )
+
+    rules = (
+        Rule(
+            cel="!has(oldSelf.resnapshotGeneration) || (has(self.resnapshotGeneration) && "
+            "self.resnapshotGeneration >= oldSelf.resnapshotGeneration)",
+            message="resnapshotGeneration cannot decrease",
+            fix="set it to a value at least as large as before; increase it to request a re-snapshot",
+            check=lambda new, old: new.resnapshot_generation >= old.resnapshot_generation,
+            field_path=".resnapshotGeneration",
+        ),
+    )
+
+
+class DriverSpec(ApiModel):
+    """Resources of one Spark JVM process."""
+
+    cores: int = Field(1, ge=1, le=64, description="CPU cores of the process.")
+    memory: SparkMemory = Field(
+        "1g", description="JVM heap in Spark's format (512m, 2g); Spark adds its memory overhead on top."
+    )
+
+
+class ExecutorSpec(DriverSpec):
+    """Resources and count of the Spark executors."""
+
+    instances: int = Field(1, ge=1, le=1000, description="Number of executors.")
+
+
+class SparkSpec(ApiModel):
+    """How the Spark jobs (snapshot and apply) run, as spark-operator SparkApplications."""
+
+    image: Annotated[str, StringConstraints(min_length=1)] | None = optional(
+        "Container image of the Spark jobs. Default: the operator's configured Spark image."
+    )
+    spark_version: Annotated[str, StringConstraints(pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$")] = Field(
+        "3.5.9", description="Spark version of the image (SparkApplication sparkVersion)."
+    )
+    service_account: KubeName | None = optional(
+        "Service account of the Spark driver. Default: the operator's configured Spark service account."
+    )
+    driver: DriverSpec = section(
+        DriverSpec, "Driver resources (in the snapshot job the driver holds the exported snapshot)."
+    )
+    executor: ExecutorSpec = section(ExecutorSpec, "Executor resources and count.")
+    spark_conf: StringMap = mapping("Extra Spark configuration (sparkConf), for example spark.sql.shuffle.partitions.")
+    jars: Annotated[list[Annotated[str, StringConstraints(min_length=1)]], ListKeys(), Field(max_length=100)] = listing(
+        "Extra jars on the driver and executor class path (local:///..., s3://...)."
+    )
+
+
+class ResourceRequirements(ApiModel):
+    """Container resources, as in a Pod (cpu, memory, ephemeral-storage)."""
+
+    requests: dict[str, Quantity] = mapping("Minimum resources, for example cpu: 100m, memory: 256Mi.")
+    limits: dict[str, Quantity] = mapping("Maximum resources, for example memory: 512Mi.")
+
+
+class ReaderSpec(ApiModel):
+    """The single replication reader (a Deployment with one replica)."""
+
+    image: Annotated[str, StringConstraints(min_length=1)] | None = optional(
+        "Container image of the reader. Default: the operator's configured reader image."
+    )
+    resources: ResourceRequirements = section(ResourceRequirements, "Container resources of the reader.")
+    feedback_interval_ms: int | None = optional(
+        "Interval of standby status updates to PostgreSQL. Default: min(1 s, wal_sender_timeout / 2).",
+        ge=100,
+        le=60000,
+    )
+
+
+class ApplySpec(ApiModel):
+    """The long-running Spark job that merges staged changes into the mirror tables."""
+
+    trigger_interval_seconds: int = Field(
+        60, ge=1, le=86400, description="How often the apply job looks for new sealed segments."
+    )
+    driver: DriverSpec | None = optional("Driver resources of the apply job. Default: spark.driver.")
+    executor: ExecutorSpec | None = optional("Executor resources of the apply job. Default: spark.executor.")
+
+
+class PoliciesSpec(ApiModel):
+    """What lakeslot does in situations with more than one reasonable answer."""
+
+    deletion_policy: Literal["Retain", "Delete"] = Field(
+        "Retain",
+        description="On deleting the PostgresIngestion: Retain keeps the slot and publication in "
+        "PostgreSQL (the slot keeps holding WAL until dropped by hand); Delete drops both. The "
+        "Iceberg tables are never deleted.",
+    )
+    on_slot_lost: Literal["Error", "Resnapshot"] = Field(
+        "Error",
+        description="When the slot is lost or invalidated (changes are missing): Error stops with "
+        "SlotReady=False; Resnapshot creates a new slot and snapshots every table again.",
+    )
+    on_truncate: Literal["Apply", "Error"] = Field(
+        "Apply", description="On TRUNCATE of a source table: Apply empties the mirror table; Error stops that table."
+    )
+    on_schema_change: Literal["Evolve", "Error"] = Field(
+        "Evolve",
+        description="On a column change in a source table: Evolve alters the Iceberg table "
+        "(added columns, widened types); Error stops that table. Incompatible changes always stop it.",
+    )
+
+
+class PostgresIngestionSpec(ApiModel):
+    """The desired change-data-capture pipeline."""
+
+    source: SourceSpec = Field(description="The PostgreSQL source.")
+    sink: SinkSpec = Field(description="The Iceberg destination.")
+    staging: StagingSpec = Field(description="Staging storage for change segments.")
+    snapshot: SnapshotSpec = section(SnapshotSpec, "The initial snapshot.")
+    spark: SparkSpec = section(SparkSpec, "Spark settings shared by the snapshot and apply jobs.")
+    reader: ReaderSpec = section(ReaderSpec, "The replication reader.")
+    apply: ApplySpec = section(ApplySpec, "The apply job.")
+    policies: PoliciesSpec = section(PoliciesSpec, "Policies for deletion and definite errors.")
+    suspend: bool = Field(
+        False,
+        description="Stop the reader and the Spark jobs, keeping the slot (which then retains "
+        "WAL) and all state; set back to false to resume where it stopped.",
+    )
+
+
+# ------------------------------------------------------------------------------------- status
+
+CONDITION_TYPES = {
+    "Ready": "The summary: True when every selected table is streaming into Iceberg.",
+    "SourceReady": "Preflight against PostgreSQL passed: connection, wal_level=logical, replication "
+    "privilege, replica identity of every table, publication present and covering the tables.",
+    "SlotReady": "The permanent slot exists, is not lost (wal_status) and is held by the current reader only.",
+    "SnapshotComplete": "Every table has a snapshot committed to Iceberg; False while a snapshot or re-snapshot runs.",
+    "Streaming": "The reader receives changes and the apply job commits them.",
+    "Degraded": "Something needs attention while data may still flow (a failed table, WAL retention "
+    "growing, transient errors being retried); the reason says what.",
+}
+
+Phase = Literal["Pending", "Snapshotting", "Streaming", "Suspended", "Failed", "Deleting"]
+TableState = Literal["Pending", "Snapshotting", "Streaming", "Failed"]
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(ApiModel):
+    """A condition shaped like metav1.Condition."""
+
+    type: Annotated[str, StringConstraints(max_length=316, pattern=r"^[A-Z][A-Za-z0-9]*$")] = Field(
+        description="Condition type (see Conditions)."
+    )
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: Annotated[
+        str, StringConstraints(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    ] = Field(description="Why the condition has this status, as one CamelCase word (for example SlotLost).")
+    message: Annotated[str, StringConstraints(max_length=32768)] = Field(
+        "", description="What happened and what to do, for humans."
+    )
+    last_transition_time: KubeTime = Field(description="When the status last changed.")
+    observed_generation: int | None = optional("metadata.generation the condition was computed for.", ge=0)
+
+
+class SlotStatus(ApiModel):
+    """The permanent replication slot, from pg_replication_slots."""
+
+    name: str | None = optional("Effective slot name (spec.source.slotName or the derived default).")
+    active_pid: int | None = optional("Backend PID of the process holding the slot; absent when free.", ge=1)
+    holder: str | None = optional(
+        "Who holds the slot: the reader Pod (namespace/name), or an unknown client lakeslot will terminate."
+    )
+    confirmed_flush_lsn: Lsn | None = optional("LSN up to which the reader confirmed durable receipt.")
+    restart_lsn: Lsn | None = optional("Oldest WAL position the slot retains.")
+    wal_status: Literal["reserved", "extended", "unreserved", "lost"] | None = optional(
+        "pg_replication_slots.wal_status; lost means changes are gone (see policies.onSlotLost)."
+    )
+    safe_wal_size: int | None = optional(
+        "Bytes of WAL that can still be written before the slot is in danger of being lost; absent without a limit."
+    )
+    retained_bytes: int | None = optional("Bytes of WAL retained by the slot (current WAL LSN - restart LSN).", ge=0)
+
+
+class TableStatus(ApiModel):
+    """Progress of one source table."""
+
+    schema_name: str = Field(alias="schema", description="Schema of the source table.")
+    name: str = Field(description="Name of the source table.")
+    state: TableState = Field(description="Pending, Snapshotting, Streaming or Failed.")
+    snapshot_lsn: Lsn | None = optional("LSN of the snapshot the mirror table started from.")
+    applied_lsn: Lsn | None = optional("LSN the mirror table reflects (its last commit's lakeslot.lsn).")
+    rows_known: int | None = optional("Rows in the mirror table as of appliedLsn.", ge=0)
+    rows_staged: int | None = optional("Changes sealed in staging and not yet applied.", ge=0)
+    message: str = Field("", description="Why the table is Failed or Pending, and what to do.")
+
+
+class ReaderStatus(ApiModel):
+    """The replication reader."""
+
+    pod: str | None = optional("Name of the reader Pod.")
+    durable_lsn: Lsn | None = optional("End of the last sealed segment: everything below is durable in staging.")
+    lag_bytes: int | None = optional("Bytes of WAL between the server's current position and durableLsn.", ge=0)
+
+
+class ApplyStatus(ApiModel):
+    """The apply job."""
+
+    applied_lsn: Lsn | None = optional("Lowest appliedLsn over all streaming tables.")
+    last_commit_time: KubeTime | None = optional("Time of the last Iceberg commit.")
+
+
+class PostgresIngestionStatus(ApiModel):
+    """The observed state, written by the operator only."""
+
+    observed_generation: int | None = optional("metadata.generation of the spec this status describes.", ge=0)
+    phase: Phase | None = optional(
+        "Pending (preflight, waiting), Snapshotting, Streaming, Suspended, Failed (a definite error, "
+        "see conditions) or Deleting."
+    )
+    conditions: Annotated[list[Condition], ListKeys(("type",))] = listing("Conditions (see Conditions).")
+    publication_name: str | None = optional(
+        "Effective publication name (spec.source.publicationName or the derived default)."
+    )
+    slot: SlotStatus | None = optional("The replication slot.")
+    tables: Annotated[list[TableStatus], ListKeys(("schema", "name"))] = listing("Per-table progress.")
+    table_count: int | None = optional("Number of tables replicated (printer column Tables).", ge=0)
+    lag_bytes: int | None = optional(
+        "End-to-end lag: bytes of WAL between the server's current position and apply.appliedLsn "
+        "(printer column Lag).",
+        ge=0,
+    )
+    reader: ReaderStatus | None = optional("The replication reader.")
+    apply: ApplyStatus | None = optional("The apply job.")
+    observed_resnapshot_generation: int | None = optional(
+        "The spec.snapshot.resnapshotGeneration the last (re-)snapshot was started for.", ge=0
+    )
+
+
+# ----------------------------------------------------------------------------------- resource
+
+
+class ObjectMeta(ApiModel):
+    """Kubernetes object metadata; only the fields lakeslot reads are checked."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: KubeName = Field(description="Name of the PostgresIngestion.")
+    namespace: KubeLabel | None = optional("Namespace of the PostgresIngestion. Default: default.")
+
+
+class PostgresIngestion(ApiModel):
+    """A PostgreSQL to Apache Iceberg change-data-capture ingestion."""
+
+    api_version: Literal["lakeslot.io/v1alpha1"] = Field(
+        description="API version of the resource: lakeslot.io/v1alpha1."
+    )
+    kind: Literal["PostgresIngestion"] = Field(description="Kind of the resource: PostgresIngestion.")
+    metadata: ObjectMeta = Field(description="Standard object metadata.")
+    spec: PostgresIngestionSpec = Field(description="The desired ingestion.")
+    status: PostgresIngestionStatus | None = optional("The observed state, written by the operator.")

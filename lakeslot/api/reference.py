@@ -1,0 +1,179 @@
+"""The Markdown reference of the PostgresIngestion resource, generated from the CRD schema.
+
+It walks the same structural schema the CRD carries, so the README cannot disagree with the API
+server: every field (path, what it accepts, default, description), the status fields, the
+conditions, every validation rule and the derived names. ``lakeslot crd --write`` puts it
+between the README markers; a test fails when the README region is stale.
+
+:func:`expectation` (what a schema node accepts, as a noun phrase) also writes the "fix" of
+offline validation messages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from lakeslot.api.crd import PRINTER_COLUMNS, openapi_schema
+from lakeslot.api.models import API_VERSION, CONDITION_TYPES, KIND, SHORT_NAMES
+from lakeslot.api.naming import HASH_DIGITS, default_replication_name
+from lakeslot.api.types import IDENTIFIER_MAX_BYTES
+
+Node = dict[str, Any]
+
+
+def _range(node: Node) -> str:
+    low, high = node.get("minimum"), node.get("maximum")
+    if low is not None and high is not None:
+        return f" from {low} to {high}"
+    if low is not None:
+        return f" ≥ {low}"
+    return f" ≤ {high}" if high is not None else ""
+
+
+def _string(node: Node) -> str:
+    if node.get("format") == "date-time":
+        return "an RFC 3339 time (UTC, for example 2024-05-01T12:00:00Z)"
+    low, high = node.get("minLength", 0), node.get("maxLength")
+    text = "a string"
+    if high is not None:
+        text += f" of {low} to {high} characters" if low else f" of at most {high} characters"
+    elif low:
+        text += " (not empty)"
+    if "pattern" in node:
+        text += f" matching `{node['pattern']}`"
+    return text
+
+
+def _list(node: Node) -> str:
+    items = node["items"]
+    text = "a list of objects" if items.get("type") == "object" else f"a list, each {expectation(items)}"
+    if node.get("x-kubernetes-list-type") == "set":
+        text += ", without duplicates"
+    if node.get("x-kubernetes-list-type") == "map":
+        text += f", unique by {' and '.join(node['x-kubernetes-list-map-keys'])}"
+    if "maxItems" in node:
+        text += f", at most {node['maxItems']}"
+    return text
+
+
+def expectation(node: Node) -> str:
+    """What a schema node accepts, as a noun phrase ("an integer from 1 to 65535")."""
+    if node.get("x-kubernetes-int-or-string"):
+        return "an integer or a string"
+    if "enum" in node:
+        return "one of " + ", ".join(f"`{value}`" for value in node["enum"])
+    kind = node.get("type")
+    if kind == "string":
+        return _string(node)
+    if kind == "integer":
+        return "an integer" + _range(node)
+    if kind == "boolean":
+        return "true or false"
+    if kind == "array":
+        return _list(node)
+    values = node.get("additionalProperties")
+    if isinstance(values, dict):
+        return "a map of string keys to " + ("objects" if values.get("type") == "object" else expectation(values))
+    return "an object"
+
+
+def walk_schema(node: Node, path: str, role: str = "root") -> Iterator[tuple[str, Node, str]]:
+    """(path, node, role) for ``node`` and every node below it, depth first in model order.
+
+    role: ``required`` or ``optional`` for object fields, ``item`` for list entries, ``value``
+    for map values, ``root`` for the starting node.
+    """
+    yield path, node, role
+    required = set(node.get("required", ()))
+    for name, child in node.get("properties", {}).items():
+        yield from walk_schema(child, f"{path}.{name}", "required" if name in required else "optional")
+    for key, suffix, child_role in (("items", "[]", "item"), ("additionalProperties", ".<key>", "value")):
+        if isinstance(node.get(key), dict):
+            yield from walk_schema(node[key], path + suffix, child_role)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _default(node: Node, role: str) -> str:
+    if "default" in node:
+        return f"`{json.dumps(node['default'], ensure_ascii=False)}`"
+    return "required" if role == "required" else "—"
+
+
+def _field_table(node: Node, path: str) -> str:
+    lines = ["| Field | Accepts | Default | Description |", "| --- | --- | --- | --- |"]
+    for field_path, child, role in walk_schema(node, path):
+        if role in ("required", "optional"):
+            cells = (f"`{field_path}`", expectation(child), _default(child, role), child["description"])
+            lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    return "\n".join(lines)
+
+
+def _rules_table(node: Node, path: str) -> str:
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for node_path, child, _ in walk_schema(node, path):
+        for rule in child.get("x-kubernetes-validations", ()):
+            field_path = node_path + rule.get("fieldPath", "")
+            grouped.setdefault((rule["rule"], rule["message"]), []).append(f"`{field_path}`")
+    lines = ["| Fields | Rule (CEL) | Message |", "| --- | --- | --- |"]
+    for (cel, message), paths in grouped.items():
+        when = " (on update)" if "oldSelf" in cel else ""
+        lines.append(f"| {_cell(', '.join(paths))} | `{_cell(cel)}`{when} | {_cell(message)} |")
+    return "\n".join(lines)
+
+
+def _conditions_table() -> str:
+    lines = ["| Type | Meaning |", "| --- | --- |"]
+    lines += [f"| `{type_}` | {_cell(meaning)} |" for type_, meaning in CONDITION_TYPES.items()]
+    return "\n".join(lines)
+
+
+def _columns_table() -> str:
+    lines = ["| Column | Source |", "| --- | --- |"]
+    lines += [f"| {column['name']} | `{_cell(column['jsonPath'])}` |" for column in PRINTER_COLUMNS]
+    return "\n".join(lines)
+
+
+def _names_section() -> str:
+    examples = [("prod", "orders"), ("team-a", "orders.v2"), ("analytics", "x" * 60)]
+    kept = IDENTIFIER_MAX_BYTES - HASH_DIGITS - 1
+    lines = [
+        "When `spec.source.publicationName` or `spec.source.slotName` is empty, the operator uses",
+        "`lakeslot_<namespace>_<name>`: lower case, every character outside `[a-z0-9_]` replaced by `_`.",
+        f"When a character was replaced or the result exceeds {IDENTIFIER_MAX_BYTES} bytes, it is cut to "
+        f"{kept} bytes and `_` plus",
+        f"{HASH_DIGITS} hex digits of SHA-256(`<namespace>/<name>`) are appended, so two resources of one "
+        "cluster do not share",
+        "a slot. The default is not stored in the spec; the effective names are reported in",
+        "`status.publicationName` and `status.slot.name`. Once set, both spec fields are immutable.",
+        "",
+        "| Resource | Default publication and slot name |",
+        "| --- | --- |",
+    ]
+    lines += [
+        f"| `{namespace}/{name}` | `{default_replication_name(namespace, name)}` |" for namespace, name in examples
+    ]
+    return "\n".join(lines)
+
+
+def reference_markdown() -> str:
+    schema = openapi_schema()
+    spec, status = schema["properties"]["spec"], schema["properties"]["status"]
+    sections = [
+        f"`apiVersion: {API_VERSION}`, `kind: {KIND}` (short name `{SHORT_NAMES[0]}`), namespaced. "
+        "Examples: [examples/ingestion.yaml](examples/ingestion.yaml) (minimal) and "
+        "[examples/ingestion-full.yaml](examples/ingestion-full.yaml) (every field). Check a file "
+        "offline with `lakeslot validate -f FILE`. Lists and maps that are left out are empty.",
+        "### Spec\n\n" + _field_table(spec, "spec"),
+        "### Status\n\nWritten by the operator only (status subresource).\n\n" + _field_table(status, "status"),
+        "### Conditions\n\n" + _conditions_table(),
+        "### Printer columns\n\n" + _columns_table(),
+        "### Validation rules\n\nEnforced by the API server (CEL) and by `lakeslot validate` alike; "
+        "rules marked *on update* compare with the stored object.\n\n" + _rules_table(spec, "spec"),
+        "### Names\n\n" + _names_section(),
+    ]
+    return "\n\n".join(sections) + "\n"

@@ -1,0 +1,170 @@
+"""Invalid PostgresIngestion documents and updates, shared by every test of the API contract.
+
+Each case starts from the minimal example (``examples/ingestion.yaml``, which lists two tables),
+applies edits (Kubernetes dotted path → new value, or :data:`DELETE`), and names the field that
+both ``lakeslot validate`` and the API server (with the generated CRD) must blame, in the dotted
+form of the API server's messages (``spec.source.tables[0].name``).
+
+``server_status`` is the HTTP status the API server answers a create with: 422 (Invalid) for
+schema, CEL and list-type violations. Unknown fields are the exception: the server prunes them
+silently, or answers 400 (BadRequest) when the client asks for ``fieldValidation=Strict``
+(kubectl's default); ``lakeslot validate`` always rejects them.
+
+:data:`UPDATE_CASES` are valid documents that become invalid as an *update* of a stored object
+(transition rules: immutable or monotonic fields): create ``old()``, then update to ``new()``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from lakeslot.api.paths import parse_path
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+BASE_PATH = EXAMPLES_DIR / "ingestion.yaml"
+EXAMPLES = [BASE_PATH, EXAMPLES_DIR / "ingestion-full.yaml"]  # the valid documents: minimal and full
+DELETE = object()
+
+Edits = tuple[tuple[str, Any], ...]
+
+
+def base_document() -> dict[str, Any]:
+    return yaml.safe_load(BASE_PATH.read_text())
+
+
+def apply_edits(document: dict[str, Any], edits: Edits) -> dict[str, Any]:
+    """A copy of ``document`` with each (path, value) set, creating missing objects on the way."""
+    result = copy.deepcopy(document)
+    for path, value in edits:
+        *parents, last = parse_path(path)
+        node = result
+        for part in parents:
+            node = node[part] if isinstance(part, int) else node.setdefault(part, {})
+        if value is DELETE:
+            del node[last]
+        else:
+            node[last] = copy.deepcopy(value)
+    return result
+
+
+@dataclass(frozen=True)
+class InvalidCase:
+    id: str
+    edits: Edits
+    path: str
+    server_status: int = 422
+
+    def document(self) -> dict[str, Any]:
+        return apply_edits(base_document(), self.edits)
+
+
+@dataclass(frozen=True)
+class UpdateCase:
+    id: str
+    before: Edits
+    after: Edits
+    path: str
+
+    def old(self) -> dict[str, Any]:
+        return apply_edits(base_document(), self.before)
+
+    def new(self) -> dict[str, Any]:
+        return apply_edits(self.old(), self.after)
+
+
+INVALID_CASES = [
+    InvalidCase("missing-host", (("spec.source.host", DELETE),), "spec.source.host"),
+    InvalidCase("missing-database", (("spec.source.database", DELETE),), "spec.source.database"),
+    InvalidCase("missing-sink", (("spec.sink", DELETE),), "spec.sink"),
+    InvalidCase(
+        "missing-secret-key", (("spec.source.passwordSecretRef", {"name": "pg"}),), "spec.source.passwordSecretRef.key"
+    ),
+    InvalidCase("port-too-large", (("spec.source.port", 70000),), "spec.source.port"),
+    InvalidCase("port-zero", (("spec.source.port", 0),), "spec.source.port"),
+    InvalidCase("port-as-string", (("spec.source.port", "5432"),), "spec.source.port"),
+    InvalidCase("ssl-mode-unknown", (("spec.source.sslMode", "verify_full"),), "spec.source.sslMode"),
+    InvalidCase("slot-name-upper-case", (("spec.source.slotName", "Orders_Slot"),), "spec.source.slotName"),
+    InvalidCase("slot-name-hyphen", (("spec.source.slotName", "orders-slot"),), "spec.source.slotName"),
+    InvalidCase("slot-name-64-bytes", (("spec.source.slotName", "s" * 64),), "spec.source.slotName"),
+    # 32 characters but 64 bytes: only the byte rule (CEL size(bytes(self))) catches it.
+    InvalidCase("publication-64-bytes", (("spec.source.publicationName", "é" * 32),), "spec.source.publicationName"),
+    InvalidCase("table-name-empty", (("spec.source.tables[0].name", ""),), "spec.source.tables[0].name"),
+    InvalidCase("table-name-66-bytes", (("spec.source.tables[0].name", "表" * 22),), "spec.source.tables[0].name"),
+    InvalidCase(
+        "key-column-64-characters",
+        (("spec.source.tables[0].keyColumns", ["k" * 64]),),
+        "spec.source.tables[0].keyColumns[0]",
+    ),
+    InvalidCase(
+        "duplicate-table",
+        (("spec.source.tables", [{"schema": "public", "name": "orders"}] * 2),),
+        "spec.source.tables[1]",
+    ),
+    InvalidCase("duplicate-schema", (("spec.source.schemas", ["sales", "sales"]),), "spec.source.schemas[1]"),
+    InvalidCase("tables-as-string", (("spec.source.tables", "public.orders"),), "spec.source.tables"),
+    InvalidCase("no-tables", (("spec.source.tables", DELETE),), "spec.source.tables"),
+    InvalidCase("verify-full-without-ca", (("spec.source.sslMode", "verify-full"),), "spec.source.caSecretRef"),
+    InvalidCase(
+        "ca-with-ssl-disabled",
+        (("spec.source.sslMode", "disable"), ("spec.source.caSecretRef", {"name": "ca", "key": "ca.crt"})),
+        "spec.source.sslMode",
+    ),
+    InvalidCase("password-in-options", (("spec.source.options", {"password": "hunter2"}),), "spec.source.options"),
+    InvalidCase("hadoop-without-warehouse", (("spec.sink.catalog.warehouse", DELETE),), "spec.sink.catalog.warehouse"),
+    InvalidCase("rest-without-uri", (("spec.sink.catalog.type", "rest"),), "spec.sink.catalog.uri"),
+    InvalidCase("catalog-type-unknown", (("spec.sink.catalog.type", "nessie"),), "spec.sink.catalog.type"),
+    InvalidCase(
+        "template-without-table", (("spec.sink.tableNameTemplate", "{schema}"),), "spec.sink.tableNameTemplate"
+    ),
+    InvalidCase("staging-ftp", (("spec.staging.uri", "ftp://lake/staging"),), "spec.staging.uri"),
+    InvalidCase("retention-negative", (("spec.staging.retentionSeconds", -5),), "spec.staging.retentionSeconds"),
+    InvalidCase("snapshot-mode-unknown", (("spec.snapshot.mode", "full"),), "spec.snapshot.mode"),
+    InvalidCase("parallelism-zero", (("spec.snapshot.parallelism", 0),), "spec.snapshot.parallelism"),
+    InvalidCase("range-size-negative", (("spec.snapshot.targetRangeBytes", -1),), "spec.snapshot.targetRangeBytes"),
+    InvalidCase("executors-negative", (("spec.spark.executor.instances", -1),), "spec.spark.executor.instances"),
+    InvalidCase("driver-memory-format", (("spec.spark.driver.memory", "1 GB"),), "spec.spark.driver.memory"),
+    InvalidCase(
+        "cpu-not-a-quantity",
+        (("spec.reader.resources.requests", {"cpu": "one"}),),
+        "spec.reader.resources.requests.cpu",
+    ),
+    InvalidCase("feedback-too-often", (("spec.reader.feedbackIntervalMs", 10),), "spec.reader.feedbackIntervalMs"),
+    InvalidCase(
+        "deletion-policy-lower-case", (("spec.policies.deletionPolicy", "delete"),), "spec.policies.deletionPolicy"
+    ),
+    InvalidCase("suspend-not-boolean", (("spec.suspend", "maybe"),), "spec.suspend"),
+    InvalidCase("unknown-field-typo", (("spec.source.slotNmae", "orders"),), "spec.source.slotNmae", server_status=400),
+]
+
+UPDATE_CASES = [
+    UpdateCase("database-changed", (), (("spec.source.database", "shop2"),), "spec.source.database"),
+    UpdateCase(
+        "slot-name-changed",
+        (("spec.source.slotName", "orders_a"),),
+        (("spec.source.slotName", "orders_b"),),
+        "spec.source.slotName",
+    ),
+    UpdateCase(
+        "slot-name-removed",
+        (("spec.source.slotName", "orders_a"),),
+        (("spec.source.slotName", DELETE),),
+        "spec.source.slotName",
+    ),
+    UpdateCase(
+        "publication-name-changed",
+        (("spec.source.publicationName", "orders"),),
+        (("spec.source.publicationName", "Orders"),),
+        "spec.source.publicationName",
+    ),
+    UpdateCase(
+        "resnapshot-generation-decreased",
+        (("spec.snapshot.resnapshotGeneration", 3),),
+        (("spec.snapshot.resnapshotGeneration", 2),),
+        "spec.snapshot.resnapshotGeneration",
+    ),
+]

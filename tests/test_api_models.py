@@ -1,0 +1,313 @@
+"""The pydantic models and the pure helpers around them: round trips, identifiers, names,
+conditions, LSNs, times and update (transition) rules."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from lakeslot.api.conditions import find_condition, set_condition
+from lakeslot.api.crd import openapi_schema
+from lakeslot.api.models import Condition, PostgresIngestionStatus, SourceSpec, TableSpec
+from lakeslot.api.naming import (
+    default_replication_name,
+    effective_publication_name,
+    effective_slot_name,
+    iceberg_table_name,
+)
+from lakeslot.api.reference import walk_schema
+from lakeslot import lsn
+from lakeslot.api.validation import parse_resource, problems_of, validate_update
+from tests.api_cases import EXAMPLES, UPDATE_CASES, apply_edits, base_document
+
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+
+
+# ---------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda path: path.name)
+def test_yaml_model_yaml_round_trip(path):
+    document = yaml.safe_load(path.read_text())
+    resource = parse_resource(document)
+    dumped = yaml.safe_dump(resource.to_document())
+    assert resource.to_document() == document  # only what was written: defaults stay implicit
+    assert parse_resource(yaml.safe_load(dumped)) == resource
+
+
+def test_full_example_sets_every_spec_field():
+    document = yaml.safe_load(EXAMPLES[1].read_text())
+    spec_schema = openapi_schema()["properties"]["spec"]
+    fields = {path for path, _, role in walk_schema(spec_schema, "spec") if role in ("required", "optional")}
+    written = {path for path, _, _ in _walk_document(document["spec"], "spec")}
+    assert fields - written == set()
+
+
+def _walk_document(value, path):
+    yield path, value, None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _walk_document(item, f"{path}.{key}")
+            yield from _walk_document(item, f"{path}.<key>")
+    if isinstance(value, list):
+        for item in value:
+            yield from _walk_document(item, f"{path}[]")
+
+
+def test_python_uses_snake_case_and_documents_camel_case():
+    source = SourceSpec(host="db", database="shop", user="u", slot_name="s", tables=[TableSpec(name="t")])
+    assert source.to_document() == {
+        "host": "db",
+        "database": "shop",
+        "user": "u",
+        "slotName": "s",
+        "tables": [{"name": "t"}],
+    }
+    with pytest.raises(ValidationError, match="slot_name"):
+        parse_resource(apply_edits(base_document(), (("spec.source.slot_name", "s"),)))
+
+
+def test_defaults_are_filled_in():
+    spec = parse_resource(base_document()).spec
+    assert (spec.source.port, spec.source.ssl_mode, spec.source.tables[0].schema_name) == (5432, "prefer", "public")
+    assert (spec.snapshot.mode, spec.policies.deletion_policy, spec.suspend) == ("initial", "Retain", False)
+    assert spec.source.slot_name is None and spec.source.options == {}
+
+
+def test_strict_types_like_the_api_server():
+    for edits in [(("spec.source.port", 5432.0),), (("spec.suspend", 1),), (("spec.source.host", 42),)]:
+        with pytest.raises(ValidationError):
+            parse_resource(apply_edits(base_document(), edits))
+
+
+# ---------------------------------------------------------------------------- identifiers
+
+ODD_BUT_LEGAL = ["Order Lines", "select", 'say "hi"', "Ünïcödé", "表" * 21, "a" * 63, "public.orders", "tab\tle"]
+
+
+@pytest.mark.parametrize("name", ODD_BUT_LEGAL)
+def test_any_postgres_identifier_is_accepted(name):
+    table = parse_resource(apply_edits(base_document(), (("spec.source.tables[0]", {"schema": name, "name": name}),)))
+    assert table.spec.source.tables[0].name == name
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"), [("é" * 31 + "a", True), ("é" * 32, False), ("😀" * 15 + "abc", True), ("😀" * 16, False)]
+)
+def test_identifier_limit_counts_utf8_bytes(name, ok):
+    document = apply_edits(base_document(), (("spec.source.publicationName", name),))
+    if ok:
+        parse_resource(document)
+    else:
+        with pytest.raises(ValidationError, match="longer than 63 bytes"):
+            parse_resource(document)
+
+
+def test_duplicate_tables_compare_after_the_schema_default():
+    document = apply_edits(
+        base_document(), (("spec.source.tables", [{"name": "t"}, {"schema": "public", "name": "t"}]),)
+    )
+    with pytest.raises(ValidationError) as raised:
+        parse_resource(document)
+    assert [problem.path for problem in problems_of(raised.value)] == ["spec.source.tables[1]"]
+
+
+def test_same_table_name_in_two_schemas_is_fine():
+    tables = [{"schema": "a", "name": "t"}, {"schema": "A", "name": "t"}, {"name": "t"}]
+    parse_resource(apply_edits(base_document(), (("spec.source.tables", tables),)))
+
+
+# ---------------------------------------------------------------------------- names
+
+
+def test_default_name_is_readable_when_lossless():
+    assert default_replication_name("prod", "orders") == "lakeslot_prod_orders"
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (("a-b", "c"), ("a", "b-c")),
+        (("a", "b.c"), ("a", "b-c")),
+        (("n", "x" * 60), ("n", "x" * 61)),
+        (("ab", "c"), ("a", "bc")),
+    ],
+)
+def test_default_names_of_different_resources_differ(first, second):
+    assert default_replication_name(*first) != default_replication_name(*second)
+
+
+@pytest.mark.parametrize(("namespace", "name"), [("prod", "orders"), ("team-a", "orders.v2"), ("n" * 63, "x" * 253)])
+def test_default_name_is_a_valid_slot_name(namespace, name):
+    derived = default_replication_name(namespace, name)
+    assert re.fullmatch(r"[a-z0-9_]{1,63}", derived)
+    assert derived == default_replication_name(namespace, name)
+    assert derived.startswith("lakeslot_")
+
+
+def test_default_name_of_a_long_name_is_truncated_with_a_hash():
+    derived = default_replication_name("analytics", "x" * 100)
+    assert len(derived) == 63
+    assert re.fullmatch(r"lakeslot_analytics_x+_[0-9a-f]{8}", derived)
+
+
+def test_effective_names_prefer_the_spec():
+    source = parse_resource(base_document()).spec.source
+    assert effective_slot_name("shop", "orders", source) == "lakeslot_shop_orders"
+    named = source.model_copy(update={"slot_name": "mine", "publication_name": "Pub"})
+    assert (effective_slot_name("shop", "orders", named), effective_publication_name("shop", "orders", named)) == (
+        "mine",
+        "Pub",
+    )
+
+
+@pytest.mark.parametrize(
+    ("schema", "table", "expected"),
+    [
+        ("public", "orders", "public__orders"),
+        ("Sales", "Order Lines", "sales__order_lines"),
+        ("s", 'a"b.c', "s__a_b_c"),
+    ],
+)
+def test_iceberg_table_name(schema, table, expected):
+    assert iceberg_table_name("{schema}__{table}", schema, table) == expected
+
+
+# ---------------------------------------------------------------------------- conditions
+
+
+def ready(status="True", reason="Streaming", message="", now=T0):
+    return dict(type_="Ready", status=status, reason=reason, message=message, now=now)
+
+
+def test_set_condition_adds_a_new_condition():
+    conditions = set_condition([], **ready(), observed_generation=3)
+    assert conditions == [
+        Condition(
+            type="Ready", status="True", reason="Streaming", message="", last_transition_time=T0, observed_generation=3
+        )
+    ]
+
+
+def test_same_status_keeps_the_transition_time():
+    first = set_condition([], **ready())
+    later = set_condition(first, **ready(reason="StillStreaming", message="fine", now=T0 + timedelta(hours=1)))
+    assert later[0].last_transition_time == T0
+    assert (later[0].reason, later[0].message) == ("StillStreaming", "fine")
+
+
+def test_flipped_status_moves_the_transition_time_and_keeps_order():
+    conditions = set_condition(set_condition([], **ready()), "SlotReady", "True", "SlotActive", "", now=T0)
+    flipped = set_condition(conditions, **ready(status="False", reason="SlotLost", now=T0 + timedelta(minutes=5)))
+    assert [condition.type for condition in flipped] == ["Ready", "SlotReady"]
+    assert flipped[0].last_transition_time == T0 + timedelta(minutes=5)
+    assert conditions[0].status == "True"  # input untouched
+    assert find_condition(flipped, "SlotReady") == conditions[1]
+    assert find_condition(flipped, "Degraded") is None
+
+
+def test_condition_reason_must_be_camel_case():
+    with pytest.raises(ValidationError, match="reason"):
+        set_condition([], **ready(reason="slot lost"))
+
+
+# ---------------------------------------------------------------------------- LSNs and times
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [(0, "0/0"), (0x16B3748, "0/16B3748"), (0x1_0000_0000, "1/0"), ((1 << 64) - 1, "FFFFFFFF/FFFFFFFF")],
+)
+def test_lsn_text_form(value, text):
+    assert lsn.format(value) == text
+    assert lsn.parse(text) == value
+    assert lsn.parse(text.lower()) == value
+
+
+@pytest.mark.parametrize("text", ["", "16B3748", "0/", "G/0", "0/123456789"])
+def test_not_an_lsn(text):
+    with pytest.raises(ValueError):
+        lsn.parse(text)
+
+
+def test_times_are_utc_seconds_and_need_a_zone():
+    local = datetime(2024, 5, 1, 14, 0, 0, 123456, tzinfo=timezone(timedelta(hours=2)))
+    condition = Condition(type="Ready", status="True", reason="Ok", last_transition_time=local)
+    assert condition.model_dump(mode="json", by_alias=True)["lastTransitionTime"] == "2024-05-01T12:00:00Z"
+    with pytest.raises(ValidationError, match="zone"):
+        Condition(type="Ready", status="True", reason="Ok", last_transition_time=datetime(2024, 5, 1))
+
+
+def test_full_status_round_trip():
+    document = {
+        "observedGeneration": 2,
+        "phase": "Streaming",
+        "conditions": [
+            {
+                "type": "Ready",
+                "status": "True",
+                "reason": "Streaming",
+                "message": "",
+                "lastTransitionTime": "2024-05-01T12:00:00Z",
+            }
+        ],
+        "publicationName": "lakeslot_shop_orders",
+        "slot": {
+            "name": "lakeslot_shop_orders",
+            "activePid": 4242,
+            "holder": "shop/orders-reader-5d8f",
+            "confirmedFlushLsn": "0/16B3748",
+            "restartLsn": "0/16B3700",
+            "walStatus": "reserved",
+            "safeWalSize": 1073741824,
+            "retainedBytes": 72,
+        },
+        "tables": [
+            {
+                "schema": "public",
+                "name": "orders",
+                "state": "Streaming",
+                "snapshotLsn": "0/15D68C8",
+                "appliedLsn": "0/16B3748",
+                "rowsKnown": 10,
+                "rowsStaged": 0,
+            }
+        ],
+        "tableCount": 1,
+        "lagBytes": 0,
+        "reader": {"pod": "orders-reader-5d8f", "durableLsn": "0/16B3748", "lagBytes": 0},
+        "apply": {"appliedLsn": "0/16B3748", "lastCommitTime": "2024-05-01T12:00:05Z"},
+        "observedResnapshotGeneration": 0,
+    }
+    status = PostgresIngestionStatus.model_validate(document, by_name=False)
+    assert status.to_document() == document
+    with pytest.raises(ValidationError, match="pattern"):
+        PostgresIngestionStatus.model_validate({"slot": {"restartLsn": "0/16b3700"}})
+
+
+# ---------------------------------------------------------------------------- updates
+
+
+@pytest.mark.parametrize("case", UPDATE_CASES, ids=lambda case: case.id)
+def test_transition_rules_reject_the_update(case):
+    old, new = parse_resource(case.old()), parse_resource(case.new())
+    assert [problem.path for problem in validate_update(old, new)] == [case.path]
+
+
+@pytest.mark.parametrize(
+    "edits",
+    [
+        (),
+        (("spec.source.slotName", "orders_slot"),),
+        (("spec.snapshot.resnapshotGeneration", 1),),
+        (("spec.source.port", 6432),),
+    ],
+    ids=["unchanged", "slot-name-set-first-time", "resnapshot-requested", "mutable-field"],
+)
+def test_allowed_updates(edits):
+    old = parse_resource(base_document())
+    assert validate_update(old, parse_resource(apply_edits(base_document(), edits))) == ()
