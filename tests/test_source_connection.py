@@ -100,3 +100,23 @@ def test_names_render_like_quote_ident(pgdb):
             expected = conn.execute("SELECT quote_ident(%s) || '.' || quote_ident(%s)",
                                     (table.schema, table.name)).fetchone()[0]
             assert str(table) == expected
+
+
+def test_settings_and_tables_from_the_spec(pgdb):
+    from lakeslot.api.models import SourceSpec
+
+    source = SourceSpec.model_validate({
+        "host": "127.0.0.1", "port": pgdb.cluster.port, "database": pgdb.name, "user": "postgres",
+        "passwordSecretRef": {"name": "pg", "key": "password"},
+        "options": {"connect_timeout": "5"},
+        "tables": [{"schema": ODD_SCHEMA, "name": "order"}, {"name": "not yet created"}],
+        "schemas": [ODD_SCHEMA]})
+    settings = connection.settings_from_spec(source, password=pgdb.cluster.password)
+    assert settings.params()["connect_timeout"] == "5"
+    with connection.connect(settings, "lakeslot-test") as conn:
+        create_odd_tables(conn)
+        assert tables.selected(conn, source) == sorted(
+            [t for t in ODD_TABLES if t.schema == ODD_SCHEMA] + [TableName("public", "not yet created")])
+    with pytest.raises(ValueError, match="caSecretRef"):
+        connection.settings_from_spec(source.model_copy(update={
+            "ca_secret_ref": source.password_secret_ref}), password=None)

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
+from lakeslot.api.models import SourceSpec
+
 APPLICATION_NAME_BYTES = 63
 SESSION_OPTIONS = ("-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres"
                    " -c extra_float_digits=3")
@@ -54,6 +56,18 @@ class ConnectionSettings:
         if self.sslrootcert:
             params["sslrootcert"] = self.sslrootcert
         return params
+
+
+def settings_from_spec(source: SourceSpec, *, password: str | None,
+                       ca_file: str | None = None) -> ConnectionSettings:
+    """Settings for ``spec.source`` once its secrets are resolved by the caller (the operator
+    reads Secrets through the API, pods get them as environment variables and files, local
+    mode from the environment). ``ca_file`` is where the CA from ``caSecretRef`` was written."""
+    if source.ca_secret_ref is not None and ca_file is None:
+        raise ValueError("source.caSecretRef is set: the CA must be written to a file first")
+    return ConnectionSettings(host=source.host, port=source.port, dbname=source.database,
+                              user=source.user, password=password, sslmode=source.ssl_mode,
+                              sslrootcert=ca_file, extra=dict(source.options))
 
 
 def application_name(component: str, ingestion: str, pod: str | None = None) -> str:

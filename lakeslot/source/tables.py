@@ -18,6 +18,8 @@ from typing import NamedTuple
 import psycopg
 from psycopg import sql
 
+from lakeslot.api.models import SourceSpec
+
 _PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
 
 
@@ -80,3 +82,12 @@ def in_schemas(conn: psycopg.Connection, schemas: Iterable[str]) -> list[TableNa
         (list(schemas),),
     ).fetchall()
     return [TableName(s, t) for s, t in rows]
+
+
+def selected(conn: psycopg.Connection, source: SourceSpec) -> list[TableName]:
+    """The tables ``spec.source`` selects right now: the explicit ones (whether or not they
+    exist: preflight reports missing ones) and every table currently in ``schemas``. Resolved
+    on every reconcile, so tables created later in a selected schema are picked up."""
+    explicit = [TableName(t.schema_name, t.name) for t in source.tables]
+    found = in_schemas(conn, source.schemas) if source.schemas else []
+    return sorted(set(explicit) | set(found))
