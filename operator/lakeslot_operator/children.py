@@ -1,0 +1,217 @@
+"""The Kubernetes objects an ingestion owns, built by pure functions.
+
+Each builder takes the validated ingestion, the operator's configuration and the workload's
+command line (built by ``lakeslot.workloads``, which local mode shares) and returns a plain dict
+ready for the API. Nothing here talks to a cluster.
+
+Invariants:
+
+- Every child carries an ownerReference to its PostgresIngestion (so Kubernetes garbage-collects
+  it with the ingestion) and only lakeslot's own labels (``app.kubernetes.io/*`` and
+  ``lakeslot.io/ingestion``); the operator finds its children by those labels.
+- Names are deterministic: the same ingestion always builds the same names, so a restarted
+  operator finds what it created instead of creating duplicates. The snapshot application's
+  name carries its snapshot generation, so a re-snapshot is a new object while a retried
+  reconcile is the same one.
+- Credentials never appear in an object: the password and the CA come from the user's Secret
+  through ``secretKeyRef`` env vars (the reader) or Spark's Secret-backed conf
+  (``spark.kubernetes.{driver,executor}.secretKeyRef.*``, honoured by Spark itself, without
+  the spark-operator's webhook).
+- The reader is a singleton: one replica, ``Recreate`` strategy (never two readers during a
+  rollout), a restricted security context, and ``POD_NAME`` from the downward API so its
+  ``application_name`` identifies the pod (the slot's legitimate holder).
+- SparkApplications use ``restartPolicy: OnFailure`` (``Always`` would rerun a finished
+  snapshot; FACTS.md) and a ``timeToLiveSeconds`` so finished apps are cleaned up after the
+  operator recorded their outcome.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from lakeslot.api.models import PostgresIngestion
+
+GROUP = "lakeslot.io"
+INGESTION_LABEL = f"{GROUP}/ingestion"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+SPARK_API_VERSION = "sparkoperator.k8s.io/v1beta2"
+PASSWORD_ENV = "LAKESLOT_SOURCE_PASSWORD"
+CA_MOUNT = "/etc/lakeslot/source-ca"
+CA_FILE = f"{CA_MOUNT}/ca.crt"
+METRICS_PORT = 9187
+SNAPSHOT_TTL_SECONDS = 3600
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Defaults the operator applies where the spec leaves a choice open."""
+
+    image: str = "ghcr.io/lakeslot/lakeslot:0.1.0"
+    spark_service_account: str = "lakeslot-spark"
+    image_pull_policy: str = "IfNotPresent"
+
+
+def labels(ingestion: PostgresIngestion, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "lakeslot",
+        "app.kubernetes.io/instance": ingestion.metadata.name,
+        "app.kubernetes.io/managed-by": "lakeslot-operator",
+        COMPONENT_LABEL: component,
+        INGESTION_LABEL: ingestion.metadata.name,
+    }
+
+
+def owner_reference(ingestion: PostgresIngestion, uid: str) -> dict[str, object]:
+    return {"apiVersion": ingestion.api_version, "kind": ingestion.kind,
+            "name": ingestion.metadata.name, "uid": uid, "controller": True,
+            "blockOwnerDeletion": True}
+
+
+def _metadata(ingestion: PostgresIngestion, uid: str, name: str, component: str) -> dict:
+    return {"name": name, "namespace": ingestion.metadata.namespace or "default",
+            "labels": labels(ingestion, component),
+            "ownerReferences": [owner_reference(ingestion, uid)]}
+
+
+def child_name(ingestion: PostgresIngestion, suffix: str) -> str:
+    """``<ingestion>-<suffix>``, shortened with a stable hash to stay a valid DNS label."""
+    name = f"{ingestion.metadata.name}-{suffix}"
+    if len(name) <= 63:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+    return f"{name[:54].rstrip('-')}-{digest}"
+
+
+# reader ----------------------------------------------------------------------------------
+
+def reader_deployment(ingestion: PostgresIngestion, uid: str, config: OperatorConfig,
+                      command: list[str], *, replicas: int) -> dict:
+    spec = ingestion.spec
+    source = spec.source
+    env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    if source.password_secret_ref is not None:
+        env.append({"name": PASSWORD_ENV, "valueFrom": {"secretKeyRef": {
+            "name": source.password_secret_ref.name, "key": source.password_secret_ref.key}}})
+    volumes, mounts = [], []
+    if source.ca_secret_ref is not None:
+        volumes.append({"name": "source-ca", "secret": {
+            "secretName": source.ca_secret_ref.name,
+            "items": [{"key": source.ca_secret_ref.key, "path": "ca.crt"}]}})
+        mounts.append({"name": "source-ca", "mountPath": CA_MOUNT, "readOnly": True})
+    pod_labels = labels(ingestion, "reader")
+    container = {
+        "name": "reader",
+        "image": spec.reader.image or config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": command,
+        "env": env,
+        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+        "resources": spec.reader.resources.model_dump(mode="json", exclude_none=True),
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
+                          "periodSeconds": 20, "failureThreshold": 6},
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
+                           "periodSeconds": 10},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "volumeMounts": [*mounts, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(ingestion, uid, child_name(ingestion, "reader"), "reader"),
+        "spec": {
+            "replicas": replicas,
+            "strategy": {"type": "Recreate"},
+            "selector": {"matchLabels": {INGESTION_LABEL: ingestion.metadata.name,
+                                         COMPONENT_LABEL: "reader"}},
+            "template": {
+                "metadata": {"labels": pod_labels},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "terminationGracePeriodSeconds": 60,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001,
+                                        "fsGroup": 10001},
+                    "containers": [container],
+                    "volumes": [*volumes, {"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+# Spark -----------------------------------------------------------------------------------
+
+def _secret_conf(ingestion: PostgresIngestion) -> dict[str, str]:
+    """Spark-native Secret wiring: env vars and mounted files for driver and executors."""
+    source = ingestion.spec.source
+    conf: dict[str, str] = {}
+    for role in ("driver", "executor"):
+        if source.password_secret_ref is not None:
+            ref = source.password_secret_ref
+            conf[f"spark.kubernetes.{role}.secretKeyRef.{PASSWORD_ENV}"] = f"{ref.name}:{ref.key}"
+        if source.ca_secret_ref is not None:
+            conf[f"spark.kubernetes.{role}.secrets.{source.ca_secret_ref.name}"] = CA_MOUNT
+    return conf
+
+
+def _spark_application(ingestion: PostgresIngestion, uid: str, config: OperatorConfig, *,
+                       name: str, component: str, main_file: str, arguments: list[str],
+                       driver, executor, restart: dict, ttl: int | None) -> dict:
+    spark = ingestion.spec.spark
+    role_labels = labels(ingestion, component)
+    app = {
+        "apiVersion": SPARK_API_VERSION,
+        "kind": "SparkApplication",
+        "metadata": _metadata(ingestion, uid, name, component),
+        "spec": {
+            "type": "Python",
+            "pythonVersion": "3",
+            "mode": "cluster",
+            "image": spark.image or config.image,
+            "imagePullPolicy": config.image_pull_policy,
+            "mainApplicationFile": main_file,
+            "arguments": arguments,
+            "sparkVersion": spark.spark_version,
+            "restartPolicy": restart,
+            "sparkConf": {**_secret_conf(ingestion), **spark.spark_conf},
+            "driver": {"cores": driver.cores, "memory": driver.memory, "labels": role_labels,
+                       "serviceAccount": spark.service_account or config.spark_service_account},
+            "executor": {"cores": executor.cores, "memory": executor.memory,
+                         "instances": executor.instances, "labels": role_labels},
+        },
+    }
+    if spark.jars:
+        app["spec"]["deps"] = {"jars": list(spark.jars)}
+    if ttl is not None:
+        app["spec"]["timeToLiveSeconds"] = ttl
+    return app
+
+
+def snapshot_name(ingestion: PostgresIngestion, generation: str) -> str:
+    return child_name(ingestion, f"snapshot-{generation}")
+
+
+def snapshot_application(ingestion: PostgresIngestion, uid: str, config: OperatorConfig,
+                         arguments: list[str], *, generation: str) -> dict:
+    spark = ingestion.spec.spark
+    return _spark_application(
+        ingestion, uid, config, name=snapshot_name(ingestion, generation), component="snapshot",
+        main_file="local:///opt/lakeslot/spark_jobs/snapshot.py", arguments=arguments,
+        driver=spark.driver, executor=spark.executor,
+        restart={"type": "OnFailure", "onFailureRetries": 3, "onFailureRetryInterval": 30,
+                 "onSubmissionFailureRetries": 5, "onSubmissionFailureRetryInterval": 30},
+        ttl=SNAPSHOT_TTL_SECONDS)
+
+
+def apply_application(ingestion: PostgresIngestion, uid: str, config: OperatorConfig,
+                      arguments: list[str]) -> dict:
+    spark, apply = ingestion.spec.spark, ingestion.spec.apply
+    return _spark_application(
+        ingestion, uid, config, name=child_name(ingestion, "apply"), component="apply",
+        main_file="local:///opt/lakeslot/spark_jobs/apply.py", arguments=arguments,
+        driver=apply.driver or spark.driver, executor=apply.executor or spark.executor,
+        restart={"type": "OnFailure", "onFailureRetries": 1_000_000, "onFailureRetryInterval": 30,
+                 "onSubmissionFailureRetries": 1_000_000, "onSubmissionFailureRetryInterval": 30},
+        ttl=None)

@@ -1,0 +1,81 @@
+"""The operator's child objects, built by pure functions: shape, ownership, secrets, names.
+Core kinds are validated against Kubernetes' own OpenAPI schemas (kubernetes-validate)."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from lakeslot.api.models import PostgresIngestion
+from lakeslot_operator import children
+
+UID = "0f1e2d3c-0000-4000-8000-000000000001"
+CONFIG = children.OperatorConfig(image="registry.example/lakeslot:test")
+
+
+@pytest.fixture
+def ingestion() -> PostgresIngestion:
+    document = yaml.safe_load(open("examples/ingestion.yaml"))
+    document["metadata"]["namespace"] = "shop"
+    document["spec"]["source"]["sslMode"] = "verify-full"
+    document["spec"]["source"]["caSecretRef"] = {"name": "shop-ca", "key": "ca.pem"}
+    return PostgresIngestion.model_validate(document)
+
+
+def _validate_core(obj: dict) -> None:
+    kubernetes_validate.validate(obj, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_reader_is_a_singleton_recreated_with_secrets_by_reference(ingestion):
+    deployment = children.reader_deployment(ingestion, UID, CONFIG, ["lakeslot", "reader"],
+                                            replicas=1)
+    _validate_core(deployment)
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    container = spec["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["valueFrom"] for e in container["env"]}
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env[children.PASSWORD_ENV] == {"secretKeyRef": {"name": "shop-postgres", "key": "password"}}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert {"name": "source-ca", "mountPath": children.CA_MOUNT, "readOnly": True} in container["volumeMounts"]
+    assert deployment["metadata"]["ownerReferences"] == [{
+        "apiVersion": "lakeslot.io/v1alpha1", "kind": "PostgresIngestion", "name": "orders",
+        "uid": UID, "controller": True, "blockOwnerDeletion": True}]
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert children.reader_deployment(ingestion, UID, CONFIG, ["x"], replicas=0)["spec"]["replicas"] == 0
+
+
+def test_spark_applications_wire_secrets_through_spark_conf(ingestion):
+    snapshot = children.snapshot_application(ingestion, UID, CONFIG, ["--flag"], generation="g0-abc")
+    apply = children.apply_application(ingestion, UID, CONFIG, ["--flag"])
+    for app in (snapshot, apply):
+        spec = app["spec"]
+        assert spec["restartPolicy"]["type"] == "OnFailure"
+        assert spec["type"] == "Python" and spec["image"] == CONFIG.image
+        conf = spec["sparkConf"]
+        for role in ("driver", "executor"):
+            assert conf[f"spark.kubernetes.{role}.secretKeyRef.{children.PASSWORD_ENV}"] == "shop-postgres:password"
+            assert conf[f"spark.kubernetes.{role}.secrets.shop-ca"] == children.CA_MOUNT
+    assert snapshot["metadata"]["name"] == "orders-snapshot-g0-abc"
+    assert snapshot["spec"]["timeToLiveSeconds"] == children.SNAPSHOT_TTL_SECONDS
+    assert "timeToLiveSeconds" not in apply["spec"]
+    assert apply["metadata"]["name"] == "orders-apply"
+
+
+def test_names_are_deterministic_and_valid_dns_labels(ingestion):
+    long = ingestion.model_copy(deep=True)
+    long.metadata.name = "a" * 60
+    name = children.child_name(long, "snapshot-g12")
+    assert len(name) <= 63 and name == children.child_name(long, "snapshot-g12")
+    assert name != children.child_name(long, "snapshot-g13")
+
+
+def test_no_child_contains_a_credential(ingestion):
+    built = [children.reader_deployment(ingestion, UID, CONFIG, ["lakeslot", "reader"], replicas=1),
+             children.snapshot_application(ingestion, UID, CONFIG, [], generation="g0"),
+             children.apply_application(ingestion, UID, CONFIG, [])]
+    text = json.dumps(built)
+    assert "password" not in text.replace("shop-postgres:password", "").replace('"key": "password"', "")
