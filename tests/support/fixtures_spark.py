@@ -56,9 +56,7 @@ def iceberg_namespace(spark) -> str:
 
 def static_table(warehouse: Path, table: str):
     """The latest committed state of ``catalog.namespace.table`` as a pyiceberg ``StaticTable``."""
-    from pyiceberg.table import StaticTable
+    from lakeslot.mirror import load_hadoop_table
 
     _catalog, namespace, name = table.split(".")
-    metadata = warehouse / namespace / name / "metadata"
-    version = int((metadata / "version-hint.text").read_text().strip())
-    return StaticTable.from_metadata(str(metadata / f"v{version}.metadata.json"))
+    return load_hadoop_table(warehouse.as_uri(), (namespace, name))
