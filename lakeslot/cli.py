@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from lakeslot import __version__
+from lakeslot import reader as reader_defaults
 
 
 def _provision_jars(args: argparse.Namespace) -> int:
@@ -69,6 +70,41 @@ def _crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _operator(args: argparse.Namespace) -> int:
+    from lakeslot_operator import main
+
+    main.run(namespaces=args.namespace, peering=args.peering, liveness=args.liveness)
+    return 0
+
+
+def _lsn(text: str) -> int:
+    from lakeslot import lsn
+
+    try:
+        return lsn.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _reader(args: argparse.Namespace) -> int:
+    import os
+    import socket
+
+    from lakeslot.reader import reader
+
+    reader.configure_logging()
+    config = reader.ReaderConfig(
+        ingestion=args.ingestion, slot=args.slot, publication=args.publication,
+        staging_uri=args.staging,
+        settings=reader.settings_from_environment(args.host, args.port, args.dbname, args.user,
+                                                  args.sslmode, args.sslrootcert),
+        pod=args.pod or os.environ.get("POD_NAME") or socket.gethostname(),
+        segment_max_bytes=args.segment_max_bytes, segment_max_seconds=args.segment_max_seconds,
+        feedback_interval=None if args.feedback_interval_ms is None else args.feedback_interval_ms / 1000,
+        stop_at=args.stop_at_lsn, max_retry_seconds=args.max_retry_seconds)
+    return reader.main(config, status_file=args.status_file, metrics_port=args.metrics_port)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lakeslot",
@@ -106,6 +142,48 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--write", action="store_true", help="update crds/ and the README reference in the checkout")
     mode.add_argument("--reference", action="store_true", help="print the Markdown field reference instead")
     p.set_defaults(func=_crd)
+
+    p = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    p.add_argument("--namespace", "-n", action="append", default=[],
+                   help="watch only this namespace (repeatable); default: all namespaces")
+    p.add_argument("--peering", metavar="NAME",
+                   help="kopf peering object for active/standby replicas; default: standalone")
+    p.add_argument("--liveness", metavar="URL", default="http://0.0.0.0:8080/healthz",
+                   help="liveness endpoint served by kopf (default %(default)s)")
+    p.set_defaults(func=_operator)
+
+    p = sub.add_parser(
+        "reader",
+        help="stream the replication slot into sealed segments in staging (one per ingestion)",
+        description="The replication reader: pgoutput from the slot into LSN-named Parquet segments; "
+        "confirms to PostgreSQL only what is sealed. The password comes only from the environment "
+        "(LAKESLOT_SOURCE_PASSWORD, else PGPASSWORD). Exit codes: 0 stopped cleanly, 1 crashed or "
+        "transient errors persisted, 2 bad arguments, 3 definite error (see --status-file).",
+    )
+    p.add_argument("--ingestion", required=True, metavar="NS/NAME", help="the ingestion this reader serves")
+    p.add_argument("--slot", required=True, help="the permanent logical replication slot")
+    p.add_argument("--publication", required=True, help="the publication to stream")
+    p.add_argument("--staging", required=True, metavar="URI", help="where segments go (file:///path, s3://...)")
+    p.add_argument("--host", help="source host (default $PGHOST, else localhost)")
+    p.add_argument("--port", type=int, help="source port (default $PGPORT, else 5432)")
+    p.add_argument("--dbname", help="source database (default $PGDATABASE, else postgres)")
+    p.add_argument("--user", help="source user (default $PGUSER, else postgres)")
+    p.add_argument("--sslmode", help="libpq sslmode (default $PGSSLMODE, else prefer)")
+    p.add_argument("--sslrootcert", metavar="FILE", help="CA certificate for verify-ca/verify-full")
+    p.add_argument("--pod", help="identity in application_name (default $POD_NAME, else the host name)")
+    p.add_argument("--metrics-port", type=int, metavar="N", help="serve /metrics and /healthz on this port")
+    p.add_argument("--status-file", metavar="PATH", help="write the outcome as JSON here on exit")
+    p.add_argument("--segment-max-bytes", type=int, default=reader_defaults.DEFAULT_SEGMENT_MAX_BYTES, metavar="N",
+                   help="seal a segment after this much pgoutput data (default %(default)s)")
+    p.add_argument("--segment-max-seconds", type=float, default=reader_defaults.DEFAULT_SEGMENT_MAX_SECONDS, metavar="S",
+                   help="seal segments at least this often (default %(default)s)")
+    p.add_argument("--feedback-interval-ms", type=int, metavar="N",
+                   help="standby status interval (default min(1 s, wal_sender_timeout/2))")
+    p.add_argument("--stop-at-lsn", type=_lsn, metavar="LSN",
+                   help="exit 0 once everything up to this LSN is sealed (like pg_recvlogical --endpos)")
+    p.add_argument("--max-retry-seconds", type=float, default=reader_defaults.DEFAULT_MAX_RETRY_SECONDS, metavar="S",
+                   help="exit 1 after this long without a successful start (default %(default)s)")
+    p.set_defaults(func=_reader)
 
     p = sub.add_parser("demo", help="run the whole pipeline against an embedded PostgreSQL with sample data")
     p.set_defaults(func=_demo)

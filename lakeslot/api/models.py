@@ -539,6 +539,21 @@ class ApplyStatus(ApiModel):
     last_commit_time: KubeTime | None = optional("Time of the last Iceberg commit.")
 
 
+class SnapshotStatus(ApiModel):
+    """The current (re-)snapshot, kept in status because the SparkApplication is deleted by
+    its time-to-live after it finished."""
+
+    application: str | None = optional("Name of the snapshot SparkApplication.")
+    generation: str | None = optional(
+        "Snapshot generation: the resnapshotGeneration and a digest of the tables it copies."
+    )
+    tables: Annotated[list[str], ListKeys()] = listing("The tables it copies (schema.table, quoted like psql).")
+    state: str | None = optional("SparkApplication state: SUBMITTED, RUNNING, COMPLETED, FAILED, ...")
+    attempts: int = Field(0, ge=0, description="Failed attempts of this generation so far.")
+    message: str = Field("", description="The last failure, as the Spark job reported it.")
+    finished_at: KubeTime | None = optional("When the last attempt finished (COMPLETED or FAILED).")
+
+
 class PostgresIngestionStatus(ApiModel):
     """The observed state, written by the operator only."""
 
@@ -564,6 +579,7 @@ class PostgresIngestionStatus(ApiModel):
     observed_resnapshot_generation: int | None = optional(
         "The spec.snapshot.resnapshotGeneration the last (re-)snapshot was started for.", ge=0
     )
+    snapshot: SnapshotStatus | None = optional("The current or last (re-)snapshot.")
 
 
 # ----------------------------------------------------------------------------------- resource

@@ -30,16 +30,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+import posixpath
+
 from lakeslot.api.models import PostgresIngestion
+from lakeslot.workloads import CA_FILE, PASSWORD_ENV, READER_METRICS_PORT
 
 GROUP = "lakeslot.io"
 INGESTION_LABEL = f"{GROUP}/ingestion"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 SPARK_API_VERSION = "sparkoperator.k8s.io/v1beta2"
-PASSWORD_ENV = "LAKESLOT_SOURCE_PASSWORD"
-CA_MOUNT = "/etc/lakeslot/source-ca"
-CA_FILE = f"{CA_MOUNT}/ca.crt"
-METRICS_PORT = 9187
+CA_MOUNT = posixpath.dirname(CA_FILE)
 SNAPSHOT_TTL_SECONDS = 3600
 
 
@@ -97,7 +97,7 @@ def reader_deployment(ingestion: PostgresIngestion, uid: str, config: OperatorCo
     if source.ca_secret_ref is not None:
         volumes.append({"name": "source-ca", "secret": {
             "secretName": source.ca_secret_ref.name,
-            "items": [{"key": source.ca_secret_ref.key, "path": "ca.crt"}]}})
+            "items": [{"key": source.ca_secret_ref.key, "path": posixpath.basename(CA_FILE)}]}})
         mounts.append({"name": "source-ca", "mountPath": CA_MOUNT, "readOnly": True})
     pod_labels = labels(ingestion, "reader")
     container = {
@@ -106,7 +106,7 @@ def reader_deployment(ingestion: PostgresIngestion, uid: str, config: OperatorCo
         "imagePullPolicy": config.image_pull_policy,
         "command": command,
         "env": env,
-        "ports": [{"name": "metrics", "containerPort": METRICS_PORT}],
+        "ports": [{"name": "metrics", "containerPort": READER_METRICS_PORT}],
         "resources": spec.reader.resources.model_dump(mode="json", exclude_none=True),
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
                           "periodSeconds": 20, "failureThreshold": 6},

@@ -1,0 +1,151 @@
+"""The operator's Kubernetes access: a thin layer over the official client, dicts in, dicts out.
+
+Invariants:
+
+- :meth:`Kube.ensure` writes a child only when what we want differs from what we last wrote:
+  the desired object's hash is kept in the ``lakeslot.io/spec-hash`` annotation. The API server
+  adds defaults to every object, so comparing live specs would rewrite children forever; and
+  rewriting a running SparkApplication makes the spark-operator kill and resubmit it (FACTS.md).
+- A changed child is replaced whole (PUT with its resourceVersion), so fields removed from the
+  desired object are removed from the live one; a concurrent change makes the PUT fail with
+  409 and kopf retries the reconcile.
+- Secrets are read only to hand a value to libpq; values are never logged or returned in errors.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Mapping
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from lakeslot.api.models import SecretKeyRef
+
+HASH_ANNOTATION = "lakeslot.io/spec-hash"
+SPARK = ("sparkoperator.k8s.io", "v1beta2", "sparkapplications")
+
+
+def desired_hash(obj: Mapping) -> str:
+    relevant = {"spec": obj.get("spec"), "labels": obj["metadata"].get("labels"),
+                "ownerReferences": obj["metadata"].get("ownerReferences")}
+    return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _absent(e: ApiException) -> bool:
+    return e.status == 404
+
+
+class Kube:
+    def __init__(self, api_client: client.ApiClient):
+        self.core = client.CoreV1Api(api_client)
+        self.apps = client.AppsV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self._api_client = api_client
+
+    def _plain(self, obj) -> dict:
+        return self._api_client.sanitize_for_serialization(obj)
+
+    # reading ---------------------------------------------------------------------------------
+
+    def secret_value(self, namespace: str, ref: SecretKeyRef) -> str:
+        try:
+            secret = self.core.read_namespaced_secret(ref.name, namespace)
+        except ApiException as e:
+            if _absent(e):
+                raise LookupError(f"Secret {namespace}/{ref.name} does not exist: create it with "
+                                  f"the key {ref.key!r}") from None
+            raise
+        data = secret.data or {}
+        if ref.key not in data:
+            raise LookupError(f"Secret {namespace}/{ref.name} has no key {ref.key!r} (keys: "
+                              f"{', '.join(sorted(data)) or 'none'})")
+        return base64.b64decode(data[ref.key]).decode()
+
+    def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict]:
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        pods = self.core.list_namespaced_pod(namespace, label_selector=selector)
+        return [self._plain(p) for p in pods.items]
+
+    def get_deployment(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self._plain(self.apps.read_namespaced_deployment(name, namespace))
+        except ApiException as e:
+            if _absent(e):
+                return None
+            raise
+
+    def deployment_available(self, namespace: str, name: str) -> bool:
+        deployment = self.get_deployment(namespace, name)
+        return bool(deployment and (deployment.get("status") or {}).get("availableReplicas"))
+
+    def get_spark_application(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self.custom.get_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], name)
+        except ApiException as e:
+            if _absent(e):
+                return None
+            raise
+
+    def spark_application_state(self, namespace: str, name: str) -> str | None:
+        app = self.get_spark_application(namespace, name)
+        if app is None:
+            return None
+        return (app.get("status") or {}).get("applicationState", {}).get("state") or "SUBMITTED"
+
+    # writing ---------------------------------------------------------------------------------
+
+    def ensure(self, obj: dict) -> bool:
+        """Create or replace ``obj`` (a Deployment or SparkApplication) unless the live object
+        was written from the same desired state. Returns whether anything was written."""
+        obj = json.loads(json.dumps(obj))
+        digest = desired_hash(obj)
+        obj["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = digest
+        namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+        spark = obj["kind"] == "SparkApplication"
+        live = self.get_spark_application(namespace, name) if spark else \
+            self.get_deployment(namespace, name)
+        if live is None:
+            if spark:
+                self.custom.create_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], obj)
+            else:
+                self.apps.create_namespaced_deployment(namespace, obj)
+            return True
+        if (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == digest:
+            return False
+        obj["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
+        if spark:
+            self.custom.replace_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], name, obj)
+        else:
+            self.apps.replace_namespaced_deployment(name, namespace, obj)
+        return True
+
+    def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
+        """Set the replicas of an existing Deployment (absent: nothing to scale). The spec hash
+        is dropped so the next ensure restores the desired count."""
+        try:
+            self.apps.patch_namespaced_deployment(name, namespace, {
+                "metadata": {"annotations": {HASH_ANNOTATION: None}},
+                "spec": {"replicas": replicas}})
+        except ApiException as e:
+            if not _absent(e):
+                raise
+
+    def delete_spark_application(self, namespace: str, name: str) -> None:
+        try:
+            self.custom.delete_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], name)
+        except ApiException as e:
+            if not _absent(e):
+                raise
+
+    def delete_children(self, namespace: str, labels: Mapping[str, str]) -> None:
+        """Delete every Deployment and SparkApplication carrying ``labels``."""
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        for deployment in self.apps.list_namespaced_deployment(namespace, label_selector=selector).items:
+            self.apps.delete_namespaced_deployment(deployment.metadata.name, namespace)
+        apps = self.custom.list_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2],
+                                                          label_selector=selector)
+        for app in apps.get("items", []):
+            self.delete_spark_application(namespace, app["metadata"]["name"])

@@ -1,0 +1,147 @@
+"""What operator tests need around the real operator code: the CRDs on the emulator, ingestions
+pointing at a real test database, and **simulations of the controllers that cannot run here**.
+
+Simulated, because nothing on this machine can run them (each test says when it uses them):
+
+- the spark-operator: :func:`set_spark_state` writes ``status.applicationState`` of a
+  SparkApplication as the spark-operator would;
+- the Deployment/ReplicaSet controllers and the kubelet: :func:`reader_pod_running` creates the
+  reader Pod the Deployment would get and marks the Deployment available;
+- the snapshot job's Iceberg commits: :func:`commit_snapshot` writes each mirror table with the
+  summary property ``lakeslot.lsn`` through real Spark + Iceberg, as the job's final commit does.
+
+Everything else — PostgreSQL, the API server (emulated), kopf, the official client — is real.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+
+import kubernetes.client
+import yaml
+from kubernetes.client import ApiException
+
+from lakeslot import mirror
+from lakeslot.api.models import GROUP, PLURAL, VERSION, SinkSpec
+from lakeslot.source.tables import TableName
+
+NAMESPACE = "default"
+SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
+SPARK_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": f"{SPARK_PLURAL}.{SPARK_GROUP}"},
+    "spec": {
+        "group": SPARK_GROUP, "scope": "Namespaced",
+        "names": {"plural": SPARK_PLURAL, "singular": "sparkapplication", "kind": "SparkApplication"},
+        "versions": [{"name": SPARK_VERSION, "served": True, "storage": True,
+                      "subresources": {"status": {}},
+                      "schema": {"openAPIV3Schema": {"type": "object",
+                                                     "x-kubernetes-preserve-unknown-fields": True}}}],
+    },
+}
+
+
+def install_crds(api_client: kubernetes.client.ApiClient) -> None:
+    extensions = kubernetes.client.ApiextensionsV1Api(api_client)
+    with open("crds/postgresingestions.lakeslot.io.yaml") as f:
+        extensions.create_custom_resource_definition(yaml.safe_load(f))
+    extensions.create_custom_resource_definition(SPARK_CRD)
+
+
+def create_secret(api_client, name: str, values: dict[str, str]) -> None:
+    kubernetes.client.CoreV1Api(api_client).create_namespaced_secret(NAMESPACE, {
+        "metadata": {"name": name},
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in values.items()}})
+
+
+def ingestion_document(name: str, db, tables: list[TableName], *, warehouse: str, staging: str,
+                       **spec: object) -> dict:
+    """A PostgresIngestion for ``db`` (a ``tests.support.fixtures_pg.Database``), its password
+    in the Secret ``<name>-pg``, Iceberg in a hadoop catalog on ``warehouse``."""
+    document = {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "PostgresIngestion",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "source": {"host": "127.0.0.1", "port": db.cluster.port, "database": db.name,
+                       "user": db.cluster.superuser,
+                       "passwordSecretRef": {"name": f"{name}-pg", "key": "password"},
+                       "tables": [{"schema": t.schema, "name": t.name} for t in tables]},
+            "sink": {"catalog": {"type": "hadoop", "warehouse": warehouse},
+                     "namespace": f"it_{uuid.uuid4().hex[:8]}"},
+            "staging": {"uri": staging},
+        },
+    }
+    for key, value in spec.items():
+        document["spec"][key] = value
+    return document
+
+
+def create_ingestion(api_client, document: dict, password: str) -> dict:
+    """The ingestion and the Secret holding its source password."""
+    create_secret(api_client, f"{document['metadata']['name']}-pg", {"password": password})
+    return kubernetes.client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, PLURAL, document)
+
+
+def get_ingestion(api_client, name: str) -> dict | None:
+    try:
+        return kubernetes.client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+            GROUP, VERSION, NAMESPACE, PLURAL, name)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def spark_applications(api_client) -> dict[str, dict]:
+    items = kubernetes.client.CustomObjectsApi(api_client).list_namespaced_custom_object(
+        SPARK_GROUP, SPARK_VERSION, NAMESPACE, SPARK_PLURAL)["items"]
+    return {app["metadata"]["name"]: app for app in items}
+
+
+def deployments(api_client) -> dict[str, dict]:
+    items = kubernetes.client.AppsV1Api(api_client).list_namespaced_deployment(NAMESPACE).items
+    return {d.metadata.name: api_client.sanitize_for_serialization(d) for d in items}
+
+
+def set_spark_state(api_client, name: str, state: str, error: str = "") -> None:
+    """Simulated spark-operator: report the application's state."""
+    kubernetes.client.CustomObjectsApi(api_client).patch_namespaced_custom_object_status(
+        SPARK_GROUP, SPARK_VERSION, NAMESPACE, SPARK_PLURAL, name,
+        {"status": {"applicationState": {"state": state, "errorMessage": error}}})
+
+
+def reader_pod_running(api_client, ingestion_name: str, pod_name: str) -> None:
+    """Simulated Deployment controller + kubelet: the reader Pod exists and runs, the
+    Deployment reports an available replica."""
+    core = kubernetes.client.CoreV1Api(api_client)
+    apps = kubernetes.client.AppsV1Api(api_client)
+    deployment = apps.read_namespaced_deployment(f"{ingestion_name}-reader", NAMESPACE)
+    template = deployment.spec.template
+    core.create_namespaced_pod(NAMESPACE, {
+        "metadata": {"name": pod_name, "labels": template.metadata.labels},
+        "spec": {"containers": [{"name": "reader", "image": template.spec.containers[0].image}]}})
+    core.patch_namespaced_pod_status(pod_name, NAMESPACE, {"status": {"phase": "Running"}})
+    apps.patch_namespaced_deployment_status(f"{ingestion_name}-reader", NAMESPACE, {
+        "status": {"replicas": 1, "availableReplicas": 1, "readyReplicas": 1}})
+
+
+def commit_snapshot(spark, document: dict, tables: list[TableName], lsn: int) -> None:
+    """Simulated snapshot job commit: each mirror table gets one row and lakeslot.lsn = lsn."""
+    sink = SinkSpec.model_validate(document["spec"]["sink"])
+    for table in tables:
+        name = "lakeslot." + ".".join(mirror.identifier(sink, table))
+        spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lakeslot.{sink.namespace}")
+        spark.sql(f"CREATE TABLE IF NOT EXISTS {name} (id bigint, _lakeslot_lsn bigint) USING iceberg")
+        spark.createDataFrame([(1, lsn)], "id bigint, _lakeslot_lsn bigint").writeTo(name).option(
+            "snapshot-property.lakeslot.lsn", str(lsn)).overwritePartitions()
+
+
+def condition(resource: dict, type_: str) -> dict | None:
+    for c in (resource.get("status") or {}).get("conditions", []):
+        if c["type"] == type_:
+            return c
+    return None
+

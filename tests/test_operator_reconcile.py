@@ -1,0 +1,273 @@
+"""The operator's reconcile, called directly (no kopf) against the Kubernetes API emulator, real
+PostgreSQL 15 and 18, and real Spark + Iceberg.
+
+Simulated (they cannot run here): the spark-operator (tests set SparkApplication states), the
+Deployment controller and kubelet (tests create the reader Pod), and the snapshot job's Iceberg
+commit (tests commit mirror tables with lakeslot.lsn through real Spark) — see
+tests/support/operator_env.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+
+import kubernetes.client
+import pytest
+
+from lakeslot import lsn as lsnlib
+from lakeslot.source import connection, slot
+from lakeslot.source.tables import TableName
+from lakeslot_operator.kube import Kube
+from lakeslot_operator.reconcile import Context, reconcile
+from tests.support import operator_env as env
+from tests.support.odd_names import ODD_TABLES, create_odd_tables
+
+CUSTOM = ("lakeslot.io", "v1alpha1", env.NAMESPACE, "postgresingestions")
+
+
+@pytest.fixture
+def api(kube):
+    with kube.api_client() as api_client:
+        env.install_crds(api_client)
+        yield api_client
+
+
+@pytest.fixture
+def source(pgdb):
+    with pgdb.connect() as conn:
+        tables = create_odd_tables(conn)
+    return pgdb, tables
+
+
+def _document(name, source, spark_warehouse, tmp_path, **spec):
+    db, tables = source
+    return env.ingestion_document(name, db, tables, warehouse=spark_warehouse.as_uri(),
+                                  staging=(tmp_path / "staging").as_uri(), **spec)
+
+
+def _reconcile(api, name):
+    """One reconcile, with its status written back like the kopf handler does."""
+    body = env.get_ingestion(api, name)
+    outcome = reconcile(body, Context(kube=Kube(api)))
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        *CUSTOM, name, {"status": outcome.status})
+    return env.get_ingestion(api, name), outcome.events
+
+
+def _source_conn(db):
+    return db.connect()
+
+
+def test_create_then_snapshot_then_stream(api, source, spark, spark_warehouse, tmp_path):
+    db, tables = source
+    document = _document("orders", source, spark_warehouse, tmp_path)
+    env.create_ingestion(api, document, db.cluster.password)
+
+    resource, events = _reconcile(api, "orders")
+    status = resource["status"]
+    assert env.condition(resource, "SourceReady")["status"] == "True"
+    assert env.condition(resource, "SlotReady")["status"] == "True"
+    assert env.condition(resource, "SnapshotComplete")["reason"] == "Snapshotting"
+    assert env.condition(resource, "Ready")["status"] == "False"
+    assert status["phase"] == "Snapshotting"
+    assert status["observedGeneration"] == resource["metadata"]["generation"]
+    slot_name = status["slot"]["name"]
+    assert slot_name == "lakeslot_default_orders" == status["publicationName"]
+    assert {e.reason for e in events} >= {"SlotCreated", "SnapshotStarted", "TableAdded"}
+    with db.connect() as conn:
+        assert slot.health(conn, slot_name).plugin == "pgoutput"
+        published = {TableName(*r) for r in conn.execute(
+            "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+            (slot_name,))}
+    assert published == set(tables)
+
+    deployments = env.deployments(api)
+    assert list(deployments) == ["orders-reader"]
+    command = deployments["orders-reader"]["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["lakeslot", "reader"] and "--slot" in command
+    apps = env.spark_applications(api)
+    [snapshot_name] = apps
+    assert snapshot_name == status["snapshot"]["application"]
+    arguments = apps[snapshot_name]["spec"]["arguments"]
+    assert sorted(TableName(*json.loads(a)) for a in arguments[3::2]) == sorted(tables)
+    assert "--resnapshot" not in arguments
+
+    # Reconciling again changes nothing: same children, same resourceVersions.
+    versions = {n: a["metadata"]["resourceVersion"] for n, a in env.spark_applications(api).items()}
+    resource, events = _reconcile(api, "orders")
+    assert {n: a["metadata"]["resourceVersion"] for n, a in env.spark_applications(api).items()} == versions
+    assert [e for e in events if e.reason in ("SnapshotStarted", "SlotCreated")] == []
+
+    # The (simulated) snapshot job commits every table and the spark-operator reports success.
+    with db.connect() as conn:
+        snapshot_lsn = slot.health(conn, slot_name).confirmed_flush_lsn
+    env.commit_snapshot(spark, document, tables, snapshot_lsn)
+    env.set_spark_state(api, snapshot_name, "COMPLETED")
+    resource, _ = _reconcile(api, "orders")
+    assert env.condition(resource, "SnapshotComplete")["status"] == "True"
+    assert {t["state"] for t in resource["status"]["tables"]} == {"Streaming"}
+    assert {t["appliedLsn"] for t in resource["status"]["tables"]} == {lsnlib.format(snapshot_lsn)}
+    assert "orders-apply" in env.spark_applications(api)
+    assert env.condition(resource, "Streaming")["reason"] == "ReaderNotReady"
+
+    # Reader pod and apply job running (simulated controllers) → Ready.
+    env.reader_pod_running(api, "orders", "orders-reader-7d9f-x1")
+    env.set_spark_state(api, "orders-apply", "RUNNING")
+    resource, events = _reconcile(api, "orders")
+    assert env.condition(resource, "Ready")["status"] == "True", resource["status"]["conditions"]
+    assert resource["status"]["phase"] == "Streaming"
+    assert resource["status"]["reader"]["pod"] == "orders-reader-7d9f-x1"
+    assert resource["status"]["tableCount"] == len(tables)
+    assert any(e.reason == "Streaming" and e.type == "Normal" for e in events)
+
+
+def test_a_broken_table_fails_alone_and_a_missing_secret_is_a_condition(api, pgdb, spark_warehouse, tmp_path):
+    with pgdb.connect() as conn:
+        conn.execute("CREATE TABLE good (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE keyless (a int)")
+    tables = [TableName("public", "good"), TableName("public", "keyless")]
+    document = env.ingestion_document("mixed", pgdb, tables, warehouse=spark_warehouse.as_uri(),
+                                      staging=(tmp_path / "s").as_uri())
+    kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(*CUSTOM[:3], CUSTOM[3], document)
+    resource, _ = _reconcile(api, "mixed")
+    ready = env.condition(resource, "SourceReady")
+    assert (ready["status"], ready["reason"]) == ("False", "SecretNotFound")
+    assert "Secret default/mixed-pg does not exist" in ready["message"]
+    assert env.deployments(api) == {}
+
+    env.create_secret(api, "mixed-pg", {"password": pgdb.cluster.password})
+    resource, _ = _reconcile(api, "mixed")
+    rows = {t["name"]: t for t in resource["status"]["tables"]}
+    assert rows["keyless"]["state"] == "Failed"
+    assert 'ALTER TABLE "public"."keyless" ADD PRIMARY KEY' in rows["keyless"]["message"]
+    assert rows["good"]["state"] == "Snapshotting"
+    assert env.condition(resource, "Degraded")["reason"] == "TablesFailed"
+    with pgdb.connect() as conn:  # the keyless table stayed out of the publication
+        assert conn.execute("SELECT tablename FROM pg_publication_tables").fetchall() == [("good",)]
+
+
+def test_an_unreachable_source_and_an_invalid_spec_are_conditions(api, pgdb, spark_warehouse, tmp_path):
+    document = env.ingestion_document("far", pgdb, [TableName("public", "t")],
+                                      warehouse=spark_warehouse.as_uri(), staging=(tmp_path / "s").as_uri())
+    document["spec"]["source"]["port"] = 1  # nothing listens there
+    env.create_ingestion(api, document, "whatever")
+    resource, _ = _reconcile(api, "far")
+    failed = env.condition(resource, "SourceReady")
+    assert (failed["status"], failed["reason"]) == ("False", "ConnectionFailed")
+    assert "127.0.0.1" in failed["message"] and "whatever" not in json.dumps(resource)
+
+    body = env.get_ingestion(api, "far")
+    body["spec"]["source"]["sslMode"] = "sometimes"  # as if stored before validation was tightened
+    outcome = reconcile(body, Context(kube=Kube(api)))
+    invalid = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
+    assert invalid["reason"] == "InvalidSpec" and "spec.source.sslMode" in invalid["message"]
+    assert outcome.status["phase"] == "Failed"
+
+
+def test_a_stale_slot_holder_is_evicted(api, source, spark_warehouse, tmp_path):
+    db, tables = source
+    env.create_ingestion(api, _document("orders", source, spark_warehouse, tmp_path), db.cluster.password)
+    resource, _ = _reconcile(api, "orders")
+    slot_name = resource["status"]["slot"]["name"]
+    env.reader_pod_running(api, "orders", "orders-reader-abc")
+    dsn = (f"host=127.0.0.1 port={db.cluster.port} dbname={db.name} user=postgres"
+           " application_name='lakeslot-reader default/orders orders-reader-OLD'")
+    zombie = subprocess.Popen(
+        [str(db.cluster.tool("pg_recvlogical")), "-d", dsn, "--slot", slot_name, "--start",
+         "--no-loop", "-o", "proto_version=1", "-o", f"publication_names={slot_name}",
+         "-f", "/dev/null"],
+        env={**os.environ, "PGPASSWORD": db.cluster.password}, stderr=subprocess.PIPE)
+    try:
+        with db.connect() as conn:
+            deadline = time.monotonic() + 30
+            while not slot.health(conn, slot_name).active:
+                assert time.monotonic() < deadline and zombie.poll() is None, zombie.stderr.read()
+                time.sleep(0.1)
+        resource, events = _reconcile(api, "orders")
+        evicted = [e for e in events if e.reason == "StaleHolderEvicted"]
+        assert len(evicted) == 1 and "orders-reader-OLD" in evicted[0].message
+        assert "lakeslot-reader default/orders orders-reader-abc" in evicted[0].message
+        assert zombie.wait(timeout=30) != 0
+    finally:
+        zombie.kill()
+
+
+def test_suspend_keeps_the_slot_and_reports_retained_wal(api, source, spark_warehouse, tmp_path):
+    db, tables = source
+    env.create_ingestion(api, _document("orders", source, spark_warehouse, tmp_path), db.cluster.password)
+    _reconcile(api, "orders")
+    env.set_spark_state(api, "orders-apply", "RUNNING") if "orders-apply" in env.spark_applications(api) else None
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        *CUSTOM, "orders", {"spec": {"suspend": True}})
+    with db.connect() as conn:
+        conn.execute(f"INSERT INTO {tables[0]} (id) SELECT g FROM generate_series(1, 2000) g")
+    resource, _ = _reconcile(api, "orders")
+    assert resource["status"]["phase"] == "Suspended"
+    assert env.deployments(api)["orders-reader"]["spec"]["replicas"] == 0
+    assert "orders-apply" not in env.spark_applications(api)
+    assert resource["status"]["slot"]["retainedBytes"] > 0
+    with db.connect() as conn:
+        assert slot.health(conn, resource["status"]["slot"]["name"]) is not None
+
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        *CUSTOM, "orders", {"spec": {"suspend": False}})
+    _reconcile(api, "orders")
+    assert env.deployments(api)["orders-reader"]["spec"]["replicas"] == 1
+
+
+def test_adding_a_table_snapshots_only_it_and_resnapshot_takes_all(api, source, spark, spark_warehouse, tmp_path):
+    db, tables = source
+    document = _document("orders", source, spark_warehouse, tmp_path)
+    env.create_ingestion(api, document, db.cluster.password)
+    resource, _ = _reconcile(api, "orders")
+    first = resource["status"]["snapshot"]["application"]
+    env.commit_snapshot(spark, document, tables, 100)
+    env.set_spark_state(api, first, "COMPLETED")
+    _reconcile(api, "orders")
+
+    with db.connect() as conn:
+        conn.execute('CREATE TABLE "New Table" (id int PRIMARY KEY)')
+    new = TableName("public", "New Table")
+    spec_tables = document["spec"]["source"]["tables"] + [{"schema": "public", "name": "New Table"}]
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        *CUSTOM, "orders", {"spec": {"source": {"tables": spec_tables}}})
+    resource, events = _reconcile(api, "orders")
+    second = resource["status"]["snapshot"]["application"]
+    assert second != first
+    arguments = env.spark_applications(api)[second]["spec"]["arguments"]
+    assert [TableName(*json.loads(a)) for a in arguments[3::2]] == [new]
+    assert any(e.reason == "TableAdded" and "New Table" in e.message for e in events)
+
+    # Remove a table: out of the publication, its mirror kept (nothing drops Iceberg tables).
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        *CUSTOM, "orders", {"spec": {"source": {"tables": spec_tables[1:]}}})
+    resource, events = _reconcile(api, "orders")
+    assert any(e.reason == "TableRemoved" for e in events)
+    assert str(tables[0]) not in {f"{t['schema']}.{t['name']}" for t in resource["status"]["tables"]}
+
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        *CUSTOM, "orders", {"spec": {"snapshot": {"resnapshotGeneration": 1}}})
+    resource, _ = _reconcile(api, "orders")
+    third = resource["status"]["snapshot"]["application"]
+    assert third.startswith("orders-snapshot-g1-")
+    arguments = env.spark_applications(api)[third]["spec"]["arguments"]
+    assert "--resnapshot" in arguments and len(arguments[3:-1:2]) == len(spec_tables) - 1
+    env.set_spark_state(api, third, "COMPLETED")
+    resource, _ = _reconcile(api, "orders")
+    assert resource["status"]["observedResnapshotGeneration"] == 1
+
+
+def test_a_failed_snapshot_is_reported_and_retried_after_backoff(api, source, spark_warehouse, tmp_path):
+    db, _ = source
+    env.create_ingestion(api, _document("orders", source, spark_warehouse, tmp_path), db.cluster.password)
+    resource, _ = _reconcile(api, "orders")
+    name = resource["status"]["snapshot"]["application"]
+    env.set_spark_state(api, name, "FAILED", "driver OOM")
+    resource, _ = _reconcile(api, "orders")
+    failed = env.condition(resource, "SnapshotComplete")
+    assert (failed["reason"], resource["status"]["snapshot"]["attempts"]) == ("SnapshotFailed", 1)
+    assert "driver OOM" in failed["message"]
+    assert name in env.spark_applications(api)  # kept until the backoff is over
