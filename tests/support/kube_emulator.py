@@ -15,7 +15,8 @@ operator in yet another thread all talk to it over real sockets):
 * built-in kinds an operator needs (see ``BUILTIN_RESOURCES``) and CustomResourceDefinitions, which
   register their resources when created and unregister them when gone;
 * validation of custom resources against the CRD version's ``openAPIV3Schema`` (structural pruning,
-  defaulting, JSON-schema keywords via ``jsonschema``, ``x-kubernetes-validations`` CEL rules via
+  defaulting, JSON-schema keywords via ``jsonschema``, ``x-kubernetes-list-type`` set/map
+  uniqueness, ``x-kubernetes-validations`` CEL rules via
   the small evaluator at the end of this module), and metadata validation for every object
   (name format, label keys/values, annotation keys, ownerReference fields);
 * the effects of the built-in controllers that an operator relies on, done synchronously inside
@@ -867,7 +868,33 @@ def custom_resource_errors(spec: VersionSpec, obj: dict[str, Any], old: dict[str
     assert spec.schema is not None and spec.validator is not None
     prune(obj, spec.schema, object_meta=True)
     apply_defaults(obj, spec.schema)
-    return schema_errors(spec.validator, obj) + cel_errors(obj, old, old is not None, spec.schema, [])
+    return (schema_errors(spec.validator, obj) + list_type_errors(obj, spec.schema, [])
+            + cel_errors(obj, old, old is not None, spec.schema, []))
+
+
+def list_type_errors(value: Any, schema: Mapping[str, Any], parts: list[str | int]) -> list[FieldError]:
+    """``x-kubernetes-list-type: set`` items and ``map`` keys must be unique: like kube-apiserver,
+    each repeat is a ``Duplicate value`` at its own index."""
+    errors: list[FieldError] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            sub = (schema.get('properties') or {}).get(key)
+            if sub is None and isinstance(schema.get('additionalProperties'), Mapping):
+                sub = schema['additionalProperties']
+            if sub is not None:
+                errors += list_type_errors(item, sub, parts + [key])
+    elif isinstance(value, list):
+        list_type, keys = schema.get('x-kubernetes-list-type'), schema.get('x-kubernetes-list-map-keys')
+        seen: list[Any] = []
+        for index, item in enumerate(value):
+            identity = ({k: item.get(k) for k in keys} if list_type == 'map' and keys
+                        and isinstance(item, dict) else item)
+            if list_type in ('set', 'map') and identity in seen:
+                errors.append(FieldError(field_path(parts + [index]), 'Duplicate value', '', identity))
+            seen.append(identity)
+            if isinstance(schema.get('items'), Mapping):
+                errors += list_type_errors(item, schema['items'], parts + [index])
+    return errors
 
 
 def crd_errors(crd: Mapping[str, Any]) -> list[FieldError]:
