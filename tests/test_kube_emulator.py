@@ -936,3 +936,16 @@ def test_watches_end_when_their_resource_is_unregistered(kube, crds, widgets):
     crds.delete_custom_resource_definition(f'{PLURAL}.{GROUP}')
 
     assert [event['type'] for event in stream] == ['DELETED']
+
+
+def test_secret_string_data_is_folded_into_data(kube):
+    import base64
+
+    with kube.api_client() as api_client:
+        core = kubernetes.client.CoreV1Api(api_client)
+        core.create_namespaced_secret('default', {'metadata': {'name': 's'},
+                                                  'stringData': {'password': 'first'}})
+        core.patch_namespaced_secret('s', 'default', {'stringData': {'password': 'second'}})
+        secret = core.read_namespaced_secret('s', 'default')
+    assert base64.b64decode(secret.data['password']).decode() == 'second'
+    assert secret.string_data is None

@@ -139,6 +139,7 @@ ObjectKey = tuple[str, str]  # (namespace or '', name)
 
 NAMESPACES: TypeKey = ('', 'namespaces')
 CRDS: TypeKey = ('apiextensions.k8s.io', 'customresourcedefinitions')
+SECRETS: TypeKey = ('', 'secrets')
 DEFAULT_NAMESPACES = ('default', 'kube-system', 'kube-public', 'kube-node-lease')
 EVENT_HISTORY_LIMIT = 10_000  # per resource; older watch resourceVersions get 410 Gone
 WATCH_POLL_SECONDS = 1.0  # how often an idle watch checks for a disconnected client
@@ -1190,7 +1191,13 @@ class Cluster:
 
     def _admit(self, rt: ResourceType, version: VersionSpec, obj: dict[str, Any],
                old: dict[str, Any] | None) -> None:
-        """Validate (and for custom resources prune and default) ``obj`` in place, or raise 422."""
+        """Validate (and for custom resources prune and default) ``obj`` in place, or raise 422.
+        A Secret's write-only ``stringData`` is folded into ``data`` (base64), as the server does."""
+        if rt.key == SECRETS and isinstance(obj.get('stringData'), dict):
+            data = obj.setdefault('data', {}) or {}
+            data.update({k: base64.b64encode(str(v).encode()).decode()
+                         for k, v in obj.pop('stringData').items()})
+            obj['data'] = data
         errors = metadata_errors(rt, obj, old)
         if version.schema is not None:
             errors += custom_resource_errors(version, obj, old)

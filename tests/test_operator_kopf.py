@@ -1,0 +1,151 @@
+"""The real kopf operator (lakeslot's registry) on the Kubernetes API emulator with real
+PostgreSQL 15 and 18: create → children and status, delete under each deletionPolicy, a blocked
+cleanup and its documented way out, a restart without duplicate children, 50 ingestions.
+
+Simulated (they cannot run here): the spark-operator and the Deployment controller (nothing
+sets the children's status, so ingestions stay in Snapshotting — enough for these flows).
+"""
+
+from __future__ import annotations
+
+import time
+
+import kubernetes.client
+import pytest
+
+from lakeslot.source import slot
+from lakeslot.source.tables import TableName
+from lakeslot_operator.handlers import SKIP_CLEANUP_ANNOTATION, build_registry
+from lakeslot_operator.kube import Kube
+from lakeslot_operator.reconcile import Context
+from tests.support import operator_env as env
+from tests.support.fixtures_kube import running_operator
+
+CUSTOM = ("lakeslot.io", "v1alpha1", env.NAMESPACE, "postgresingestions")
+DEADLINE = 60.0
+
+
+def wait_for(condition, what, deadline=DEADLINE):
+    until = time.monotonic() + deadline
+    while time.monotonic() < until:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.1)
+    pytest.fail(f"timed out after {deadline}s waiting for {what}")
+
+
+@pytest.fixture
+def api(kube):
+    with kube.api_client() as api_client:
+        env.install_crds(api_client)
+        yield api_client
+
+
+def _operator(kube, api):
+    registry = build_registry(Context(kube=Kube(api)), timer_interval=1.0, login_via_client=False)
+    return running_operator(kube, registry)
+
+
+def _document(name, pgdb, spark_warehouse, tmp_path, **spec):
+    with pgdb.connect() as conn:
+        conn.execute('CREATE TABLE IF NOT EXISTS "Orders" (id int PRIMARY KEY)')
+    return env.ingestion_document(name, pgdb, [TableName("public", "Orders")],
+                                  warehouse=spark_warehouse.as_uri(),
+                                  staging=(tmp_path / name).as_uri(), **spec)
+
+
+def _status_ready(api, name, condition="SlotReady"):
+    resource = env.get_ingestion(api, name)
+    found = resource and env.condition(resource, condition)
+    return resource if found and found["status"] == "True" else None
+
+
+def _slot_exists(pgdb, name):
+    with pgdb.connect() as conn:
+        return slot.health(conn, name) is not None
+
+
+@pytest.mark.parametrize("policy", ["Delete", "Retain"])
+def test_create_reconciles_and_delete_follows_the_policy(kube, api, pgdb, spark_warehouse, tmp_path, policy):
+    document = _document("orders", pgdb, spark_warehouse, tmp_path,
+                         policies={"deletionPolicy": policy})
+    with _operator(kube, api):
+        env.create_ingestion(api, document, pgdb.cluster.password)
+        resource = wait_for(lambda: _status_ready(api, "orders"), "SlotReady")
+        assert "lakeslot.io/finalizer" in resource["metadata"]["finalizers"]
+        slot_name = resource["status"]["slot"]["name"]
+        assert _slot_exists(pgdb, slot_name)
+        assert set(env.deployments(api)) == {"orders-reader"}
+        wait_for(lambda: {e.reason for e in kubernetes.client.CoreV1Api(api).list_namespaced_event(
+            env.NAMESPACE).items} >= {"SlotCreated", "SnapshotStarted"},
+            "Kubernetes events about the slot and the snapshot")
+
+        kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object(*CUSTOM, "orders")
+        wait_for(lambda: env.get_ingestion(api, "orders") is None, "the ingestion to be gone")
+    assert env.deployments(api) == {} and env.spark_applications(api) == {}
+    assert _slot_exists(pgdb, slot_name) == (policy == "Retain")
+    with pgdb.connect() as conn:
+        publications = conn.execute("SELECT count(*) FROM pg_publication").fetchone()[0]
+    assert publications == (1 if policy == "Retain" else 0)
+
+
+def test_unreachable_source_blocks_cleanup_until_the_skip_annotation(kube, api, pgdb, spark_warehouse, tmp_path):
+    document = _document("orders", pgdb, spark_warehouse, tmp_path, policies={"deletionPolicy": "Delete"})
+    with _operator(kube, api):
+        env.create_ingestion(api, document, pgdb.cluster.password)
+        wait_for(lambda: _status_ready(api, "orders"), "SlotReady")
+        # The password changes under us: PostgreSQL now refuses the operator.
+        kubernetes.client.CoreV1Api(api).patch_namespaced_secret(
+            "orders-pg", env.NAMESPACE, {"stringData": {"password": "rotated-wrongly"}})
+        kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object(*CUSTOM, "orders")
+
+        def blocked():
+            resource = env.get_ingestion(api, "orders")
+            ready = resource and env.condition(resource, "Ready")
+            return resource if ready and ready["reason"] == "CleanupBlocked" else None
+
+        resource = wait_for(blocked, "the CleanupBlocked condition")
+        assert resource["status"]["phase"] == "Deleting"
+        assert SKIP_CLEANUP_ANNOTATION in env.condition(resource, "Ready")["message"]
+        assert "rotated-wrongly" not in str(resource)
+        kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            *CUSTOM, "orders", {"metadata": {"annotations": {SKIP_CLEANUP_ANNOTATION: "true"}}})
+        wait_for(lambda: env.get_ingestion(api, "orders") is None, "the forced deletion")
+    assert _slot_exists(pgdb, "lakeslot_default_orders")  # left as documented
+
+
+def test_an_operator_restart_converges_without_duplicate_children(kube, api, pgdb, spark_warehouse, tmp_path):
+    document = _document("orders", pgdb, spark_warehouse, tmp_path)
+    with _operator(kube, api):
+        env.create_ingestion(api, document, pgdb.cluster.password)
+        wait_for(lambda: env.spark_applications(api), "the snapshot application")
+    before = {**env.deployments(api), **env.spark_applications(api)}
+    with _operator(kube, api):
+        time.sleep(3)  # several timer rounds of the new operator
+        after = {**env.deployments(api), **env.spark_applications(api)}
+    assert set(after) == set(before) and len(after) == 2
+    assert {n: o["metadata"]["uid"] for n, o in after.items()} == \
+        {n: o["metadata"]["uid"] for n, o in before.items()}
+
+
+@pytest.mark.slow
+def test_fifty_ingestions_reconcile(kube, api, pg_cluster_factory, spark_warehouse, tmp_path):
+    cluster = pg_cluster_factory.get("pg18", max_replication_slots="64", max_wal_senders="64")
+    from tests.support.fixtures_pg import Database
+
+    cluster.create_database("fifty")
+    db = Database(cluster, "fifty")
+    try:
+        names = [f"ingestion-{i:02d}" for i in range(50)]
+        with _operator(kube, api):
+            for name in names:
+                env.create_ingestion(api, _document(name, db, spark_warehouse, tmp_path),
+                                     cluster.password)
+            wait_for(lambda: all(_status_ready(api, n) for n in names), "50 ingestions", 180)
+        with db.connect() as conn:
+            assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE database = 'fifty'"
+                                ).fetchone()[0] == 50
+        assert len(env.deployments(api)) == 50
+    finally:
+        cluster.drop_database("fifty")
