@@ -1,0 +1,18 @@
+"""The replication reader: the slot's pgoutput stream → sealed, LSN-named segments in staging.
+
+- ``protocol``: COPY_BOTH framing (XLogData, keepalive) and standby status updates.
+- ``pgoutput``: the pgoutput v1 decoder (control messages one by one, row changes in batches)
+  and the relation cache.
+- ``segments``: the staging format — segment names, the Parquet schema, writing with an atomic
+  seal, listing and reading back (the apply job and the tests read segments through it).
+- ``stream``: one replication session's loop — segments, durable LSN, feedback.
+- ``reader``: the process — session start checks, retries, definite errors, exit codes, CLI
+  contract (``lakeslot reader``).
+- ``metrics``: Prometheus metrics and the health endpoint.
+
+This package module only holds the defaults the command line shows without importing the rest.
+"""
+
+DEFAULT_SEGMENT_MAX_BYTES = 128 << 20
+DEFAULT_SEGMENT_MAX_SECONDS = 10.0
+DEFAULT_MAX_RETRY_SECONDS = 300.0

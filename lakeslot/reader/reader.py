@@ -1,0 +1,395 @@
+"""The replication reader process: sessions, retries, definite errors, signals, exit codes.
+
+One reader runs per ingestion (the operator's single-replica Deployment, or a child process in
+local mode). Its identity towards PostgreSQL is ``application_name`` =
+``connection.application_name("reader", ingestion, pod)``: the operator treats the slot holder
+with that name as legitimate and terminates any other.
+
+Command line (``lakeslot reader``)::
+
+    lakeslot reader --ingestion NS/NAME --slot S --publication P --staging URI
+        [--host H] [--port N] [--dbname D] [--user U] [--sslmode M] [--sslrootcert FILE]
+        [--pod NAME]                  default: $POD_NAME, else the host name
+        [--metrics-port N]            serve /metrics and /healthz (default: off)
+        [--status-file PATH]          JSON outcome written when the reader exits
+        [--segment-max-bytes N]       seal after this much pgoutput data (default 128 MiB)
+        [--segment-max-seconds S]     seal segments at least this often (default 10)
+        [--feedback-interval-ms N]    default: min(1 s, wal_sender_timeout / 2)
+        [--stop-at-lsn LSN]           exit 0 once everything up to LSN is sealed
+        [--max-retry-seconds S]       give up after S s without a successful start (default 300)
+
+Connection settings default to libpq's environment (``PGHOST``, ``PGPORT``, ``PGDATABASE``,
+``PGUSER``, ``PGSSLMODE``). The password is read ONLY from the environment:
+``LAKESLOT_SOURCE_PASSWORD``, else libpq's own ``PGPASSWORD`` (or ``~/.pgpass``).
+
+Exit codes: ``0`` stopped cleanly (SIGTERM/SIGINT, or ``--stop-at-lsn`` reached); ``1`` crashed,
+or transient errors persisted for ``--max-retry-seconds``; ``2`` bad arguments; ``3`` definite
+error — restarting cannot help, a human or the operator must act (the status file says why).
+
+Status file (written atomically on exit): ``{"state": "stopped" | "failed", "definite": bool,
+"reason": str, "message": str, "lsn": durable LSN text or null, "time": ISO-8601}``. Reasons of
+definite errors: ``PublicationMissing``, ``SlotMissing``, ``SlotLost``, ``SlotAhead``,
+``TimelineChanged``, ``SystemChanged``, ``ProtocolError``; of others: ``Stopped``,
+``RetriesExhausted``, ``Crashed``.
+
+A session (DESIGN.md rules 4–7): connect (a metadata connection and a replication connection);
+verify the publication and the slot (exists, not lost); resume at the end of the last sealed
+segment (the slot's ``confirmed_flush_lsn`` when staging is empty) after checking that segment's
+system identifier and timeline against ``IDENTIFY_SYSTEM``; evict any other holder of the slot
+(:func:`lakeslot.source.slot.evict_stale_holders`); ``START_REPLICATION``; re-read the slot —
+``confirmed_flush_lsn`` beyond the resume point means someone advanced the slot past data staging
+does not have (PostgreSQL ≥ 15 would silently fast-forward): definite error; then stream
+(:mod:`lakeslot.reader.stream`).
+
+Transient errors (connection lost, backend terminated, slot still held for a moment after an
+eviction, staging I/O) end the session; the next one starts after an exponential backoff and
+resumes from staging, so nothing is lost or duplicated. Every session start re-verifies the
+publication and the slot, so a transient-looking failure caused by a dropped publication or an
+invalidated slot becomes the definite error it is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import psycopg
+from psycopg import errors
+
+from lakeslot import lsn as lsn_text
+from lakeslot.reader import pgoutput
+from lakeslot.reader.metrics import Metrics
+from lakeslot.reader.protocol import ReplicationConnection, quote_list
+from lakeslot.reader.segments import SourceIdentity, Staging
+from lakeslot.reader import (DEFAULT_MAX_RETRY_SECONDS, DEFAULT_SEGMENT_MAX_BYTES,
+                             DEFAULT_SEGMENT_MAX_SECONDS)
+from lakeslot.reader.stream import HEALTH_INTERVAL_S, Stream, StreamSettings
+from lakeslot.source import connection, slot
+from lakeslot.source.connection import ConnectionSettings
+
+log = logging.getLogger("lakeslot.reader")
+
+EXIT_STOPPED, EXIT_FAILED, EXIT_DEFINITE = 0, 1, 3
+PASSWORD_ENV = "LAKESLOT_SOURCE_PASSWORD"
+BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.5, 30.0
+
+
+class DefiniteError(Exception):
+    """Restarting cannot fix this; ``reason`` is a stable CamelCase word for status and events."""
+
+    def __init__(self, reason: str, message: str, lsn: int | None = None) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.lsn = reason, message, lsn
+
+
+class RetriesExhausted(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    ingestion: str
+    slot: str
+    publication: str
+    staging_uri: str
+    settings: ConnectionSettings
+    pod: str
+    segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES
+    segment_max_seconds: float = DEFAULT_SEGMENT_MAX_SECONDS
+    feedback_interval: float | None = None  # None: min(1 s, wal_sender_timeout / 2)
+    stop_at: int | None = None
+    max_retry_seconds: float = DEFAULT_MAX_RETRY_SECONDS
+    health_interval: float = HEALTH_INTERVAL_S
+
+    @property
+    def app_name(self) -> str:
+        return connection.application_name("reader", self.ingestion, self.pod)
+
+
+def feedback_interval(wal_sender_timeout_ms: int) -> float:
+    """min(1 s, wal_sender_timeout / 2); a disabled timeout (0) leaves 1 s."""
+    return min(1.0, wal_sender_timeout_ms / 2000) if wal_sender_timeout_ms > 0 else 1.0
+
+
+def backoff(attempt: int) -> float:
+    """Exponential from 0.5 s to 30 s, with ±20 % jitter."""
+    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** attempt) * random.uniform(0.8, 1.2)
+
+
+# checks --------------------------------------------------------------------------------------
+
+def check_source(meta: psycopg.Connection, config: ReaderConfig) -> slot.SlotHealth:
+    """The publication exists and the slot is usable; returns the slot's health."""
+    if meta.execute("SELECT 1 FROM pg_publication WHERE pubname = %s",
+                    (config.publication,)).fetchone() is None:
+        raise DefiniteError("PublicationMissing",
+                            f"publication {config.publication} does not exist (dropped?); "
+                            "recreate it (the operator does so for publications it manages) "
+                            "and re-snapshot the tables whose changes were missed")
+    health = slot.health(meta, config.slot)
+    if health is None:
+        raise DefiniteError("SlotMissing", f"replication slot {config.slot} does not exist "
+                            "(dropped?); the changes since it was dropped are lost: re-snapshot")
+    reason = slot.lost_reason(health)
+    if reason is not None:
+        raise DefiniteError("SlotLost", f"{reason}; recreate the slot and re-snapshot",
+                            health.confirmed_flush_lsn)
+    return health
+
+
+def check_resume(staging: Staging, health: slot.SlotHealth,
+                 source: SourceIdentity) -> int:
+    """Where to resume: the end of the last sealed segment, whose source must be this system
+    and timeline; the slot's confirmed_flush_lsn when staging is empty."""
+    last = staging.resume_point()
+    if last is None:
+        return health.confirmed_flush_lsn
+    recorded = staging.metadata(last).source
+    if recorded.system_id != source.system_id:
+        raise DefiniteError("SystemChanged",
+                            f"staging was written from PostgreSQL system {recorded.system_id}, "
+                            f"the source is now system {source.system_id}; use a new staging "
+                            "location and re-snapshot", last.end)
+    if recorded.timeline != source.timeline:
+        raise DefiniteError("TimelineChanged",
+                            f"the source moved from timeline {recorded.timeline} to "
+                            f"{source.timeline} (failover or point-in-time recovery): WAL after "
+                            f"{lsn_text.format(last.end)} may differ from what was staged; "
+                            "re-snapshot", last.end)
+    return last.end
+
+
+def check_not_ahead(health: slot.SlotHealth | None, resume: int) -> None:
+    """After START_REPLICATION (we hold the slot, nobody can move it): the slot must not be past
+    the resume point."""
+    if health is None:
+        raise DefiniteError("SlotMissing", "the replication slot vanished after the start")
+    if health.confirmed_flush_lsn > resume:
+        raise DefiniteError(
+            "SlotAhead",
+            f"slot {health.name} was advanced to {lsn_text.format(health.confirmed_flush_lsn)} "
+            f"but staging ends at {lsn_text.format(resume)}: the changes in between were "
+            "released without being staged (pg_replication_slot_advance or another consumer); "
+            "re-snapshot", resume)
+
+
+# one session ----------------------------------------------------------------------------------
+
+class Session:
+    """One pair of connections and one replication stream."""
+
+    def __init__(self, config: ReaderConfig, staging: Staging, metrics: Metrics,
+                 stop: threading.Event) -> None:
+        self.config, self.staging, self.metrics, self.stop = config, staging, metrics, stop
+        self.started = False
+        self.durable: int | None = None
+
+    def run(self) -> int:
+        config = self.config
+        settings = config.settings
+        meta = connection.connect(settings, config.app_name, long_running=True)
+        repl = None
+        try:
+            health = check_source(meta, config)
+            repl = ReplicationConnection(
+                connection.connect(settings, config.app_name, replication=True))
+            identity = repl.identify_system()
+            source = SourceIdentity(identity.system_id, identity.timeline)
+            resume = check_resume(self.staging, health, source)
+            self.durable = resume
+            if health.active and health.holder != config.app_name:
+                for e in slot.evict_stale_holders(meta, config.slot, config.app_name):
+                    log.warning("evicted stale slot holder pid %s (%s)", e.pid,
+                                e.application_name, extra={"pid": e.pid})
+            try:
+                repl.start(config.slot, resume, self._options(meta))
+            except errors.ObjectInUse:
+                slot.evict_stale_holders(meta, config.slot, config.app_name)
+                raise
+            check_not_ahead(slot.health(meta, config.slot), resume)
+            self.started = True
+            removed = self.staging.remove_temporaries()
+            log.info("streaming from %s", lsn_text.format(resume),
+                     extra={"slot": config.slot, "resume_lsn": lsn_text.format(resume),
+                            "timeline": identity.timeline, "removed_temporaries": removed})
+            stream = Stream(
+                repl, self.staging, pgoutput.RelationCache(self._type_names(meta)), resume,
+                source, self._stream_settings(meta), self.metrics,
+                should_stop=self.stop.is_set, check_health=lambda: self._health(meta))
+            try:
+                self.durable = stream.run()
+            except BaseException:
+                stream.abort()
+                self.durable = stream.durable
+                raise
+            return self.durable
+        finally:
+            if repl is not None:
+                repl.close()
+            meta.close()
+
+    def _options(self, meta: psycopg.Connection) -> dict[str, str]:
+        options = {"proto_version": "1", "publication_names": quote_list([self.config.publication])}
+        if meta.info.server_version >= 140000:
+            options["messages"] = "true"
+        return options
+
+    def _stream_settings(self, meta: psycopg.Connection) -> StreamSettings:
+        c = self.config
+        interval = c.feedback_interval
+        if interval is None:
+            timeout_ms = meta.execute(
+                "SELECT setting::int FROM pg_settings WHERE name = 'wal_sender_timeout'"
+            ).fetchone()[0]
+            interval = feedback_interval(timeout_ms)
+        return StreamSettings(interval, c.segment_max_bytes, c.segment_max_seconds, c.stop_at,
+                              c.health_interval)
+
+    def _health(self, meta: psycopg.Connection) -> None:
+        health = check_source(meta, self.config)
+        if health.lag_bytes is not None:
+            self.metrics.lag_bytes.set(health.lag_bytes)
+
+    @staticmethod
+    def _type_names(meta: psycopg.Connection):
+        def names(oids) -> dict[int, str]:
+            return dict(meta.execute("SELECT oid::int8, typname FROM pg_type WHERE oid = ANY(%s)",
+                                     (sorted(oids),)).fetchall())
+        return names
+
+
+# the process ----------------------------------------------------------------------------------
+
+TRANSIENT = (psycopg.Error, OSError)  # re-verified by the next session's checks
+
+
+def run(config: ReaderConfig, *, stop: threading.Event, metrics: Metrics) -> int | None:
+    """Sessions until stopped; returns the durable LSN (None if no session ever started).
+    Raises :class:`DefiniteError`, or :class:`RetriesExhausted` when no session could start for
+    ``max_retry_seconds``."""
+    staging = Staging(config.staging_uri)
+    attempt, last_start, durable = 0, time.monotonic(), None
+    while True:
+        session = Session(config, staging, metrics, stop)
+        try:
+            return session.run()
+        except TRANSIENT as e:
+            error = e
+        except pgoutput.ProtocolError as e:
+            raise DefiniteError("ProtocolError", f"the replication stream could not be decoded: "
+                                f"{e}", session.durable) from e
+        finally:
+            durable = session.durable if session.durable is not None else durable
+        if session.started:
+            attempt, last_start = 0, time.monotonic()
+        if time.monotonic() - last_start > config.max_retry_seconds:
+            raise RetriesExhausted(
+                f"no replication session could start for {config.max_retry_seconds:.0f} s; "
+                f"last error: {_describe(error)}") from error
+        delay = backoff(attempt)
+        attempt += 1
+        log.warning("transient error, retrying in %.1f s: %s", delay, _describe(error),
+                    extra={"error": type(error).__name__})
+        resume_at = time.monotonic() + delay
+        while not stop.is_set() and time.monotonic() < resume_at:
+            metrics.beat()
+            stop.wait(min(1.0, resume_at - time.monotonic()))
+        if stop.is_set():
+            return durable
+        metrics.reconnects.inc()
+
+
+def _describe(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def write_status(path: str, state: str, *, definite: bool, reason: str, message: str,
+                 lsn: int | None) -> None:
+    """Write the outcome atomically (temporary file + rename)."""
+    status = {"state": state, "definite": definite, "reason": reason, "message": message,
+              "lsn": None if lsn is None else lsn_text.format(lsn),
+              "time": datetime.now(timezone.utc).isoformat()}
+    temp = f"{path}.tmp-{os.getpid()}"
+    with open(temp, "w") as f:
+        json.dump(status, f)
+        f.write("\n")
+    os.replace(temp, path)
+
+
+def main(config: ReaderConfig, *, status_file: str | None = None,
+         metrics_port: int | None = None) -> int:
+    """Run the reader as a process: signals, metrics endpoint, status file, exit code."""
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    metrics = Metrics()
+    if metrics_port is not None:
+        metrics.serve(metrics_port)
+    log.info("reader starting as %r", config.app_name,
+             extra={"ingestion": config.ingestion, "slot": config.slot,
+                    "publication": config.publication, "staging": config.staging_uri})
+    outcome: tuple[str, bool, str, str, int | None, int]
+    try:
+        durable = run(config, stop=stop, metrics=metrics)
+        outcome = ("stopped", False, "Stopped", "the reader stopped cleanly", durable,
+                   EXIT_STOPPED)
+    except DefiniteError as e:
+        log.error("definite error %s: %s", e.reason, e.message, extra={"reason": e.reason})
+        outcome = ("failed", True, e.reason, e.message, e.lsn, EXIT_DEFINITE)
+    except RetriesExhausted as e:
+        log.error("%s", e)
+        outcome = ("failed", False, "RetriesExhausted", str(e), None, EXIT_FAILED)
+    except Exception as e:
+        log.exception("the reader crashed")
+        outcome = ("failed", False, "Crashed", _describe(e), None, EXIT_FAILED)
+    state, definite, reason, message, lsn, code = outcome
+    if status_file:
+        write_status(status_file, state, definite=definite, reason=reason, message=message,
+                     lsn=lsn)
+    return code
+
+
+def settings_from_environment(host: str | None, port: int | None, dbname: str | None,
+                              user: str | None, sslmode: str | None,
+                              sslrootcert: str | None) -> ConnectionSettings:
+    """Connection settings from arguments, else libpq's environment; the password only from
+    ``LAKESLOT_SOURCE_PASSWORD`` (None lets libpq use ``PGPASSWORD`` or ``~/.pgpass``)."""
+    env = os.environ
+    return ConnectionSettings(
+        host=host or env.get("PGHOST", "localhost"), port=port or int(env.get("PGPORT", "5432")),
+        dbname=dbname or env.get("PGDATABASE", "postgres"),
+        user=user or env.get("PGUSER", "postgres"),
+        password=env.get(PASSWORD_ENV), sslmode=sslmode or env.get("PGSSLMODE", "prefer"),
+        sslrootcert=sslrootcert, extra={"client_encoding": "UTF8"})
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and any ``extra`` fields."""
+
+    _STANDARD = frozenset(vars(logging.makeLogRecord({})))
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(),
+                 "level": record.levelname.lower(), "logger": record.name,
+                 "message": record.getMessage()}
+        entry.update((k, v) for k, v in vars(record).items()
+                     if k not in self._STANDARD and k not in ("message", "asctime"))
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def configure_logging() -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
