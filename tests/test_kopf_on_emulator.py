@@ -8,7 +8,6 @@ handler has run. The emulator also rejects invalid custom resources like a real 
 import json
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import kopf
@@ -17,6 +16,7 @@ import pytest
 from kubernetes.client import ApiException
 
 from tests.support.fixtures_kube import kopf_peering_crds, running_operator
+from tests.support.waiting import wait_for
 
 GROUP, VERSION, PLURAL = 'emulator.test', 'v1', 'gadgets'
 DEADLINE = 30.0  # seconds; generous because other test runs share the machine
@@ -49,17 +49,6 @@ GADGET_CRD = {
         }],
     },
 }
-
-
-def wait_for(condition: Callable[[], Any], what: str, deadline: float = DEADLINE) -> Any:
-    """Poll until ``condition()`` is truthy; fail naming ``what`` after ``deadline`` seconds."""
-    until = time.monotonic() + deadline
-    while time.monotonic() < until:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.05)
-    pytest.fail(f'timed out after {deadline}s waiting for {what}')
 
 
 @pytest.fixture

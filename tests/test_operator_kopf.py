@@ -20,19 +20,9 @@ from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context
 from tests.support import operator_env as env
 from tests.support.fixtures_kube import running_operator
+from tests.support.waiting import wait_for
 
 CUSTOM = ("lakeslot.io", "v1alpha1", env.NAMESPACE, "postgresingestions")
-DEADLINE = 60.0
-
-
-def wait_for(condition, what, deadline=DEADLINE):
-    until = time.monotonic() + deadline
-    while time.monotonic() < until:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.1)
-    pytest.fail(f"timed out after {deadline}s waiting for {what}")
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
-import time
 
 import psycopg
 import pytest
@@ -15,6 +14,7 @@ from psycopg import pq
 from lakeslot.source import cleanup, connection, publication, slot
 from lakeslot.source.tables import TableName
 from tests.support.fixtures_pg import connection_settings
+from tests.support.waiting import wait_for
 
 OWNER = "default/orders"
 READER = connection.application_name("reader", OWNER, "orders-reader-5d8f-abcde")
@@ -22,13 +22,6 @@ READER = connection.application_name("reader", OWNER, "orders-reader-5d8f-abcde"
 
 def _connect(pgdb, app="lakeslot-test"):
     return connection.connect(connection_settings(pgdb), app, long_running=True)
-
-
-def _wait(condition, what, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 def test_ensure_is_idempotent_under_concurrent_callers(pgdb):
@@ -117,7 +110,7 @@ def test_a_stale_holder_is_evicted_and_the_slot_becomes_usable(pgdb):
         slot.ensure(conn, "s_evict")
         holder = _hold_with_pg_recvlogical(pgdb, "s_evict", "zombie reader")
         try:
-            _wait(lambda: slot.health(conn, "s_evict").active, "pg_recvlogical to hold the slot")
+            wait_for(lambda: slot.health(conn, "s_evict").active, "pg_recvlogical to hold the slot")
             evicted = slot.evict_stale_holders(conn, "s_evict", READER)
             assert [(e.application_name, e.terminated) for e in evicted] == [("zombie reader", True)]
             assert holder.wait(timeout=30) != 0
@@ -125,10 +118,10 @@ def test_a_stale_holder_is_evicted_and_the_slot_becomes_usable(pgdb):
         finally:
             holder.kill()
         # The legitimate reader can now take the slot (after the backend has let go) ...
-        _wait(lambda: not slot.health(conn, "s_evict").active, "the slot to be released")
+        wait_for(lambda: not slot.health(conn, "s_evict").active, "the slot to be released")
         repl = _start_replication(pgdb, "s_evict", READER)
         try:
-            _wait(lambda: slot.health(conn, "s_evict").holder == READER, "the reader to hold it")
+            wait_for(lambda: slot.health(conn, "s_evict").holder == READER, "the reader to hold it")
             # ... and is never evicted itself.
             assert slot.evict_stale_holders(conn, "s_evict", READER) == []
             assert slot.health(conn, "s_evict").holder == READER
@@ -147,7 +140,7 @@ def test_drop_and_cleanup_are_idempotent_even_while_held(pgdb):
         assert slot.health(conn, "s_drop") is not None
         repl = _start_replication(pgdb, "s_drop", READER)
         try:
-            _wait(lambda: slot.health(conn, "s_drop").active, "the reader to hold the slot")
+            wait_for(lambda: slot.health(conn, "s_drop").active, "the reader to hold the slot")
             assert cleanup.cleanup(conn, slot_name="s_drop", publication_name="p", owner=OWNER,
                                    deletion_policy="Delete") == {"slot": "dropped",
                                                                  "publication": "dropped"}
