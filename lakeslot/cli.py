@@ -100,7 +100,8 @@ def _reader(args: argparse.Namespace) -> int:
                                                   args.sslmode, args.sslrootcert),
         pod=args.pod or os.environ.get("POD_NAME") or socket.gethostname(),
         segment_max_bytes=args.segment_max_bytes, segment_max_seconds=args.segment_max_seconds,
-        feedback_interval=None if args.feedback_interval_ms is None else args.feedback_interval_ms / 1000,
+        feedback_interval=(None if args.feedback_interval_ms is None
+                           else args.feedback_interval_ms / 1000),
         stop_at=args.stop_at_lsn, max_retry_seconds=args.max_retry_seconds)
     return reader.main(config, status_file=args.status_file, metrics_port=args.metrics_port)
 
@@ -173,15 +174,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pod", help="identity in application_name (default $POD_NAME, else the host name)")
     p.add_argument("--metrics-port", type=int, metavar="N", help="serve /metrics and /healthz on this port")
     p.add_argument("--status-file", metavar="PATH", help="write the outcome as JSON here on exit")
-    p.add_argument("--segment-max-bytes", type=int, default=reader_defaults.DEFAULT_SEGMENT_MAX_BYTES, metavar="N",
+    p.add_argument("--segment-max-bytes", type=int, metavar="N",
+                   default=reader_defaults.DEFAULT_SEGMENT_MAX_BYTES,
                    help="seal a segment after this much pgoutput data (default %(default)s)")
-    p.add_argument("--segment-max-seconds", type=float, default=reader_defaults.DEFAULT_SEGMENT_MAX_SECONDS, metavar="S",
+    p.add_argument("--segment-max-seconds", type=float, metavar="S",
+                   default=reader_defaults.DEFAULT_SEGMENT_MAX_SECONDS,
                    help="seal segments at least this often (default %(default)s)")
     p.add_argument("--feedback-interval-ms", type=int, metavar="N",
                    help="standby status interval (default min(1 s, wal_sender_timeout/2))")
     p.add_argument("--stop-at-lsn", type=_lsn, metavar="LSN",
                    help="exit 0 once everything up to this LSN is sealed (like pg_recvlogical --endpos)")
-    p.add_argument("--max-retry-seconds", type=float, default=reader_defaults.DEFAULT_MAX_RETRY_SECONDS, metavar="S",
+    p.add_argument("--max-retry-seconds", type=float, metavar="S",
+                   default=reader_defaults.DEFAULT_MAX_RETRY_SECONDS,
                    help="exit 1 after this long without a successful start (default %(default)s)")
     p.set_defaults(func=_reader)
 

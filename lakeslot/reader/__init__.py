@@ -9,6 +9,7 @@
 - ``reader``: the process — session start checks, retries, definite errors, exit codes, CLI
   contract (``lakeslot reader``).
 - ``metrics``: Prometheus metrics and the health endpoint.
+- ``arrays``: Arrow arrays from numpy buffers (``pyarrow.array`` would import pandas).
 
 This package module only holds the defaults the command line shows without importing the rest.
 """

@@ -33,10 +33,13 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
 from numpy.lib.stride_tricks import as_strided
+
+from lakeslot.reader import arrays
 
 BEGIN, COMMIT, ORIGIN, RELATION, TYPE = b"B"[0], b"C"[0], b"O"[0], b"R"[0], b"Y"[0]
 INSERT, UPDATE, DELETE, TRUNCATE, MESSAGE = b"I"[0], b"U"[0], b"D"[0], b"T"[0], b"M"[0]
@@ -53,15 +56,13 @@ class ProtocolError(ValueError):
     """The stream holds something this decoder does not understand."""
 
 
-@dataclass(frozen=True)
-class Begin:
+class Begin(NamedTuple):  # a tuple: one per transaction, on the hot path
     final_lsn: int  # LSN of the commit record
     commit_time_us: int  # microseconds since 2000-01-01 (PostgreSQL epoch)
     xid: int
 
 
-@dataclass(frozen=True)
-class Commit:
+class Commit(NamedTuple):
     flags: int
     commit_lsn: int
     end_lsn: int  # the end of the commit record: where a resumed stream continues
@@ -140,11 +141,11 @@ def _cstring(data, pos: int) -> tuple[str, int]:
 
 
 def decode_begin(data, pos: int) -> Begin:
-    return Begin(*_BEGIN.unpack_from(data, pos + 1))
+    return Begin._make(_BEGIN.unpack_from(data, pos + 1))
 
 
 def decode_commit(data, pos: int) -> Commit:
-    return Commit(*_COMMIT.unpack_from(data, pos + 1))
+    return Commit._make(_COMMIT.unpack_from(data, pos + 1))
 
 
 def decode_origin(data, pos: int) -> Origin:
@@ -306,22 +307,22 @@ def _arrays(joined: bytes, walk: _Walk, rows: np.ndarray, nrows: int) -> TupleAr
     # copies only the values, in C++.
     bounds = np.empty(2 * nvalues, np.int64)
     bounds[0::2], bounds[1::2] = starts, starts + lengths
-    valid = pa.py_buffer(np.packbits(kinds == KIND_TEXT, bitorder="little"))
     if nvalues:
         pieces = pa.LargeStringArray.from_buffers(2 * nvalues - 1, pa.py_buffer(bounds),
                                                   pa.py_buffer(joined))
-        taken = pieces.take(pa.array(np.arange(0, 2 * nvalues, 2)))
+        taken = pieces.take(arrays.indices(np.arange(0, 2 * nvalues, 2)))
         values = pa.LargeStringArray.from_buffers(nvalues, taken.buffers()[1],
-                                                  taken.buffers()[2], valid)
+                                                  taken.buffers()[2],
+                                                  arrays.bitmap(kinds == KIND_TEXT))
     else:
-        values = pa.array([], pa.large_string())
+        values = arrays.binary([], pa.large_string())
     counts = np.zeros(nrows, np.int32)
     counts[rows] = walk.ncols
     offsets = np.zeros(nrows + 1, np.int32)
     np.cumsum(counts, out=offsets[1:])
     present = np.zeros(nrows, bool)
     present[rows] = True
-    validity = pa.py_buffer(np.packbits(present, bitorder="little"))
+    validity = arrays.bitmap(present)
     kind_text = pa.StringArray.from_buffers(nrows, pa.py_buffer(offsets),
                                             pa.py_buffer(kinds.tobytes()), validity)
     lists = pa.ListArray.from_buffers(pa.list_(pa.large_string()), nrows,

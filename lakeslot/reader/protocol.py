@@ -48,12 +48,12 @@ _STATUS = struct.Struct("!cQQQq?")
 
 
 @dataclass(frozen=True)
-class SystemIdentity:
-    """``IDENTIFY_SYSTEM``: which PostgreSQL system and timeline the stream comes from."""
+class SourceIdentity:
+    """Which PostgreSQL system and timeline a stream comes from (``IDENTIFY_SYSTEM``); recorded
+    in every segment and checked on resume."""
 
     system_id: str
     timeline: int
-    xlogpos: int
 
 
 def keepalive(data) -> tuple[int, bool]:
@@ -81,9 +81,9 @@ class ReplicationConnection:
         self.conn = conn
         self.pgconn = conn.pgconn
 
-    def identify_system(self) -> SystemIdentity:
-        system_id, timeline, xlogpos, _ = self.conn.execute("IDENTIFY_SYSTEM").fetchone()
-        return SystemIdentity(str(system_id), int(timeline), lsn_text.parse(xlogpos))
+    def identify_system(self) -> SourceIdentity:
+        system_id, timeline, _, _ = self.conn.execute("IDENTIFY_SYSTEM").fetchone()
+        return SourceIdentity(str(system_id), int(timeline))
 
     def start(self, slot: str, start_lsn: int, options: dict[str, str]) -> None:
         """``START_REPLICATION SLOT <slot> LOGICAL <lsn> (<options>)``; raises the server's error

@@ -58,7 +58,8 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors
@@ -66,8 +67,8 @@ from psycopg import errors
 from lakeslot import lsn as lsn_text
 from lakeslot.reader import pgoutput
 from lakeslot.reader.metrics import Metrics
-from lakeslot.reader.protocol import ReplicationConnection, quote_list
-from lakeslot.reader.segments import SourceIdentity, Staging
+from lakeslot.reader.protocol import ReplicationConnection, SourceIdentity, quote_list
+from lakeslot.reader.segments import Staging
 from lakeslot.reader import (DEFAULT_MAX_RETRY_SECONDS, DEFAULT_SEGMENT_MAX_BYTES,
                              DEFAULT_SEGMENT_MAX_SECONDS)
 from lakeslot.reader.stream import HEALTH_INTERVAL_S, Stream, StreamSettings
@@ -185,23 +186,22 @@ def check_not_ahead(health: slot.SlotHealth | None, resume: int) -> None:
 class Session:
     """One pair of connections and one replication stream."""
 
-    def __init__(self, config: ReaderConfig, staging: Staging, metrics: Metrics,
-                 stop: threading.Event) -> None:
-        self.config, self.staging, self.metrics, self.stop = config, staging, metrics, stop
+    def __init__(self, config: ReaderConfig, metrics: Metrics, stop: threading.Event) -> None:
+        self.config, self.metrics, self.stop = config, metrics, stop
         self.started = False
         self.durable: int | None = None
 
     def run(self) -> int:
         config = self.config
         settings = config.settings
+        self.staging = Staging(config.staging_uri)
         meta = connection.connect(settings, config.app_name, long_running=True)
         repl = None
         try:
             health = check_source(meta, config)
             repl = ReplicationConnection(
                 connection.connect(settings, config.app_name, replication=True))
-            identity = repl.identify_system()
-            source = SourceIdentity(identity.system_id, identity.timeline)
+            source = repl.identify_system()
             resume = check_resume(self.staging, health, source)
             self.durable = resume
             if health.active and health.holder != config.app_name:
@@ -218,7 +218,7 @@ class Session:
             removed = self.staging.remove_temporaries()
             log.info("streaming from %s", lsn_text.format(resume),
                      extra={"slot": config.slot, "resume_lsn": lsn_text.format(resume),
-                            "timeline": identity.timeline, "removed_temporaries": removed})
+                            "timeline": source.timeline, "removed_temporaries": removed})
             stream = Stream(
                 repl, self.staging, pgoutput.RelationCache(self._type_names(meta)), resume,
                 source, self._stream_settings(meta), self.metrics,
@@ -274,10 +274,9 @@ def run(config: ReaderConfig, *, stop: threading.Event, metrics: Metrics) -> int
     """Sessions until stopped; returns the durable LSN (None if no session ever started).
     Raises :class:`DefiniteError`, or :class:`RetriesExhausted` when no session could start for
     ``max_retry_seconds``."""
-    staging = Staging(config.staging_uri)
     attempt, last_start, durable = 0, time.monotonic(), None
     while True:
-        session = Session(config, staging, metrics, stop)
+        session = Session(config, metrics, stop)
         try:
             return session.run()
         except TRANSIENT as e:
@@ -311,12 +310,19 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
+def redact(uri: str) -> str:
+    """A staging URI fit for logs: without user info and query (where credentials can hide)."""
+    parts = urlsplit(uri)
+    netloc = parts.netloc.rpartition("@")[2]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 def write_status(path: str, state: str, *, definite: bool, reason: str, message: str,
                  lsn: int | None) -> None:
     """Write the outcome atomically (temporary file + rename)."""
     status = {"state": state, "definite": definite, "reason": reason, "message": message,
               "lsn": None if lsn is None else lsn_text.format(lsn),
-              "time": datetime.now(timezone.utc).isoformat()}
+              "time": datetime.now(UTC).isoformat()}
     temp = f"{path}.tmp-{os.getpid()}"
     with open(temp, "w") as f:
         json.dump(status, f)
@@ -331,13 +337,13 @@ def main(config: ReaderConfig, *, status_file: str | None = None,
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     metrics = Metrics()
-    if metrics_port is not None:
-        metrics.serve(metrics_port)
     log.info("reader starting as %r", config.app_name,
              extra={"ingestion": config.ingestion, "slot": config.slot,
-                    "publication": config.publication, "staging": config.staging_uri})
+                    "publication": config.publication, "staging": redact(config.staging_uri)})
     outcome: tuple[str, bool, str, str, int | None, int]
     try:
+        if metrics_port is not None:
+            metrics.serve(metrics_port)
         durable = run(config, stop=stop, metrics=metrics)
         outcome = ("stopped", False, "Stopped", "the reader stopped cleanly", durable,
                    EXIT_STOPPED)
@@ -377,7 +383,7 @@ class JsonFormatter(logging.Formatter):
     _STANDARD = frozenset(vars(logging.makeLogRecord({})))
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(),
+        entry = {"time": datetime.fromtimestamp(record.created, UTC).isoformat(),
                  "level": record.levelname.lower(), "logger": record.name,
                  "message": record.getMessage()}
         entry.update((k, v) for k, v in vars(record).items()

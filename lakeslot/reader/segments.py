@@ -69,6 +69,7 @@ no other legitimate writer can exist).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -85,13 +86,13 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from lakeslot import lsn as lsn_text
-from lakeslot.reader import pgoutput
+from lakeslot.reader import arrays, pgoutput
 from lakeslot.reader.pgoutput import Relation
-from lakeslot.reader.protocol import HEADER, POSTGRES_EPOCH_US
+from lakeslot.reader.protocol import HEADER, POSTGRES_EPOCH_US, SourceIdentity
 
 FORMAT = 1
 METADATA_KEY = b"lakeslot.segment"
-BATCH_BYTES = 2 << 20
+BATCH_BYTES = 4 << 20
 BATCH_ROWS = 16384
 TEMP_PREFIX = ".tmp-"
 _NAME = re.compile(r"([0-9A-F]{16})-([0-9A-F]{16})\.parquet")
@@ -118,6 +119,7 @@ SCHEMA = pa.schema([
 _DICTIONARY_COLUMNS = ["op", "schema", "table", "new_kinds", "old_kinds", "origin", "prefix"]
 _STATISTICS_COLUMNS = ["commit_lsn", "seq", "op", "relation", "end_lsn"]
 _OPS = "CDIMTU"
+_OP_NAMES = arrays.binary(list(_OPS))
 _OP_INDEX = np.zeros(256, np.int32)
 _OP_INDEX[[ord(c) for c in _OPS]] = np.arange(len(_OPS))
 _TABLE_OPS = [pgoutput.INSERT, pgoutput.UPDATE, pgoutput.DELETE, pgoutput.TRUNCATE]
@@ -189,11 +191,11 @@ class SegmentRelations:
         for i, r in enumerate(self.relations):
             keys[i, :len(r.columns)] = [c.key for c in r.columns]
         natts = np.array([len(r.columns) for r in self.relations], np.int64)
-        return (natts, keys, pa.array([r.schema for r in self.relations], pa.string()),
-                pa.array([r.table for r in self.relations], pa.string()))
+        return (natts, keys, arrays.binary([r.schema for r in self.relations]),
+                arrays.binary([r.table for r in self.relations]))
 
 
-@dataclass
+@dataclass(slots=True)
 class _Run:
     """Consecutive rows of one transaction (or one non-transactional message)."""
 
@@ -268,25 +270,24 @@ def _record_batch(raw: list, runs: list[_Run], cache: pgoutput.RelationCache,
     relation[is_rel] = segment_index[inverse.reshape(-1)]
     natts, keys, schemas, tables = relations.arrays()
     old, new = pgoutput.decode_tuples(joined, msg, ops, relation, natts, keys)
-    relation_or_null = pa.array(relation, mask=~is_rel)
+    relation_or_null = arrays.fixed(pa.int32(), relation, is_rel)
 
     is_commit = ops == pgoutput.COMMIT
-    not_commit = ~is_commit
     commit_runs = [runs[i] for i in run_of[is_commit]]
     end_lsn, commit_time = np.zeros(n, np.int64), np.zeros(n, np.int64)
     end_lsn[is_commit] = pgoutput.be_uint(buf, msg[is_commit] + 10, 8)
     commit_time[is_commit] = pgoutput.be_uint(buf, msg[is_commit] + 18, 8) + POSTGRES_EPOCH_US
     columns = {
-        "commit_lsn": pa.array(commit_lsn),
-        "seq": pa.array(seq),
-        "op": pa.array(list(_OPS)).take(pa.array(_OP_INDEX[ops])),
+        "commit_lsn": arrays.fixed(pa.int64(), commit_lsn),
+        "seq": arrays.fixed(pa.int64(), seq),
+        "op": _OP_NAMES.take(arrays.indices(_OP_INDEX[ops])),
         "relation": relation_or_null,
-        "schema": schemas.take(relation_or_null),
-        "table": tables.take(relation_or_null),
+        "schema": schemas.take(arrays.indices(relation, is_rel)),
+        "table": tables.take(arrays.indices(relation, is_rel)),
         "new_kinds": new.kinds, "new_values": new.values,
         "old_kinds": old.kinds, "old_values": old.values,
-        "end_lsn": pa.array(end_lsn, mask=not_commit),
-        "commit_time": pa.array(commit_time, SCHEMA.field("commit_time").type, mask=not_commit),
+        "end_lsn": arrays.fixed(pa.int64(), end_lsn, is_commit),
+        "commit_time": arrays.fixed(SCHEMA.field("commit_time").type, commit_time, is_commit),
         "xid": _scatter(is_commit, [r.xid for r in commit_runs], pa.int64()),
         "origin": _scatter(is_commit, [r.origin for r in commit_runs], pa.string()),
     }
@@ -303,20 +304,19 @@ def _scatter(where: np.ndarray, values: list, type_: pa.DataType) -> pa.Array:
     """An array of ``len(where)`` nulls with ``values`` at the rows where ``where`` is true."""
     if not values:
         return pa.nulls(len(where), type_)
-    index = np.full(len(where), -1, np.int64)
+    if type_ == pa.int64():
+        dense = arrays.fixed(type_, np.array([v or 0 for v in values], np.int64),
+                             np.array([v is not None for v in values]))
+    elif type_ == pa.bool_():
+        dense = arrays.booleans(np.array(values, bool))
+    else:
+        dense = arrays.binary(values, type_)
+    index = np.zeros(len(where), np.int64)
     index[where] = np.arange(len(values))
-    return pa.array(values, type_).take(pa.array(index, mask=~where))
+    return dense.take(arrays.indices(index, where))
 
 
 # writing ------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SourceIdentity:
-    """Which PostgreSQL system and timeline the rows come from (checked on resume)."""
-
-    system_id: str
-    timeline: int
-
 
 class SegmentWriter:
     """One open segment: batches stream into a temporary file; :meth:`seal` publishes it."""
@@ -492,10 +492,8 @@ class Staging:
                 os.unlink(temp)
 
     def discard(self, temp: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
-        except FileNotFoundError:
-            pass
 
     def remove_temporaries(self) -> int:
         """Remove leftover temporary files of earlier writers; returns how many."""

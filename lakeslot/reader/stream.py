@@ -1,9 +1,9 @@
 """One replication session: the pgoutput stream in, sealed segments and feedback out.
 
 :class:`Stream` runs after ``START_REPLICATION`` succeeded and the resume point was verified
-(``lakeslot.reader.reader`` does that). It owns four positions:
+(``lakeslot.reader.reader`` does that). It keeps these positions:
 
-- ``start``: where the open segment begins (the end of the last sealed one).
+- ``segment.start``: where the open segment begins (the end of the last sealed one).
 - ``pending_end``: how far the open segment may end if sealed now — the end LSN of the last
   commit received, or a keepalive's ``walEnd`` when no transaction is open.
 - ``durable``: the end of the last sealed segment; the only LSN ever reported to PostgreSQL.
@@ -38,15 +38,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lakeslot import lsn as lsn_text
-from lakeslot.reader import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SEGMENT_MAX_SECONDS
-from lakeslot.reader import pgoutput
+from lakeslot.reader import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SEGMENT_MAX_SECONDS, pgoutput
 from lakeslot.reader.metrics import Metrics
-from lakeslot.reader.protocol import HEADER, XLOGDATA, ReplicationConnection, keepalive
-from lakeslot.reader.segments import BATCH_BYTES, BATCH_ROWS, Batch, SourceIdentity, Staging
+from lakeslot.reader.protocol import (HEADER, XLOGDATA, ReplicationConnection, SourceIdentity,
+                                      keepalive)
+from lakeslot.reader.segments import BATCH_BYTES, BATCH_ROWS, Batch, Staging
 
 log = logging.getLogger("lakeslot.reader")
 
 HEALTH_INTERVAL_S = 5.0
+TICK_S = 0.1  # how often a busy stream looks at the clock-driven duties (stop, seal by age)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ class Stream:
         self.batch = Batch()
         self._open_segment(time.monotonic())
         now = time.monotonic()
-        self._next_feedback = now
+        self._next_feedback = self._next_tick = now
         self._next_health = now + settings.health_interval
 
     # the loop ----------------------------------------------------------------------------------
@@ -107,7 +108,7 @@ class Stream:
                 now = time.monotonic()
                 if self._housekeeping(now):
                     return self.durable
-                self.repl.wait_readable(min(self._next_feedback, self._next_health) - now)
+                self.repl.wait_readable(self._next_tick - now)
             else:
                 raise self.repl.end_of_copy_error()
 
@@ -119,12 +120,17 @@ class Stream:
             self.in_transaction = True
             batch.begin(begin.final_lsn, begin.xid)
         elif kind == pgoutput.COMMIT:
-            commit = pgoutput.decode_commit(data, HEADER)
+            end = pgoutput.decode_commit(data, HEADER).end_lsn
             batch.raw.append(data)
             batch.nbytes += len(data)
             self.in_transaction = False
-            self.pending_end = self.received = max(self.received, commit.end_lsn)
-            return self._housekeeping(time.monotonic())
+            self.pending_end = end
+            self.received = max(self.received, end)
+            now, s = time.monotonic(), self.settings
+            if (now >= self._next_tick or self.segment_bytes + batch.nbytes >= s.segment_max_bytes
+                    or (s.stop_at is not None and end >= s.stop_at)):
+                return self._housekeeping(now)
+            return False
         elif kind == pgoutput.RELATION:
             relation = self.cache.resolve(pgoutput.decode_relation(data, HEADER))
             if self.cache.changes(relation):
@@ -169,7 +175,8 @@ class Stream:
     # decisions -------------------------------------------------------------------------------
 
     def _housekeeping(self, now: float) -> bool:
-        """Stop, seal, feedback and health checks that are due; True when the stream ends."""
+        """Stop, seal, feedback and health checks that are due; True when the stream ends.
+        A busy stream comes here at every batch and, between, whenever ``_next_tick`` passed."""
         self.metrics.beat()
         if self.should_stop():
             self._finish()
@@ -181,6 +188,8 @@ class Stream:
         if now >= self._next_health:
             self._next_health = now + self.settings.health_interval
             self.check_health()
+        self._next_tick = min(now + TICK_S, self._next_feedback, self._next_health,
+                              self.segment_opened + self.settings.segment_max_seconds)
         return False
 
     def _between_transactions(self, now: float) -> bool:

@@ -9,7 +9,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,16 +25,6 @@ INGESTION = "tests/orders"
 POD = "reader-pod-0"
 APP_NAME = connection.application_name("reader", INGESTION, POD)
 LAKESLOT = str(Path(sys.executable).with_name("lakeslot"))
-
-
-def wait_for(condition, what: str, timeout: float = 90.0, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(interval)
 
 
 def current_lsn(conn) -> int:
@@ -132,7 +121,7 @@ def staged(staging: str) -> tuple[list[segments.SegmentName], list[segments.Row]
     """Every sealed segment (checked to chain without gap or overlap) and all their rows."""
     store = segments.Staging(staging)
     names = store.list()
-    for previous, following in zip(names, names[1:]):
+    for previous, following in zip(names, names[1:], strict=False):
         assert following.start == previous.end, f"segments {previous} and {following} do not chain"
     rows = [row for name in names for row in store.read(name).rows()]
     return names, rows

@@ -1,0 +1,89 @@
+"""The staging format without PostgreSQL: names, chains, empty and aborted segments."""
+
+from __future__ import annotations
+
+import pytest
+
+from lakeslot.reader import reader, segments
+from lakeslot.reader.protocol import SourceIdentity
+from lakeslot.reader.segments import SegmentName
+from lakeslot.source.slot import SlotHealth
+
+SOURCE = SourceIdentity("7300000000000000001", 1)
+
+
+def test_names_are_zero_padded_hex_lsns_and_nothing_else_parses():
+    name = SegmentName(0x1_6B3748, 0x2_00000010)
+    assert name.filename == "00000000016B3748-0000000200000010.parquet"
+    assert SegmentName.parse(name.filename) == name
+    assert str(name) == "0/16B3748-2/10"
+    for other in (".tmp-00000000016B3748-1-ab.parquet", "00000000016b3748-0000000200000010.parquet",
+                  "16B3748-200000010.parquet", "00000000016B3748-0000000200000010.parquet.tmp"):
+        assert SegmentName.parse(other) is None
+
+
+def test_chain_follows_the_furthest_segment_and_reports_gaps():
+    a, b, c = SegmentName(10, 20), SegmentName(20, 30), SegmentName(30, 40)
+    zombie = SegmentName(20, 25)  # an overlapping segment of a zombie reader
+    assert segments.chain([c, zombie, a, b], 10) == [a, b, c]
+    assert segments.chain([a, b, c], 22) == [b, c]
+    assert segments.chain([a, b, c], 40) == []
+    assert segments.chain([a, SegmentName(18, 33), c], 10) == [a, SegmentName(18, 33), c]
+    with pytest.raises(segments.GapError, match="no sealed segment covers 0/14; the next one "
+                                                "starts at 0/1E"):
+        segments.chain([a, c], 10)
+
+
+def test_an_empty_segment_records_progress_and_an_aborted_one_leaves_nothing(tmp_path):
+    staging = segments.Staging(tmp_path.as_uri())
+    assert staging.resume_point() is None
+    sealed = staging.open(100, SOURCE).seal(250)
+    assert staging.list() == [sealed] == [SegmentName(100, 250)]
+    segment = staging.read(sealed)
+    assert segment.table.num_rows == 0 and segment.table.schema == segments.SCHEMA
+    assert segment.metadata.source == SOURCE and segment.metadata.relations == ()
+    staging.open(250, SOURCE).abort()  # nothing was written: nothing to remove
+    with pytest.raises(ValueError, match="cannot end"):
+        staging.open(300, SOURCE).seal(299)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [sealed.filename]
+    assert staging.resume_point() == sealed
+    # A writer killed mid-segment leaves a hidden temporary file: never listed, and removed by
+    # the next reader once it holds the slot.
+    leftover, _ = staging.temporary(250)
+    with open(leftover, "wb") as f:
+        f.write(b"PAR1 half a segment")
+    assert staging.list() == [sealed]
+    assert staging.remove_temporaries() == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [sealed.filename]
+
+
+def _slot(confirmed_flush_lsn: int) -> SlotHealth:
+    return SlotHealth("s", "pgoutput", "logical", "db", True, 1, "x", confirmed_flush_lsn, 1,
+                      "reserved", None, 0, 0, False, None, False)
+
+
+def test_resume_is_the_end_of_staging_from_the_same_system_and_timeline(tmp_path):
+    staging = segments.Staging(tmp_path.as_uri())
+    assert reader.check_resume(staging, _slot(77), SOURCE) == 77  # empty staging: the slot
+    staging.open(77, SOURCE).seal(300)
+    assert reader.check_resume(staging, _slot(77), SOURCE) == 300
+    with pytest.raises(reader.DefiniteError, match="from timeline 1 to 2") as e:
+        reader.check_resume(staging, _slot(77), SourceIdentity(SOURCE.system_id, 2))
+    assert (e.value.reason, e.value.lsn) == ("TimelineChanged", 300)
+    with pytest.raises(reader.DefiniteError) as e:
+        reader.check_resume(staging, _slot(77), SourceIdentity("42", 1))
+    assert e.value.reason == "SystemChanged"
+    reader.check_not_ahead(_slot(300), 300)
+    with pytest.raises(reader.DefiniteError, match="advanced to 0/12D but staging ends at 0/12C"):
+        reader.check_not_ahead(_slot(301), 300)
+
+
+def test_feedback_interval_is_at_most_a_second_and_half_the_sender_timeout():
+    assert reader.feedback_interval(60_000) == 1.0
+    assert reader.feedback_interval(1_000) == 0.5
+    assert reader.feedback_interval(0) == 1.0  # timeout disabled
+
+
+def test_staging_uris_are_logged_without_credentials():
+    assert reader.redact("s3://AKIA:secret@bucket/prefix?secret_key=x&region=eu") == "s3://bucket/prefix"
+    assert reader.redact("file:///var/lib/lakeslot/staging") == "file:///var/lib/lakeslot/staging"
