@@ -2,9 +2,9 @@
 
 Invariants:
 
-- ``iceberg_conf`` is pure: the same arguments give the same dict, usable for a local session and
-  for a SparkApplication spec alike. It enables Iceberg's SQL extensions, defines one hadoop
-  catalog on the warehouse, and runs the session and the driver/executor JVMs in UTC.
+- The conf comes from :mod:`lakeslot.spark_conf` (pure, shared with the operator's
+  SparkApplications). Catalog properties that come from Secrets are never in it: jobs set them
+  at runtime (:func:`set_catalog_secrets`), before the catalog's first use loads it.
 - ``build_session`` adds the local-mode settings and the jars from ``iceberg_jars.ensure_jars()``.
   It must create the process's SparkSession: like ``getOrCreate`` it would reuse a running one,
   on which the static settings (jars, extensions, JVM options) no longer take effect.
@@ -23,55 +23,42 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import SparkSession
 
 from lakeslot import iceberg_jars
+from lakeslot.api.models import CatalogSpec
+from lakeslot.spark_conf import hadoop_catalog, iceberg_conf
+
+if TYPE_CHECKING:
+    from lakeslot.workloads import JobInput
 
 T = TypeVar("T")
 
-UTC_JVM_OPTIONS = "-Duser.timezone=UTC"
-
-
-def warehouse_uri(warehouse: str | Path) -> str:
-    """A URI for the warehouse: URIs (``s3a://…``, ``file:/…``) unchanged, local paths made absolute ``file://`` URIs."""
-    if isinstance(warehouse, str) and ":/" in warehouse:
-        return warehouse
-    return Path(warehouse).resolve().as_uri()
-
-
-def iceberg_conf(warehouse: str | Path, *, catalog: str = "lakeslot", jars: Sequence[str | Path] = ()) -> dict[str, str]:
-    """Spark conf for Iceberg with a hadoop catalog named ``catalog`` on ``warehouse``, all in UTC."""
-    conf = {
-        "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
-        f"spark.sql.catalog.{catalog}": "org.apache.iceberg.spark.SparkCatalog",
-        f"spark.sql.catalog.{catalog}.type": "hadoop",
-        f"spark.sql.catalog.{catalog}.warehouse": warehouse_uri(warehouse),
-        "spark.sql.session.timeZone": "UTC",
-        "spark.driver.extraJavaOptions": UTC_JVM_OPTIONS,
-        "spark.executor.extraJavaOptions": UTC_JVM_OPTIONS,
-    }
-    if jars:
-        conf["spark.jars"] = ",".join(str(j) for j in jars)
-    return conf
+def set_catalog_secrets(spark: SparkSession, catalog: CatalogSpec, values: Mapping[str, str]) -> None:
+    """Set the Secret-backed catalog properties (``values``: key → value) on a running session."""
+    for key, value in values.items():
+        spark.conf.set(f"spark.sql.catalog.{catalog.name}.{key}", value)
 
 
 def build_session(
-    warehouse: str | Path,
+    warehouse: str | Path | CatalogSpec,
     *,
     app_name: str = "lakeslot",
     master: str = "local[2]",
     catalog: str = "lakeslot",
     extra_conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
-    """A SparkSession with the Iceberg catalog ``catalog`` on ``warehouse`` (``extra_conf`` wins on conflicts)."""
+    """A SparkSession with an Iceberg catalog: ``warehouse`` is a ``sink.catalog`` spec, or a
+    hadoop warehouse for a catalog named ``catalog`` (``extra_conf`` wins on conflicts)."""
+    spec = warehouse if isinstance(warehouse, CatalogSpec) else hadoop_catalog(warehouse, catalog)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     conf = {
-        **iceberg_conf(warehouse, catalog=catalog, jars=iceberg_jars.ensure_jars()),
+        **iceberg_conf(spec, jars=iceberg_jars.ensure_jars()),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",
@@ -82,6 +69,19 @@ def build_session(
     for key, value in conf.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def job_session(job: JobInput, app_name: str, *, master: str | None = None) -> SparkSession:
+    """The session of a Spark job: spark-submit's (the SparkApplication carries the Iceberg conf)
+    or, with ``master``, a local one built from ``sink.catalog``; either way with the catalog's
+    Secret-backed properties set from the environment."""
+    catalog = job.ingestion.spec.sink.catalog
+    if master is None:
+        spark = SparkSession.builder.appName(app_name).getOrCreate()
+    else:
+        spark = build_session(catalog, app_name=app_name, master=master)
+    set_catalog_secrets(spark, catalog, job.catalog_secrets())
+    return spark
 
 
 def with_commit_properties(spark: SparkSession, properties: Mapping[str, str], action: Callable[[], T]) -> T:

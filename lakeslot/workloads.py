@@ -11,19 +11,37 @@ Contract:
   tables the job should handle and job-specific flags.
 - No credential is ever part of a command line: the spec holds only Secret *references*; the
   password arrives as the ``LAKESLOT_SOURCE_PASSWORD`` environment variable and the CA as a
-  file at ``CA_FILE`` (both wired by the operator from the user's Secrets).
+  file at ``CA_FILE`` (both wired by the operator from the user's Secrets; local mode sets
+  ``LAKESLOT_SOURCE_CA_FILE`` to where it wrote the CA). Catalog properties from Secrets
+  (``sink.catalog.secretProperties``) arrive as ``LAKESLOT_CATALOG_<KEY>`` variables
+  (:func:`catalog_secret_env`).
+
+Failure modes: :func:`add_job_arguments` makes argparse exit with status 2 and a message naming
+the flag when the JSON is malformed or the resource fails validation (the same message
+``lakeslot validate`` prints).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from collections.abc import Iterable
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
-from lakeslot.api.models import PostgresIngestion
+import pydantic
+
+from lakeslot.api.models import PostgresIngestion, TableSpec
+from lakeslot.api.naming import (effective_publication_name, effective_slot_name,
+                                 iceberg_table_name)
+from lakeslot.api.validation import parse_resource, problems_of
+from lakeslot.source.connection import ConnectionSettings, settings_from_spec
 from lakeslot.source.tables import TableName
 
 PASSWORD_ENV = "LAKESLOT_SOURCE_PASSWORD"
 CA_FILE = "/etc/lakeslot/source-ca/ca.crt"
+CA_FILE_ENV = "LAKESLOT_SOURCE_CA_FILE"
 READER_METRICS_PORT = 9187
 
 
@@ -51,11 +69,100 @@ def reader_command(ingestion: PostgresIngestion, slot: str, publication: str) ->
     return command
 
 
-def snapshot_arguments(ingestion: PostgresIngestion, tables: Iterable[TableName], *,
-                       resnapshot: bool) -> list[str]:
-    return ["--ingestion-json", ingestion_json(ingestion), *_table_args(tables),
-            *(["--resnapshot"] if resnapshot else [])]
+def snapshot_arguments(ingestion: PostgresIngestion, tables: Iterable[TableName]) -> list[str]:
+    """The snapshot job copies each listed table unless it already holds a snapshot of
+    generation ≥ ``spec.snapshot.resnapshotGeneration`` (so a rerun after a crash resumes)."""
+    return ["--ingestion-json", ingestion_json(ingestion), *_table_args(tables)]
 
 
 def apply_arguments(ingestion: PostgresIngestion, tables: Iterable[TableName]) -> list[str]:
     return ["--ingestion-json", ingestion_json(ingestion), *_table_args(tables)]
+
+
+def catalog_secret_env(key: str) -> str:
+    """The environment variable carrying the Secret-backed catalog property ``key``."""
+    return "LAKESLOT_CATALOG_" + re.sub(r"[^A-Z0-9]", "_", key.upper())
+
+
+# The jobs' side of the contract ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class JobInput:
+    """What a Spark job was asked to do: the ingestion and the tables it handles."""
+
+    ingestion: PostgresIngestion
+    tables: tuple[TableName, ...]
+
+    @property
+    def owner(self) -> str:
+        """``namespace/name``: the ingestion's identity in application_name and logs."""
+        return f"{self.ingestion.metadata.namespace or 'default'}/{self.ingestion.metadata.name}"
+
+    @property
+    def slot(self) -> str:
+        meta = self.ingestion.metadata
+        return effective_slot_name(meta.namespace or "default", meta.name, self.ingestion.spec.source)
+
+    @property
+    def publication(self) -> str:
+        meta = self.ingestion.metadata
+        return effective_publication_name(meta.namespace or "default", meta.name,
+                                          self.ingestion.spec.source)
+
+    def source(self, environ: Mapping[str, str] | None = None) -> ConnectionSettings:
+        """Connection settings with the password and CA file from the environment."""
+        environ = os.environ if environ is None else environ
+        spec = self.ingestion.spec.source
+        ca_file = (environ.get(CA_FILE_ENV) or CA_FILE) if spec.ca_secret_ref is not None else None
+        return settings_from_spec(spec, password=environ.get(PASSWORD_ENV) or None, ca_file=ca_file)
+
+    def catalog_secrets(self, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``sink.catalog.secretProperties`` resolved from the environment (ValueError naming
+        the missing variables)."""
+        environ = os.environ if environ is None else environ
+        keys = self.ingestion.spec.sink.catalog.secret_properties
+        missing = [catalog_secret_env(k) for k in keys if catalog_secret_env(k) not in environ]
+        if missing:
+            raise ValueError("sink.catalog.secretProperties are not in the environment: "
+                             + ", ".join(missing))
+        return {key: environ[catalog_secret_env(key)] for key in keys}
+
+    def table_spec(self, table: TableName) -> TableSpec | None:
+        """The per-table options the spec lists for ``table`` (None: selected by schema)."""
+        return next((t for t in self.ingestion.spec.source.tables
+                     if (t.schema_name, t.name) == (table.schema, table.name)), None)
+
+    def target(self, table: TableName) -> str:
+        """The mirror table's name inside ``spec.sink.namespace``."""
+        return iceberg_table_name(self.ingestion.spec.sink.table_name_template, table.schema,
+                                  table.name)
+
+
+def _ingestion(text: str) -> PostgresIngestion:
+    try:
+        return parse_resource(json.loads(text))
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+    except pydantic.ValidationError as e:
+        problems = "; ".join(f"{p.path}: {p.problem} (fix: {p.fix})" for p in problems_of(e))
+        raise argparse.ArgumentTypeError(f"not a valid PostgresIngestion: {problems}") from None
+
+
+def _table(text: str) -> TableName:
+    try:
+        schema, name = json.loads(text)
+    except (json.JSONDecodeError, TypeError, ValueError):
+        raise argparse.ArgumentTypeError(f'expected ["schema", "table"], got {text!r}') from None
+    return TableName(schema, name)
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags every Spark job takes (see :func:`snapshot_arguments`, :func:`apply_arguments`)."""
+    parser.add_argument("--ingestion-json", required=True, type=_ingestion, metavar="JSON",
+                        help="the PostgresIngestion (metadata and spec) as JSON")
+    parser.add_argument("--table", dest="tables", action="append", type=_table, default=[],
+                        metavar='["SCHEMA","NAME"]', help="a table to handle (repeatable)")
+
+
+def job_input(args: argparse.Namespace) -> JobInput:
+    return JobInput(args.ingestion_json, tuple(args.tables))

@@ -91,9 +91,9 @@ def test_create_then_snapshot_then_stream(api, source, spark, spark_warehouse, t
     apps = env.spark_applications(api)
     [snapshot_name] = apps
     assert snapshot_name == status["snapshot"]["application"]
-    arguments = apps[snapshot_name]["spec"]["arguments"]
-    assert sorted(TableName(*json.loads(a)) for a in arguments[3::2]) == sorted(tables)
-    assert "--resnapshot" not in arguments
+    job = env.job_input(apps[snapshot_name])
+    assert sorted(job.tables) == sorted(tables) and job.ingestion.metadata.name == "orders"
+    assert job.ingestion.spec.snapshot.resnapshot_generation == 0
 
     # Reconciling again changes nothing: same children, same resourceVersions.
     versions = {n: a["metadata"]["resourceVersion"] for n, a in env.spark_applications(api).items()}
@@ -237,8 +237,7 @@ def test_adding_a_table_snapshots_only_it_and_resnapshot_takes_all(api, source, 
     resource, events = _reconcile(api, "orders")
     second = resource["status"]["snapshot"]["application"]
     assert second != first
-    arguments = env.spark_applications(api)[second]["spec"]["arguments"]
-    assert [TableName(*json.loads(a)) for a in arguments[3::2]] == [new]
+    assert env.job_input(env.spark_applications(api)[second]).tables == (new,)
     assert any(e.reason == "TableAdded" and "New Table" in e.message for e in events)
 
     # Remove a table: out of the publication, its mirror kept (nothing drops Iceberg tables).
@@ -253,8 +252,9 @@ def test_adding_a_table_snapshots_only_it_and_resnapshot_takes_all(api, source, 
     resource, _ = _reconcile(api, "orders")
     third = resource["status"]["snapshot"]["application"]
     assert third.startswith("orders-snapshot-g1-")
-    arguments = env.spark_applications(api)[third]["spec"]["arguments"]
-    assert "--resnapshot" in arguments and len(arguments[3:-1:2]) == len(spec_tables) - 1
+    job = env.job_input(env.spark_applications(api)[third])
+    assert job.ingestion.spec.snapshot.resnapshot_generation == 1
+    assert len(job.tables) == len(spec_tables) - 1
     env.set_spark_state(api, third, "COMPLETED")
     resource, _ = _reconcile(api, "orders")
     assert resource["status"]["observedResnapshotGeneration"] == 1

@@ -31,7 +31,7 @@ from lakeslot.api.models import SourceSpec
 
 APPLICATION_NAME_BYTES = 63
 SESSION_OPTIONS = ("-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres"
-                   " -c extra_float_digits=3")
+                   " -c extra_float_digits=3 -c bytea_output=hex")
 LONG_RUNNING_OPTIONS = (" -c statement_timeout=0 -c idle_in_transaction_session_timeout=0"
                         " -c lock_timeout=0")
 

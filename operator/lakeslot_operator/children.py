@@ -33,7 +33,8 @@ from dataclasses import dataclass
 import posixpath
 
 from lakeslot.api.models import PostgresIngestion
-from lakeslot.workloads import CA_FILE, PASSWORD_ENV, READER_METRICS_PORT
+from lakeslot.spark_conf import iceberg_conf
+from lakeslot.workloads import CA_FILE, PASSWORD_ENV, READER_METRICS_PORT, catalog_secret_env
 
 GROUP = "lakeslot.io"
 INGESTION_LABEL = f"{GROUP}/ingestion"
@@ -153,6 +154,9 @@ def _secret_conf(ingestion: PostgresIngestion) -> dict[str, str]:
             conf[f"spark.kubernetes.{role}.secretKeyRef.{PASSWORD_ENV}"] = f"{ref.name}:{ref.key}"
         if source.ca_secret_ref is not None:
             conf[f"spark.kubernetes.{role}.secrets.{source.ca_secret_ref.name}"] = CA_MOUNT
+        for key, ref in ingestion.spec.sink.catalog.secret_properties.items():
+            conf[f"spark.kubernetes.{role}.secretKeyRef.{catalog_secret_env(key)}"] = \
+                f"{ref.name}:{ref.key}"
     return conf
 
 
@@ -175,7 +179,8 @@ def _spark_application(ingestion: PostgresIngestion, uid: str, config: OperatorC
             "arguments": arguments,
             "sparkVersion": spark.spark_version,
             "restartPolicy": restart,
-            "sparkConf": {**_secret_conf(ingestion), **spark.spark_conf},
+            "sparkConf": {**iceberg_conf(ingestion.spec.sink.catalog), **_secret_conf(ingestion),
+                          **spark.spark_conf},
             "driver": {"cores": driver.cores, "memory": driver.memory, "labels": role_labels,
                        "serviceAccount": spark.service_account or config.spark_service_account},
             "executor": {"cores": executor.cores, "memory": executor.memory,

@@ -327,7 +327,7 @@ class _Reconciler:
             else:
                 self.ctx.kube.ensure(children.snapshot_application(
                     self.ing, self.uid, self.ctx.config,
-                    workloads.snapshot_arguments(self.ing, wanted, resnapshot=resnapshot),
+                    workloads.snapshot_arguments(self.ing, wanted),
                     generation=generation))
                 state.state = "SUBMITTED"
                 self.r.tell("Normal", "SnapshotStarted", f"{name}: {len(wanted)} table(s)")

@@ -15,6 +15,7 @@ Everything else — PostgreSQL, the API server (emulated), kopf, the official cl
 
 from __future__ import annotations
 
+import argparse
 import base64
 import uuid
 
@@ -22,7 +23,7 @@ import kubernetes.client
 import yaml
 from kubernetes.client import ApiException
 
-from lakeslot import mirror
+from lakeslot import mirror, workloads
 from lakeslot.api.models import GROUP, PLURAL, VERSION, SinkSpec
 from lakeslot.source.tables import TableName
 
@@ -137,6 +138,13 @@ def commit_snapshot(spark, document: dict, tables: list[TableName], lsn: int) ->
         spark.sql(f"CREATE TABLE IF NOT EXISTS {name} (id bigint, _lakeslot_lsn bigint) USING iceberg")
         spark.createDataFrame([(1, lsn)], "id bigint, _lakeslot_lsn bigint").writeTo(name).option(
             "snapshot-property.lakeslot.lsn", str(lsn)).overwritePartitions()
+
+
+def job_input(application: dict) -> workloads.JobInput:
+    """What a SparkApplication asks its job to do, parsed by the jobs' own argument parser."""
+    parser = argparse.ArgumentParser()
+    workloads.add_job_arguments(parser)
+    return workloads.job_input(parser.parse_args(application["spec"]["arguments"]))
 
 
 def condition(resource: dict, type_: str) -> dict | None:

@@ -1,0 +1,27 @@
+"""The consistent parallel snapshot: every table copied into its Iceberg mirror exactly as of one
+LSN (DESIGN.md invariants 1 and 2).
+
+Roles and modules:
+
+- :mod:`.leader` (Spark driver): a replication connection opens ``BEGIN READ ONLY ISOLATION LEVEL
+  REPEATABLE READ``, creates a *temporary* logical slot ``USE_SNAPSHOT`` (its consistent point
+  minus one is the snapshot LSN ``s``) and exports the snapshot. That transaction stays open until
+  every table has committed (the leader commits last); the slot dies with it.
+- :mod:`.plan`: in a session importing the snapshot, reads what the catalog said *as of s* (columns,
+  types, key, leaf partitions, ``relfilenode``) and splits each heap into ctid page ranges by
+  ``pg_class.relpages`` (an estimate: the last range of every heap is open-ended).
+- :mod:`.follower` (Spark tasks, one range per task): imports the snapshot, reads its range through
+  the ADBC driver (binary COPY → Arrow), converts with :mod:`lakeslot.typemap` and writes Parquet
+  data files for the mirror table. It returns the files; it never commits.
+- :mod:`.mirror` (driver): creates or replaces the Iceberg table in one transaction holding all of
+  a table's files, with ``lakeslot.lsn = s`` in the snapshot summary.
+- :mod:`.progress`: the machine-readable progress document; :mod:`.job` runs all of it.
+
+Why the copy equals the source as of ``s``: every follower reads under the exported snapshot, and
+the ranges of a heap are disjoint and cover it ([0, ∞) split at page boundaries), so each row
+visible in the snapshot is read exactly once. A heap rewritten after the export (TRUNCATE,
+VACUUM FULL, CLUSTER, a rewriting ALTER TABLE) would break that (rows move, or look absent to an
+old snapshot); followers detect it by comparing ``pg_relation_filenode`` with the planned
+``relfilenode`` and fail the table. Files of a failed or retried attempt are never committed, so a
+retried range cannot duplicate rows.
+"""

@@ -1,0 +1,290 @@
+"""The snapshot job: decide which tables to copy, hold one exported snapshot, copy every range as
+a Spark task, commit each table as soon as its ranges are done, release the snapshot last.
+
+:func:`run` is what ``spark_jobs/snapshot.py`` calls and what local mode calls with its own
+SparkSession. Steps:
+
+1. For every requested table, the mirror's state (:meth:`mirror.Catalog.state`): snapshotted at a
+   generation ≥ ``resnapshot_generation`` → ``skipped``; an existing table with data that lakeslot
+   did not write → ``failed``; otherwise it is copied (created, or replaced in one commit). When
+   nothing is left, no slot is created at all.
+2. The leader exports a snapshot (:mod:`.leader`); the tables are planned in a session importing it
+   (:mod:`.plan`); each table opens its Iceberg create/replace transaction (:mod:`.mirror`).
+3. Ranges run as Spark jobs of exactly one task each (``sc.parallelize([range], 1)``), at most
+   ``parallelism`` at a time, from a pool of driver threads. A range that fails transiently is
+   retried (after Spark's own task retries) up to ``max_attempts`` times, with backoff, inside the
+   same snapshot; a definite error fails its table only. The thread that finishes a table's last
+   range commits it with ``lakeslot.lsn = s``.
+4. When every table has committed or failed, the leader's transaction ends and its temporary slot
+   is dropped (leader commits last).
+
+Resuming: a job that dies after some tables committed is simply run again. Committed tables carry
+``lakeslot.snapshot-generation`` and are skipped; the others are copied under a new snapshot (each
+table records its own ``s``). Data files of attempts that never committed are unreferenced
+(deleted when the failure is seen; a killed process leaves orphans for Iceberg's orphan cleanup).
+
+Password: the driver uses ``job.source.password``; tasks read it from their environment. In local
+mode the Python workers do not see variables set after the JVM started, so the driver hands it to
+them through ``SparkContext.environment`` (the environment PySpark gives its workers; it is not
+part of the Spark conf, argv or logs).
+
+Failure modes: a table's definite error is in its outcome and the progress document, and the other
+tables go on; a failure of the job as a whole (source unreachable, slot cannot be created, catalog
+unreachable) raises after recording it in the progress document. Either way the slot is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from py4j.protocol import Py4JJavaError
+
+from lakeslot import typemap
+from lakeslot.snapshot import follower, leader, mirror, plan
+from lakeslot.snapshot.progress import Progress
+from lakeslot.source.connection import ConnectionSettings, application_name, connect
+from lakeslot.source.tables import TableName
+
+log = logging.getLogger(__name__)
+MiB = 1 << 20
+BACKOFF_CAP_S = 30.0
+
+
+@dataclass(frozen=True)
+class SnapshotJob:
+    source: ConnectionSettings
+    tables: tuple[plan.TableRequest, ...]
+    namespace: str
+    catalog: str = "lakeslot"
+    ingestion: str = "local"
+    table_properties: Mapping[str, str] = field(default_factory=dict)
+    parallelism: int = 4
+    target_range_bytes: int = 256 * MiB
+    statement_timeout_seconds: int = 0
+    resnapshot_generation: int = 0
+    progress: str | None = None
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Observation points for callers (tests use them to act while the snapshot is held)."""
+
+    on_exported: Callable[[leader.Snapshot], None] | None = None  # before planning
+    before_release: Callable[[leader.Snapshot], None] | None = None  # all tables done
+
+
+@dataclass(frozen=True)
+class TableOutcome:
+    source: TableName
+    target: str
+    state: str  # committed | skipped | failed
+    rows: int
+    lsn: int | None
+    error: str | None
+
+
+@dataclass(frozen=True)
+class JobResult:
+    tables: tuple[TableOutcome, ...]
+    snapshot_lsn: int | None
+    cpu: dict[str, float]  # CPU seconds of the follower processes, by phase
+
+    @property
+    def ok(self) -> bool:
+        return all(t.state in ("committed", "skipped") for t in self.tables)
+
+
+def run(spark, job: SnapshotJob, hooks: Hooks | None = None) -> JobResult:
+    progress = Progress(job.progress, [(r.source, f"{job.namespace}.{r.target}") for r in job.tables])
+    cpu = {"read": 0.0, "convert": 0.0, "write": 0.0}
+    try:
+        catalog = mirror.Catalog(spark, job.catalog)
+        catalog.ensure_namespace(job.namespace)
+        todo = _to_copy(catalog, job, progress)
+        if todo:
+            _snapshot(spark, job, catalog, todo, progress, hooks or Hooks(), cpu)
+    except Exception as e:
+        progress.finish(error=f"{type(e).__name__}: {e}")
+        raise
+    progress.finish()
+    return JobResult(tuple(TableOutcome(t.source, t.target, t.state, t.rows_staged, t.lsn, t.error)
+                           for t in progress.tables.values()), progress.snapshot_lsn, cpu)
+
+
+def _to_copy(catalog: mirror.Catalog, job: SnapshotJob,
+             progress: Progress) -> list[tuple[plan.TableRequest, bool]]:
+    todo = []
+    for request in job.tables:
+        state = catalog.state(job.namespace, request.target)
+        if state.generation is not None and state.generation >= job.resnapshot_generation:
+            progress.table(request.source, state="skipped")
+        elif state.exists and state.generation is None and state.has_data:
+            progress.table(request.source, state="failed", error=(
+                f"Iceberg table {job.namespace}.{request.target} exists with data that lakeslot "
+                "did not write; drop it or choose another table name"))
+        else:
+            todo.append((request, state.exists))
+    return todo
+
+
+def _snapshot(spark, job: SnapshotJob, catalog: mirror.Catalog,
+              todo: list[tuple[plan.TableRequest, bool]], progress: Progress, hooks: Hooks,
+              cpu: dict[str, float]) -> None:
+    sc = spark.sparkContext
+    if sc.master.startswith("local") and job.source.password:
+        sc.environment[follower.PASSWORD_ENV[0]] = job.source.password
+    app = application_name("snapshot-leader", job.ingestion)
+    with leader.exported_snapshot(job.source, app) as snapshot:
+        progress.snapshot_lsn = snapshot.lsn
+        progress.write()
+        if hooks.on_exported:
+            hooks.on_exported(snapshot)
+        plans = _plan(job, snapshot, [request for request, _ in todo])
+        runs = []
+        for number, ((request, replace), table_plan) in enumerate(zip(todo, plans, strict=True)):
+            if isinstance(table_plan, plan.TableFailure):
+                progress.table(request.source, state="failed", error=table_plan.message)
+                continue
+            runs.append(_TableRun.begin(job, catalog, snapshot, table_plan, replace, number,
+                                        progress, cpu))
+        _copy(spark, job, runs, progress.job)
+        if hooks.before_release:
+            hooks.before_release(snapshot)
+
+
+def _plan(job: SnapshotJob, snapshot: leader.Snapshot,
+          requests: list[plan.TableRequest]) -> list[plan.TablePlan | plan.TableFailure]:
+    app = application_name("snapshot-plan", job.ingestion)
+    with connect(job.source, app, long_running=True) as conn:
+        for statement in leader.import_statements(snapshot.name):
+            conn.execute(statement)
+        plans = plan.inspect(conn, requests, target_range_bytes=job.target_range_bytes)
+        conn.execute("COMMIT")
+    return plans
+
+
+class _TableRun:
+    """One table being copied: its open Iceberg transaction and the results of its ranges."""
+
+    def __init__(self, table_plan: plan.TablePlan, write: mirror.MirrorWrite,
+                 tasks: list[follower.RangeTask], lsn: int, progress: Progress,
+                 cpu: dict[str, float]) -> None:
+        self.plan, self.write, self.tasks, self.lsn = table_plan, write, tasks, lsn
+        self.progress, self.cpu = progress, cpu
+        self.files: list[str] = []
+        self.rows = self.done = 0
+        self.failed = False
+        self._lock = threading.Lock()
+
+    @classmethod
+    def begin(cls, job: SnapshotJob, catalog: mirror.Catalog, snapshot: leader.Snapshot,
+              table_plan: plan.TablePlan, replace: bool, number: int, progress: Progress,
+              cpu: dict[str, float]) -> _TableRun:
+        request = table_plan.request
+        properties = {**job.table_properties, "format-version": "2",
+                      mirror.GENERATION_PROPERTY: str(job.resnapshot_generation),
+                      mirror.SNAPSHOT_LSN_PROPERTY: str(snapshot.lsn)}
+        write = catalog.begin(job.namespace, request.target,
+                              typemap.mirror_schema(table_plan.columns), properties, replace)
+        schema = typemap.arrow_schema(write.schema(), table_plan.columns)
+        options = write.write_options()
+        settings = follower.without_password(job.source)
+        tasks = [follower.RangeTask(
+            settings=settings, ingestion=job.ingestion, label=f"t{number}r{i}",
+            snapshot=snapshot.name, lsn=snapshot.lsn, table=request.source, heap=heap, range=r,
+            columns=table_plan.columns, schema=schema,
+            location=write.data_location(f"lakeslot-{progress.job}-t{number}-r{i:05d}"),
+            write=options, statement_timeout_ms=job.statement_timeout_seconds * 1000)
+            for i, (heap, r) in enumerate(table_plan.ranges)]
+        run = cls(table_plan, write, tasks, snapshot.lsn, progress, cpu)
+        progress.table(request.source, state="copying", rows_estimated=table_plan.rows_estimate,
+                       ranges_total=len(tasks))
+        if not tasks:  # a partitioned table without partitions
+            run._commit()
+        return run
+
+    def add(self, result: follower.RangeResult) -> None:
+        with self._lock:
+            if self.failed:
+                follower.delete_files(result.files)
+                return
+            self.files += result.files
+            self.rows += result.rows
+            self.done += 1
+            for phase, seconds in result.cpu.items():
+                self.cpu[phase] = self.cpu.get(phase, 0.0) + seconds
+            self.progress.table(self.plan.request.source, rows_staged=self.rows,
+                                ranges_done=self.done)
+            if self.done == len(self.tasks):
+                self._commit()
+
+    def _commit(self) -> None:
+        try:
+            self.write.commit(self.files, self.lsn)
+        except Py4JJavaError as e:
+            self._fail_locked(f"committing to Iceberg failed: {_failure_summary(e)}")
+            return
+        self.progress.table(self.plan.request.source, state="committed", lsn=self.lsn)
+
+    def fail(self, error: str) -> None:
+        with self._lock:
+            if not self.failed:
+                self._fail_locked(error)
+
+    def _fail_locked(self, error: str) -> None:
+        self.failed = True
+        follower.delete_files(self.files)
+        self.files = []
+        self.progress.table(self.plan.request.source, state="failed", error=error)
+
+
+def _copy(spark, job: SnapshotJob, runs: list[_TableRun], group: str) -> None:
+    with ThreadPoolExecutor(max_workers=job.parallelism, thread_name_prefix="snapshot") as pool:
+        futures = [pool.submit(_copy_range, spark, job, run, task, group)
+                   for run in runs for task in run.tasks]
+        for future in futures:
+            future.result()
+
+
+def _copy_range(spark, job: SnapshotJob, run: _TableRun, task: follower.RangeTask,
+                group: str) -> None:
+    last_error = ""
+    for attempt in range(job.max_attempts):
+        if run.failed:
+            return
+        if attempt:
+            time.sleep(min(BACKOFF_CAP_S, 2.0 ** (attempt - 1)))
+        try:
+            result = _run_task(spark, task, group)
+        except Py4JJavaError as e:
+            last_error = _failure_summary(e)
+            log.warning("range %s of %s failed (attempt %d of %d), retrying: %s", task.label,
+                        task.table, attempt + 1, job.max_attempts, last_error)
+            continue
+        if result.error:
+            run.fail(result.error)
+        else:
+            run.add(result)
+        return
+    run.fail(f"a range of {task.table} failed {job.max_attempts} times; last error: {last_error}")
+
+
+def _run_task(spark, task: follower.RangeTask, group: str) -> follower.RangeResult:
+    sc = spark.sparkContext
+    sc.setJobGroup(group, f"lakeslot snapshot of {task.table}, range {task.label}",
+                   interruptOnCancel=True)
+    return sc.parallelize([task], 1).map(follower.run_task).collect()[0]
+
+
+def _failure_summary(e: Py4JJavaError) -> str:
+    """The last meaningful line of a failed Spark job (the Python exception, or Spark's reason)."""
+    message = str(e.java_exception.getMessage() or e.java_exception.toString())
+    lines = [line.strip() for line in message.splitlines()
+             if line.strip() and not line.startswith("\tat ") and line.strip() != "Driver stacktrace:"]
+    return lines[-1][:1000] if lines else message[:1000]

@@ -1,0 +1,218 @@
+"""What to copy: the tables as the catalog describes them as of the snapshot, split into ctid ranges.
+
+Invariants:
+
+- The catalog is read in a transaction that imported the exported snapshot, so columns, types,
+  key, partitions and ``relfilenode`` are those of the snapshot LSN, not of some later moment.
+- The ranges of a heap are ``[0, p₁), [p₁, p₂), …, [pₙ, ∞)`` in pages: disjoint, covering every
+  page whatever the heap's size when it is read. ``relpages`` (what VACUUM/ANALYZE last saw) only
+  decides how many ranges there are; a heap that grew since is still read whole by the last,
+  open-ended range.
+- Without Tid Range Scans (PostgreSQL < 14) a ctid predicate would scan the whole heap once per
+  range: such a heap is one range with no predicate (one reader per heap).
+- A partitioned table is read through its leaf partitions (each its own heap and ranges), into one
+  mirror table, as logical replication publishes it through the root.
+
+Failure modes (a :class:`TableFailure`, a definite error for that table only): the table does not
+exist (dropped before the snapshot), a listed key/excluded/text column does not exist, the table
+has no key, a column type is unsupported or cannot be a key (:class:`lakeslot.typemap.MappingError`),
+a leaf partition is not an ordinary table (a foreign table cannot be read by ctid).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+
+from lakeslot import typemap
+from lakeslot.source.preflight import replica_identity_key
+from lakeslot.source.tables import TableName, existing
+
+TID_RANGE_SCAN_VERSION = 140000
+
+
+@dataclass(frozen=True)
+class TableRequest:
+    """One table to snapshot and where it goes (``target``: the table name in the namespace)."""
+
+    source: TableName
+    target: str
+    key_columns: tuple[str, ...] = ()
+    exclude_columns: tuple[str, ...] = ()
+    text_columns: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PageRange:
+    """Heap pages ``[start, end)``; ``end=None`` is open-ended."""
+
+    start: int
+    end: int | None
+
+    def predicate(self) -> sql.Composable | None:
+        """The ctid condition selecting this range (None: the whole heap)."""
+        parts = []
+        if self.start:
+            parts.append(sql.SQL("ctid >= {}::tid").format(sql.Literal(f"({self.start},0)")))
+        if self.end is not None:
+            parts.append(sql.SQL("ctid < {}::tid").format(sql.Literal(f"({self.end},0)")))
+        return sql.SQL(" AND ").join(parts) if parts else None
+
+
+@dataclass(frozen=True)
+class Heap:
+    """A relation with storage to read: the table itself or one of its leaf partitions."""
+
+    oid: int
+    name: TableName
+    pages: int
+    filenode: int  # pg_class.relfilenode as of the snapshot
+
+
+@dataclass(frozen=True)
+class TablePlan:
+    request: TableRequest
+    columns: tuple[typemap.ColumnMapping, ...]
+    rows_estimate: int | None
+    ranges: tuple[tuple[Heap, PageRange], ...]
+
+
+@dataclass(frozen=True)
+class TableFailure:
+    request: TableRequest
+    message: str
+
+
+def page_ranges(pages: int, pages_per_range: int, tid_range_scan: bool = True) -> list[PageRange]:
+    """Split ``pages`` (an estimate) into ranges of ``pages_per_range``; the last is open-ended."""
+    count = max(1, math.ceil(pages / max(1, pages_per_range))) if tid_range_scan else 1
+    return [PageRange(i * pages_per_range, (i + 1) * pages_per_range if i < count - 1 else None)
+            for i in range(count)]
+
+
+def inspect(conn: psycopg.Connection, requests: Sequence[TableRequest], *,
+            target_range_bytes: int) -> list[TablePlan | TableFailure]:
+    """Plan every request; ``conn`` must be inside a transaction that imported the snapshot."""
+    block_size = int(conn.execute("SELECT current_setting('block_size')").fetchone()[0])
+    pages_per_range = max(1, target_range_bytes // block_size)
+    tid_range_scan = conn.info.server_version >= TID_RANGE_SCAN_VERSION
+    oids = existing(conn, [r.source for r in requests])
+    types = _TypeCache(conn)
+    plans: list[TablePlan | TableFailure] = []
+    for request in requests:
+        oid = oids.get(request.source)
+        if oid is None:
+            plans.append(TableFailure(request, f"table {request.source} does not exist (dropped, "
+                                      "renamed, or not a table) as of the snapshot"))
+            continue
+        try:
+            columns = _columns(conn, types, request, oid)
+            heaps, rows = _heaps(conn, request, oid)
+        except (typemap.MappingError, _PlanError) as e:
+            plans.append(TableFailure(request, f"table {request.source}: {e}"))
+            continue
+        ranges = tuple((heap, r) for heap in heaps
+                       for r in page_ranges(heap.pages, pages_per_range, tid_range_scan))
+        plans.append(TablePlan(request, columns, rows, ranges))
+    return plans
+
+
+class _PlanError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class _Type:
+    name: str
+    typtype: str
+    basetype: int
+    typtypmod: int
+    elem: int
+    category: str
+    delimiter: str
+    output: tuple[str, str]
+
+
+class _TypeCache:
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self._conn, self._types = conn, {}
+
+    def get(self, oid: int) -> _Type:
+        if oid not in self._types:
+            row = self._conn.execute(
+                """SELECT CASE WHEN tn.nspname = 'pg_catalog' THEN t.typname
+                               ELSE tn.nspname || '.' || t.typname END,
+                          t.typtype, t.typbasetype::int8, t.typtypmod, t.typelem::int8,
+                          t.typcategory, t.typdelim, pn.nspname, p.proname
+                     FROM pg_type t JOIN pg_namespace tn ON tn.oid = t.typnamespace
+                     JOIN pg_proc p ON p.oid = t.typoutput
+                     JOIN pg_namespace pn ON pn.oid = p.pronamespace
+                    WHERE t.oid = %s::oid""", (oid,)).fetchone()
+            self._types[oid] = _Type(*row[:7], output=(row[7], row[8]))
+        return self._types[oid]
+
+    def _resolve(self, oid: int, typmod: int) -> tuple[_Type, int]:
+        """Through domains to the base type, keeping the innermost explicit typmod."""
+        t = self.get(oid)
+        while t.typtype == "d":
+            typmod = typmod if typmod >= 0 else t.typtypmod
+            t = self.get(t.basetype)
+        return t, typmod
+
+    def pg_type(self, oid: int, typmod: int) -> typemap.PgType:
+        output = self.get(oid).output
+        base, typmod = self._resolve(oid, typmod)
+        if base.category == "A" and base.elem:
+            element, typmod = self._resolve(base.elem, typmod)
+            return typemap.PgType(element.name, element.typtype, typmod, True, element.delimiter,
+                                  output)
+        return typemap.PgType(base.name, base.typtype, typmod, output=output)
+
+
+def _columns(conn: psycopg.Connection, types: _TypeCache, request: TableRequest,
+             oid: int) -> tuple[typemap.ColumnMapping, ...]:
+    rows = conn.execute(
+        """SELECT attname, atttypid::int8, atttypmod FROM pg_attribute
+            WHERE attrelid = %s::oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum""",
+        (oid,)).fetchall()
+    names = [r[0] for r in rows]
+    key = list(request.key_columns) or replica_identity_key(conn, oid)[1]
+    if not key:
+        raise _PlanError("no key: no primary key or replica identity index, and no key columns "
+                         "configured (the mirror needs a key to apply updates and deletes)")
+    for what, listed in (("key", key), ("excluded", request.exclude_columns),
+                         ("text", request.text_columns)):
+        missing = [c for c in listed if c not in names]
+        if missing:
+            raise _PlanError(f"{what} columns {missing} do not exist")
+    excluded_keys = [c for c in key if c in request.exclude_columns]
+    if excluded_keys:
+        raise _PlanError(f"key columns {excluded_keys} cannot be excluded")
+    return tuple(
+        typemap.map_column(name, types.pg_type(typid, typmod), key=name in key,
+                           as_text=name in request.text_columns)
+        for name, typid, typmod in rows if name not in request.exclude_columns)
+
+
+def _heaps(conn: psycopg.Connection, request: TableRequest, oid: int) -> tuple[list[Heap], int | None]:
+    rows = conn.execute(
+        """SELECT c.oid::int8, n.nspname, c.relname, c.relkind, c.relpages, c.reltuples,
+                  c.relfilenode::int8
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE (c.oid = %(oid)s::oid AND c.relkind <> 'p')
+               OR c.oid IN (SELECT relid FROM pg_partition_tree(%(oid)s::oid) WHERE isleaf)
+            ORDER BY c.oid""", {"oid": oid}).fetchall()
+    heaps = []
+    for leaf_oid, schema, name, kind, pages, _tuples, filenode in rows:
+        if kind != "r":
+            raise _PlanError(f"partition {TableName(schema, name)} is not an ordinary table "
+                             f"(relkind {kind!r}) and cannot be read by ctid; detach it or "
+                             "exclude the table")
+        heaps.append(Heap(leaf_oid, TableName(schema, name), max(pages, 0), filenode))
+    tuples = [r[5] for r in rows]
+    rows_estimate = int(sum(tuples)) if all(t >= 0 for t in tuples) else None
+    return heaps, rows_estimate

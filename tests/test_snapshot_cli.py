@@ -1,0 +1,111 @@
+"""The entry point's argument contract (``lakeslot.workloads``: the ingestion as JSON, the tables,
+the password only from the environment), exit status and summary; and runs through ``main``
+with the shared Spark session, including with the exact arguments the operator puts into the
+snapshot SparkApplication."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lakeslot import workloads
+from lakeslot.api.models import PostgresIngestion
+from lakeslot.source.tables import TableName
+from spark_jobs import snapshot as entry
+from tests.support.operator_env import NAMESPACE, ingestion_document
+from tests.support.snapshot_helpers import snapshot_slots
+
+
+class _Db:  # enough of tests.support.fixtures_pg.Database for ingestion_document
+    name = "app"
+
+    class cluster:  # noqa: N801 - mimics the attribute
+        port = 5432
+        superuser = "lakeslot"
+
+
+def _ingestion(**spec) -> PostgresIngestion:
+    document = ingestion_document("orders", _Db, [TableName('Sales "EU"', "Order Lines")],
+                                  warehouse="/tmp/wh", staging="file:///tmp/staging", **spec)
+    document["spec"]["source"]["tables"][0].update(keyColumns=["id"], excludeColumns=["secret"])
+    document["spec"]["source"]["tables"].append({"schema": "public", "name": "plain"})
+    return PostgresIngestion.model_validate(document)
+
+
+def test_the_ingestion_decides_the_job_and_the_password_comes_only_from_the_environment():
+    ingestion = _ingestion(snapshot={"parallelism": 8, "resnapshotGeneration": 3},
+                           sink={"catalog": {"type": "hadoop", "warehouse": "/tmp/wh"},
+                                 "namespace": "mirror",
+                                 "tableProperties": {"write.parquet.compression-codec": "zstd"}})
+    argv = workloads.snapshot_arguments(ingestion, [TableName('Sales "EU"', "Order Lines"),
+                                                    TableName("public", "plain")])
+    inputs = workloads.job_input(entry.build_parser().parse_args(argv))
+    job = entry.snapshot_job(inputs, environ={"LAKESLOT_SOURCE_PASSWORD": "ours"})
+    assert job.source.password == "ours" and "ours" not in repr(job.source)
+    assert entry.snapshot_job(inputs, environ={}).source.password is None
+    assert (job.parallelism, job.resnapshot_generation, job.namespace) == (8, 3, "mirror")
+    assert job.ingestion == f"{NAMESPACE}/orders"
+    first, second = job.tables
+    assert first.source == TableName('Sales "EU"', "Order Lines")
+    assert first.target == "sales__eu___order_lines"
+    assert (first.key_columns, first.exclude_columns) == (("id",), ("secret",))
+    assert second.source == TableName("public", "plain") and second.key_columns == ()
+    assert job.table_properties == {"write.parquet.compression-codec": "zstd"}
+    with pytest.raises(SystemExit):
+        entry.build_parser().parse_args([*argv, "--password", "x"])
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--ingestion-json", "not json"], "not JSON"),
+    (["--ingestion-json", '{"kind": "PostgresIngestion"}'], "not a valid PostgresIngestion"),
+    (["--ingestion-json", workloads.ingestion_json(_ingestion()), "--table", "public.t"],
+     'expected ["schema", "table"]'),
+])
+def test_malformed_arguments_exit_2_naming_the_problem(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        entry.build_parser().parse_args(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_no_table_is_a_usage_error(capsys):
+    argv = workloads.snapshot_arguments(_ingestion(), [])
+    with pytest.raises(SystemExit) as exit_:
+        entry.main(argv)
+    assert exit_.value.code == 2 and "no --table" in capsys.readouterr().err
+
+
+def test_runnable_as_a_module():
+    result = subprocess.run([sys.executable, "-m", "spark_jobs.snapshot", "--help"],
+                            capture_output=True, text=True, check=True)
+    assert "LAKESLOT_SOURCE_PASSWORD" in result.stdout and "--ingestion-json" in result.stdout
+
+
+def test_main_with_the_operators_arguments(spark, spark_warehouse, iceberg_namespace, pgdb,
+                                           monkeypatch, capsys, tmp_path):
+    with pgdb.connect() as conn:
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, name text)")
+        conn.execute("INSERT INTO items VALUES (1, 'a'), (2, 'b')")
+        conn.execute("CREATE TABLE broken (id int PRIMARY KEY, r regclass)")
+    monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
+    catalog, namespace = iceberg_namespace.split(".", 1)
+    document = ingestion_document("orders", pgdb, [TableName("public", "items")],
+                                  warehouse=str(spark_warehouse), staging="file:///unused")
+    document["spec"]["sink"].update(namespace=namespace, tableNameTemplate="{table}")
+    document["spec"]["sink"]["catalog"]["name"] = catalog
+    ingestion = PostgresIngestion.model_validate(document)
+    argv = workloads.snapshot_arguments(ingestion, [TableName("public", "items")])
+    assert entry.main([*argv, "--progress", str(tmp_path / "p.json")], spark=spark) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["ok"] and summary["tables"][0]["state"] == "committed"
+    assert summary["tables"][0]["rows"] == 2
+    rows = spark.sql(f"SELECT id, name FROM {iceberg_namespace}.items ORDER BY id").collect()
+    assert [tuple(r) for r in rows] == [(1, "a"), (2, "b")]
+    assert json.loads((tmp_path / "p.json").read_text())["tables"]
+    assert snapshot_slots(pgdb) == []
+
+    argv = workloads.snapshot_arguments(ingestion, [TableName("public", "broken")])
+    assert entry.main(argv, spark=spark) == 1
+    assert "unsupported type regclass" in capsys.readouterr().err
