@@ -1,5 +1,5 @@
-"""``lakeslot reader`` as a real process against PostgreSQL 15 and 18: kill and restart, stale
-holders, definite errors with their exit code and status file, graceful SIGTERM, metrics."""
+"""``lakeslot reader`` against PostgreSQL 15 and 18, mostly as a real process: kill and restart,
+stale holders, definite errors with their exit code and status file, graceful SIGTERM, metrics."""
 
 from __future__ import annotations
 
@@ -7,16 +7,23 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import urllib.request
+import uuid
 from pathlib import Path
+
+import pytest
 
 from lakeslot import lsn as lsn_text
 from lakeslot.pgcluster import free_port
 from lakeslot.reader import reader, segments
+from lakeslot.reader.metrics import Metrics
+from lakeslot.reader.protocol import SourceIdentity
 from lakeslot.source import slot
 from lakeslot.source.tables import TableName
+from tests.support.fixtures_pg import Database
 from tests.support.reader_support import (
-    APP_NAME, LAKESLOT, current_lsn, holder, prepare, spawn, staged)
+    APP_NAME, LAKESLOT, config, current_lsn, holder, prepare, read_until, spawn, staged)
 from tests.support.waiting import wait_for
 from tests.test_source_slot import _hold_with_pg_recvlogical
 
@@ -156,6 +163,9 @@ def test_sigterm_seals_confirms_and_exits_cleanly(pgdb, tmp_path):
             url = f"http://127.0.0.1:{port}"
             wait_for(lambda: _gauge(url, "lakeslot_reader_received_lsn") >= end,
                      "the reader to receive every transaction")
+            # Nothing confirmed yet: the slot holds back at least the WAL of the inserts.
+            wait_for(lambda: _gauge(url, "lakeslot_reader_lag_bytes") >= end - start,
+                     "a health check to sample the lag")
             with urllib.request.urlopen(f"{url}/healthz") as response:
                 assert response.status == 200
             # Nothing is sealed yet (segments seal every 10 s), so nothing is confirmed, and the
@@ -209,3 +219,55 @@ def test_persistent_transient_errors_exit_1_with_json_logs_and_status(tmp_path):
 def test_bad_arguments_exit_2():
     result = subprocess.run([LAKESLOT, "reader", "--slot", "s"], capture_output=True, text=True)
     assert result.returncode == 2 and "--ingestion" in result.stderr
+
+
+def test_staging_from_another_timeline_or_system_is_a_definite_error(pgdb, tmp_path):
+    with pgdb.connect() as conn:
+        start = _setup(conn)
+        system_id, timeline = conn.execute(
+            "SELECT system_identifier::text, timeline_id FROM pg_control_system(),"
+            " pg_control_checkpoint()").fetchone()
+        conn.execute("INSERT INTO t VALUES (1, 'x')")
+        end = current_lsn(conn)
+    cases = {"same": SourceIdentity(system_id, timeline),
+             "TimelineChanged": SourceIdentity(system_id, timeline + 1),
+             "SystemChanged": SourceIdentity(str(int(system_id) + 1), timeline)}
+    for case, recorded in cases.items():
+        staging = segments.Staging((tmp_path / case).as_uri())
+        staging.open(start, recorded).seal(start)  # as if staged earlier from `recorded`
+        if case == "same":
+            read_until(pgdb, staging.uri, end)
+            continue
+        with pytest.raises(reader.DefiniteError) as error:
+            reader.run(config(pgdb, staging.uri), stop=threading.Event(), metrics=Metrics())
+        assert (error.value.reason, error.value.lsn) == (case, start)
+        assert staging.list() == [segments.SegmentName(start, start)]  # nothing streamed
+
+
+@pytest.mark.parametrize("version", ["pg15", "pg18"])
+def test_a_slot_that_lost_its_wal_is_a_definite_error(pg_cluster_factory, version, tmp_path):
+    # The cluster of test_source_slot's lost-slot test: at most 1 MB of WAL kept for a slot.
+    cluster = pg_cluster_factory.get(version, max_slot_wal_keep_size="1MB", min_wal_size="32MB",
+                                     max_wal_size="64MB")
+    db = Database(cluster, f"t_{uuid.uuid4().hex[:12]}")
+    cluster.create_database(db.name)
+    status = tmp_path / "status.json"
+    try:
+        with db.connect() as conn:
+            _setup(conn)
+            for _ in range(20):  # no reader runs: the slot falls behind until its WAL is gone
+                if slot.health(conn, "s").wal_status == "lost":
+                    break
+                conn.execute("INSERT INTO t SELECT g, repeat('x', 1000)"
+                             " FROM generate_series(1, 3000) g ON CONFLICT (id) DO NOTHING")
+                conn.execute("SELECT pg_switch_wal()")
+                conn.execute("CHECKPOINT")
+            assert slot.health(conn, "s").wal_status == "lost"
+            process = spawn(db, (tmp_path / "staging").as_uri(), tmp_path / "reader.log",
+                            "--status-file", str(status))
+            assert process.wait(timeout=120) == reader.EXIT_DEFINITE
+    finally:
+        cluster.drop_database(db.name)
+    outcome = _status(status)
+    assert (outcome["definite"], outcome["reason"]) == (True, "SlotLost")
+    assert "re-snapshot" in outcome["message"]

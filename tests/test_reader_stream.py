@@ -7,11 +7,13 @@ WAL from a copy of the slot, or against what PostgreSQL's replica identity rules
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pyarrow.parquet as pq
 from psycopg import sql
 
 from lakeslot.reader import segments, stream
+from lakeslot.reader.metrics import Metrics
 from lakeslot.source import slot
 from lakeslot.source.tables import TableName
 from tests.support.odd_names import ODD_COLUMNS, create_odd_tables
@@ -59,6 +61,13 @@ def test_segments_reproduce_every_change_in_commit_order(pgdb, tmp_path, monkeyp
             conn.execute("INSERT INTO t_unpublished VALUES (1, 'not published')")
             conn.execute("SELECT pg_logical_emit_message(true, 'lakeslot-test', 'in a transaction')")
         conn.execute("SELECT pg_logical_emit_message(false, 'lakeslot-test', 'on its own')")
+        # Interleaved: the transaction that begins first commits last (segments: commit order).
+        with pgdb.connect(autocommit=False) as first, pgdb.connect(autocommit=False) as second:
+            first.execute("INSERT INTO t_full VALUES (100, 'begun first', 1)")
+            second.execute("INSERT INTO t_full VALUES (200, 'begun second', 2)")
+            first.execute("INSERT INTO t_full VALUES (101, 'begun first', 1)")
+            second.commit()
+            first.commit()
         conn.execute("INSERT INTO t_unpublished VALUES (2, 'an unpublished-only transaction')")
         with conn.transaction():
             conn.execute("UPDATE t_default SET v = NULL, n = -n WHERE id <= 5")
@@ -102,13 +111,25 @@ def test_segments_reproduce_every_change_in_commit_order(pgdb, tmp_path, monkeyp
 
 
 def _stage(pgdb, tmp_path, statements: list[str]) -> list[segments.Row]:
-    """Run ``statements`` (each its own transaction) on the plain tables, read them all."""
+    """Run ``statements`` (each its own transaction) on the plain tables, read them all, and
+    check that the metrics count what was staged."""
+    metrics = Metrics()
     with pgdb.connect() as conn:
         prepare(conn, _create(conn))
         for statement in statements:
             conn.execute(statement)
-        read_until(pgdb, _staging(tmp_path), current_lsn(conn))
-    return staged(_staging(tmp_path))[1]
+        durable = read_until(pgdb, _staging(tmp_path), current_lsn(conn), metrics,
+                             segment_max_bytes=256)
+    names, rows = staged(_staging(tmp_path))
+    sample = metrics.registry.get_sample_value
+    ops = Counter(r.op for r in rows)
+    assert {op: sample("lakeslot_reader_changes_total", {"op": op}) or 0 for op in "IUDT"} == {
+        op: ops[op] for op in "IUDT"}
+    assert sample("lakeslot_reader_transactions_total") == ops["C"] > 0
+    assert sample("lakeslot_reader_segments_sealed_total") == len(names) > 1
+    assert sample("lakeslot_reader_durable_lsn") == names[-1].end == durable
+    assert sample("lakeslot_reader_received_lsn") >= durable
+    return rows
 
 
 def test_replica_identity_default_full_and_index(pgdb, tmp_path):
@@ -269,3 +290,39 @@ def test_a_terminated_backend_is_transient_and_nothing_is_lost_or_repeated(pgdb,
     _, rows = staged(_staging(tmp_path))
     assert [(r.op, r.new["n"]) for r in rows if r.op != "C"] == (
         [("I", "0")] * 50 + [("U", "1")] * 50 + [("U", "2")] * 50)
+
+
+def test_types_origins_and_text_form_do_not_depend_on_the_database_defaults(pgdb, tmp_path):
+    """User-defined types are named by pgoutput's Type messages (a domain by its base type),
+    built-in ones by the catalog; a replayed transaction carries its replication origin; values
+    are in the reader's pinned text form (UTC, ISO) whatever the database's defaults say."""
+    with pgdb.connect() as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} SET TimeZone = 'Asia/Kolkata'").format(
+            sql.Identifier(pgdb.name)))
+        conn.execute(sql.SQL("ALTER DATABASE {} SET DateStyle = 'SQL, DMY'").format(
+            sql.Identifier(pgdb.name)))
+        conn.execute("CREATE TYPE mood AS ENUM ('sad', 'happy')")
+        conn.execute("CREATE DOMAIN positive AS int CHECK (VALUE > 0)")
+        conn.execute("CREATE TABLE typed (id int PRIMARY KEY, m mood, p positive, a int[],"
+                     " ms mood[], j jsonb, ts timestamptz, d date)")
+        prepare(conn, [TableName("public", "typed")])
+        conn.execute("INSERT INTO typed VALUES (1, 'happy', 7, '{1,NULL,3}', '{sad}',"
+                     " '{\"k\": [1, 2]}', '2024-01-02 03:04:05.5+00', '2024-12-31')")
+        conn.execute("SELECT pg_replication_origin_create('upstream')")
+    with pgdb.connect() as replayer:  # a session replaying another node's changes
+        replayer.execute("SELECT pg_replication_origin_session_setup('upstream')")
+        replayer.execute("INSERT INTO typed (id, m) VALUES (2, 'sad')")
+    with pgdb.connect() as conn:
+        read_until(pgdb, _staging(tmp_path), current_lsn(conn))
+
+    _, rows = staged(_staging(tmp_path))
+    inserts = [r for r in rows if r.op == "I"]
+    assert inserts[0].new == {"id": "1", "m": "happy", "p": "7", "a": "{1,NULL,3}",
+                              "ms": "{sad}", "j": '{"k": [1, 2]}',
+                              "ts": "2024-01-02 03:04:05.5+00", "d": "2024-12-31"}
+    types = {c.name: (c.type_schema, c.type_name) for c in inserts[0].relation.columns}
+    assert types == {"id": ("pg_catalog", "int4"), "m": ("public", "mood"),
+                     "p": ("pg_catalog", "int4"), "a": ("pg_catalog", "_int4"),
+                     "ms": ("public", "_mood"), "j": ("pg_catalog", "jsonb"),
+                     "ts": ("pg_catalog", "timestamptz"), "d": ("pg_catalog", "date")}
+    assert [r.origin for r in rows if r.op == "C"] == [None, "upstream"]

@@ -54,10 +54,11 @@ def config(pgdb, staging: str, **overrides) -> reader.ReaderConfig:
     return reader.ReaderConfig(**values)
 
 
-def read_until(pgdb, staging: str, stop_at: int, **overrides) -> int:
+def read_until(pgdb, staging: str, stop_at: int, metrics: Metrics | None = None,
+               **overrides) -> int:
     """Run the reader in this process until everything up to ``stop_at`` is sealed."""
     durable = reader.run(config(pgdb, staging, stop_at=stop_at, **overrides),
-                         stop=threading.Event(), metrics=Metrics())
+                         stop=threading.Event(), metrics=metrics or Metrics())
     assert durable >= stop_at
     return durable
 
