@@ -1,9 +1,12 @@
-"""The checked-in files generated from the models: the CRD and the README reference region.
+"""The checked-in files generated from the models: the CRD, the Helm chart's copy of it, and the
+README reference region.
 
 :func:`generated_files` maps each path to the content it must have; ``lakeslot crd --write``
-writes them and a test compares them with the checkout. Only the README text between the
-markers is generated; the rest of the README is left as it is. A README without both markers is
-an error (the region would silently go missing otherwise).
+writes them and a test compares them with the checkout. The chart carries a generated copy (not a
+symlink: Argo CD refuses links that leave the repository path it renders), so the two CRD files
+are byte-identical by construction and a stale one fails the same test. Only the README text
+between the markers is generated; the rest of the README is left as it is. A README without both
+markers is an error (the region would silently go missing otherwise).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from lakeslot.api.reference import reference_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_PATH = ROOT / "crds" / f"{CRD_NAME}.yaml"
+CHART_CRD_PATH = ROOT / "helm" / "lakeslot" / "crds" / f"{CRD_NAME}.yaml"
 README_PATH = ROOT / "README.md"
 BEGIN_MARKER = "<!-- BEGIN CR REFERENCE"
 END_MARKER = "<!-- END CR REFERENCE -->"
@@ -33,6 +37,7 @@ def replace_region(readme: str, body: str) -> str:
 def generated_files() -> dict[Path, str]:
     return {
         CRD_PATH: crd_yaml(),
+        CHART_CRD_PATH: crd_yaml(),
         README_PATH: replace_region(README_PATH.read_text(), reference_markdown()),
     }
 

@@ -1,0 +1,65 @@
+# syntax=docker/dockerfile:1
+#
+# The lakeslot image: the operator (`lakeslot operator`), the replication reader
+# (`lakeslot reader`) and the Spark jobs (/opt/lakeslot/spark_jobs/*.py, submitted by the
+# spark-operator) on Python 3.11, Java 17 and Spark 3.5 with Iceberg's Spark runtime jar.
+# It runs as the unprivileged user 10001 and holds no credentials: they come from Kubernetes
+# Secrets at run time.
+#
+#   docker build -t ghcr.io/lakeslot/lakeslot:0.1.0 .
+#
+# SPARK_VERSION is the pyspark it installs (the CRD's default spec.spark.sparkVersion) and
+# ICEBERG_VERSION the one lakeslot/iceberg_jars.py provisions; tests/test_helm_image.py keeps both,
+# and the paths and user the operator puts into its children, in step with the code. It is not
+# built in CI (no Docker engine there).
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG SPARK_VERSION=3.5.9
+ARG ICEBERG_VERSION=1.10.2
+
+# Spark's Kubernetes entrypoint (driver, executor, pass-through), from the official Spark image.
+FROM apache/spark:${SPARK_VERSION}-scala2.12-java17-ubuntu AS spark
+
+# Iceberg's Spark runtime jar from Maven Central, checked against Maven's SHA-1.
+FROM ${PYTHON_IMAGE} AS iceberg
+ARG ICEBERG_VERSION
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends curl ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /jars
+RUN set -eux; \
+    jar="iceberg-spark-runtime-3.5_2.12-${ICEBERG_VERSION}.jar"; \
+    url="https://repo1.maven.org/maven2/org/apache/iceberg/iceberg-spark-runtime-3.5_2.12/${ICEBERG_VERSION}/${jar}"; \
+    curl -fsSLo "${jar}" "${url}"; \
+    echo "$(curl -fsSL "${url}.sha1")  ${jar}" | sha1sum -c -
+
+FROM ${PYTHON_IMAGE}
+ARG SPARK_VERSION
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless tini procps \
+ && rm -rf /var/lib/apt/lists/*
+
+# lakeslot with its dependencies; pyspark pinned to SPARK_VERSION.
+COPY pyproject.toml README.md /src/
+COPY lakeslot /src/lakeslot
+COPY operator /src/operator
+COPY spark_jobs /src/spark_jobs
+RUN pip install --no-cache-dir /src "pyspark==${SPARK_VERSION}" && rm -rf /src
+
+# SPARK_HOME is pyspark's distribution (bin/, jars/); Iceberg joins its class path.
+ENV SPARK_HOME=/opt/spark
+RUN ln -s "$(python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" "${SPARK_HOME}"
+COPY --from=iceberg /jars/ /tmp/jars/
+RUN mv /tmp/jars/*.jar "${SPARK_HOME}/jars/" && rmdir /tmp/jars
+COPY --from=spark /opt/entrypoint.sh /opt/decom.sh /opt/
+
+# The Spark jobs' main files: mainApplicationFile local:///opt/lakeslot/spark_jobs/<job>.py.
+COPY spark_jobs /opt/lakeslot/spark_jobs
+
+RUN useradd --uid 10001 --user-group --no-create-home --home-dir /tmp lakeslot
+ENV PYSPARK_PYTHON=python3 PYTHONUNBUFFERED=1
+USER 10001
+WORKDIR /tmp
+# Spark pods start with `driver ...` / `executor ...`; the operator and the reader override the
+# command with `lakeslot ...` (the entrypoint passes anything else through).
+ENTRYPOINT ["/opt/entrypoint.sh"]
+CMD ["lakeslot", "--help"]

@@ -1,0 +1,143 @@
+"""helm/ as tests see it: the chart rendered with the real Helm engine (helm-python-sdk, Helm v4's
+Go library), split into manifests, for a named set of values combinations; and the Argo CD
+health check run as Argo CD runs it.
+
+``VALUE_SETS`` are the install shapes the tests cover; each test iterates the ones it needs.
+``render()`` returns the parsed manifests (NOTES.txt and empty documents left out) in template
+order; ``chart_crds()`` the CustomResourceDefinitions of the chart's ``crds/`` directory, which
+Helm installs before the templates and never renders.
+
+``argocd_health(obj)`` runs helm/argocd/health.lua on a resource in a sandbox like Argo CD's: Lua
+5.1 (Argo CD embeds gopher-lua, a Lua 5.1), the object as the global ``obj``, only the base and
+table libraries, and no string methods (``s:find()`` needs the string library). A script that
+reaches for anything else fails with ``lupa.lua51.LuaError``.
+
+Failure modes: a template error or values rejected by ``values.schema.json`` raise
+``helm_python.HelmError`` from ``render()`` (Helm validates the values before rendering).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import lupa.lua51
+import yaml
+
+HELM = Path(__file__).resolve().parents[2] / "helm"
+CHART = HELM / "lakeslot"
+HEALTH_LUA = HELM / "argocd" / "health.lua"
+RELEASE = "lakeslot"
+RELEASE_NAMESPACE = "lakeslot-system"
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "namespaced": {"watchNamespaces": ["shop", "team-b"]},
+    "peering": {"replicaCount": 2},
+    "namespaced-peering": {"watchNamespaces": ["shop", "team-b"], "replicaCount": 3},
+    "spark-namespaces": {"spark": {"namespaces": ["shop"]}},
+    "pod-monitor": {"metrics": {"podMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+    "network-policy": {"networkPolicy": {"enabled": True, "egress": [
+        {"to": [{"namespaceSelector": {}}], "ports": [{"protocol": "UDP", "port": 53}]},
+        {"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+         "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 5432}]}]}},
+    "network-policy-ingress-only": {"networkPolicy": {"enabled": True}},
+    "no-rbac": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"},
+                "spark": {"serviceAccount": {"create": False, "name": "spark"},
+                          "rbac": {"create": False}, "namespaces": ["shop"]}},
+    "customized": {
+        "fullnameOverride": "cdc", "image": {"repository": "registry.example/lakeslot", "tag": "dev",
+                                             "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "registry"}], "livenessPort": 9090,
+        "podAnnotations": {"example.com/team": "data"}, "podLabels": {"team": "data"},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "data", "effect": "NoSchedule"}],
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+        "priorityClassName": "data-platform",
+        "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/cdc"}},
+        "resources": {"requests": {"cpu": "200m", "memory": "300Mi"}, "limits": {"memory": "1Gi"}},
+    },
+}
+
+
+def render(values: Mapping[str, Any] | None = None, *, namespace: str = RELEASE_NAMESPACE,
+           release: str = RELEASE) -> list[dict[str, Any]]:
+    """The manifests Helm would install for ``values`` (templates only; see ``chart_crds``)."""
+    with helm_python.Chart.load(CHART) as chart:
+        rendered = chart.render(dict(values or {}), name=release, namespace=namespace)
+    return [doc for name, text in sorted(rendered.items()) if not name.endswith("NOTES.txt")
+            for doc in yaml.safe_load_all(text) if doc]
+
+
+def lint(values: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``helm lint --strict`` of the chart with ``values`` (helm_python.lint's report)."""
+    return helm_python.lint(CHART, dict(values or {}), strict=True, namespace=RELEASE_NAMESPACE)
+
+
+def chart_metadata() -> dict[str, Any]:
+    return yaml.safe_load((CHART / "Chart.yaml").read_text())
+
+
+def notes(values: Mapping[str, Any] | None = None) -> str:
+    with helm_python.Chart.load(CHART) as chart:
+        rendered = chart.render(dict(values or {}), name=RELEASE, namespace=RELEASE_NAMESPACE)
+    return rendered[f"{CHART.name}/templates/NOTES.txt"]
+
+
+def chart_crds() -> list[dict[str, Any]]:
+    with helm_python.Chart.load(CHART) as chart:
+        files = chart.crds
+    return [doc for crd in files for doc in yaml.safe_load_all(crd["data"]) if doc]
+
+
+def of_kind(manifests: Iterable[Mapping[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [dict(m) for m in manifests if m["kind"] == kind]
+
+
+def one(manifests: Iterable[Mapping[str, Any]], kind: str) -> dict[str, Any]:
+    (found,) = of_kind(manifests, kind)
+    return found
+
+
+def operator_account(manifests: Iterable[Mapping[str, Any]]) -> tuple[str, str]:
+    """(namespace, name) of the service account the operator runs as."""
+    deployment = one(manifests, "Deployment")
+    return deployment["metadata"]["namespace"], deployment["spec"]["template"]["spec"]["serviceAccountName"]
+
+
+def operator_container(manifests: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    (container,) = one(manifests, "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+# Lua 5.1's base library (what Argo CD's sandbox opens besides ``table``).
+_LUA_BASE = ("assert", "collectgarbage", "dofile", "error", "getfenv", "getmetatable", "ipairs",
+             "load", "loadfile", "loadstring", "next", "pairs", "pcall", "print", "rawequal",
+             "rawget", "rawset", "select", "setfenv", "setmetatable", "tonumber", "tostring",
+             "type", "unpack", "xpcall", "_VERSION")
+_SANDBOX = """
+local base, script, obj = ...
+local env = {table = {}}
+for _, name in ipairs(base) do env[name] = _G[name] end
+for name, fn in pairs(table) do env.table[name] = fn end
+env._G = env
+env.obj = obj
+getmetatable("").__index = nil
+local chunk = assert(loadstring(script, "=health.lua"))
+setfenv(chunk, env)
+return chunk()
+"""
+
+
+def argocd_health(obj: Mapping[str, Any], script: str | None = None) -> dict[str, Any]:
+    """``{"status": ..., "message": ...}`` as Argo CD's health check would report for ``obj``
+    (``script``: another health script, default helm/argocd/health.lua)."""
+    lua = lupa.lua51.LuaRuntime(unpack_returned_tuples=False, register_eval=False,
+                                register_builtins=False)
+    run = lua.eval(f"function(...) {_SANDBOX} end")
+    result = run(lua.table_from(_LUA_BASE), HEALTH_LUA.read_text() if script is None else script,
+                 lua.table_from(obj, recursive=True))
+    return dict(result.items())

@@ -1,0 +1,88 @@
+"""The image the chart deploys (Dockerfile) agrees with the code that uses it.
+
+No Docker engine runs here, so the image is never built in tests: this checks what can be checked
+from the text — the versions it installs are the ones the code expects (Spark = the CRD's default
+``spec.spark.sparkVersion``, Iceberg = what ``lakeslot provision-jars`` provisions, Python = the
+package's), the Spark jobs' directory is where the SparkApplications' ``mainApplicationFile`` points,
+the commands the chart and the reader Deployment run exist, the user is the one the pods run as,
+nothing from the build context it copies is excluded by .dockerignore, and no credential is baked
+in as an ARG or ENV.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+import re
+import tomllib
+from pathlib import Path
+
+from lakeslot import iceberg_jars, workloads
+from lakeslot.api.models import PostgresIngestion, SparkSpec
+from lakeslot_operator import children
+from tests.api_cases import base_document
+from tests.support import chart
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = (ROOT / "Dockerfile").read_text()
+FINAL_STAGE = DOCKERFILE[DOCKERFILE.rindex("\nFROM "):]
+
+
+def instructions(name: str, text: str = DOCKERFILE) -> list[str]:
+    """Arguments of every ``name`` instruction (continuation lines joined)."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [m.group(1).strip() for m in re.finditer(rf"^{name}\s+(.*)$", joined, re.M)]
+
+
+def arg_default(name: str) -> str:
+    (value,) = [a.split("=", 1)[1] for a in instructions("ARG") if a.startswith(f"{name}=")]
+    return value
+
+
+def test_versions_are_the_ones_the_code_expects():
+    assert arg_default("SPARK_VERSION") == SparkSpec().spark_version
+    assert arg_default("ICEBERG_VERSION") == iceberg_jars.ICEBERG_VERSION
+    (download,) = [r for r in instructions("RUN") if "repo1.maven.org" in r]
+    jar = re.search(r'jar="([^"]+)"', download).group(1)
+    assert jar.replace("${ICEBERG_VERSION}", iceberg_jars.ICEBERG_VERSION) == iceberg_jars.RUNTIME_JAR
+    assert any('"pyspark==${SPARK_VERSION}"' in r for r in instructions("RUN", FINAL_STAGE))
+    python = re.match(r"python:(\d+\.\d+)-", arg_default("PYTHON_IMAGE")).group(1)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert f">={python}" in requires
+
+
+def test_the_spark_jobs_are_where_the_spark_applications_look():
+    main_files = set(re.findall(r'"local://(/[^"]+)"', inspect.getsource(children)))
+    assert {Path(f).name for f in main_files} >= {"snapshot.py", "apply.py"}
+    copies = [c.split() for c in instructions("COPY", FINAL_STAGE) if not c.startswith("--")]
+    for main_file in main_files:
+        directory = str(Path(main_file).parent)
+        assert directory in [dest for *sources, dest in copies if sources == ["spark_jobs"]]
+    assert (ROOT / "spark_jobs").is_dir()
+
+
+def test_the_commands_run_from_the_image_exist():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert chart.operator_container(chart.render({}))["command"][0] in scripts
+    ingestion = PostgresIngestion.model_validate(base_document())
+    assert workloads.reader_command(ingestion, "slot", "publication")[:2] == ["lakeslot", "reader"]
+    assert "lakeslot" in scripts
+
+
+def test_it_runs_as_the_user_the_pods_run_as():
+    (user,) = instructions("USER", FINAL_STAGE)
+    pod = chart.one(chart.render({}), "Deployment")["spec"]["template"]["spec"]
+    assert int(user) == pod["securityContext"]["runAsUser"]
+    assert f"--uid {user}" in " ".join(instructions("RUN", FINAL_STAGE))
+
+
+def test_nothing_it_copies_is_ignored_and_no_credential_is_baked_in():
+    ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")]
+    sources = {s for c in instructions("COPY") if not c.startswith("--") for s in c.split()[:-1]}
+    assert sources == {"pyproject.toml", "README.md", "lakeslot", "operator", "spark_jobs"}
+    for source in sources:
+        assert (ROOT / source).exists()
+        assert not any(fnmatch.fnmatch(source, pattern) for pattern in ignored), source
+    names = [re.split(r"[= ]", a, maxsplit=1)[0] for a in instructions("ARG") + instructions("ENV")]
+    assert not [n for n in names if re.search(r"PASSWORD|SECRET|TOKEN|CREDENTIAL|KEY", n, re.I)]

@@ -1,0 +1,78 @@
+"""The operator's RBAC grants exactly what its code uses, nothing more and nothing less.
+
+The calls are derived statically (tests/support/rbac.py says how: lakeslot's from the source of
+``lakeslot_operator.kube``, kopf's as read from kopf's source); tests/test_helm_operator.py checks
+them dynamically, by recording the requests the real operator process makes. Each mode of the
+chart is compared as a set of (scope, verb, group, resource) grants, so a rule added to or missing
+from the chart fails here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lakeslot_operator import children
+from tests.support import chart
+from tests.support.rbac import Grant, expected_grants, grants, kube_calls
+
+# The spark-operator chart's role for Spark drivers (charts/spark-operator-chart/templates/spark/
+# rbac.yaml): Spark's Kubernetes backend manages executor pods, a headless driver service,
+# config maps and, with on-demand executor volumes, persistent volume claims.
+SPARK_DRIVER_RESOURCES = {"pods", "services", "configmaps", "persistentvolumeclaims"}
+SPARK_DRIVER_VERBS = {"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+
+
+def test_kube_calls_are_derived():
+    """The derivation finds what the operator does today (guards the parser itself)."""
+    assert kube_calls() == {
+        ("get", "", "secrets"), ("list", "", "pods"),
+        *[(verb, "apps", "deployments") for verb in ("get", "list", "create", "update", "patch", "delete")],
+        *[(verb, "sparkoperator.k8s.io", "sparkapplications")
+          for verb in ("get", "list", "create", "update", "delete")],
+    }
+
+
+@pytest.mark.parametrize("name", sorted(chart.VALUE_SETS))
+def test_operator_rbac_is_exactly_what_the_code_calls(name):
+    values = chart.VALUE_SETS[name]
+    manifests = chart.render(values)
+    account = chart.operator_account(manifests)
+    if not values.get("rbac", {}).get("create", True):
+        assert grants(manifests, account) == set()
+        assert not chart.of_kind(manifests, "ClusterRole")
+        return
+    assert grants(manifests, account) == expected_grants(values)
+
+
+def test_the_chart_uses_no_wildcards_resource_names_or_aggregation():
+    for values in chart.VALUE_SETS.values():
+        manifests = chart.render(values)
+        for role in chart.of_kind(manifests, "Role") + chart.of_kind(manifests, "ClusterRole"):
+            assert "aggregationRule" not in role
+            for rule in role["rules"]:
+                assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+                assert "*" not in rule["apiGroups"] + rule["resources"] + rule["verbs"], rule
+
+
+@pytest.mark.parametrize("name", ["namespaced", "spark-namespaces"])
+def test_spark_drivers_get_their_service_account_and_role_in_each_job_namespace(name):
+    values = chart.VALUE_SETS[name]
+    manifests = chart.render(values)
+    namespaces = values.get("spark", {}).get("namespaces") or values["watchNamespaces"]
+    account_name = children.OperatorConfig().spark_service_account
+    assert {(sa["metadata"]["namespace"], sa["metadata"]["name"])
+            for sa in chart.of_kind(manifests, "ServiceAccount")
+            if sa["metadata"]["namespace"] != chart.RELEASE_NAMESPACE} == {(ns, account_name) for ns in namespaces}
+    for namespace in namespaces:
+        assert grants(manifests, (namespace, account_name)) == {
+            Grant(namespace, verb, "", resource)
+            for resource in SPARK_DRIVER_RESOURCES for verb in SPARK_DRIVER_VERBS}
+    env = {e["name"]: e.get("value") for e in chart.operator_container(manifests)["env"]}
+    assert env["LAKESLOT_SPARK_SERVICE_ACCOUNT"] == account_name
+
+
+def test_without_job_namespaces_no_spark_account_is_made_and_the_notes_warn():
+    manifests = chart.render({})
+    assert [sa["metadata"]["name"] for sa in chart.of_kind(manifests, "ServiceAccount")] == [chart.RELEASE]
+    assert "WARNING: no namespace has it yet" in chart.notes({})
+    assert "WARNING" not in chart.notes(chart.VALUE_SETS["namespaced"])
