@@ -69,10 +69,13 @@ def reader_command(ingestion: PostgresIngestion, slot: str, publication: str) ->
     return command
 
 
-def snapshot_arguments(ingestion: PostgresIngestion, tables: Iterable[TableName]) -> list[str]:
+def snapshot_arguments(ingestion: PostgresIngestion, tables: Iterable[TableName], *,
+                       min_snapshot_lsn: int = 0) -> list[str]:
     """The snapshot job copies each listed table unless it already holds a snapshot of
-    generation ≥ ``spec.snapshot.resnapshotGeneration`` (so a rerun after a crash resumes)."""
-    return ["--ingestion-json", ingestion_json(ingestion), *_table_args(tables)]
+    generation ≥ ``spec.snapshot.resnapshotGeneration`` taken at an LSN ≥ ``min_snapshot_lsn``
+    (so a rerun after a crash resumes; a recreated slot invalidates older snapshots)."""
+    return ["--ingestion-json", ingestion_json(ingestion), *_table_args(tables),
+            *(["--min-snapshot-lsn", str(min_snapshot_lsn)] if min_snapshot_lsn else [])]
 
 
 def apply_arguments(ingestion: PostgresIngestion, tables: Iterable[TableName]) -> list[str]:

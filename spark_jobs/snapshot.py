@@ -20,6 +20,9 @@ Password and CA
     ``LAKESLOT_SOURCE_PASSWORD`` (none: password-less authentication) and, when
     ``source.caSecretRef`` is set, the CA file at ``LAKESLOT_SOURCE_CA_FILE`` (default the path
     where the operator mounts it). Executors read the same variables.
+``--min-snapshot-lsn N`` (0)
+    A table whose snapshot was taken below this LSN is copied again (the operator passes the
+    creation LSN of a slot it recreated after the old one was lost).
 ``--progress PATH|URI``
     Where the progress JSON is written (see ``lakeslot.snapshot.progress``).
 ``--master URL``
@@ -54,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Copy PostgreSQL tables into Iceberg mirror tables as of one exported snapshot. The "
         "password comes from LAKESLOT_SOURCE_PASSWORD."))
     workloads.add_job_arguments(p)
+    p.add_argument("--min-snapshot-lsn", type=int, default=0, metavar="N")
     p.add_argument("--progress", metavar="PATH|URI")
     p.add_argument("--master", metavar="URL")
     p.add_argument("--max-attempts", type=int, default=3, metavar="N")
@@ -61,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def snapshot_job(job: workloads.JobInput, *, progress: str | None = None, max_attempts: int = 3,
-                 environ: Mapping[str, str] | None = None) -> SnapshotJob:
+                 min_snapshot_lsn: int = 0, environ: Mapping[str, str] | None = None) -> SnapshotJob:
     """The snapshot of ``job.tables`` that the ingestion asks for."""
     if not job.tables:
         raise ValueError("no --table given: nothing to snapshot")
@@ -81,8 +85,8 @@ def snapshot_job(job: workloads.JobInput, *, progress: str | None = None, max_at
         table_properties=dict(spec.sink.table_properties),
         parallelism=spec.snapshot.parallelism, target_range_bytes=spec.snapshot.target_range_bytes,
         statement_timeout_seconds=spec.snapshot.statement_timeout_seconds,
-        resnapshot_generation=spec.snapshot.resnapshot_generation, progress=progress,
-        max_attempts=max_attempts)
+        resnapshot_generation=spec.snapshot.resnapshot_generation,
+        min_snapshot_lsn=min_snapshot_lsn, progress=progress, max_attempts=max_attempts)
 
 
 def summary(result: JobResult) -> dict:
@@ -97,7 +101,8 @@ def main(argv: Sequence[str] | None = None, spark=None) -> int:
     args = parser.parse_args(argv)
     inputs = workloads.job_input(args)
     try:
-        job = snapshot_job(inputs, progress=args.progress, max_attempts=args.max_attempts)
+        job = snapshot_job(inputs, progress=args.progress, max_attempts=args.max_attempts,
+                           min_snapshot_lsn=args.min_snapshot_lsn)
     except ValueError as e:
         parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

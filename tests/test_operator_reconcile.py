@@ -23,6 +23,7 @@ from lakeslot.source.tables import TableName
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context, reconcile
 from tests.support import operator_env as env
+from tests.support.fixtures_pg import Database, connection_settings
 from tests.support.odd_names import ODD_TABLES, create_odd_tables
 
 CUSTOM = ("lakeslot.io", "v1alpha1", env.NAMESPACE, "postgresingestions")
@@ -271,3 +272,57 @@ def test_a_failed_snapshot_is_reported_and_retried_after_backoff(api, source, sp
     assert (failed["reason"], resource["status"]["snapshot"]["attempts"]) == ("SnapshotFailed", 1)
     assert "driver OOM" in failed["message"]
     assert name in env.spark_applications(api)  # kept until the backoff is over
+
+
+@pytest.mark.parametrize("version", ["pg15", "pg18"])
+def test_a_lost_slot_is_recreated_staging_emptied_and_every_table_snapshotted_again(
+        api, pg_cluster_factory, version, spark, spark_warehouse, tmp_path):
+    cluster = pg_cluster_factory.get(version, max_slot_wal_keep_size="1MB", min_wal_size="32MB",
+                                     max_wal_size="64MB")
+    name = "t_lost"
+    cluster.create_database(name)
+    db = Database(cluster, name)
+    try:
+        with db.connect() as conn:
+            conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+            conn.execute("CREATE TABLE filler (v text)")
+        tables = [TableName("public", "orders")]
+        document = env.ingestion_document(
+            "lost", db, tables, warehouse=spark_warehouse.as_uri(),
+            staging=(tmp_path / "staging").as_uri(), policies={"onSlotLost": "Resnapshot"})
+        env.create_ingestion(api, document, cluster.password)
+        resource, _ = _reconcile(api, "lost")
+        env.commit_snapshot(spark, document, tables, 100)
+        env.set_spark_state(api, resource["status"]["snapshot"]["application"], "COMPLETED")
+        resource, _ = _reconcile(api, "lost")
+        assert env.condition(resource, "SnapshotComplete")["status"] == "True"
+        staged = tmp_path / "staging" / "0000000000000064-00000000000000C8.parquet"
+        staged.parent.mkdir()
+        staged.write_bytes(b"changes of the slot that is about to be lost")
+
+        with db.connect() as conn:
+            for _ in range(6):  # push the slot's restart_lsn out of the 1 MB it may keep
+                conn.execute("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 3000)")
+                conn.execute("SELECT pg_switch_wal()")
+                conn.execute("CHECKPOINT")
+        resource, events = _reconcile(api, "lost")
+        below = resource["status"]["resnapshotBelowLsn"]
+        assert any(e.reason == "SlotRecreated" and below in e.message for e in events)
+        assert not staged.exists()
+        assert env.condition(resource, "SlotReady")["status"] == "True"
+        application = resource["status"]["snapshot"]["application"]
+        job = env.job_input(env.spark_applications(api)[application])
+        arguments = env.spark_applications(api)[application]["spec"]["arguments"]
+        assert job.tables == tuple(tables)
+        assert arguments[arguments.index("--min-snapshot-lsn") + 1] == str(lsnlib.parse(below))
+        assert env.condition(resource, "SnapshotComplete")["reason"] == "Snapshotting"
+
+        env.commit_snapshot(spark, document, tables, lsnlib.parse(below) + 10)
+        env.set_spark_state(api, application, "COMPLETED")
+        resource, _ = _reconcile(api, "lost")
+        assert env.condition(resource, "SnapshotComplete")["status"] == "True"
+        assert "resnapshotBelowLsn" not in resource["status"]
+    finally:
+        with connection.connect(connection_settings(db), "lakeslot-test") as conn:
+            slot.drop(conn, "lakeslot_default_lost")
+        cluster.drop_database(name)

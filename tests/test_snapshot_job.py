@@ -264,6 +264,11 @@ def test_skip_resnapshot_and_resume_after_a_failed_table(spark, spark_warehouse,
     again = snapshot_job.run(spark, make_job(pgdb, iceberg_namespace, [good, bad], resnapshot_generation=1))
     assert {t.state for t in again.tables} == {"skipped"}
 
+    # A recreated slot invalidates snapshots taken below its creation LSN, whatever their generation.
+    cut = snapshot_job.run(spark, make_job(pgdb, iceberg_namespace, [good, bad], resnapshot_generation=1,
+                                           min_snapshot_lsn=resnapshot.snapshot_lsn + 1))
+    assert {t.state for t in cut.tables} == {"committed"} and cut.snapshot_lsn > resnapshot.snapshot_lsn
+
 
 def mirror_exists(spark, namespace: str, table: TableName) -> bool:
     return spark.catalog.tableExists(f"{namespace}.{target_name(table)}")

@@ -331,8 +331,9 @@ class SnapshotSpec(ApiModel):
         0,
         ge=0,
         description="Increase this counter to request a new snapshot of every table (for example "
-        "after a lost slot with onSlotLost: Error). The operator records the generation it acted "
-        "on in status.observedResnapshotGeneration. It may not decrease.",
+        "after the mirror was changed by hand, or an onSchemaChange re-snapshot). The operator "
+        "records the generation it acted on in status.observedResnapshotGeneration. It may not "
+        "decrease.",
     )
 
     rules = (
@@ -580,6 +581,10 @@ class PostgresIngestionStatus(ApiModel):
         "The spec.snapshot.resnapshotGeneration the last (re-)snapshot was started for.", ge=0
     )
     snapshot: SnapshotStatus | None = optional("The current or last (re-)snapshot.")
+    resnapshot_below_lsn: Lsn | None = optional(
+        "Set when a lost slot was recreated (policies.onSlotLost: Resnapshot): the new slot's "
+        "creation LSN. Every table whose mirror is below it is copied again; cleared when none is."
+    )
 
 
 # ----------------------------------------------------------------------------------- resource

@@ -457,6 +457,10 @@ class Staging:
         """The sealed segment that reaches furthest: a reader resumes at its end."""
         return max(self.list(), key=lambda n: (n.end, n.start), default=None)
 
+    def delete(self, name: SegmentName) -> None:
+        """Remove a sealed segment (retention, or a recreated slot making staging obsolete)."""
+        self.fs.delete_file(self._file(name.filename))
+
     def metadata(self, name: SegmentName) -> SegmentMetadata:
         with self.fs.open_input_file(self._file(name.filename)) as f:
             return _metadata(name, pq.ParquetFile(f).metadata.metadata)

@@ -5,7 +5,7 @@ a Spark task, commit each table as soon as its ranges are done, release the snap
 SparkSession. Steps:
 
 1. For every requested table, the mirror's state (:meth:`mirror.Catalog.state`): snapshotted at a
-   generation ≥ ``resnapshot_generation`` → ``skipped``; an existing table with data that lakeslot
+   generation ≥ ``resnapshot_generation`` and an LSN ≥ ``min_snapshot_lsn`` → ``skipped``; an existing table with data that lakeslot
    did not write → ``failed``; otherwise it is copied (created, or replaced in one commit). When
    nothing is left, no slot is created at all.
 2. The leader exports a snapshot (:mod:`.leader`); the tables are planned in a session importing it
@@ -67,6 +67,7 @@ class SnapshotJob:
     target_range_bytes: int = 256 * MiB
     statement_timeout_seconds: int = 0
     resnapshot_generation: int = 0
+    min_snapshot_lsn: int = 0
     progress: str | None = None
     max_attempts: int = 3
 
@@ -122,7 +123,8 @@ def _to_copy(catalog: mirror.Catalog, job: SnapshotJob,
     todo = []
     for request in job.tables:
         state = catalog.state(job.namespace, request.target)
-        if state.generation is not None and state.generation >= job.resnapshot_generation:
+        if (state.generation is not None and state.generation >= job.resnapshot_generation
+                and (state.snapshot_lsn or 0) >= job.min_snapshot_lsn):
             progress.table(request.source, state="skipped")
         elif state.exists and state.generation is None and state.has_data:
             progress.table(request.source, state="failed", error=(

@@ -39,6 +39,7 @@ class MirrorState:
     exists: bool
     generation: int | None = None  # the snapshot generation, None when never snapshotted
     has_data: bool = False
+    snapshot_lsn: int | None = None  # lakeslot.snapshot-lsn: where the last snapshot was taken
 
 
 class Catalog:
@@ -72,7 +73,9 @@ class Catalog:
         current = loaded.currentSnapshot()
         generation = loaded.properties().get(GENERATION_PROPERTY)
         if generation is not None:
-            return MirrorState(True, int(generation), current is not None)
+            taken = loaded.properties().get(SNAPSHOT_LSN_PROPERTY)
+            return MirrorState(True, int(generation), current is not None,
+                               int(taken) if taken is not None else None)
         snapshot = current
         while snapshot is not None:
             if snapshot.summary().get(LSN_PROPERTY) is not None:

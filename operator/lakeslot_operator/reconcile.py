@@ -57,6 +57,7 @@ from lakeslot.api.models import (
 from lakeslot.api.naming import effective_publication_name, effective_slot_name
 from lakeslot.api.validation import parse_resource, problems_of
 from lakeslot.source import connection, preflight, publication, slot
+from lakeslot.reader.segments import Staging
 from lakeslot.source.tables import TableName, selected
 from lakeslot_operator import children
 from lakeslot_operator.kube import Kube
@@ -148,7 +149,6 @@ class _Reconciler:
         report.status.publication_name = self.pub_name
         self.progress: dict[TableName, mirror.MirrorProgress] = {}
         self.snapshotting: set[TableName] = set()
-        self.resnapshot_all = False  # the slot was recreated: every table needs a new snapshot
 
     # the steps -----------------------------------------------------------------------------
 
@@ -241,17 +241,24 @@ class _Reconciler:
         health = slot.health(conn, self.slot_name)
         lost = slot.lost_reason(health)
         if lost and policies.on_slot_lost == "Resnapshot":
-            slot.recreate(conn, self.slot_name)
-            self.r.tell("Warning", "SlotRecreated", f"{lost}; recreated it and re-snapshotting "
+            # The staged changes came from the lost slot and have a gap: none of them may be
+            # applied any more, and the reader resumes at the new slot once staging is empty
+            # (emptied first: a reader on the new slot may be writing right after it exists).
+            staging = Staging(self.ing.spec.staging.uri)
+            for segment in staging.list():
+                staging.delete(segment)
+            fresh = slot.recreate(conn, self.slot_name)
+            self.r.status.resnapshot_below_lsn = lsnlib.format(fresh.creation_lsn)
+            self.r.tell("Warning", "SlotRecreated", f"{lost}; recreated it at "
+                        f"{lsnlib.format(fresh.creation_lsn)}, emptied staging and re-snapshotting "
                         "every table (onSlotLost: Resnapshot)")
             self.r.status.snapshot = None
-            self.resnapshot_all = True
             health = slot.health(conn, self.slot_name)
         elif lost:
             self.r.condition("SlotReady", False, "SlotLost",
-                             f"{lost}. Changes are missing: increase "
-                             "spec.snapshot.resnapshotGeneration after fixing the cause, or set "
-                             "policies.onSlotLost: Resnapshot")
+                             f"{lost}. Changes are missing: fix the cause (e.g. raise "
+                             "max_slot_wal_keep_size), then set policies.onSlotLost: Resnapshot "
+                             "to recreate the slot, empty staging and copy every table again")
             self._slot_status(health)
             self._summarize()
             return None
@@ -303,9 +310,15 @@ class _Reconciler:
     def _snapshot(self, tables: list[TableName], progress: dict) -> None:
         spec = self.ing.spec.snapshot
         observed = self.r.status.observed_resnapshot_generation or 0
-        resnapshot = spec.resnapshot_generation > observed or self.resnapshot_all
-        wanted = sorted(tables if resnapshot else [t for t in tables if progress[t].lsn is None])
-        if not wanted or (spec.mode == "never" and not resnapshot):
+        resnapshot = spec.resnapshot_generation > observed
+        below_text = self.r.status.resnapshot_below_lsn
+        below = lsnlib.parse(below_text) if below_text else 0
+        cut_off = [t for t in tables if progress[t].lsn is not None and progress[t].lsn < below]
+        if below and not cut_off:
+            self.r.status.resnapshot_below_lsn = None
+        wanted = sorted(tables if resnapshot else
+                        [t for t in tables if progress[t].lsn is None or t in cut_off])
+        if not wanted or (spec.mode == "never" and not resnapshot and not cut_off):
             if self.r.status.snapshot and self.r.status.snapshot.state != "COMPLETED":
                 self.r.status.snapshot = None
             self.r.condition("SnapshotComplete", True, "SnapshotComplete",
@@ -313,7 +326,7 @@ class _Reconciler:
             if resnapshot:
                 self.r.status.observed_resnapshot_generation = spec.resnapshot_generation
             return
-        digest = hashlib.sha256("\0".join(map(str, wanted)).encode()).hexdigest()[:8]
+        digest = hashlib.sha256("\0".join([*map(str, wanted), str(below)]).encode()).hexdigest()[:8]
         generation = f"g{spec.resnapshot_generation}-{digest}"
         name = children.snapshot_name(self.ing, generation)
         state = self.r.status.snapshot
@@ -327,7 +340,7 @@ class _Reconciler:
             else:
                 self.ctx.kube.ensure(children.snapshot_application(
                     self.ing, self.uid, self.ctx.config,
-                    workloads.snapshot_arguments(self.ing, wanted),
+                    workloads.snapshot_arguments(self.ing, wanted, min_snapshot_lsn=below),
                     generation=generation))
                 state.state = "SUBMITTED"
                 self.r.tell("Normal", "SnapshotStarted", f"{name}: {len(wanted)} table(s)")

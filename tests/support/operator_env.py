@@ -141,10 +141,11 @@ def commit_snapshot(spark, document: dict, tables: list[TableName], lsn: int) ->
 
 
 def job_input(application: dict) -> workloads.JobInput:
-    """What a SparkApplication asks its job to do, parsed by the jobs' own argument parser."""
+    """What a SparkApplication asks its job to do, parsed by the jobs' shared argument parser
+    (job-specific flags are left for the job)."""
     parser = argparse.ArgumentParser()
     workloads.add_job_arguments(parser)
-    return workloads.job_input(parser.parse_args(application["spec"]["arguments"]))
+    return workloads.job_input(parser.parse_known_args(application["spec"]["arguments"])[0])
 
 
 def condition(resource: dict, type_: str) -> dict | None:
