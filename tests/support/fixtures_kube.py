@@ -25,12 +25,16 @@ import dataclasses
 import threading
 import time
 from collections.abc import Collection, Coroutine, Iterator
+from pathlib import Path
 from typing import Any
 
 import kopf
 import pytest
+import yaml
 
 from tests.support.kube_emulator import KubeEmulator
+
+PEERING_CRDS = Path(__file__).resolve().parents[2] / "helm" / "lakeslot" / "crds" / "kopf-peering.yaml"
 
 
 @pytest.fixture(scope='session')
@@ -50,20 +54,8 @@ def kube(kube_emulator_session: KubeEmulator) -> Iterator[KubeEmulator]:
 
 
 def kopf_peering_crds() -> list[dict[str, Any]]:
-    """kopf's peering CRDs (as in kopf's docs: peering.yaml), for tests that run with peering."""
-    return [{
-        'apiVersion': 'apiextensions.k8s.io/v1', 'kind': 'CustomResourceDefinition',
-        'metadata': {'name': f'{plural}.kopf.dev'},
-        'spec': {
-            'scope': scope, 'group': 'kopf.dev',
-            'names': {'kind': kind, 'plural': plural, 'singular': kind.lower()},
-            'versions': [{'name': 'v1', 'served': True, 'storage': True, 'schema': {'openAPIV3Schema': {
-                'type': 'object',
-                'properties': {'status': {'type': 'object', 'x-kubernetes-preserve-unknown-fields': True}},
-            }}}],
-        },
-    } for plural, kind, scope in [('kopfpeerings', 'KopfPeering', 'Namespaced'),
-                                  ('clusterkopfpeerings', 'ClusterKopfPeering', 'Cluster')]]
+    """kopf's peering CRDs, as the Helm chart installs them (tests that run with peering)."""
+    return list(yaml.safe_load_all(PEERING_CRDS.read_text()))
 
 
 class OperatorError(RuntimeError):
