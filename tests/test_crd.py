@@ -19,8 +19,8 @@ from lakeslot.api.reference import walk_schema
 from lakeslot.api.rules import ApiModel
 from tests.api_cases import EXAMPLES, INVALID_CASES, base_document
 
-# What the test API emulator evaluates: has/size/bytes calls, no macros (all, exists, map, ...).
-CEL_FUNCTIONS = {"has", "size", "bytes"}
+# The CEL functions and methods our rules use (all in the emulator and in Kubernetes; no macros).
+CEL_FUNCTIONS = {"has", "size", "bytes", "startsWith"}  # standard CEL, also in the emulator
 NODE_KEYWORDS = {
     "type", "description", "properties", "required", "items", "additionalProperties", "enum", "default",
     "pattern", "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "format", "anyOf",

@@ -22,6 +22,10 @@ def ingestion() -> PostgresIngestion:
     document["metadata"]["namespace"] = "shop"
     document["spec"]["source"]["sslMode"] = "verify-full"
     document["spec"]["source"]["caSecretRef"] = {"name": "shop-ca", "key": "ca.pem"}
+    document["spec"]["secretEnv"] = [
+        {"name": "AWS_ACCESS_KEY_ID", "secretKeyRef": {"name": "shop-s3", "key": "id"}}]
+    document["spec"]["sink"]["catalog"]["secretProperties"] = {
+        "s3.secret-access-key": {"name": "shop-s3", "key": "secret"}}
     return PostgresIngestion.model_validate(document)
 
 
@@ -39,6 +43,7 @@ def test_reader_is_a_singleton_recreated_with_secrets_by_reference(ingestion):
     env = {e["name"]: e["valueFrom"] for e in container["env"]}
     assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert env[children.PASSWORD_ENV] == {"secretKeyRef": {"name": "shop-postgres", "key": "password"}}
+    assert env["AWS_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "shop-s3", "key": "id"}}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert {"name": "source-ca", "mountPath": children.CA_MOUNT, "readOnly": True} in container["volumeMounts"]
     assert deployment["metadata"]["ownerReferences"] == [{
@@ -59,6 +64,11 @@ def test_spark_applications_wire_secrets_through_spark_conf(ingestion):
         for role in ("driver", "executor"):
             assert conf[f"spark.kubernetes.{role}.secretKeyRef.{children.PASSWORD_ENV}"] == "shop-postgres:password"
             assert conf[f"spark.kubernetes.{role}.secrets.shop-ca"] == children.CA_MOUNT
+            assert conf[f"spark.kubernetes.{role}.secretKeyRef.AWS_ACCESS_KEY_ID"] == "shop-s3:id"
+            assert conf[f"spark.kubernetes.{role}.secretKeyRef.LAKESLOT_CATALOG_S3_SECRET_ACCESS_KEY"] \
+                == "shop-s3:secret"
+        assert conf["spark.sql.catalog.lakeslot"] == "org.apache.iceberg.spark.SparkCatalog"
+        assert not any("secret-access-key" in key for key in conf)  # only by reference
     assert snapshot["metadata"]["name"] == "orders-snapshot-g0-abc"
     assert snapshot["spec"]["timeToLiveSeconds"] == children.SNAPSHOT_TTL_SECONDS
     assert "timeToLiveSeconds" not in apply["spec"]

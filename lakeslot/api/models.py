@@ -79,6 +79,26 @@ class SecretKeyRef(ApiModel):
     key: SecretKey = Field(description="Key within the Secret whose value is used.")
 
 
+class SecretEnvVar(ApiModel):
+    """An environment variable of the reader and the Spark jobs whose value comes from a Secret."""
+
+    name: Annotated[str, StringConstraints(max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")] = Field(
+        description="Name of the variable, for example AWS_ACCESS_KEY_ID."
+    )
+    secret_key_ref: SecretKeyRef = Field(description="The Secret key holding its value.")
+
+    rules = (
+        Rule(
+            cel="!self.name.startsWith('LAKESLOT_') && self.name != 'POD_NAME'",
+            message="the name is reserved by lakeslot",
+            fix="use another name; the source password and CA are set with source.passwordSecretRef "
+            "and source.caSecretRef",
+            check=lambda env: not env.name.startswith("LAKESLOT_") and env.name != "POD_NAME",
+            field_path=".name",
+        ),
+    )
+
+
 class TableSpec(ApiModel):
     """One source table, named by schema and table exactly as PostgreSQL stores them."""
 
@@ -451,6 +471,13 @@ class PostgresIngestionSpec(ApiModel):
     reader: ReaderSpec = section(ReaderSpec, "The replication reader.")
     apply: ApplySpec = section(ApplySpec, "The apply job.")
     policies: PoliciesSpec = section(PoliciesSpec, "Policies for deletion and definite errors.")
+    secret_env: Annotated[list[SecretEnvVar], ListKeys(("name",)), Field(max_length=64)] = listing(
+        "Environment variables from Secrets for the reader and the Spark jobs (driver and "
+        "executors): credentials of the object store holding staging and the warehouse, for "
+        "example AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, which pyarrow, Hadoop s3a and "
+        "Iceberg's S3FileIO read. Prefer workload identity (a service account) where the "
+        "platform offers it."
+    )
     suspend: bool = Field(
         False,
         description="Stop the reader and the Spark jobs, keeping the slot (which then retains "

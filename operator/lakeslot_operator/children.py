@@ -91,9 +91,10 @@ def reader_deployment(ingestion: PostgresIngestion, uid: str, config: OperatorCo
     spec = ingestion.spec
     source = spec.source
     env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
-    if source.password_secret_ref is not None:
-        env.append({"name": PASSWORD_ENV, "valueFrom": {"secretKeyRef": {
-            "name": source.password_secret_ref.name, "key": source.password_secret_ref.key}}})
+    secrets = {PASSWORD_ENV: source.password_secret_ref} if source.password_secret_ref else {}
+    secrets.update((e.name, e.secret_key_ref) for e in spec.secret_env)
+    env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+            for name, ref in secrets.items()]
     volumes, mounts = [], []
     if source.ca_secret_ref is not None:
         volumes.append({"name": "source-ca", "secret": {
@@ -154,9 +155,11 @@ def _secret_conf(ingestion: PostgresIngestion) -> dict[str, str]:
             conf[f"spark.kubernetes.{role}.secretKeyRef.{PASSWORD_ENV}"] = f"{ref.name}:{ref.key}"
         if source.ca_secret_ref is not None:
             conf[f"spark.kubernetes.{role}.secrets.{source.ca_secret_ref.name}"] = CA_MOUNT
-        for key, ref in ingestion.spec.sink.catalog.secret_properties.items():
-            conf[f"spark.kubernetes.{role}.secretKeyRef.{catalog_secret_env(key)}"] = \
-                f"{ref.name}:{ref.key}"
+        variables = {catalog_secret_env(key): ref
+                     for key, ref in ingestion.spec.sink.catalog.secret_properties.items()}
+        variables.update((e.name, e.secret_key_ref) for e in ingestion.spec.secret_env)
+        for name, ref in variables.items():
+            conf[f"spark.kubernetes.{role}.secretKeyRef.{name}"] = f"{ref.name}:{ref.key}"
     return conf
 
 
