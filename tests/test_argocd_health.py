@@ -20,6 +20,7 @@ import lupa.lua51
 import pytest
 import yaml
 
+from lakeslot import status
 from lakeslot.api import validation
 from lakeslot.api.crd import crd_manifest
 from lakeslot.api.models import GROUP, KIND
@@ -40,8 +41,8 @@ def fixture(case: dict) -> dict:
 
 def operator_reasons() -> set[str]:
     """Every condition reason the operator's code writes (string literals in the modules that
-    set conditions)."""
-    source = inspect.getsource(reconcile) + inspect.getsource(handlers)
+    set conditions: its own and the status steps it shares with local mode)."""
+    source = inspect.getsource(reconcile) + inspect.getsource(handlers) + inspect.getsource(status)
     return set(re.findall(r'"([A-Z][A-Za-z]+)"', source))
 
 
