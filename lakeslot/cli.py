@@ -29,12 +29,56 @@ def _provision_jars(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    print(
-        "lakeslot demo: not yet available — the local pipeline (`lakeslot run`) lands with the\n"
-        "local-mode issue. `./dev test` exercises every part that exists today.",
-        file=sys.stderr,
-    )
-    return 2
+    from lakeslot.local import demo
+
+    return demo.main(Path(args.directory) if args.directory else demo.default_directory(),
+                     scale=args.scale)
+
+
+def _local(args: argparse.Namespace, command: str):
+    """The ingestion of ``-f`` with its secrets, or None after saying what to fix."""
+    from lakeslot.local import config
+
+    try:
+        return config.load(args.filename, env_file=args.env_file, state_dir=args.state_dir)
+    except config.ConfigError as e:
+        print(f"lakeslot {command}: {e}", file=sys.stderr)
+        return None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from lakeslot.local import run, state
+
+    local = _local(args, "run")
+    if local is None:
+        return run.EXIT_USAGE
+    interactive = sys.stderr.isatty() and not args.plain
+    run.configure_logging(local, interactive=interactive)
+    try:
+        result = run.run(local, run.Options(once=args.once, interactive=interactive))
+    except state.AlreadyRunning as e:
+        print(f"lakeslot run: {e}", file=sys.stderr)
+        return run.EXIT_FAILED
+    print(f"lakeslot run: {result.message}", file=sys.stderr)
+    return result.code
+
+
+def _status(args: argparse.Namespace) -> int:
+    import json
+
+    import yaml
+
+    from lakeslot.local import observe
+
+    local = _local(args, "status")
+    if local is None:
+        return 2
+    document = observe.observe(local, observe.activity(local)).to_document()
+    if args.output == "json":
+        print(json.dumps(document, indent=2))
+    else:
+        print(yaml.safe_dump(document, sort_keys=False, allow_unicode=True), end="")
+    return 0
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -189,7 +233,51 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit 1 after this long without a successful start (default %(default)s)")
     p.set_defaults(func=_reader)
 
-    p = sub.add_parser("demo", help="run the whole pipeline against an embedded PostgreSQL with sample data")
+    local_help = ("Secrets come from the environment or --env-file, never from arguments: "
+                  "LAKESLOT_SOURCE_PASSWORD (passwordSecretRef), LAKESLOT_SOURCE_CA_FILE "
+                  "(caSecretRef: path of the CA file), LAKESLOT_CATALOG_<KEY> "
+                  "(sink.catalog.secretProperties).")
+
+    def local_arguments(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-f", "--filename", required=True, metavar="FILE",
+                       help="YAML file holding one PostgresIngestion")
+        p.add_argument("--env-file", metavar="FILE",
+                       help="KEY=VALUE lines for the secrets (the process environment wins)")
+        p.add_argument("--state-dir", metavar="DIR",
+                       help="run state and logs (default $XDG_STATE_HOME/lakeslot/NAMESPACE/NAME)")
+
+    p = sub.add_parser(
+        "run", help="run an ingestion on this machine: snapshot, reader, apply (no Kubernetes)",
+        description="Preflight, publication, slot, then the reader (child process), the snapshot "
+        "and the apply job (Spark local[*]) until Ctrl-C/SIGTERM, or with --once until caught up "
+        "with the source's LSN at the start of streaming. A restart resumes exactly. "
+        + local_help + " Exit codes: 0 stopped or caught up, 1 failed (retry may help), 2 bad "
+        "input, 3 definite error (see lakeslot status).")
+    local_arguments(p)
+    p.add_argument("--once", action="store_true",
+                   help="exit once caught up with the source's current LSN (taken when streaming starts)")
+    p.add_argument("--plain", action="store_true",
+                   help="log lines instead of the live display, even on a terminal")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser(
+        "status", help="print the status of a local ingestion (the operator's status model)",
+        description="Computed from the source (slot health), staging, Iceberg and the local run's "
+        "state; changes nothing. " + local_help)
+    local_arguments(p)
+    p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    p.set_defaults(func=_status)
+
+    p = sub.add_parser(
+        "demo", help="run the whole pipeline against an embedded PostgreSQL with sample data",
+        description="Starts an embedded PostgreSQL 18, loads pgbench tables and a table of many "
+        "types with odd names, runs a concurrent pgbench workload, runs the ingestion to "
+        "catch-up, and prints row counts and full-content checksums of source and Iceberg.")
+    p.add_argument("--directory", metavar="DIR",
+                   help="where the warehouse, staging and state go (default "
+                   "$XDG_DATA_HOME/lakeslot/demo, i.e. ~/.local/share/lakeslot/demo)")
+    p.add_argument("--scale", type=int, default=10, metavar="N",
+                   help="pgbench scale: N x 100,000 accounts (default %(default)s)")
     p.set_defaults(func=_demo)
     return parser
 

@@ -1,0 +1,129 @@
+"""Progress of a local run for humans: redrawn in place on a terminal, log lines otherwise.
+
+What it shows comes from the status model (:mod:`.observe`) plus the snapshot's progress
+document: per table the state, the snapshot's rows copied / estimated, rows in the mirror, the
+applied LSN and the changes staged but not applied; overall the reader's durable LSN, the applied
+LSN, the lag in bytes behind the source, and how long ago the last Iceberg commit was.
+
+Invariant: it only reads; a status it cannot render is shown as far as it goes, never raised.
+On a terminal a frame is rewritten in place (ANSI cursor movement); otherwise one line is logged
+when the phase or a condition changes and at most every :data:`LOG_EVERY_S` seconds besides.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from datetime import datetime, timezone
+from typing import TextIO
+
+from lakeslot import lsn as lsnlib
+from lakeslot.api.models import PostgresIngestionStatus
+from lakeslot.local import observe
+from lakeslot.local.config import Local
+from lakeslot.source.tables import TableName
+
+log = logging.getLogger("lakeslot.local")
+LOG_EVERY_S = 15.0
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def _ago(when: datetime | None) -> str:
+    if when is None:
+        return "-"
+    return f"{(datetime.now(timezone.utc) - when).total_seconds():.1f} s ago"
+
+
+def frame(local: Local, status: PostgresIngestionStatus, elapsed: float,
+          target: int | None, apply_seconds: float | None = None) -> list[str]:
+    """The lines of one screen."""
+    ing = local.ingestion
+    ready = next((c for c in status.conditions if c.type == "Ready"), None)
+    reader, apply = status.reader, status.apply
+    lines = [
+        f"lakeslot run {ing.metadata.namespace or 'default'}/{ing.metadata.name}   "
+        f"phase {status.phase or '-'}   ready {ready.status if ready else '-'}"
+        f"{f' ({ready.reason})' if ready and ready.status != 'True' else ''}   "
+        f"{elapsed:,.0f} s" + (f"   --once up to {lsnlib.format(target)}" if target is not None else ""),
+        f"durable {reader.durable_lsn if reader and reader.durable_lsn else '-'} "
+        f"(reader lag {human_bytes(reader.lag_bytes if reader else None)})   "
+        f"applied {apply.applied_lsn if apply and apply.applied_lsn else '-'} "
+        f"(lag {human_bytes(status.lag_bytes)})   "
+        f"last commit {_ago(apply.last_commit_time if apply else None)}"
+        + (f" (apply pass {apply_seconds:.1f} s)" if apply_seconds is not None else ""),
+    ]
+    snapshot = {TableName(t["schema"], t["name"]): t
+                for t in (observe.snapshot_document(local) or {}).get("tables", [])}
+    rows = [("table", "state", "snapshot rows", "mirror rows", "applied LSN", "staged")]
+    for t in status.tables:
+        name = TableName(t.schema_name, t.name)
+        copied = snapshot.get(name)
+        copy_text = "-" if copied is None or copied["state"] == "skipped" else (
+            f"{copied['rowsStaged']:,}/{copied['rowsEstimated']:,}" if copied.get("rowsEstimated")
+            is not None else f"{copied['rowsStaged']:,}")
+        rows.append((str(name)[:40], t.state, copy_text,
+                     "-" if t.rows_known is None else f"{t.rows_known:,}", t.applied_lsn or "-",
+                     "-" if t.rows_staged is None else f"{t.rows_staged:,}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+              for r in rows]
+    problems = [c for c in status.conditions
+                if (c.status == "False" and c.type != "Degraded") or
+                (c.type == "Degraded" and c.status == "True")]
+    lines += [f"{c.type}: {c.reason}: {c.message.splitlines()[0] if c.message else ''}"[:160]
+              for c in problems if c.type != "Ready"]
+    lines += [f"{t.schema_name}.{t.name}: {t.message.splitlines()[0]}"[:160]
+              for t in status.tables if t.state == "Failed" and t.message]
+    return lines
+
+
+def summary_line(status: PostgresIngestionStatus, apply_seconds: float | None = None) -> str:
+    reader, apply = status.reader, status.apply
+    tables = ", ".join(f"{t.name}={t.state}"
+                       + (f"({t.rows_known} rows, {t.rows_staged} staged)"
+                          if t.rows_known is not None else "") for t in status.tables)
+    return (f"phase={status.phase} durable={reader.durable_lsn if reader else None} "
+            f"applied={apply.applied_lsn if apply else None} lag={status.lag_bytes} bytes"
+            + (f" apply_pass={apply_seconds:.1f}s" if apply_seconds is not None else "")
+            + f" tables: {tables}")
+
+
+class Display:
+    def __init__(self, local: Local, out: TextIO | None = None, *,
+                 interactive: bool | None = None) -> None:
+        self.local = local
+        self.out = out or sys.stderr
+        self.interactive = self.out.isatty() if interactive is None else interactive
+        self._drawn = 0
+        self._last_key: tuple | None = None
+        self._last_log = 0.0
+
+    def show(self, status: PostgresIngestionStatus, elapsed: float, target: int | None, *,
+             apply_seconds: float | None = None, final: bool = False) -> None:
+        if self.interactive:
+            lines = frame(self.local, status, elapsed, target, apply_seconds)
+            erase = f"\x1b[{self._drawn}F\x1b[J" if self._drawn else ""
+            self.out.write(erase + "\n".join(lines) + "\n")
+            self.out.flush()
+            self._drawn = 0 if final else len(lines)
+            return
+        key = (status.phase, tuple((c.type, c.status, c.reason) for c in status.conditions))
+        now = time.monotonic()
+        if final or key != self._last_key or now - self._last_log >= LOG_EVERY_S:
+            log.info("%s", summary_line(status, apply_seconds))
+            for line in frame(self.local, status, elapsed, target)[2:] if final else ():
+                log.info("  %s", line)
+            self._last_key, self._last_log = key, now
+
+    def close(self) -> None:
+        self._drawn = 0

@@ -1,0 +1,239 @@
+"""The status of a locally run ingestion: the operator's status model, computed from the world.
+
+``lakeslot status`` prints it and ``lakeslot run`` shows it live. Sources of truth, as for the
+operator (:mod:`lakeslot.status` builds the model): the source database (preflight, read-only;
+the slot's health and ``confirmed_flush_lsn`` = the reader's durable LSN; the current WAL LSN),
+each mirror table's ``lakeslot.lsn`` in Iceberg, the sealed segments in staging (changes not yet
+applied per table), and the state directory (is a run active — the run lock —, the snapshot's
+progress document, the reader's status file).
+
+Invariants: observing changes nothing (no publication sync, no slot creation, no eviction); the
+password is used to connect and appears nowhere in the result.
+
+Failure modes: an unreachable source, a missing slot or an unreadable catalog are conditions of
+the returned status (``ConnectionFailed``, ``SlotMissing``, ``CatalogUnreachable``), never
+exceptions; so ``lakeslot status`` always prints a status.
+
+Local-mode reasons next to the operator's: ``SlotMissing`` (SlotReady: no run created the slot
+yet), ``NotSnapshotted`` (SnapshotComplete: tables without a snapshot and no run copying them),
+``ReaderNotReady`` says "no local run is active" or the reader's definite error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import psycopg
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from lakeslot import mirror
+from lakeslot.api.models import PostgresIngestionStatus, SnapshotStatus
+from lakeslot.local import state
+from lakeslot.local.config import Local
+from lakeslot.reader.segments import SegmentName, Staging
+from lakeslot.snapshot import progress as snapshot_progress
+from lakeslot.source import connection, slot
+from lakeslot.source.tables import TableName
+from lakeslot import status as st
+
+CHANGE_OPS = ["I", "U", "D", "T"]
+
+
+@dataclass(frozen=True)
+class Activity:
+    """What runs right now, as the local run knows it (or as :func:`activity` reads it)."""
+
+    run_active: bool
+    reader_pod: str | None = None
+    reader_running: bool = False
+    reader_outcome: Mapping = field(default_factory=dict)  # the reader's status file
+    apply_problem: str | None = None
+
+
+def activity(local: Local) -> Activity:
+    """Read from the state directory, by another process (``lakeslot status``)."""
+    active = state.run_active(local.state_dir)
+    info = state.read_run(local.state_dir) if active else {}
+    try:
+        outcome = json.loads(local.path("reader-status.json").read_text())
+    except (OSError, ValueError):
+        outcome = {}
+    reader_pid = info.get("readerPid")
+    return Activity(active, info.get("pod"), active and bool(reader_pid) and _alive(reader_pid),
+                    outcome, None if active else "no local run is active")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+class StagedCounter:
+    """Changes per table in sealed segments; segments are immutable, so each is read once."""
+
+    def __init__(self, staging_uri: str) -> None:
+        self.staging = Staging(staging_uri)
+        self._cache: dict[SegmentName, list[tuple[str, str, int, int]]] = {}
+
+    def _counts(self, name: SegmentName) -> list[tuple[str, str, int, int]]:
+        """(schema, table, commit_lsn, changes) of one segment."""
+        if name not in self._cache:
+            table = pq.read_table(f"{self.staging.path}/{name.filename}",
+                                  columns=["commit_lsn", "op", "schema", "table"],
+                                  filesystem=self.staging.fs)
+            table = table.filter(pc.is_in(table["op"], value_set=pc.cast(CHANGE_OPS, "string")))
+            grouped = table.group_by(["schema", "table", "commit_lsn"]).aggregate(
+                [("op", "count")])
+            self._cache[name] = list(zip(*(grouped[c].to_pylist() for c in
+                                           ("schema", "table", "commit_lsn", "op_count")),
+                                         strict=True))
+        return self._cache[name]
+
+    def pending(self, applied: Mapping[TableName, int]) -> dict[TableName, int]:
+        """Changes with a commit LSN above each table's applied LSN."""
+        if not applied:
+            return {}
+        low = min(applied.values())
+        names = [n for n in self.staging.list() if n.end > low]
+        self._cache = {n: c for n, c in self._cache.items() if n.end > low}
+        counts = dict.fromkeys(applied, 0)
+        for name in names:
+            for schema, table, commit_lsn, changes in self._counts(name):
+                key = TableName(schema, table)
+                if key in applied and commit_lsn > applied[key]:
+                    counts[key] += changes
+        return counts
+
+
+def snapshot_document(local: Local) -> dict | None:
+    try:
+        return snapshot_progress.read(str(local.path("snapshot-progress.json")))
+    except (OSError, ValueError):
+        return None
+
+
+def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | None = None,
+            now: datetime | None = None) -> PostgresIngestionStatus:
+    ing, job = local.ingestion, local.job
+    report = st.Report(PostgresIngestionStatus(), getattr(ing.metadata, "generation", None) or 0,
+                       now or datetime.now(timezone.utc))
+    report.status.publication_name = job.publication
+    settings = job.source(local.environ)
+    try:
+        with connection.connect(settings, connection.application_name("status", job.owner)) as conn:
+            tables = st.check_source(conn, ing, report, slot_name=job.slot,
+                                     publication_name=job.publication, owner=job.owner,
+                                     sync_publication=False)
+            if tables is None:
+                report.summarize()
+                return report.status
+            health = slot.health(conn, job.slot)
+            current = st.current_lsn(conn)
+    except psycopg.OperationalError as e:
+        report.condition("SourceReady", False, "ConnectionFailed", st.first_line(e))
+        report.summarize()
+        return report.status
+    if health is None:
+        report.condition("SlotReady", False, "SlotMissing",
+                         f"slot {job.slot} does not exist yet: lakeslot run creates it")
+    elif not st.slot_condition(report, health):
+        report.summarize()
+        return report.status
+    try:
+        progress = mirror.progress(ing.spec.sink, tables)
+    except Exception as e:  # noqa: BLE001 - any catalog failure is reported
+        report.condition("Streaming", False, "CatalogUnreachable", st.first_line(e))
+        report.summarize()
+        return report.status
+    snapshotting = _snapshot(report, local, activity_now, tables, progress)
+    applied = st.record_progress(report, progress, snapshotting,
+                                 durable=health.confirmed_flush_lsn if health else None,
+                                 current=current, reader=activity_now.reader_pod)
+    _staged(report, staged or StagedCounter(ing.spec.staging.uri), progress, snapshotting)
+    _apply_errors(report, ing.spec.staging.uri)
+    st.streaming(report, applied, reader_problem=_reader_problem(activity_now),
+                 apply_problem=activity_now.apply_problem)
+    report.summarize()
+    return report.status
+
+
+def _snapshot(report: st.Report, local: Local, activity_now: Activity, tables: list[TableName],
+              progress: Mapping[TableName, mirror.MirrorProgress]) -> set[TableName]:
+    document = snapshot_document(local)
+    copying: set[TableName] = set()
+    if document is not None:
+        running = document["state"] == "running" and activity_now.run_active
+        copying = {TableName(t["schema"], t["name"]) for t in document["tables"]
+                   if running and t["state"] in ("pending", "copying")}
+        failures = [f"{TableName(t['schema'], t['name'])}: {t['error']}"
+                    for t in document["tables"] if t["state"] == "failed"]
+        interrupted = document["state"] == "running" and not activity_now.run_active
+        state_name = {"running": "RUNNING", "succeeded": "COMPLETED"}.get(document["state"],
+                                                                          "FAILED")
+        report.status.snapshot = SnapshotStatus(
+            application="local", generation=document["job"],
+            tables=[str(TableName(t["schema"], t["name"])) for t in document["tables"]],
+            state="FAILED" if interrupted else state_name,
+            message="\n".join(filter(None, [
+                "the run stopped before the snapshot finished; lakeslot run resumes it"
+                if interrupted else None, document.get("error"), *failures]))[:4000])
+    missing = [t for t in tables if progress[t].lsn is None or t in copying]
+    if not missing:
+        st.snapshot_complete(report)
+    elif copying:
+        report.condition("SnapshotComplete", False, "Snapshotting",
+                         f"the local run copies {len(copying)} table(s)")
+    elif report.status.snapshot is not None and report.status.snapshot.state == "FAILED":
+        report.condition("SnapshotComplete", False, "SnapshotFailed",
+                         report.status.snapshot.message or "the snapshot did not finish")
+    else:
+        report.condition("SnapshotComplete", False, "NotSnapshotted",
+                         f"{len(missing)} table(s) have no snapshot in Iceberg yet: "
+                         "lakeslot run copies them")
+    return copying
+
+
+def _staged(report: st.Report, staged: StagedCounter,
+            progress: Mapping[TableName, mirror.MirrorProgress], snapshotting: set[TableName]) -> None:
+    applied = {t: p.lsn for t, p in progress.items() if p.lsn is not None and t not in snapshotting}
+    counts = staged.pending(applied)
+    for row in report.status.tables:
+        table = TableName(row.schema_name, row.name)
+        if table in counts:
+            row.rows_staged = counts[table]
+
+
+def _apply_errors(report: st.Report, staging_uri: str) -> None:
+    """Tables the apply job stopped (definite error) are Failed; its transient errors being
+    retried are in the table's message."""
+    from lakeslot.apply import job as apply_job
+
+    document = apply_job.read_status(staging_uri) or {}
+    outcomes = {TableName(t["schema"], t["name"]): t for t in document.get("tables", [])}
+    for row in report.status.tables:
+        outcome = outcomes.get(TableName(row.schema_name, row.name))
+        if outcome is None or outcome["state"] not in ("failed", "retrying"):
+            continue
+        if outcome["state"] == "failed":
+            row.state = "Failed"
+        row.message = f"apply {outcome['state']}: {outcome['error']}"
+
+
+def _reader_problem(activity_now: Activity) -> str | None:
+    if activity_now.reader_running:
+        return None
+    outcome = activity_now.reader_outcome
+    if outcome.get("definite"):
+        return (f"the reader stopped with a definite error ({outcome.get('reason')}): "
+                f"{outcome.get('message')}")
+    if not activity_now.run_active:
+        return "no local run is active: start one with lakeslot run -f FILE"
+    return "the reader process is not running" + (
+        f" (last outcome: {outcome.get('reason')}: {outcome.get('message')})" if outcome else "")

@@ -1,0 +1,422 @@
+"""``lakeslot run``: one ingestion on this machine, without Kubernetes.
+
+The same steps as the operator's reconcile, in order, with the same conditions and messages
+(:mod:`lakeslot.status`): preflight and publication sync, the permanent slot (created before any
+snapshot, DESIGN.md rule 2; a holder other than this run's reader is evicted), then
+
+1. the reader, a child process (:mod:`.reader_process`), streaming the slot into staging from the
+   start, so WAL is released while the snapshot runs;
+2. the snapshot (:mod:`lakeslot.snapshot.job`) in a Spark ``local[*]`` session of this process,
+   for every table whose mirror lacks a snapshot of the current ``resnapshotGeneration`` (a run
+   killed mid-snapshot resumes with the tables not yet committed);
+3. the apply job (:mod:`lakeslot.apply.job`) in the same session, MERGEing sealed segments into the
+   mirror tables, until stopped.
+
+Stopping: SIGINT (Ctrl-C) or SIGTERM sets one stop event. The reader gets SIGTERM (it confirms
+only what is sealed, then releases the slot); the apply job finishes the commit it is making or
+stops before starting the next; a running snapshot's Spark jobs are cancelled (its temporary slot
+goes with its transaction, and the next run copies the tables that did not commit); the Spark
+JVM stops with the session. A second signal does not skip any of this: it only repeats the
+stop. ``kill -9`` skips everything, and nothing is lost: the reader dies with its parent
+(``PR_SET_PDEATHSIG``) and PostgreSQL drops the temporary slot with its session; a restart
+resumes exactly where staging and each table's ``lakeslot.lsn`` say (DESIGN.md rules 3 and 6).
+
+``--once``: the source's current WAL LSN is taken when streaming starts (right after the slot
+step); the reader stops once everything up to it is sealed (``--stop-at-lsn``), the apply job
+applies what is sealed until nothing is left, and the run exits 0.
+
+Exit codes: 0 stopped cleanly or caught up (``--once``); 1 failed (connection, Spark, the
+reader kept failing), retrying later may help; 2 bad input (file, secrets; nothing was started);
+3 a definite error that needs a human (the message and ``lakeslot status`` say what to do).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TextIO
+
+import psycopg
+
+from lakeslot import lsn as lsnlib
+from lakeslot import status as st
+from lakeslot.api.models import PostgresIngestionStatus
+from lakeslot.local import observe, reader_process, state
+from lakeslot.local.config import Local
+from lakeslot.local.display import Display
+from lakeslot.reader.reader import EXIT_DEFINITE as READER_DEFINITE
+from lakeslot.source import connection
+from lakeslot.source.tables import TableName
+
+log = logging.getLogger("lakeslot.local")
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEFINITE = 0, 1, 2, 3
+READER_RESTARTS = 5  # consecutive reader failures (each after its own 300 s of retries) → give up
+ONCE_POLL_S = 1.0
+
+
+class RunFailed(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class Options:
+    once: bool = False
+    interval: float = 2.0  # seconds between supervision ticks (status refresh)
+    master: str = "local[*]"
+    spark: object | None = None  # an existing SparkSession (kept running at the end)
+    out: TextIO | None = None  # where progress goes; default stderr
+    interactive: bool | None = None  # redraw in place; default: out is a terminal
+
+
+@dataclass
+class Result:
+    code: int
+    message: str
+    status: PostgresIngestionStatus | None = None
+    once_target: int | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def configure_logging(local: Local, *, interactive: bool) -> None:
+    """Plain log lines on stderr; on a terminal they go to ``run.log`` in the state directory
+    instead, so they do not tear the live display."""
+    local.state_dir.mkdir(parents=True, exist_ok=True)
+    handler = (logging.FileHandler(local.path("run.log")) if interactive
+               else logging.StreamHandler(sys.stderr))
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    for noisy in ("py4j", "pyiceberg"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def spark_session(local: Local, tables: list[TableName], *, master: str = "local[*]"):
+    """The Spark session of a local run: ``sink.catalog`` with its Secret-backed properties,
+    Spark's own log in ``spark.log`` of the state directory (the JVM inherits the stderr it is
+    started with: it is pointed there while the JVM starts, so Spark's logging never mixes with
+    the progress display)."""
+    from lakeslot.spark_session import job_session
+
+    local.state_dir.mkdir(parents=True, exist_ok=True)
+    with open(local.path("spark.log"), "ab") as spark_log:
+        saved = os.dup(2)
+        os.dup2(spark_log.fileno(), 2)
+        try:
+            spark = job_session(local.with_tables(tables), "lakeslot-local", master=master)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def run(local: Local, options: Options) -> Result:
+    """Run until stopped (or caught up with ``--once``). Raises :class:`state.AlreadyRunning`."""
+    lock = state.RunLock(local.state_dir)
+    lock.acquire()
+    os.environ.update(local.environ)  # the children and Spark's workers read their secrets here
+    stop = threading.Event()
+    previous = _on_signals(stop) if threading.current_thread() is threading.main_thread() else {}
+    try:
+        session = _Session(local, options, stop)
+        try:
+            session.execute()
+            code, message = EXIT_OK, "caught up" if options.once else "stopped"
+        except RunFailed as e:
+            code, message = e.code, str(e)
+        finally:
+            session.shutdown()
+        return Result(code, message, session.final_status(), session.target, session.timings)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        lock.release()
+
+
+def _on_signals(stop: threading.Event) -> dict:
+    def handler(signum, _frame):
+        log.info("received %s: stopping", signal.Signals(signum).name)
+        stop.set()
+    return {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+
+class _Session:
+    def __init__(self, local: Local, options: Options, stop: threading.Event) -> None:
+        self.local, self.options, self.stop = local, options, stop
+        self.job = local.job
+        self.pod = reader_process.pod_identity()
+        self.reader: reader_process.ReaderProcess | None = None
+        self.reader_failures = 0
+        self.reader_done = threading.Event()  # --once: everything up to the target is sealed
+        self.target: int | None = None
+        self.spark = None
+        self.workers: dict[str, _Worker] = {}
+        self.apply_stop = threading.Event()
+        self.display = Display(local, options.out, interactive=options.interactive)
+        self.staged = observe.StagedCounter(local.ingestion.spec.staging.uri)
+        self.timings: dict[str, float] = {}
+        self.started = time.monotonic()
+        self.last_status: PostgresIngestionStatus | None = None
+        self._batch_started: float | None = None
+        self.apply_seconds: float | None = None  # the last apply pass: batch read → committed
+
+    # the steps ---------------------------------------------------------------------------
+
+    def execute(self) -> None:
+        tables, below = self._control()
+        self._start_reader()
+        self.spark = self.options.spark or self._spark_session(tables)
+        self._phase("snapshot", lambda: self._snapshot(tables, below))
+        if self.stop.is_set():
+            return
+        streaming = self._streaming_tables(tables)
+        if not streaming:
+            raise RunFailed(EXIT_DEFINITE, "no table has a snapshot to stream into (see the "
+                            "snapshot errors above and lakeslot status)")
+        self._phase("apply", lambda: self._apply(streaming))
+
+    def _control(self) -> tuple[list[TableName], int]:
+        report = st.Report(PostgresIngestionStatus(), 0, datetime.now(timezone.utc))
+        job, ing = self.job, self.local.ingestion
+        app = connection.application_name("local", job.owner)
+        try:
+            with connection.connect(job.source(self.local.environ), app, long_running=True) as conn:
+                tables = st.check_source(conn, ing, report, slot_name=job.slot,
+                                         publication_name=job.publication, owner=job.owner)
+                health = None if tables is None else st.ensure_slot(
+                    conn, ing, report, slot_name=job.slot,
+                    legitimate=connection.application_name("reader", job.owner, self.pod))
+                self.target = st.current_lsn(conn) if self.options.once else None
+        except psycopg.OperationalError as e:
+            raise RunFailed(EXIT_FAILED, f"SourceReady: ConnectionFailed: {st.first_line(e)}") from e
+        for event in report.events:
+            log.log(logging.WARNING if event.type == "Warning" else logging.INFO, "%s: %s",
+                    event.reason, event.message)
+        failed = [c for c in report.status.conditions if c.status == "False"]
+        if tables is None or health is None:
+            raise RunFailed(EXIT_DEFINITE, "\n".join(f"{c.type}: {c.reason}: {c.message}"
+                                                     for c in failed))
+        for row in report.status.tables:
+            if row.state == "Failed":
+                log.warning("%s.%s is skipped: %s", row.schema_name, row.name, row.message)
+        below = report.status.resnapshot_below_lsn
+        return tables, lsnlib.parse(below) if below else 0
+
+    def _start_reader(self) -> None:
+        self.reader = reader_process.spawn(self.local, self.job.slot, self.job.publication,
+                                           pod=self.pod, stop_at=self.target)
+        state.write_run(self.local.state_dir, readerPid=self.reader.pid, pod=self.pod,
+                        onceTarget=None if self.target is None else lsnlib.format(self.target))
+        log.info("reader started (pid %d)%s", self.reader.pid,
+                 f", stopping at {lsnlib.format(self.target)}" if self.target is not None else "")
+
+    def _spark_session(self, tables: list[TableName]):
+        return spark_session(self.local, tables, master=self.options.master)
+
+    def _snapshot(self, tables: list[TableName], below: int) -> None:
+        from lakeslot.snapshot import job as snapshot_job
+        from spark_jobs.snapshot import snapshot_job as build
+
+        job = build(self.local.with_tables(tables),
+                    progress=str(self.local.path("snapshot-progress.json")),
+                    min_snapshot_lsn=below)
+        worker = self._start("snapshot", lambda: snapshot_job.run(self.spark, job))
+        self._supervise(lambda: not worker.alive)
+        if worker.alive:  # stopping: cancel its Spark jobs until it gives up
+            while worker.alive:
+                self.spark.sparkContext.cancelAllJobs()
+                worker.join(1.0)
+            return
+        result = worker.outcome()
+        for table in result.tables:
+            if table.error:
+                log.warning("snapshot of %s failed: %s", table.source, table.error)
+
+    def _streaming_tables(self, tables: list[TableName]) -> list[TableName]:
+        from lakeslot import mirror
+
+        progress = mirror.progress(self.local.ingestion.spec.sink, tables)
+        return [t for t in tables if progress[t].lsn is not None]
+
+    def _apply(self, tables: list[TableName]) -> None:
+        from lakeslot.apply import job as apply_job
+
+        job_input = self.local.with_tables(tables)
+        hooks = apply_job.Hooks(point=self._apply_point)
+        if not self.options.once:
+            worker = self._start("apply", lambda: apply_job.run(
+                self.spark, job_input, once=False, stop=self.apply_stop, hooks=hooks))
+            self._supervise(lambda: not worker.alive)
+            if not self.stop.is_set():
+                worker.outcome()
+                raise RunFailed(EXIT_FAILED, "the apply job ended although no stop was requested")
+            return
+
+        def until_caught_up():
+            while not self.apply_stop.is_set():
+                sealed = self.reader_done.is_set()
+                result = apply_job.run(self.spark, job_input, once=True, stop=self.apply_stop,
+                                       hooks=hooks)
+                if sealed:
+                    return result
+                self.apply_stop.wait(ONCE_POLL_S)
+            return None
+
+        worker = self._start("apply", until_caught_up)
+        self._supervise(lambda: not worker.alive)
+        result = None if worker.alive else worker.outcome()
+        failed = [t for t in result.tables if t.state in ("failed", "retrying")] if result else []
+        if failed:
+            raise RunFailed(
+                EXIT_DEFINITE if all(t.state == "failed" for t in failed) else EXIT_FAILED,
+                "not caught up: " + "; ".join(f"{t.source} {t.state}: {t.error}" for t in failed))
+
+    def _apply_point(self, name: str, table) -> None:
+        """Times each apply pass from reading its batch to the last table's commit."""
+        if name == "batch-read":
+            self._batch_started = time.monotonic()
+        elif name == "after-tables" and self._batch_started is not None:
+            self.apply_seconds = time.monotonic() - self._batch_started
+
+    # supervision -------------------------------------------------------------------------
+
+    def _phase(self, name: str, action: Callable[[], None]) -> None:
+        started = time.monotonic()
+        try:
+            action()
+        finally:
+            self.timings[name] = time.monotonic() - started
+
+    def _start(self, name: str, target: Callable[[], object]) -> _Worker:
+        spark = self.spark
+
+        def in_session() -> object:
+            # SQL conf (the Iceberg catalog) is the JVM thread's active session's: a new
+            # thread has none until it is set.
+            spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+            return target()
+
+        worker = _Worker(name, in_session)
+        self.workers[name] = worker
+        return worker
+
+    def _supervise(self, done: Callable[[], bool]) -> None:
+        """Tick until ``done()`` or stopped: watch the reader, refresh the status."""
+        while not self.stop.is_set() and not done():
+            self._check_reader()
+            self._refresh()
+            self.stop.wait(self.options.interval)
+        self._refresh()
+
+    def _check_reader(self) -> None:
+        reader = self.reader
+        code = reader.poll()
+        if code is None:
+            return
+        if code == 0 and self.target is not None:
+            if not self.reader_done.is_set():
+                log.info("the reader sealed everything up to %s", lsnlib.format(self.target))
+                self.reader_done.set()
+            return
+        outcome = reader.outcome()
+        if code == READER_DEFINITE:
+            raise RunFailed(EXIT_DEFINITE, f"the reader stopped with a definite error "
+                            f"({outcome.get('reason')}): {outcome.get('message')}")
+        self.reader_failures += 1
+        if self.reader_failures > READER_RESTARTS:
+            raise RunFailed(EXIT_FAILED, f"the reader failed {self.reader_failures} times in a "
+                            f"row; last: {outcome.get('reason')}: {outcome.get('message')} "
+                            f"(log: {reader.log_file})")
+        log.warning("the reader exited with %s (%s: %s); restarting it (it resumes from staging)",
+                    code, outcome.get("reason"), outcome.get("message"))
+        self._start_reader()
+
+    def _activity(self) -> observe.Activity:
+        apply = self.workers.get("apply")
+        return observe.Activity(
+            run_active=True, reader_pod=self.pod,
+            reader_running=self.reader is not None and (self.reader.poll() is None
+                                                         or self.reader_done.is_set()),
+            reader_outcome=self.reader.outcome() if self.reader else {},
+            apply_problem=None if apply is not None and apply.alive else
+            "the apply job has not started yet" if apply is None else "the apply job finished")
+
+    def _refresh(self) -> None:
+        try:
+            self.last_status = observe.observe(self.local, self._activity(), staged=self.staged)
+        except Exception as e:  # noqa: BLE001 - the display must never stop the pipeline
+            log.warning("cannot compute the status: %s", st.first_line(e))
+            return
+        self.display.show(self.last_status, time.monotonic() - self.started, self.target,
+                          apply_seconds=self.apply_seconds)
+
+    def final_status(self) -> PostgresIngestionStatus | None:
+        return self.last_status
+
+    def shutdown(self) -> None:
+        self.stop.set()
+        self.apply_stop.set()
+        if self.reader is not None:
+            code = self.reader.stop()
+            log.info("reader stopped (exit %s)", code)
+        for worker in self.workers.values():
+            while worker.alive:
+                if self.spark is not None and worker.name == "snapshot":
+                    self.spark.sparkContext.cancelAllJobs()
+                worker.join(1.0)
+        if self.spark is not None and self.options.spark is None:
+            self.spark.stop()
+        with contextlib.suppress(Exception):
+            self._refresh_final()
+        self.display.close()
+
+    def _refresh_final(self) -> None:
+        activity = observe.Activity(run_active=False, reader_outcome=self.reader.outcome()
+                                    if self.reader else {})
+        self.last_status = observe.observe(self.local, activity, staged=self.staged)
+        self.display.show(self.last_status, time.monotonic() - self.started, self.target,
+                          apply_seconds=self.apply_seconds, final=True)
+
+
+class _Worker:
+    """A thread whose exception is re-raised (as :class:`RunFailed`) by :meth:`outcome`."""
+
+    def __init__(self, name: str, target: Callable[[], object]) -> None:
+        self.name = name
+        self._result: dict = {}
+
+        def body() -> None:
+            try:
+                self._result["value"] = target()
+            except BaseException as e:  # noqa: BLE001 - handed to the supervising thread
+                log.exception("%s failed", name)
+                self._result["error"] = e
+
+        self._thread = threading.Thread(target=body, name=f"lakeslot-{name}", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def outcome(self):
+        if "error" in self._result:
+            error = self._result["error"]
+            raise RunFailed(EXIT_FAILED, f"{self.name} failed: {type(error).__name__}: "
+                            f"{st.first_line(error)}") from error
+        return self._result.get("value")

@@ -1,0 +1,79 @@
+"""Which local run is active for an ingestion, and what it started.
+
+Invariants:
+
+- At most one ``lakeslot run`` per state directory: the run holds an exclusive ``flock`` on
+  ``run.lock`` for its whole life. The kernel releases it when the process dies, however it dies
+  (``kill -9`` included), so a stale lock can never block a restart, and "is a run active?" is
+  answered by trying the lock, never by trusting a pid that may have been reused.
+- ``run.json`` (written atomically) says what the active run started: its pid, the reader's pid
+  and pod identity, the ``--once`` target. It is only meaningful while the lock is held.
+
+Failure mode: a second run of the same ingestion gets :class:`AlreadyRunning` naming the pid of
+the first.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+
+class AlreadyRunning(Exception):
+    pass
+
+
+class RunLock:
+    def __init__(self, state_dir: Path) -> None:
+        self.path = state_dir / "run.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            info = read_run(self.path.parent)
+            raise AlreadyRunning(
+                f"another lakeslot run (pid {info.get('pid', '?')}) is active for this ingestion "
+                f"(state directory {self.path.parent}); stop it first (Ctrl-C or kill "
+                f"{info.get('pid', '<pid>')})") from None
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def run_active(state_dir: Path) -> bool:
+    """True while some process holds the run lock of ``state_dir``."""
+    path = state_dir / "run.lock"
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def write_run(state_dir: Path, **info: object) -> None:
+    path = state_dir / "run.json"
+    temp = path.with_suffix(f".tmp-{os.getpid()}")
+    temp.write_text(json.dumps({"pid": os.getpid(), **info}, indent=1) + "\n")
+    os.replace(temp, path)
+
+
+def read_run(state_dir: Path) -> dict:
+    try:
+        return json.loads((state_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}

@@ -1,0 +1,142 @@
+"""Helpers for the local-mode tests: an ingestion file for a test database, ``lakeslot run`` as a
+real process (password in its environment only), a concurrent write workload, and the process
+tree and slots to check that nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import yaml
+from psycopg import sql
+
+from lakeslot import workloads
+from lakeslot.local import config
+from lakeslot.source.tables import TableName
+from tests.support import operator_env
+
+LAKESLOT = str(Path(sys.executable).with_name("lakeslot"))
+ACCOUNTS = TableName("public", "accounts")
+
+
+def create_accounts(conn, rows: int) -> TableName:
+    conn.execute("CREATE TABLE accounts (id bigint PRIMARY KEY, balance int NOT NULL, "
+                 "note text, changed timestamptz DEFAULT now())")
+    conn.execute("INSERT INTO accounts (id, balance, note) SELECT i, i % 1000, repeat('x', 40) "
+                 "FROM generate_series(1, %s) AS i", (rows,))
+    conn.execute("ANALYZE accounts")
+    return ACCOUNTS
+
+
+def write_ingestion(path: Path, db, tables: list[TableName], tmp_path: Path) -> dict:
+    document = operator_env.ingestion_document(
+        "local-test", db, tables, warehouse=(tmp_path / "warehouse").as_uri(),
+        staging=(tmp_path / "staging").as_uri(),
+        snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20},
+        apply={"triggerIntervalSeconds": 1})
+    document["spec"]["staging"]["retentionSeconds"] = 0
+    path.write_text(yaml.safe_dump(document, allow_unicode=True))
+    return document
+
+
+def local(path: Path, db, state_dir: Path) -> config.Local:
+    return config.load(str(path), state_dir=str(state_dir),
+                       environ={workloads.PASSWORD_ENV: db.cluster.password})
+
+
+def spawn_run(path: Path, db, state_dir: Path, log: Path, *args: str) -> subprocess.Popen:
+    """``lakeslot run --plain -f path`` with the password in its environment only."""
+    env = {**os.environ, workloads.PASSWORD_ENV: db.cluster.password}
+    env.pop("PGPASSWORD", None)
+    argv = [LAKESLOT, "run", "--plain", "-f", str(path), "--state-dir", str(state_dir), *args]
+    assert db.cluster.password not in " ".join(argv)
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=out)
+
+
+class Workload:
+    """Inserts, updates and deletes on ``tables`` (``id`` the key) in a thread until stopped."""
+
+    def __init__(self, db, tables: list[TableName], columns: dict[TableName, str]) -> None:
+        self.db, self.tables, self.columns = db, tables, columns
+        self.stopping = threading.Event()
+        self.transactions = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        rng, next_id = random.Random(5), 10_000_000
+        try:
+            with self.db.connect() as conn:
+                while not self.stopping.wait(0.01):
+                    with conn.transaction():
+                        for table in self.tables:
+                            column = sql.Identifier(self.columns[table])
+                            conn.execute(sql.SQL("INSERT INTO {} (id, {}) VALUES (%s, %s)").format(
+                                table.sql(), column), (next_id, _value(table, rng)))
+                            conn.execute(sql.SQL("UPDATE {} SET {} = %s WHERE id = %s").format(
+                                table.sql(), column), (_value(table, rng), rng.randint(1, 2000)))
+                            conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(
+                                table.sql()), (rng.randint(1, 2000),))
+                    next_id += 1
+                    self.transactions += 1
+        except BaseException as e:  # noqa: BLE001 - re-raised by stop()
+            self.error = e
+
+    def stop(self) -> int:
+        self.stopping.set()
+        self.thread.join(60)
+        if self.error is not None:
+            raise self.error
+        return self.transactions
+
+
+def _value(table: TableName, rng: random.Random):
+    return rng.randint(0, 10**6) if table == ACCOUNTS else f"v{rng.randint(0, 10**6)} ✓ \"q\""
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    living = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    living.add(pid)
+        except OSError:
+            pass
+    return living
+
+
+def temporary_slots(db) -> list[str]:
+    with db.connect() as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT slot_name FROM pg_replication_slots WHERE temporary")]
+
+
+def interrupt(process: subprocess.Popen) -> None:
+    process.send_signal(signal.SIGINT)

@@ -1,0 +1,136 @@
+"""``lakeslot run`` end to end, as real processes: real PostgreSQL 15 and 18, the reader as a
+child process, Spark ``local[*]`` + Iceberg, a concurrent write workload. Equality is checked
+over every column of every row (:mod:`lakeslot.local.verify`); nothing is simulated."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+
+import pytest
+from psycopg import sql
+
+from lakeslot.local import observe, state, verify
+from lakeslot.source.tables import TableName
+from tests.support import local_support as ls
+from tests.support.fixtures_pg import connection_settings
+from tests.support.odd_names import ODD_TABLES, create_odd_tables
+from tests.support.waiting import wait_for
+
+RUN_DEADLINE_S = 420
+ODD = [ODD_TABLES[0], ODD_TABLES[2]]  # a schema and a table name that need quoting
+
+
+@pytest.fixture
+def source(pgdb):
+    with pgdb.connect() as conn:
+        accounts = ls.create_accounts(conn, 20_000)
+        create_odd_tables(conn)
+        for table in ODD:
+            conn.execute(sql.SQL("INSERT INTO {} (id, \"user\", \"ñ\") SELECT i, 'u' || i, 'ñ' "
+                                 "FROM generate_series(1, 2000) AS i").format(table.sql()))
+    return pgdb, [accounts, *ODD]
+
+
+def _workload(db, tables: list[TableName]) -> ls.Workload:
+    return ls.Workload(db, tables, {t: "balance" if t == ls.ACCOUNTS else "user" for t in tables})
+
+
+def _finish(process: subprocess.Popen, log) -> int:
+    try:
+        return process.wait(RUN_DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"lakeslot run did not finish; its log:\n{log.read_text()[-3000:]}")
+
+
+def _run_once(path, db, state_dir, log) -> None:
+    code = _finish(ls.spawn_run(path, db, state_dir, log, "--once"), log)
+    assert code == 0, log.read_text()[-3000:]
+
+
+def _assert_equal(document_path, db, tables) -> None:
+    from lakeslot.local import config
+
+    ingestion = config.load_ingestion(str(document_path))
+    checks = verify.compare(ingestion, connection_settings(db), tables)
+    assert [c for c in checks if not c.equal] == [], verify.render(checks)
+    assert all(c.source_rows > 0 for c in checks)
+
+
+@pytest.mark.slow
+def test_run_once_under_a_concurrent_workload_then_resume_equals_the_source(source, tmp_path):
+    db, tables = source
+    path, state_dir, log = tmp_path / "ingestion.yaml", tmp_path / "state", tmp_path / "run.log"
+    ls.write_ingestion(path, db, tables, tmp_path)
+    workload = _workload(db, tables)
+    _run_once(path, db, state_dir, log)  # snapshot and streaming while the workload writes
+    assert "caught up" in log.read_text()
+    transactions = workload.stop()
+    assert transactions > 0
+    _run_once(path, db, state_dir, log)  # a restart resumes exactly and catches up
+    _assert_equal(path, db, tables)
+    assert ls.temporary_slots(db) == []
+    assert db.cluster.password not in log.read_text()
+
+    status = subprocess.run([ls.LAKESLOT, "status", "-f", str(path), "--state-dir",
+                             str(state_dir), "-o", "json"], capture_output=True, text=True,
+                            env={**os.environ, "LAKESLOT_SOURCE_PASSWORD": db.cluster.password})
+    assert status.returncode == 0, status.stderr
+    document = json.loads(status.stdout)
+    assert {t["state"] for t in document["tables"]} == {"Streaming"}
+    assert all(t["rowsStaged"] == 0 for t in document["tables"])
+    conditions = {c["type"]: c for c in document["conditions"]}
+    assert conditions["SourceReady"]["status"] == conditions["SlotReady"]["status"] == "True"
+    assert conditions["SnapshotComplete"]["status"] == "True"
+    assert conditions["Streaming"]["reason"] == "ReaderNotReady"  # no run is active any more
+    assert document["slot"].get("activePid") is None
+    assert db.cluster.password not in status.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pg", ["pg18"], indirect=True)
+def test_kill_9_mid_stream_then_restart_then_ctrl_c_leaves_nothing_behind(source, tmp_path):
+    db, tables = source
+    path, state_dir, log = tmp_path / "ingestion.yaml", tmp_path / "state", tmp_path / "run.log"
+    ls.write_ingestion(path, db, tables, tmp_path)
+    local = ls.local(path, db, state_dir)
+    workload = _workload(db, tables)
+
+    def applied_past_snapshot() -> bool:
+        status = observe.observe(local, observe.activity(local))
+        return bool(status.tables) and all(
+            t.applied_lsn and t.snapshot_lsn and t.applied_lsn != t.snapshot_lsn
+            for t in status.tables)
+
+    first = ls.spawn_run(path, db, state_dir, log)
+    wait_for(lambda: first.poll() is not None or applied_past_snapshot(),
+             "the first run to apply streamed changes", deadline=RUN_DEADLINE_S, interval=1)
+    assert first.poll() is None, log.read_text()[-3000:]
+    children = ls.descendants(first.pid)
+    reader_pid = state.read_run(state_dir)["readerPid"]
+    assert reader_pid in children
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    wait_for(lambda: not ls.alive(children), "the killed run's children (reader, Spark) to exit")
+    wait_for(lambda: ls.temporary_slots(db) == [], "no temporary slot")
+
+    second = ls.spawn_run(path, db, state_dir, log)
+    wait_for(lambda: second.poll() is not None or (
+        state.read_run(state_dir).get("pid") == second.pid and applied_past_snapshot()),
+        "the restarted run to stream", deadline=RUN_DEADLINE_S, interval=1)
+    children = ls.descendants(second.pid)
+    assert children, "the run has its reader and Spark below it"
+    second.send_signal(signal.SIGINT)
+    assert _finish(second, log) == 0, log.read_text()[-3000:]
+    assert ls.alive(children) == set(), "Ctrl-C left processes behind"
+    assert ls.temporary_slots(db) == []
+    with db.connect() as conn:
+        assert conn.execute("SELECT active FROM pg_replication_slots WHERE NOT temporary"
+                            ).fetchone() == (False,)
+
+    workload.stop()
+    _run_once(path, db, state_dir, log)
+    _assert_equal(path, db, tables)
