@@ -1,0 +1,236 @@
+"""From sealed segments to, per table, the changes to apply and their reduction (pure Python).
+
+Invariants:
+
+- One apply rule (DESIGN.md rule 3): table T takes exactly the changes whose commit LSN is above
+  its position ``L_T`` (the ``lakeslot.lsn`` it reflects). A batch reads the chain of sealed
+  segments (:func:`lakeslot.reader.segments.chain`) from the lowest position of the tables, so
+  every table sees every change above its own position, whole transactions, in commit order
+  (``commit_lsn``, then ``seq``). Rows of a zombie's overlapping segment below the previous
+  segment's end are skipped (they were in the previous segment).
+- A batch ends at the end of its last segment: segments hold the commits in ``[start, end)``, so
+  after the batch a table reflects every commit ``≤ end - 1``; that is the ``lakeslot.lsn`` its
+  commit records (the snapshot's ``s_T`` uses the same inclusive meaning).
+- The reduction keeps the latest change per key: an insert or update leaves the row's full image,
+  a delete leaves nothing, a key change is a delete of the old key and an image at the new key; a
+  TRUNCATE drops everything before it (the mirror is then emptied of every row the batch does not
+  write). An unchanged TOAST value (``u``) is never written as a placeholder: it takes the value an
+  earlier change of the batch set, or the old tuple's value (REPLICA IDENTITY FULL), or else stays
+  :data:`KEEP` — "the value the mirror holds for key ``source``" — resolved against the mirror.
+
+Failure modes (:class:`TableError`, definite for that table): a change that does not carry the
+mirror's key columns (key columns other than the replica identity need REPLICA IDENTITY FULL), an
+unchanged TOAST value for a row the batch deleted or truncated, an unchanged TOAST key column.
+A gap in staging (no sealed segment covers a needed LSN) raises
+:class:`lakeslot.reader.segments.GapError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from lakeslot import lsn as lsn_text
+from lakeslot.reader.pgoutput import Relation
+from lakeslot.reader.segments import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName, Staging, chain
+from lakeslot.source.tables import TableName
+
+
+class _Keep:
+    def __repr__(self) -> str:
+        return "KEEP"
+
+
+KEEP = _Keep()
+TOAST_FIX = ("set REPLICA IDENTITY FULL on the table (the old tuple then carries every value), "
+             "then re-snapshot it")
+
+
+class TableError(Exception):
+    """A definite error of one table; the message says why and what to do."""
+
+    def __init__(self, message: str, *, resnapshot: bool = False) -> None:
+        super().__init__(message)
+        self.resnapshot = resnapshot  # the way out is a re-snapshot of the table
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change of a table: op I/U/D/T with tuples ``{column: text | None | marker}``."""
+
+    lsn: int
+    seq: int
+    op: str
+    relation: Relation
+    new: Mapping | None
+    old: Mapping | None
+
+
+@dataclass
+class Batch:
+    """The changes of each table above its position, up to ``end`` (exclusive)."""
+
+    segments: list[SegmentName]
+    changes: dict[TableName, list[Change]] = field(default_factory=dict)
+
+    @property
+    def end(self) -> int | None:
+        return self.segments[-1].end if self.segments else None
+
+
+def start_position(names: Sequence[SegmentName], position: int) -> int:
+    """Where reading starts for a table at ``position``: the first LSN above it, or the first
+    staged LSN for position 0 (a table created empty takes everything staged)."""
+    if position == 0 and names:
+        return names[0].start
+    return position + 1
+
+
+def read_batch(staging: Staging, positions: Mapping[TableName, int], *,
+               max_segments: int) -> Batch:
+    """The changes above each table's position in the next ``max_segments`` sealed segments."""
+    names = staging.list()
+    if not positions or not names:
+        return Batch([])
+    start = min(start_position(names, p) for p in positions.values())
+    chosen = chain(names, start)[:max_segments]
+    batch = Batch(chosen, {t: [] for t in positions})
+    floor = 0
+    for name in chosen:
+        for row in staging.read(name).rows():
+            if row.relation is None or row.commit_lsn < floor:
+                continue
+            table = TableName(row.relation.schema, row.relation.table)
+            if table in positions and row.commit_lsn > positions[table]:
+                batch.changes[table].append(Change(row.commit_lsn, row.seq, row.op, row.relation,
+                                                   row.new, row.old))
+        floor = name.end
+    return batch
+
+
+# the reduction ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Image:
+    """A row's values as text (None for NULL, :data:`KEEP`: the mirror's value for ``source``).
+    Columns absent from ``values`` are NULL (e.g. dropped from the source)."""
+
+    values: Mapping[str, object]
+    source: tuple | None = None
+
+    @property
+    def keeps(self) -> bool:
+        return self.source is not None
+
+
+@dataclass(frozen=True)
+class Final:
+    """The latest state of one key: ``image`` None means deleted."""
+
+    key: tuple
+    image: Image | None
+    lsn: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """One change as the changelog records it (the image at that point; D: the old tuple)."""
+
+    lsn: int
+    seq: int
+    op: str
+    image: Image
+
+
+@dataclass
+class Reduction:
+    finals: dict[tuple, Final]
+    truncated: bool  # the mirror's rows not in ``finals`` are deleted
+    events: list[Event]
+    relations: list[Relation]  # distinct descriptions, in order of first use
+
+
+def _key(table: TableName, key_columns: Sequence[str], values: Mapping | None, change: Change,
+         what: str) -> tuple:
+    if values is None:
+        raise TableError(f"{table}: a {what} at {lsn_text.format(change.lsn)} carries no tuple")
+    key = []
+    for column in key_columns:
+        value = values.get(column, NOT_IN_KEY)
+        if value is NOT_IN_KEY:
+            raise TableError(
+                f"{table}: a change at {lsn_text.format(change.lsn)} does not carry key column "
+                f"{column!r} (REPLICA IDENTITY {change.relation.replica_identity.upper()}); key "
+                "columns other than the replica identity need REPLICA IDENTITY FULL: "
+                f"ALTER TABLE {table} REPLICA IDENTITY FULL, then re-snapshot the table", resnapshot=True)
+        if value is UNCHANGED_TOAST:
+            raise TableError(f"{table}: key column {column!r} arrived as an unchanged TOAST value "
+                             f"at {lsn_text.format(change.lsn)}; {TOAST_FIX}", resnapshot=True)
+        if value is None:
+            raise TableError(f"{table}: key column {column!r} is NULL at "
+                             f"{lsn_text.format(change.lsn)}; choose non-null key columns")
+        key.append(value)
+    return tuple(key)
+
+
+def reduce(table: TableName, key_columns: Sequence[str], changes: Iterable[Change]) -> Reduction:
+    """The latest change per key of ``changes`` (in commit order), see the module docstring."""
+    finals: dict[tuple, Final] = {}
+    events: list[Event] = []
+    relations: list[Relation] = []
+    truncated = False
+    for change in changes:
+        if not relations or relations[-1] != change.relation:
+            if change.relation not in relations:
+                relations.append(change.relation)
+        if change.op == "T":
+            finals.clear()
+            truncated = True
+            events.append(Event(change.lsn, change.seq, "T", Image({})))
+            continue
+        if change.op == "I":
+            key = _key(table, key_columns, change.new, change, "insert")
+            image = Image(dict(change.new))
+            finals[key] = Final(key, image, change.lsn)
+        elif change.op == "U":
+            key = _key(table, key_columns, change.new, change, "update")
+            old_key = (_key(table, key_columns, change.old, change, "update")
+                       if change.old is not None else key)
+            image = _updated(table, change, finals.get(old_key), old_key, truncated)
+            if old_key != key:
+                finals[old_key] = Final(old_key, None, change.lsn)
+            finals[key] = Final(key, image, change.lsn)
+        elif change.op == "D":
+            key = _key(table, key_columns, change.old, change, "delete")
+            finals[key] = Final(key, None, change.lsn)
+            image = Image({c: v for c, v in change.old.items() if v is not NOT_IN_KEY})
+        else:
+            continue
+        events.append(Event(change.lsn, change.seq, change.op, image))
+    return Reduction(finals, truncated, events, relations)
+
+
+def _updated(table: TableName, change: Change, previous: Final | None, old_key: tuple,
+             truncated: bool) -> Image:
+    """The image an update leaves, its unchanged TOAST values resolved as far as the batch can."""
+    values: dict[str, object] = {}
+    source = None
+    for column, value in change.new.items():
+        if value is not UNCHANGED_TOAST:
+            values[column] = value
+            continue
+        old = change.old.get(column, NOT_IN_KEY) if change.old is not None else NOT_IN_KEY
+        if old is not NOT_IN_KEY and old is not UNCHANGED_TOAST:
+            values[column] = old  # REPLICA IDENTITY FULL: the old tuple carries the value
+        elif previous is None and not truncated:
+            values[column], source = KEEP, old_key
+        elif previous is None or previous.image is None:
+            raise TableError(
+                f"{table}: column {column!r} arrived as an unchanged TOAST value at "
+                f"{lsn_text.format(change.lsn)} for a row that was deleted or truncated before; "
+                f"the value cannot be recovered: {TOAST_FIX}", resnapshot=True)
+        else:
+            values[column] = previous.image.values.get(column)
+            if values[column] is KEEP:
+                source = previous.image.source
+    return Image(values, source)

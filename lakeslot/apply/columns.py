@@ -1,0 +1,149 @@
+"""Column types on the apply path: how a text value becomes the mirror's value, and what a new
+relation description means for the mirror's schema.
+
+Invariants:
+
+- Values are parsed by the type the mirror column HAS (:func:`parser`), through the shared
+  :mod:`lakeslot.typemap` (same parsers as the snapshot's text reads). So a column the snapshot
+  kept as text stays text, a column promoted to ``long`` parses as ``int8``, and one mapping
+  decides both paths.
+- A relation description is compared with the mirror by the Iceberg type each column maps to
+  (:func:`relation_types`, the snapshot's mapping; built-in types resolve without the catalog,
+  others — domains, enums, composites — through the source catalog).
+- Schema evolution (:func:`plan_schema`): a column the mirror lacks is added (optional); a column
+  whose Iceberg type widens the mirror's (int→long, float→double, decimal precision up at the same
+  scale: what Iceberg allows) is promoted; a mirror column absent from the description is kept
+  and written NULL by every later change. Anything else is incompatible.
+- ``onSchemaChange: Error`` turns every change into a definite error; ``Evolve`` evolves what
+  Iceberg allows and marks the table for re-snapshot on anything incompatible.
+
+Failure mode: :class:`lakeslot.typemap.MappingError` (unsupported type) becomes a definite error of
+the table, marked for re-snapshot with the column excluded or fixed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pyiceberg.types import DecimalType, IcebergType, ListType, PrimitiveType
+
+from lakeslot import typemap
+from lakeslot.reader.pgoutput import Column, Relation
+
+# The PostgreSQL type whose text parser yields each Iceberg primitive (typemap's codecs).
+_PG_OF_ICEBERG = {
+    "int": "int4", "long": "int8", "float": "float4", "double": "float8", "boolean": "bool",
+    "string": "text", "binary": "bytea", "uuid": "uuid", "date": "date",
+    "timestamp": "timestamp", "timestamptz": "timestamptz",
+}
+_WIDER = {("int", "long"), ("float", "double")}
+
+
+def _pg_of(iceberg: PrimitiveType) -> typemap.PgType:
+    if isinstance(iceberg, DecimalType):
+        return typemap.PgType("numeric", typmod=((iceberg.precision << 16) | iceberg.scale) + 4)
+    return typemap.PgType(_PG_OF_ICEBERG[str(iceberg)])
+
+
+def parser(name: str, iceberg: IcebergType) -> typemap.ColumnMapping:
+    """The mapping that parses text into a mirror column of type ``iceberg``."""
+    if isinstance(iceberg, ListType):
+        element = _pg_of(iceberg.element_type)
+        return typemap.map_column(name, typemap.PgType(element.name, typmod=element.typmod,
+                                                       array=True))
+    return typemap.map_column(name, _pg_of(iceberg))
+
+
+def builtin_pg_type(column: Column) -> typemap.PgType | None:
+    """The type of a column of a built-in type (arrays are ``_<element>``); None otherwise."""
+    if column.type_schema != "pg_catalog" or column.type_name is None:
+        return None
+    if column.type_name.startswith("_"):
+        return typemap.PgType(column.type_name[1:], typmod=column.type_modifier, array=True)
+    return typemap.PgType(column.type_name, typmod=column.type_modifier)
+
+
+def same_type(a: IcebergType, b: IcebergType) -> bool:
+    if isinstance(a, ListType) and isinstance(b, ListType):
+        return same_type(a.element_type, b.element_type)
+    return a == b
+
+
+def widens(old: IcebergType, new: IcebergType) -> bool:
+    """Whether Iceberg can promote a column of type ``old`` to ``new``."""
+    if (str(old), str(new)) in _WIDER:
+        return True
+    return (isinstance(old, DecimalType) and isinstance(new, DecimalType)
+            and new.scale == old.scale and new.precision > old.precision)
+
+
+@dataclass(frozen=True)
+class SchemaPlan:
+    add: tuple[tuple[str, IcebergType], ...] = ()
+    promote: tuple[tuple[str, IcebergType], ...] = ()
+    dropped: tuple[str, ...] = ()
+    incompatible: tuple[str, ...] = ()
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.add or self.promote or self.dropped or self.incompatible)
+
+    def describe(self) -> str:
+        parts = [f"added {[n for n, _ in self.add]}" if self.add else "",
+                 f"widened {[n for n, _ in self.promote]}" if self.promote else "",
+                 f"dropped {list(self.dropped)}" if self.dropped else "",
+                 "; ".join(self.incompatible)]
+        return "; ".join(p for p in parts if p)
+
+
+@dataclass
+class RelationTypes:
+    """Iceberg types of relation descriptions, each description resolved once."""
+
+    resolve: Callable[[Column], typemap.PgType]  # a non-built-in type, through the catalog
+    _cache: dict = field(default_factory=dict)
+
+    def of(self, relation: Relation, excluded: Sequence[str]) -> dict[str, IcebergType | str]:
+        """Column → Iceberg type, or the reason the column cannot be mapped."""
+        cache_key = (relation, tuple(excluded))
+        if cache_key not in self._cache:
+            types: dict[str, IcebergType | str] = {}
+            for column in relation.columns:
+                if column.name in excluded:
+                    continue
+                try:
+                    pg = builtin_pg_type(column) or self.resolve(column)
+                    types[column.name] = typemap.map_column(column.name, pg).iceberg(0)
+                except typemap.MappingError as e:
+                    types[column.name] = str(e)
+            self._cache[cache_key] = types
+        return self._cache[cache_key]
+
+
+def plan_schema(mirror: Mapping[str, IcebergType], relations: Sequence[Mapping[str, object]]
+                ) -> SchemaPlan:
+    """What the descriptions ``relations`` (column → Iceberg type or reason, in order) ask of a
+    mirror with columns ``mirror`` (``_lakeslot_lsn`` excluded)."""
+    current = dict(mirror)
+    add, promote, incompatible = [], [], []
+    seen: set[str] = set()
+    for relation in relations:
+        for name, iceberg in relation.items():
+            seen.add(name)
+            if isinstance(iceberg, str):
+                incompatible.append(iceberg)
+            elif name not in current:
+                add.append((name, iceberg))
+                current[name] = iceberg
+            elif same_type(current[name], iceberg):
+                continue
+            elif widens(current[name], iceberg):
+                promote.append((name, iceberg))
+                current[name] = iceberg
+            else:
+                incompatible.append(f"column {name!r} changed type from {current[name]} to "
+                                    f"{iceberg}, which Iceberg cannot promote")
+    dropped = tuple(n for n in mirror if relations and n not in seen)
+    return SchemaPlan(tuple(add), tuple(promote), dropped, tuple(dict.fromkeys(incompatible)))
+

@@ -1,0 +1,441 @@
+"""The apply job: sealed segments → per-table MERGE commits, each tagged with the LSN it reflects.
+
+:func:`run` is the whole job: ``spark_jobs/apply.py`` calls it, and local mode calls it in-process
+with its own SparkSession::
+
+    result = run(spark, job_input, once=True)          # one pass over everything sealed now
+    run(spark, job_input, once=False, stop=event)      # until ``stop`` is set
+
+A pass (:meth:`Applier.run_pass`):
+
+1. Each table's state comes from the catalog (``lakeslot.lsn`` of its current snapshot is its
+   position ``L``). A missing mirror is created empty at position 0 (everything staged applies)
+   when ``spec.snapshot.mode`` is ``never``; with ``initial`` the table waits for its snapshot
+   (``waiting``, not an error). A table whose definite error is in force is skipped.
+2. Sealed segments are read in LSN order from the lowest position (at most ``max_segments``
+   per batch; a capped batch is followed at once by the next). Each table takes the changes above
+   its own position (DESIGN.md rule 3: rewind and idempotency in one rule).
+3. Per table: TRUNCATE per ``onTruncate``; schema changes per ``onSchemaChange`` (added columns
+   added, widened types promoted, dropped columns kept and NULL from then on, anything else →
+   marked for re-snapshot); the changelog table (when enabled) is appended first, then the mirror
+   is MERGEd; each is one commit with ``lakeslot.lsn = batch end - 1``. A table without changes
+   gets an empty commit with that position (idle tables advance without rewriting data).
+4. Retention: sealed segments wholly at or below every table's position and older than
+   ``spec.staging.retentionSeconds`` are deleted (never the furthest segment, where the reader
+   resumes; nothing while a table waits for its snapshot).
+5. The status document ``<staging>/apply-status.json`` is rewritten (:data:`STATUS_FILE`).
+
+Exactly once: the only state is in Iceberg (each table's position, committed atomically with its
+data) and in the immutable segments. A crash anywhere — between table commits, during a MERGE,
+after a commit before retention — leaves every table at a position it really reflects; the next
+pass reapplies exactly the changes above it. The changelog commits before its mirror, so it is
+never behind it: after a crash between the two it is skipped, and the mirror catches up.
+
+Errors:
+
+- Definite (:class:`lakeslot.apply.changes.TableError`, unmappable values): recorded on the table
+  (``lakeslot.apply-error`` and friends, see :mod:`lakeslot.apply.iceberg`) and in the status
+  document; that table stops, the others go on. ``resnapshot``: the way out is a re-snapshot,
+  which lifts the error by moving the table's position.
+- Transient (Spark/py4j, catalog and storage ``OSError``, PostgreSQL connection errors): retried
+  ``max_attempts`` times with backoff within the pass, then reported as ``retrying`` and retried
+  by the next pass.
+- A gap in staging (:class:`lakeslot.reader.segments.GapError`) fails the job: changes are
+  missing, nothing is applied past it.
+
+Hooks (:class:`Hooks`) are called at the named points of :data:`POINTS`; tests raise from them to
+simulate a crash at that point.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+from py4j.protocol import Py4JError
+from pyiceberg.schema import Schema
+from pyiceberg.types import LongType, NestedField, StringType
+
+from lakeslot import lsn as lsn_text
+from lakeslot import typemap
+from lakeslot.apply import changes, columns, merge
+from lakeslot.apply.changes import TableError
+from lakeslot.apply.iceberg import OP_COLUMN, SEQ_COLUMN, Tables, TableState
+from lakeslot.reader.pgoutput import Column
+from lakeslot.reader.segments import Staging
+from lakeslot.snapshot import plan
+from lakeslot.source.connection import application_name, connect
+from lakeslot.source.tables import TableName
+from lakeslot.workloads import JobInput
+
+log = logging.getLogger(__name__)
+STATUS_FILE = "apply-status.json"
+POINTS = ("batch-read", "after-evolve", "after-changelog", "before-merge", "after-merge",
+          "after-tables", "after-retention")
+TRANSIENT = (Py4JError, OSError, psycopg.OperationalError)
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """``point(name, table)`` is called at each point of :data:`POINTS` (table: None for the
+    pass-wide points)."""
+
+    point: Callable[[str, TableName | None], None] | None = None
+
+    def __call__(self, name: str, table: TableName | None = None) -> None:
+        if self.point is not None:
+            self.point(name, table)
+
+
+@dataclass(frozen=True)
+class TableOutcome:
+    source: TableName
+    target: str
+    state: str  # applied | advanced | current | waiting | failed | retrying
+    lsn: int | None  # the table's position after the pass
+    changes: int = 0
+    error: str | None = None
+    resnapshot: bool = False
+
+    def document(self) -> dict:
+        return {"schema": self.source.schema, "name": self.source.name, "target": self.target,
+                "state": self.state, "lsn": None if self.lsn is None else lsn_text.format(self.lsn),
+                "changes": self.changes, "error": self.error, "resnapshotRequired": self.resnapshot}
+
+
+@dataclass(frozen=True)
+class PassResult:
+    end: int | None  # end of the batch's last segment (None: nothing sealed)
+    capped: bool  # more sealed segments were left for the next batch
+    tables: tuple[TableOutcome, ...]
+    deleted: int  # segments removed by retention
+
+
+@dataclass
+class ApplyResult:
+    passes: int = 0
+    last: PassResult | None = None
+
+    @property
+    def tables(self) -> tuple[TableOutcome, ...]:
+        return self.last.tables if self.last else ()
+
+    @property
+    def ok(self) -> bool:
+        return all(t.state not in ("failed", "retrying") for t in self.tables)
+
+
+def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None,
+        hooks: Hooks | None = None, max_segments: int = 256, max_attempts: int = 3,
+        environ=None) -> ApplyResult:
+    """Apply staged changes to ``job.tables`` (see the module docstring). ``once``: passes until
+    everything sealed when it started is applied, then return; otherwise until ``stop`` is set,
+    a pass every ``spec.apply.triggerIntervalSeconds``. Returns the last pass's outcome."""
+    applier = Applier(spark, job, hooks or Hooks(), max_segments, max_attempts, environ)
+    stop = stop or threading.Event()
+    result = ApplyResult()
+    try:
+        while True:
+            result.last = applier.run_pass()
+            result.passes += 1
+            if stop.is_set() or (once and not result.last.capped):
+                return result
+            if not result.last.capped:
+                stop.wait(job.ingestion.spec.apply.trigger_interval_seconds)
+    finally:
+        applier.close()
+
+
+class Applier:
+    def __init__(self, spark, job: JobInput, hooks: Hooks, max_segments: int, max_attempts: int,
+                 environ=None) -> None:
+        spec = job.ingestion.spec
+        self.spark, self.job, self.spec, self.hooks = spark, job, spec, hooks
+        self.max_segments, self.max_attempts = max_segments, max_attempts
+        self.tables = Tables(spark, spec.sink.catalog.name, spec.sink.namespace)
+        self.staging = Staging(spec.staging.uri)
+        self.types = columns.RelationTypes(self._resolve_type)
+        self._settings = job.source(environ)
+        self._conn: psycopg.Connection | None = None
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # the source catalog (new mirrors in mode never; types that are not built in) --------------
+
+    def _source(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect(self._settings, application_name("apply", self.job.owner))
+        return self._conn
+
+    def _resolve_type(self, column: Column) -> typemap.PgType:
+        return plan._TypeCache(self._source()).pg_type(column.type_oid, column.type_modifier)
+
+    def _excluded(self, table: TableName) -> tuple[str, ...]:
+        options = self.job.table_spec(table)
+        return tuple(options.exclude_columns) if options else ()
+
+    # a pass ----------------------------------------------------------------------------------
+
+    def run_pass(self) -> PassResult:
+        self.tables.ensure_namespace(self.spec.sink.namespace)
+        outcomes: dict[TableName, TableOutcome] = {}
+        states: dict[TableName, TableState] = {}
+        for table in self.job.tables:
+            prepared = self._attempt(table, lambda t=table: self._prepare(t))
+            if isinstance(prepared, TableState):
+                states[table] = prepared
+            else:
+                outcomes[table] = prepared
+        batch = changes.read_batch(self.staging, {t: s.lsn for t, s in states.items()},
+                                   max_segments=self.max_segments)
+        self.hooks("batch-read")
+        for table, state in states.items():
+            outcomes[table] = self._attempt(table, lambda t=table, s=state: self._apply(t, s, batch))
+        self.hooks("after-tables")
+        ordered = tuple(outcomes[t] for t in self.job.tables)
+        deleted = self._retention(ordered)
+        self.hooks("after-retention")
+        result = PassResult(batch.end, len(batch.segments) == self.max_segments, ordered, deleted)
+        self._write_status(result)
+        return result
+
+    def _attempt(self, table: TableName, action: Callable[[], object]):
+        """``action`` with retries for transient errors; definite errors are recorded."""
+        target = self.job.target(table)
+        for attempt in range(self.max_attempts):
+            try:
+                return action()
+            except (TableError, typemap.MappingError) as e:
+                return self._fail(table, str(e), getattr(e, "resnapshot", True))
+            except TRANSIENT as e:
+                error = f"{type(e).__name__}: {_summary(e)}"
+                log.warning("%s: transient error (attempt %d of %d): %s", table, attempt + 1,
+                            self.max_attempts, error)
+                if attempt + 1 < self.max_attempts:
+                    time.sleep(min(30.0, 2.0 ** attempt))
+        return TableOutcome(table, target, "retrying", self._lsn_or_none(target), error=error)
+
+    def _lsn_or_none(self, target: str) -> int | None:
+        try:
+            return self.tables.lsn(target)
+        except TRANSIENT:
+            return None
+
+    def _fail(self, table: TableName, message: str, resnapshot: bool) -> TableOutcome:
+        target = self.job.target(table)
+        log.error("%s: stopped: %s", table, message)
+        state = self.tables.load(target)
+        if state is not None:
+            self.tables.record_error(target, message, state.lsn, resnapshot)
+        return TableOutcome(table, target, "failed", state.lsn if state else None,
+                            error=message, resnapshot=resnapshot)
+
+    def _prepare(self, table: TableName) -> TableState | TableOutcome:
+        target = self.job.target(table)
+        state = self.tables.load(target)
+        if state is None:
+            if self.spec.snapshot.mode == "initial":
+                return TableOutcome(table, target, "waiting", None,
+                                    error="waiting for the snapshot of the table")
+            self._create(table, target)
+            state = self.tables.load(target)
+        if state.lsn is None:
+            return TableOutcome(table, target, "waiting", None,
+                                error="the mirror table has no lakeslot.lsn yet (no snapshot)")
+        if state.error is not None:
+            return TableOutcome(table, target, "failed", state.lsn, error=state.error,
+                                resnapshot=state.resnapshot_required)
+        if state.stale_error:
+            self.tables.clear_error(target)
+        if not state.key:
+            raise TableError(f"{table}: the mirror table has no identifier fields (key); set "
+                             "keyColumns for the table and re-snapshot it")
+        return state
+
+    def _create(self, table: TableName, target: str) -> None:
+        """snapshot.mode never: the mirror starts empty at position 0 (everything staged)."""
+        options = self.job.table_spec(table)
+        request = plan.TableRequest(table, target,
+                                    tuple(options.key_columns) if options else (),
+                                    self._excluded(table))
+        (described,) = plan.inspect(self._source(), [request], target_range_bytes=1 << 40)
+        if isinstance(described, plan.TableFailure):
+            raise TableError(described.message)
+        properties = {**self.spec.sink.table_properties, "format-version": "2"}
+        self.tables.create(target, typemap.mirror_schema(described.columns), properties, 0)
+
+    # one table -----------------------------------------------------------------------------
+
+    def _apply(self, table: TableName, state: TableState, batch: changes.Batch) -> TableOutcome:
+        target = self.job.target(table)
+        if batch.end is None or batch.end - 1 <= state.lsn:
+            return TableOutcome(table, target, "current", state.lsn)
+        lsn = batch.end - 1
+        found = batch.changes[table]
+        truncate = next((c for c in found if c.op == "T"), None)
+        if truncate is not None and self.spec.policies.on_truncate == "Error":
+            raise TableError(f"{table} was truncated at {lsn_text.format(truncate.lsn)} and "
+                             "onTruncate is Error; re-snapshot the table (or set onTruncate: "
+                             "Apply before re-snapshotting)", resnapshot=True)
+        reduction = changes.reduce(table, state.key, found)
+        state = self._evolve(table, target, state, reduction)
+        if self.spec.sink.changelog.enabled:
+            self._changelog(table, target, state, reduction, lsn)
+            self.hooks("after-changelog", table)
+        if not found:
+            self.tables.advance(target, lsn)
+            return TableOutcome(table, target, "advanced", lsn)
+        records = [merge.Record(f.key, f.image, f.lsn, "D" if f.image is None else "U")
+                   for f in reduction.finals.values()]
+        qualified = self.tables.qualified(target)
+        source = self._source_view(table, state, target, records)
+        self.hooks("before-merge", table)
+        self.tables.commit_sql(target, merge.merge_sql(source, qualified, reduction.truncated), lsn)
+        self.spark.catalog.dropTempView(source.view)
+        self.hooks("after-merge", table)
+        return TableOutcome(table, target, "applied", lsn, changes=len(found))
+
+    def _source_view(self, table: TableName, state: TableState, target: str,
+                     records: list[merge.Record]) -> merge.Source:
+        qualified = self.tables.qualified(target)
+        source = merge.create_source(self.spark, str(table), state,
+                                     self.spark.table(qualified).schema, records)
+        if source.resolves:
+            missing = self.spark.sql(merge.missing_sql(source, qualified)).collect()
+            if missing:
+                raise TableError(
+                    f"{table}: an update left a TOASTed column unchanged for key "
+                    f"{list(missing[0])}, which is not in the mirror table; the value cannot "
+                    f"be recovered: {changes.TOAST_FIX}", resnapshot=True)
+        return source
+
+    def _evolve(self, table: TableName, target: str, state: TableState,
+                reduction: changes.Reduction) -> TableState:
+        excluded = self._excluded(table)
+        described = [self.types.of(r, excluded) for r in reduction.relations]
+        schema = columns.plan_schema(state.data_columns(), described)
+        if not schema.changes:
+            return state
+        if self.spec.policies.on_schema_change == "Error":
+            raise TableError(f"{table}: the source table's columns changed "
+                             f"({schema.describe()}) and onSchemaChange is Error; re-snapshot "
+                             "the table", resnapshot=True)
+        if schema.incompatible:
+            raise TableError(f"{table}: incompatible schema change ({schema.describe()}); the "
+                             "table needs a re-snapshot", resnapshot=True)
+        if schema.add or schema.promote:
+            self.tables.evolve(target, list(schema.add), list(schema.promote))
+            self.hooks("after-evolve", table)
+            state = self.tables.load(target)
+        return state
+
+    def _changelog(self, table: TableName, target: str, state: TableState,
+                   reduction: changes.Reduction, lsn: int) -> None:
+        """Append the changes above the changelog's position (never below the mirror's: a
+        changelog created or left behind by a re-snapshot starts at the mirror's position)."""
+        name = target + self.spec.sink.changelog.suffix
+        log_state = self.tables.load(name)
+        if log_state is None:
+            self.tables.create(name, changelog_schema(state.schema),
+                               {**self.spec.sink.table_properties, "format-version": "2"},
+                               state.lsn)
+            log_state = self.tables.load(name)
+        wanted, present = state.data_columns(), log_state.data_columns()
+        self.tables.evolve(name, [(n, t) for n, t in wanted.items() if n not in present],
+                           [(n, t) for n, t in wanted.items()
+                            if n in present and not columns.same_type(present[n], t)])
+        position = max(log_state.lsn or 0, state.lsn)
+        if position >= lsn:
+            return
+        events = [merge.Record((), e.image, e.lsn, e.op, e.seq) for e in reduction.events
+                  if e.lsn > position]
+        if not events:
+            self.tables.advance(name, lsn)
+            return
+        source = self._source_view(table, state, target, events)
+        self.tables.commit_sql(name, merge.append_sql(source, self.tables.qualified(target),
+                                                      self.tables.qualified(name)), lsn)
+        self.spark.catalog.dropTempView(source.view)
+
+    # retention and status --------------------------------------------------------------------
+
+    def _retention(self, outcomes: tuple[TableOutcome, ...]) -> int:
+        if any(o.lsn is None for o in outcomes):
+            return 0  # a table waits for its snapshot: every staged change may still be needed
+        floor = min((o.lsn for o in outcomes), default=None)
+        names = self.staging.list()
+        if floor is None or not names:
+            return 0
+        furthest = max(names, key=lambda n: (n.end, n.start))
+        cutoff = time.time() - self.spec.staging.retention_seconds
+        deleted = 0
+        for name in names:
+            if name.end > floor + 1 or name == furthest:
+                continue
+            path = f"{self.staging.path}/{name.filename}"
+            info = self.staging.fs.get_file_info(path)
+            if info.mtime is not None and info.mtime.timestamp() <= cutoff:
+                self.staging.fs.delete_file(path)
+                deleted += 1
+        if deleted:
+            log.info("retention removed %d segments at or below %s", deleted,
+                     lsn_text.format(floor))
+        return deleted
+
+    def _write_status(self, result: PassResult) -> None:
+        document = {
+            "version": 1, "ingestion": self.job.owner,
+            "updatedAt": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "batchEnd": None if result.end is None else lsn_text.format(result.end),
+            "segmentsDeleted": result.deleted,
+            "tables": [t.document() for t in result.tables]}
+        write_status(self.staging, document)
+
+
+def changelog_schema(mirror: Schema) -> Schema:
+    """The mirror's columns, all optional and without identifier fields, then
+    ``_lakeslot_lsn``, ``_lakeslot_op``, ``_lakeslot_seq``."""
+    fields = [NestedField(f.field_id, f.name, f.field_type, required=False)
+              for f in mirror.fields if f.name != typemap.LSN_COLUMN]
+    top = mirror.highest_field_id
+    return Schema(*fields,
+                  NestedField(top + 1, typemap.LSN_COLUMN, LongType(), required=True),
+                  NestedField(top + 2, OP_COLUMN, StringType(), required=True),
+                  NestedField(top + 3, SEQ_COLUMN, LongType(), required=True))
+
+
+def write_status(staging: Staging, document: dict) -> None:
+    """Rewrite ``<staging>/apply-status.json`` whole (renamed into place on a local filesystem;
+    one PUT on an object store)."""
+    data = json.dumps(document, indent=1).encode()
+    final = f"{staging.path}/{STATUS_FILE}"
+    temp = f"{staging.path}/.apply-status-{uuid.uuid4().hex[:8]}.json"
+    with staging.fs.open_output_stream(temp) as f:
+        f.write(data)
+    staging.fs.move(temp, final)
+
+
+def read_status(staging_uri: str) -> dict | None:
+    """The last status document of the apply job, or None before its first pass."""
+    staging = Staging(staging_uri)
+    path = f"{staging.path}/{STATUS_FILE}"
+    if staging.fs.get_file_info(path).type.name == "NotFound":
+        return None
+    with staging.fs.open_input_stream(path) as f:
+        return json.loads(f.read())
+
+
+def _summary(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    lines = [line for line in text if line.strip() and not line.startswith("\tat ")]
+    return (lines[0] if lines else repr(e))[:500]

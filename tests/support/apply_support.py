@@ -1,0 +1,124 @@
+"""Helpers for the apply tests: a source database with a publication and slot, the real reader
+sealing segments, the real snapshot job, the apply job, and both sides read back for comparison."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import json
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from lakeslot import workloads
+from lakeslot.api.models import PostgresIngestion
+from lakeslot.apply import job as apply_job
+from lakeslot.source.tables import TableName
+from spark_jobs import apply as apply_entry
+from spark_jobs import snapshot as snapshot_entry
+from tests.support.operator_env import ingestion_document
+from tests.support.reader_support import current_lsn, prepare, read_until
+
+
+@dataclass
+class Pipeline:
+    """One ingestion under test: source ``pgdb``, staging directory, mirrors in ``namespace``."""
+
+    spark: object
+    pgdb: object
+    staging: str
+    namespace: str  # catalog.ns, as the iceberg_namespace fixture gives it
+    tables: list[TableName]
+    ingestion: PostgresIngestion
+
+    @classmethod
+    def create(cls, spark, pgdb, warehouse, namespace: str, staging_uri: str,
+               tables: list[TableName], table_options: dict | None = None, **spec) -> Pipeline:
+        """``spec``: sections of the spec, merged into the defaults (camelCase keys)."""
+        catalog, ns = namespace.split(".", 1)
+        document = ingestion_document("apply", pgdb, tables, warehouse=str(warehouse),
+                                      staging=staging_uri)
+        for key, value in spec.items():
+            document["spec"][key] = {**document["spec"].get(key, {}), **value}
+        document["spec"]["sink"].update(namespace=ns)
+        document["spec"]["sink"]["catalog"]["name"] = catalog
+        for entry in document["spec"]["source"]["tables"]:
+            entry.update((table_options or {}).get(TableName(entry["schema"], entry["name"]), {}))
+        return cls(spark, pgdb, staging_uri, namespace, tables,
+                   PostgresIngestion.model_validate(document))
+
+    def with_spec(self, **changes) -> Pipeline:
+        document = self.ingestion.to_document()
+        for key, value in changes.items():
+            document["spec"][key] = {**document["spec"].get(key, {}), **value}
+        return Pipeline(self.spark, self.pgdb, self.staging, self.namespace, self.tables,
+                        PostgresIngestion.model_validate(document))
+
+    def job_input(self) -> workloads.JobInput:
+        argv = workloads.apply_arguments(self.ingestion, self.tables)
+        return workloads.job_input(apply_entry.build_parser().parse_args(argv))
+
+    def start_slot(self) -> None:
+        with self.pgdb.connect() as conn:
+            prepare(conn, self.tables)
+
+    def snapshot(self) -> None:
+        argv = workloads.snapshot_arguments(self.ingestion, self.tables)
+        assert snapshot_entry.main(argv, spark=self.spark) == 0
+
+    def seal(self) -> int:
+        """Run the reader until everything committed so far is sealed; returns that LSN."""
+        with self.pgdb.connect() as conn:
+            target = current_lsn(conn)
+        read_until(self.pgdb, self.staging, target)
+        return target
+
+    def apply(self, **options) -> apply_job.ApplyResult:
+        return apply_job.run(self.spark, self.job_input(), once=True, **options)
+
+    def target(self, table: TableName, suffix: str = "") -> str:
+        catalog, ns = self.namespace.split(".", 1)
+        name = self.job_input().target(table) + suffix
+        return ".".join(f"`{p}`" for p in (catalog, *ns.split("."), name))
+
+    def mirror_rows(self, table: TableName, columns: list[str], key: str = "id",
+                    version: int | None = None) -> list[tuple]:
+        travel = f" VERSION AS OF {version}" if version is not None else ""
+        select = ", ".join(f"`{c.replace('`', '``')}`" for c in columns)
+        rows = self.spark.sql(f"SELECT {select} FROM {self.target(table)}{travel} "
+                              f"ORDER BY `{key}`").collect()
+        return [tuple(normal(v) for v in row) for row in rows]
+
+    def snapshots(self, table: TableName, suffix: str = "") -> list[tuple[int, int]]:
+        """(snapshot id, lakeslot.lsn) of every snapshot of the table, oldest first."""
+        rows = self.spark.sql(f"SELECT snapshot_id, summary['lakeslot.lsn'] AS lsn, committed_at "
+                              f"FROM {self.target(table, suffix)}.snapshots "
+                              "ORDER BY committed_at").collect()
+        return [(r.snapshot_id, int(r.lsn)) for r in rows if r.lsn is not None]
+
+
+def source_rows(conn, table: TableName, key: str = "id") -> tuple[list[str], list[tuple]]:
+    cursor = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY {}").format(table.sql(),
+                                                                         sql.Identifier(key)))
+    return [d.name for d in cursor.description], [tuple(normal(v) for v in row)
+                                                  for row in cursor.fetchall()]
+
+
+def normal(value):
+    """One representation for values read from PostgreSQL and from Spark."""
+    if isinstance(value, dt.datetime) and value.tzinfo is not None:
+        return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    if isinstance(value, memoryview | bytearray):
+        return bytes(value)
+    if isinstance(value, decimal.Decimal):
+        return value.normalize()
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    if isinstance(value, list):
+        return tuple(normal(v) for v in value)
+    return value
+
+
+def lsn_now(pgdb) -> int:
+    with pgdb.connect() as conn:
+        return current_lsn(conn)

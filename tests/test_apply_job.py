@@ -1,0 +1,267 @@
+"""The apply job end to end, on PostgreSQL 15 and 18: the real snapshot job (taken while writes
+run), the real reader sealing segments, the apply job MERGEing into Iceberg. The mirror must equal
+the source row for row, column for column — at quiescence, and at intermediate commits read by
+Iceberg time travel against the source state recorded at known LSNs — and a crash at any of the
+injected points followed by a restart must end equal, with the changelog holding every change
+exactly once."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from lakeslot.apply.iceberg import ERROR_PROPERTY, RESNAPSHOT_PROPERTY
+from lakeslot.apply.job import Hooks, read_status
+from lakeslot.reader import segments
+from tests.support.apply_support import Pipeline, lsn_now, source_rows
+from tests.support.apply_workload import IDLE, KEYLESS, MAIN, Workload, create_tables
+from tests.support.reader_support import staged
+
+CHANGES = "__changes"
+
+
+@pytest.fixture
+def pipeline(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAKESLOT_SOURCE_PASSWORD", pgdb.cluster.password)
+    with pgdb.connect() as conn:
+        create_tables(conn)
+    return Pipeline.create(
+        spark, pgdb, spark_warehouse, iceberg_namespace, (tmp_path / "staging").as_uri(),
+        [MAIN, KEYLESS, IDLE], table_options={KEYLESS: {"keyColumns": ["a"]}},
+        sink={"changelog": {"enabled": True}}, staging={"retentionSeconds": 0})
+
+
+def _snapshot_while_writing(pipeline: Pipeline) -> None:
+    pipeline.start_slot()
+    stop = threading.Event()
+
+    def write():
+        with pipeline.pgdb.connect() as conn:
+            workload = Workload(conn, random.Random(1))
+            while not stop.is_set():
+                workload.transaction(2)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        pipeline.snapshot()
+    finally:
+        stop.set()
+        writer.join(60)
+
+
+def _source(pipeline: Pipeline, table, key: str):
+    with pipeline.pgdb.connect() as conn:
+        return source_rows(conn, table, key)
+
+
+def _assert_equal(pipeline: Pipeline, table, key: str) -> None:
+    names, rows = _source(pipeline, table, key)
+    assert pipeline.mirror_rows(table, names, key) == rows
+
+
+@pytest.mark.slow
+def test_mirror_follows_a_random_workload_through_truncate_and_schema_changes(pipeline):
+    _snapshot_while_writing(pipeline)
+    checkpoints = []
+    with pipeline.pgdb.connect() as conn:
+        workload = Workload(conn, random.Random(2))
+        for phase in range(5):
+            workload.run(25)
+            if phase == 1:
+                workload.truncate()
+            if phase == 2:
+                workload.add_column()
+                workload.run(10)
+            if phase == 3:
+                workload.drop_column()
+                workload.run(10)
+            checkpoints.append((lsn_now(pipeline.pgdb), _source(pipeline, MAIN, "id")))
+            pipeline.seal()
+            result = pipeline.apply()
+            assert result.ok, result.tables
+    _assert_equal(pipeline, MAIN, "id")
+    _assert_equal(pipeline, KEYLESS, "a")
+    _assert_equal(pipeline, IDLE, "id")
+
+    # intermediate commits equal the source as of their lakeslot.lsn
+    history = pipeline.snapshots(MAIN)
+    for lsn, (names, rows) in checkpoints:
+        snapshot_id, _ = min((s for s in history if s[1] >= lsn), key=lambda s: s[1])
+        assert pipeline.mirror_rows(MAIN, names, version=snapshot_id) == rows
+
+    # the idle table advanced with the others, without data commits
+    positions = {t: pipeline.snapshots(t)[-1][1] for t in (MAIN, KEYLESS, IDLE)}
+    assert positions[IDLE] == positions[MAIN] == positions[KEYLESS] >= checkpoints[-1][0] - 1
+
+    _assert_changelog_exactly_once(pipeline)
+
+
+def _assert_changelog_exactly_once(pipeline: Pipeline) -> None:
+    """Every staged change of MAIN above the snapshot is in the changelog once, with no value
+    left as a placeholder for an unchanged TOAST column."""
+    start = pipeline.snapshots(MAIN)[0][1]
+    _, rows = staged(pipeline.staging) if segments.Staging(pipeline.staging).list() else ([], [])
+    expected = sorted((r.commit_lsn, r.seq, r.op) for r in rows
+                      if r.relation is not None and r.relation.table == MAIN.name
+                      and r.commit_lsn > start)
+    logged = pipeline.spark.sql(
+        f"SELECT _lakeslot_lsn, _lakeslot_seq, _lakeslot_op, big IS NULL AS no_big "
+        f"FROM {pipeline.target(MAIN, CHANGES)}").collect()
+    assert sorted((r[0], r[1], r[2]) for r in logged) == expected
+    assert not [r for r in logged if r[2] in ("I", "U") and r[3]]
+
+
+class Crash(BaseException):
+    """A simulated process death at an injection point."""
+
+
+def _crash_at(point: str, table=None):
+    fired = []
+
+    def hook(name, at):
+        if name == point and (table is None or at == table) and not fired:
+            fired.append(name)
+            raise Crash(point)
+    return Hooks(hook), fired
+
+
+CRASH_POINTS = [("batch-read", None), ("after-evolve", MAIN), ("after-changelog", MAIN),
+                ("before-merge", MAIN), ("after-merge", MAIN), ("after-changelog", KEYLESS),
+                ("after-tables", None), ("after-retention", None)]
+
+
+@pytest.mark.slow
+def test_a_crash_at_any_point_then_a_restart_loses_and_duplicates_nothing(pipeline):
+    pipeline.start_slot()
+    pipeline.snapshot()
+    with pipeline.pgdb.connect() as conn:
+        workload = Workload(conn, random.Random(3))
+        for point, table in CRASH_POINTS:
+            workload.run(8)
+            if point == "after-evolve":
+                workload.add_column()
+                workload.run(3)
+            pipeline.seal()
+            hooks, fired = _crash_at(point, table)
+            with pytest.raises(Crash):
+                pipeline.apply(hooks=hooks)
+            assert fired == [point]
+            assert pipeline.apply().ok  # the restart
+            _assert_equal(pipeline, MAIN, "id")
+            _assert_equal(pipeline, KEYLESS, "a")
+    _assert_changelog_exactly_once(pipeline)
+    # retention (0 s) removed what every table applied, but kept where the reader resumes
+    assert len(segments.Staging(pipeline.staging).list()) == 1
+
+
+def test_idle_tables_advance_and_progress_sees_it(pipeline):
+    from lakeslot.mirror import progress
+
+    pipeline.start_slot()
+    pipeline.snapshot()
+    with pipeline.pgdb.connect() as conn:
+        Workload(conn, random.Random(4)).insert()
+    sealed = pipeline.seal()
+    result = pipeline.apply()
+    states = {t.source: t.state for t in result.tables}
+    assert states == {MAIN: "applied", KEYLESS: "advanced", IDLE: "advanced"}
+    seen = progress(pipeline.ingestion.spec.sink, [MAIN, KEYLESS, IDLE])
+    # lakeslot.lsn = L: every commit at or below L is applied; everything before ``sealed`` is
+    assert {t: p.lsn >= sealed - 1 for t, p in seen.items()} == {MAIN: True, KEYLESS: True,
+                                                                 IDLE: True}
+    assert seen[IDLE].rows == 1
+    status = read_status(pipeline.staging)
+    assert [t["state"] for t in status["tables"]] == ["applied", "advanced", "advanced"]
+
+
+def test_definite_errors_stop_their_table_only(pipeline):
+    pipeline.start_slot()
+    pipeline.snapshot()
+    strict = pipeline.with_spec(policies={"onTruncate": "Error", "onSchemaChange": "Error"})
+    with pipeline.pgdb.connect() as conn:
+        workload = Workload(conn, random.Random(5))
+        workload.truncate()
+        workload.insert_keyless()
+        conn.execute("ALTER TABLE idle ADD COLUMN w int")
+        conn.execute("INSERT INTO idle VALUES (2, 'b', 3)")
+    pipeline.seal()
+    result = strict.apply()
+    outcome = {t.source: t for t in result.tables}
+    assert outcome[MAIN].state == "failed" and "onTruncate is Error" in outcome[MAIN].error
+    assert outcome[IDLE].state == "failed" and "onSchemaChange is Error" in outcome[IDLE].error
+    assert "added ['w']" in outcome[IDLE].error
+    assert outcome[KEYLESS].state == "applied"
+    _assert_equal(pipeline, KEYLESS, "a")
+    properties = dict(pipeline.spark.sql(f"SHOW TBLPROPERTIES {pipeline.target(MAIN)}").collect())
+    assert "onTruncate is Error" in properties[ERROR_PROPERTY]
+    assert properties[RESNAPSHOT_PROPERTY] == "true"
+    status = read_status(pipeline.staging)
+    assert status["tables"][0]["state"] == "failed" and status["tables"][0]["resnapshotRequired"]
+
+    # the error stays in force on the next pass; the other tables keep going
+    with pipeline.pgdb.connect() as conn:
+        Workload(conn, random.Random(6)).insert_keyless()
+    pipeline.seal()
+    again = {t.source: t for t in strict.apply().tables}
+    assert again[MAIN].state == "failed" and again[KEYLESS].state == "applied"
+
+    # a recorded error stays in force under another policy too: the way out is a re-snapshot
+    assert {t.source: t for t in pipeline.apply().tables}[IDLE].state == "failed"
+
+
+def test_incompatible_type_change_marks_the_table_for_resnapshot_and_widening_is_promoted(pipeline):
+    pipeline.start_slot()
+    pipeline.snapshot()
+    with pipeline.pgdb.connect() as conn:
+        conn.execute("ALTER TABLE idle ADD COLUMN n int")
+        conn.execute("INSERT INTO idle VALUES (2, 'b', 7)")
+        conn.execute("ALTER TABLE idle ALTER COLUMN n TYPE bigint")
+        conn.execute("INSERT INTO idle VALUES (3, 'c', 8000000000)")
+        conn.execute(f'ALTER TABLE {KEYLESS} ALTER COLUMN b TYPE int USING length(b)')
+        conn.execute(f"UPDATE {KEYLESS} SET b = 5 WHERE a = 1")
+    pipeline.seal()
+    outcome = {t.source: t for t in pipeline.apply().tables}
+    assert outcome[IDLE].state == "applied"
+    _assert_equal(pipeline, IDLE, "id")
+    assert outcome[KEYLESS].state == "failed" and outcome[KEYLESS].resnapshot
+    assert "cannot promote" in outcome[KEYLESS].error
+
+
+def test_never_mode_creates_empty_mirrors_and_a_missing_toast_value_is_a_definite_error(
+        spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, monkeypatch):
+    monkeypatch.setenv("LAKESLOT_SOURCE_PASSWORD", pgdb.cluster.password)
+    with pgdb.connect() as conn:
+        create_tables(conn, rows=3)
+    staging = (tmp_path / "staging").as_uri()
+    pipeline = Pipeline.create(
+        spark, pgdb, spark_warehouse, iceberg_namespace, staging, [MAIN, KEYLESS],
+        table_options={KEYLESS: {"keyColumns": ["a"]}}, snapshot={"mode": "never"})
+    pipeline.start_slot()
+    with pgdb.connect() as conn:
+        workload = Workload(conn, random.Random(7))
+        workload.insert()
+        workload.update_keyless()  # REPLICA IDENTITY FULL: the old tuple carries big
+        conn.execute(f'UPDATE {MAIN} SET "select" = \'z\' WHERE id = 1')  # row not mirrored
+    pipeline.seal()
+    outcome = {t.source: t for t in pipeline.apply().tables}
+    assert outcome[MAIN].state == "failed" and "REPLICA IDENTITY FULL" in outcome[MAIN].error
+    assert outcome[KEYLESS].state == "applied"
+    names, rows = _source(pipeline, KEYLESS, "a")
+    changed = [r for r in rows if r[1].startswith("c")]
+    assert pipeline.mirror_rows(KEYLESS, names, "a") == changed  # only rows changed since
+
+
+def test_initial_mode_waits_for_the_snapshot_and_keeps_every_segment(pipeline):
+    pipeline.start_slot()
+    with pipeline.pgdb.connect() as conn:
+        Workload(conn, random.Random(8)).run(3)
+    pipeline.seal()
+    result = pipeline.apply()
+    assert {t.state for t in result.tables} == {"waiting"} and result.ok
+    assert segments.Staging(pipeline.staging).list()  # retention waits for the snapshot
+    pipeline.snapshot()
+    assert pipeline.apply().ok
+    _assert_equal(pipeline, MAIN, "id")
