@@ -7,6 +7,11 @@ with pyiceberg (no Spark, no JVM).
 
 - A table that does not exist, or whose current snapshot has no ``lakeslot.lsn``, has no
   progress (``None``): it has not been snapshotted yet.
+- An idle table advances too: the apply job commits an empty snapshot carrying the new
+  ``lakeslot.lsn`` (no data rewritten), so its progress moves with the others.
+- A table the apply job stopped carries its definite error in table properties
+  (``lakeslot.apply-error``, in force while ``lakeslot.apply-error-lsn`` equals the table's
+  position; :func:`apply_error`): ``error`` and ``resnapshot_required`` report it.
 - hadoop catalogs are read from their metadata files (``version-hint.text`` names the current
   ``v<N>.metadata.json``); other catalog types through ``pyiceberg.catalog.load_catalog`` with
   the spec's uri, warehouse and properties.
@@ -29,6 +34,9 @@ from lakeslot.api.naming import iceberg_table_name
 from lakeslot.source.tables import TableName
 
 LSN_PROPERTY = "lakeslot.lsn"
+ERROR_PROPERTY = "lakeslot.apply-error"
+ERROR_LSN_PROPERTY = "lakeslot.apply-error-lsn"
+RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,16 @@ class MirrorProgress:
     lsn: int | None  # lakeslot.lsn of the current snapshot; None: nothing committed by lakeslot
     rows: int | None  # total-records of the current snapshot
     committed_at_ms: int | None
+    error: str | None = None  # the apply job stopped the table (definite error), and why
+    resnapshot_required: bool = False  # the way out of ``error`` is a re-snapshot
+
+
+def apply_error(properties: Mapping[str, str], lsn: int | None) -> str | None:
+    """The apply job's definite error recorded in table ``properties``, if still in force: a
+    re-snapshot moves the table's position ``lsn`` and so lifts it."""
+    if ERROR_PROPERTY in properties and properties.get(ERROR_LSN_PROPERTY) == str(lsn):
+        return properties[ERROR_PROPERTY]
+    return None
 
 
 def identifier(sink: SinkSpec, table: TableName) -> tuple[str, ...]:
@@ -78,8 +96,10 @@ def progress_of(table: Table | None) -> MirrorProgress:
     summary = snapshot.summary
     lsn = summary[LSN_PROPERTY] if summary is not None else None
     rows = summary["total-records"] if summary is not None else None
-    return MirrorProgress(int(lsn) if lsn is not None else None,
-                          int(rows) if rows is not None else None, snapshot.timestamp_ms)
+    position = int(lsn) if lsn is not None else None
+    error = apply_error(table.properties, position)
+    return MirrorProgress(position, int(rows) if rows is not None else None, snapshot.timestamp_ms,
+                          error, error is not None and table.properties.get(RESNAPSHOT_PROPERTY) == "true")
 
 
 def progress(sink: SinkSpec, tables: Iterable[TableName]) -> dict[TableName, MirrorProgress]:

@@ -14,10 +14,10 @@ import pytest
 
 from lakeslot.apply.iceberg import ERROR_PROPERTY, RESNAPSHOT_PROPERTY
 from lakeslot.apply.job import Hooks, read_status
+from lakeslot.mirror import progress
 from lakeslot.reader import segments
 from tests.support.apply_support import Pipeline, lsn_now, source_rows
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN, Workload, create_tables
-from tests.support.reader_support import staged
 
 CHANGES = "__changes"
 
@@ -88,9 +88,10 @@ def test_mirror_follows_a_random_workload_through_truncate_and_schema_changes(pi
 
     # intermediate commits equal the source as of their lakeslot.lsn
     history = pipeline.snapshots(MAIN)
-    for lsn, (names, rows) in checkpoints:
-        snapshot_id, _ = min((s for s in history if s[1] >= lsn), key=lambda s: s[1])
-        assert pipeline.mirror_rows(MAIN, names, version=snapshot_id) == rows
+    for phase, (lsn, (names, rows)) in enumerate(checkpoints):
+        # the first commit reflecting every commit before ``lsn`` (lakeslot.lsn ≥ lsn - 1)
+        snapshot_id, _ = min((s for s in history if s[1] >= lsn - 1), key=lambda s: s[1])
+        assert pipeline.mirror_rows(MAIN, names, version=snapshot_id) == rows, f"phase {phase}"
 
     # the idle table advanced with the others, without data commits
     positions = {t: pipeline.snapshots(t)[-1][1] for t in (MAIN, KEYLESS, IDLE)}
@@ -103,7 +104,7 @@ def _assert_changelog_exactly_once(pipeline: Pipeline) -> None:
     """Every staged change of MAIN above the snapshot is in the changelog once, with no value
     left as a placeholder for an unchanged TOAST column."""
     start = pipeline.snapshots(MAIN)[0][1]
-    _, rows = staged(pipeline.staging) if segments.Staging(pipeline.staging).list() else ([], [])
+    rows = [row for name in sorted(pipeline.staged) for row in pipeline.staged[name]]
     expected = sorted((r.commit_lsn, r.seq, r.op) for r in rows
                       if r.relation is not None and r.relation.table == MAIN.name
                       and r.commit_lsn > start)
@@ -158,8 +159,6 @@ def test_a_crash_at_any_point_then_a_restart_loses_and_duplicates_nothing(pipeli
 
 
 def test_idle_tables_advance_and_progress_sees_it(pipeline):
-    from lakeslot.mirror import progress
-
     pipeline.start_slot()
     pipeline.snapshot()
     with pipeline.pgdb.connect() as conn:
@@ -200,6 +199,9 @@ def test_definite_errors_stop_their_table_only(pipeline):
     assert properties[RESNAPSHOT_PROPERTY] == "true"
     status = read_status(pipeline.staging)
     assert status["tables"][0]["state"] == "failed" and status["tables"][0]["resnapshotRequired"]
+    seen = progress(pipeline.ingestion.spec.sink, [MAIN, KEYLESS])
+    assert "onTruncate is Error" in seen[MAIN].error and seen[MAIN].resnapshot_required
+    assert seen[KEYLESS].error is None
 
     # the error stays in force on the next pass; the other tables keep going
     with pipeline.pgdb.connect() as conn:

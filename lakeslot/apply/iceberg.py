@@ -14,8 +14,9 @@ Invariants:
 - A definite error is recorded on the table itself: ``lakeslot.apply-error`` (the message),
   ``lakeslot.apply-error-lsn`` (the position the table stopped at) and, when the way out is a
   re-snapshot, ``lakeslot.resnapshot-required``. The error is in force while the table's
-  position still equals ``lakeslot.apply-error-lsn``: a re-snapshot (which moves the position)
-  lifts it, and the apply job then removes the stale properties.
+  position still equals ``lakeslot.apply-error-lsn`` (``lakeslot.mirror.apply_error``, which
+  the operator and local mode read through ``lakeslot.mirror.progress``): a re-snapshot (which
+  moves the position) lifts it, and the apply job then removes the stale properties.
 - Tables are re-read (``refresh``) before every decision: another job (a re-snapshot) may have
   committed since, and Spark's catalog caches table objects.
 
@@ -30,14 +31,14 @@ from dataclasses import dataclass
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType
 
+from lakeslot import mirror as progress
 from lakeslot.snapshot import mirror
 from lakeslot.spark_session import with_commit_properties
 from lakeslot.typemap import LSN_COLUMN
 
 LSN_PROPERTY = mirror.LSN_PROPERTY
-ERROR_PROPERTY = "lakeslot.apply-error"
-ERROR_LSN_PROPERTY = "lakeslot.apply-error-lsn"
-RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"
+ERROR_PROPERTY, ERROR_LSN_PROPERTY = progress.ERROR_PROPERTY, progress.ERROR_LSN_PROPERTY
+RESNAPSHOT_PROPERTY = progress.RESNAPSHOT_PROPERTY
 OP_COLUMN, SEQ_COLUMN = "_lakeslot_op", "_lakeslot_seq"
 
 
@@ -57,9 +58,7 @@ class TableState:
     @property
     def error(self) -> str | None:
         """The recorded definite error, if still in force (see the module docstring)."""
-        if ERROR_PROPERTY in self.properties and self.properties.get(ERROR_LSN_PROPERTY) == str(self.lsn):
-            return self.properties[ERROR_PROPERTY]
-        return None
+        return progress.apply_error(self.properties, self.lsn)
 
     @property
     def resnapshot_required(self) -> bool:

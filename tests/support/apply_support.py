@@ -6,12 +6,13 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from psycopg import sql
 
 from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion
+from lakeslot.reader import segments
 from lakeslot.apply import job as apply_job
 from lakeslot.source.tables import TableName
 from spark_jobs import apply as apply_entry
@@ -30,6 +31,7 @@ class Pipeline:
     namespace: str  # catalog.ns, as the iceberg_namespace fixture gives it
     tables: list[TableName]
     ingestion: PostgresIngestion
+    staged: dict = field(default_factory=dict)  # segment name → its rows, kept past retention
 
     @classmethod
     def create(cls, spark, pgdb, warehouse, namespace: str, staging_uri: str,
@@ -52,7 +54,7 @@ class Pipeline:
         for key, value in changes.items():
             document["spec"][key] = {**document["spec"].get(key, {}), **value}
         return Pipeline(self.spark, self.pgdb, self.staging, self.namespace, self.tables,
-                        PostgresIngestion.model_validate(document))
+                        PostgresIngestion.model_validate(document), self.staged)
 
     def job_input(self) -> workloads.JobInput:
         argv = workloads.apply_arguments(self.ingestion, self.tables)
@@ -71,6 +73,10 @@ class Pipeline:
         with self.pgdb.connect() as conn:
             target = current_lsn(conn)
         read_until(self.pgdb, self.staging, target)
+        store = segments.Staging(self.staging)
+        for name in store.list():
+            if name not in self.staged:
+                self.staged[name] = list(store.read(name).rows())
         return target
 
     def apply(self, **options) -> apply_job.ApplyResult:

@@ -1,0 +1,178 @@
+"""Benchmark: commit in PostgreSQL → visible in Iceberg, with the reader and the apply job running.
+
+    .venv/bin/python bench/apply_bench.py [--rate 600] [--seconds 60] [--pg 15|18]
+                                          [--segment-seconds 0.5]
+
+One run starts a throwaway PostgreSQL (``lakeslot.pgcluster``), a table ``bench`` (bigint key,
+int, numeric, text, timestamptz), a publication and the slot, then runs at the same time:
+
+- a writer process: ``--rate`` transactions per second, paced, for ``--seconds`` (each an
+  INSERT of a new row; every fourth also UPDATEs an earlier row), one connection in autocommit.
+  Each transaction returns ``pg_current_wal_lsn()`` taken inside it and records the wall time
+  after its commit returned;
+- the real reader (``lakeslot reader`` process, segments sealed every ``--segment-seconds``);
+- the apply job in this process (``lakeslot.apply.job.run``, long-running, local[2] Spark,
+  ``triggerIntervalSeconds: 1``, snapshot mode ``never``);
+- an observer polling the mirror's ``lakeslot.lsn`` with pyiceberg every 50 ms (an independent
+  reader of the Iceberg metadata).
+
+Transaction i counts as visible at the first observed ``lakeslot.lsn`` ≥ the LSN returned by
+transaction i+1 (taken after i committed, so above i's commit LSN): a conservative latency, high
+by at most one transaction interval. Printed: achieved write rate, latency p50/p90/p99/max, the
+p50 of the first and the last third (lag bounded: the last third must not be far above the
+first), the time to drain after the writer stops, and the mirror's row count checked against the
+source. Numbers, not assertions (targets: p50 ≤ 5 s, p99 ≤ 15 s, lag bounded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from lakeslot import pgcluster, workloads  # noqa: E402
+from lakeslot.api.models import PostgresIngestion  # noqa: E402
+from lakeslot.apply import job as apply_job  # noqa: E402
+from lakeslot.mirror import progress  # noqa: E402
+from lakeslot.source import slot  # noqa: E402
+from lakeslot.source.tables import TableName  # noqa: E402
+from lakeslot.spark_session import build_session  # noqa: E402
+
+LAKESLOT = str(Path(sys.executable).with_name("lakeslot"))
+TABLE = TableName("public", "bench")
+
+
+def writer(dsn: str, rate: float, seconds: float, out) -> None:
+    import psycopg
+
+    records = []
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        insert = ("INSERT INTO bench VALUES (%s, %s, %s, 'row ' || %s, now()) "
+                  "RETURNING (pg_current_wal_lsn() - '0/0')::int8")
+        start = time.time()
+        i = 0
+        while time.time() - start < seconds:
+            due = start + i / rate
+            pause = due - time.time()
+            if pause > 0:
+                time.sleep(pause)
+            lsn = conn.execute(insert, (i, i % 100, i / 100, i)).fetchone()[0]
+            records.append((lsn, time.time()))
+            if i % 4 == 3:
+                conn.execute("UPDATE bench SET qty = qty + 1 WHERE id = %s", (i // 2,))
+            i += 1
+    out.send(records)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", type=float, default=600.0)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--pg", choices=("15", "18"), default="15")
+    parser.add_argument("--segment-seconds", type=float, default=0.5)
+    args = parser.parse_args()
+
+    install = pgcluster.debian_install(15) if args.pg == "15" else pgcluster.embedded_install()
+    work = Path(tempfile.mkdtemp(prefix="apply-bench-"))
+    staging, warehouse = (work / "staging").as_uri(), str(work / "warehouse")
+    with pgcluster.Cluster(install) as cluster:
+        cluster.create_database("bench")
+        with cluster.connect("bench") as conn:
+            conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, qty int, amount numeric(12,2),"
+                         " note text, created timestamptz)")
+            conn.execute("CREATE PUBLICATION p FOR TABLE bench")
+            slot.ensure(conn, "s")
+        ingestion = PostgresIngestion.model_validate({
+            "apiVersion": "lakeslot.dev/v1alpha1", "kind": "PostgresIngestion",
+            "metadata": {"name": "bench", "namespace": "default"},
+            "spec": {"source": {"host": "127.0.0.1", "port": cluster.port, "database": "bench",
+                                "user": cluster.superuser, "tables": [{"name": "bench"}]},
+                     "sink": {"catalog": {"type": "hadoop", "warehouse": warehouse},
+                              "namespace": "bench"},
+                     "staging": {"uri": staging}, "snapshot": {"mode": "never"},
+                     "apply": {"triggerIntervalSeconds": 1}}})
+        os.environ[workloads.PASSWORD_ENV] = cluster.password
+        env = {**os.environ, "LAKESLOT_SOURCE_PASSWORD": cluster.password}
+        reader = subprocess.Popen(
+            [LAKESLOT, "reader", "--ingestion", "default/bench", "--slot", "s", "--publication",
+             "p", "--staging", staging, "--host", "127.0.0.1", "--port", str(cluster.port),
+             "--dbname", "bench", "--user", cluster.superuser, "--pod", "bench",
+             "--segment-max-seconds", str(args.segment_seconds)],
+            env=env, stderr=open(work / "reader.log", "wb"))
+        spark = build_session(warehouse, app_name="apply-bench", catalog="lakeslot")
+        job = workloads.JobInput(ingestion, (TABLE,))
+        stop = threading.Event()
+        applier = threading.Thread(target=apply_job.run, args=(spark, job),
+                                   kwargs={"once": False, "stop": stop}, daemon=True)
+        applier.start()
+
+        seen: list[tuple[float, int]] = []
+        observing = threading.Event()
+
+        def observe() -> None:
+            while not observing.is_set():
+                lsn = progress(ingestion.spec.sink, [TABLE])[TABLE].lsn
+                if lsn is not None and (not seen or lsn > seen[-1][1]):
+                    seen.append((time.time(), lsn))
+                time.sleep(0.05)
+
+        observer = threading.Thread(target=observe, daemon=True)
+        observer.start()
+        while progress(ingestion.spec.sink, [TABLE])[TABLE].lsn is None:
+            time.sleep(0.2)  # the mirror exists: the apply job is up
+        receive, send = multiprocessing.Pipe(duplex=False)
+        process = multiprocessing.Process(target=writer, args=(cluster.dsn("bench"), args.rate,
+                                                               args.seconds, send))
+        process.start()
+        records = receive.recv()
+        process.join()
+        writer_done = time.time()
+        final = records[-1][0]
+        with cluster.connect("bench") as conn:
+            end_lsn = conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8").fetchone()[0]
+        while not seen or seen[-1][1] < end_lsn - 1:
+            time.sleep(0.05)
+        drained = seen[-1][0] - writer_done
+        observing.set()
+        stop.set()
+        applier.join(120)
+        reader.terminate()
+        reader.wait(30)
+
+        bounds = [r[0] for r in records[1:]] + [final + 1]
+        latencies, j = [], 0
+        for (_, committed), bound in zip(records, bounds, strict=True):
+            while seen[j][1] < bound - 1 and j < len(seen) - 1:
+                j += 1
+            latencies.append(seen[j][0] - committed)
+        rows = spark.sql("SELECT count(*) FROM lakeslot.bench.public__bench").collect()[0][0]
+        with cluster.connect("bench") as conn:
+            source = conn.execute("SELECT count(*) FROM bench").fetchone()[0]
+        spark.stop()
+
+    duration = records[-1][1] - records[0][1]
+    q = statistics.quantiles(latencies, n=100)
+    third = len(latencies) // 3
+    print(f"PostgreSQL {args.pg}, {len(records)} transactions in {duration:.1f} s = "
+          f"{len(records) / duration:.0f} txn/s (+1 UPDATE per 4), segments every "
+          f"{args.segment_seconds} s, trigger 1 s, {len(seen)} Iceberg positions observed")
+    print(f"latency commit→visible: p50 {q[49]:.2f} s  p90 {q[89]:.2f} s  p99 {q[98]:.2f} s  "
+          f"max {max(latencies):.2f} s")
+    print(f"p50 first third {statistics.median(latencies[:third]):.2f} s, last third "
+          f"{statistics.median(latencies[-third:]):.2f} s; drained {drained:.2f} s after the "
+          f"writer stopped; rows mirror {rows} / source {source}")
+    ok = q[49] <= 5 and q[98] <= 15 and rows == source
+    print(f"targets p50 ≤ 5 s, p99 ≤ 15 s, equal rows: {'met' if ok else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The reduction of a table's changes and the schema-change plan, without Spark or PostgreSQL."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from pyiceberg.types import DecimalType, IntegerType, ListType, LongType, StringType
+
+from lakeslot.apply.changes import KEEP, Change, TableError, reduce, start_position
+from lakeslot.apply.columns import parser, plan_schema
+from lakeslot.reader.pgoutput import Column, Relation
+from lakeslot.reader.segments import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName
+from lakeslot.source.tables import TableName
+
+T = TableName("public", "t")
+REL = Relation(1, "public", "t", "default", (Column("id", 23, -1, True), Column("v", 25, -1, False),
+                                              Column("big", 25, -1, False)))
+
+
+def change(lsn, op, new=None, old=None, seq=0):
+    return Change(lsn, seq, op, REL, new, old)
+
+
+def row(i, v, big):
+    return {"id": i, "v": v, "big": big}
+
+
+def test_latest_change_per_key_wins_and_a_key_change_deletes_the_old_key():
+    r = reduce(T, ["id"], [
+        change(10, "I", row("1", "a", "B1")),
+        change(10, "U", row("1", "b", UNCHANGED_TOAST), seq=1),
+        change(20, "U", row("2", "c", UNCHANGED_TOAST), {"id": "1", "v": NOT_IN_KEY,
+                                                         "big": NOT_IN_KEY}),
+        change(30, "I", row("3", "x", None)),
+        change(40, "D", None, {"id": "3", "v": NOT_IN_KEY, "big": NOT_IN_KEY}),
+    ])
+    assert {k: (f.image.values if f.image else None, f.lsn) for k, f in r.finals.items()} == {
+        ("1",): (None, 20), ("2",): ({"id": "2", "v": "c", "big": "B1"}, 20), ("3",): (None, 40)}
+    assert [e.op for e in r.events] == ["I", "U", "U", "I", "D"]
+    assert r.events[1].image.values["big"] == "B1"  # the changelog never holds a placeholder
+    assert not r.truncated
+
+
+def test_unchanged_toast_keeps_the_mirror_value_of_the_row_it_came_from():
+    r = reduce(T, ["id"], [
+        change(10, "U", row("1", "b", UNCHANGED_TOAST)),
+        change(20, "U", row("5", "c", UNCHANGED_TOAST), {"id": "1", "v": NOT_IN_KEY,
+                                                         "big": NOT_IN_KEY}),
+    ])
+    image = r.finals[("5",)].image
+    assert image.values == {"id": "5", "v": "c", "big": KEEP} and image.source == ("1",)
+
+
+def test_full_old_tuple_supplies_the_unchanged_value():
+    r = reduce(T, ["id"], [change(10, "U", row("1", "b", UNCHANGED_TOAST), row("1", "a", "OLD"))])
+    assert r.finals[("1",)].image.values["big"] == "OLD" and r.finals[("1",)].image.source is None
+
+
+def test_truncate_drops_earlier_changes_and_a_kept_value_after_it_is_an_error():
+    r = reduce(T, ["id"], [change(10, "I", row("1", "a", "B")), change(20, "T"),
+                           change(20, "I", row("2", "b", "C"), seq=1)])
+    assert r.truncated and list(r.finals) == [("2",)]
+    with pytest.raises(TableError, match="REPLICA IDENTITY FULL") as e:
+        reduce(T, ["id"], [change(20, "T"), change(30, "U", row("1", "b", UNCHANGED_TOAST))])
+    assert e.value.resnapshot
+
+
+def test_a_change_without_the_configured_key_is_a_clear_error():
+    with pytest.raises(TableError, match="need REPLICA IDENTITY FULL"):
+        reduce(T, ["v"], [change(10, "D", None, {"id": "1", "v": NOT_IN_KEY, "big": NOT_IN_KEY})])
+
+
+def test_reading_starts_above_the_position_or_at_the_first_segment_for_position_zero():
+    names = [SegmentName(100, 200)]
+    assert (start_position(names, 0), start_position(names, 150)) == (100, 151)
+
+
+def test_schema_plan_adds_promotes_keeps_dropped_and_refuses_narrowing():
+    mirror = {"id": IntegerType(), "n": IntegerType(), "d": DecimalType(10, 2), "gone": StringType()}
+    plan = plan_schema(mirror, [{"id": IntegerType(), "n": LongType(), "d": DecimalType(12, 2),
+                                 "new": ListType(1, StringType())}])
+    assert plan.add == (("new", ListType(1, StringType())),)
+    assert [n for n, _ in plan.promote] == ["n", "d"] and plan.dropped == ("gone",)
+    assert not plan.incompatible
+    narrowed = plan_schema({"n": LongType()}, [{"n": IntegerType()}])
+    assert narrowed.incompatible and "cannot promote" in narrowed.incompatible[0]
+    assert not plan_schema(mirror, []).changes
+
+
+def test_values_parse_by_the_mirror_columns_type():
+    assert parser("d", DecimalType(5, 2)).from_text(["1.50", None]).to_pylist() == \
+        [Decimal("1.50"), None]
+    assert parser("l", ListType(1, LongType())).from_text(["{1,NULL,3}"]).to_pylist() == \
+        [[1, None, 3]]

@@ -1,0 +1,59 @@
+"""The apply entry point: the workloads argument contract (exactly what the operator passes),
+``--once``, the exit status and the JSON summary."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from lakeslot import workloads
+from spark_jobs import apply as entry
+from tests.support.apply_support import Pipeline
+from tests.support.apply_workload import IDLE, MAIN, Workload, create_tables
+
+
+def test_runnable_as_a_module():
+    result = subprocess.run([sys.executable, "-m", "spark_jobs.apply", "--help"],
+                            capture_output=True, text=True, check=True)
+    assert "--once" in result.stdout and "--ingestion-json" in result.stdout
+
+
+def test_no_table_is_a_usage_error(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path,
+                                   capsys):
+    pipeline = Pipeline.create(spark, pgdb, spark_warehouse, iceberg_namespace,
+                               (tmp_path / "s").as_uri(), [])
+    with pytest.raises(SystemExit) as exit_:
+        entry.main(workloads.apply_arguments(pipeline.ingestion, []))
+    assert exit_.value.code == 2 and "no --table" in capsys.readouterr().err
+
+
+def test_once_with_the_operators_arguments(spark, spark_warehouse, iceberg_namespace, pgdb,
+                                           tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
+    with pgdb.connect() as conn:
+        create_tables(conn, rows=2)
+    pipeline = Pipeline.create(spark, pgdb, spark_warehouse, iceberg_namespace,
+                               (tmp_path / "staging").as_uri(), [MAIN, IDLE])
+    pipeline.start_slot()
+    pipeline.snapshot()
+    with pgdb.connect() as conn:
+        Workload(conn, random.Random(9)).run(5)
+    pipeline.seal()
+    capsys.readouterr()
+    argv = workloads.apply_arguments(pipeline.ingestion, [MAIN, IDLE])
+    assert entry.main([*argv, "--once"], spark=spark) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["ok"] and [t["state"] for t in summary["tables"]] == ["applied", "advanced"]
+    assert summary["tables"][0]["lsn"] == summary["tables"][1]["lsn"] is not None
+
+    with pgdb.connect() as conn:
+        conn.execute(f"TRUNCATE {MAIN}")
+    pipeline.seal()
+    strict = pipeline.with_spec(policies={"onTruncate": "Error"})
+    assert entry.main([*workloads.apply_arguments(strict.ingestion, [MAIN, IDLE]), "--once"],
+                      spark=spark) == 1
+    assert "onTruncate is Error" in capsys.readouterr().err
