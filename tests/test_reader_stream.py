@@ -272,17 +272,23 @@ def test_a_terminated_backend_is_transient_and_nothing_is_lost_or_repeated(pgdb,
     with pgdb.connect() as conn:
         prepare(conn, _create(conn))
         background = start_in_background(pgdb, _staging(tmp_path), segment_max_seconds=0.2)
+        terminated = None
+
+        def holds_again() -> bool:  # a new session, not the terminated one letting go
+            return slot.health(conn, "s").active_pid not in (None, terminated)
+
         try:
             for i in range(3):
-                wait_for(lambda: slot.health(conn, "s").active, "the reader to hold the slot")
+                wait_for(holds_again, "the reader to hold the slot")
                 conn.execute("INSERT INTO t_default SELECT g, 'x', %s FROM generate_series(1, 50) g"
                              " ON CONFLICT (id) DO UPDATE SET n = excluded.n", (i,))
                 target = current_lsn(conn)
                 wait_for(lambda target=target: slot.health(conn, "s").confirmed_flush_lsn >= target,
                          "the changes to be sealed and confirmed")
-                conn.execute("SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots"
-                             " WHERE slot_name = 's'")
-            wait_for(lambda: slot.health(conn, "s").active, "the reader to reconnect")
+                terminated = conn.execute(
+                    "SELECT active_pid FROM pg_replication_slots"
+                    " WHERE slot_name = 's' AND pg_terminate_backend(active_pid)").fetchone()[0]
+            wait_for(holds_again, "the reader to reconnect")
         finally:
             background.finish()
         assert background.metrics.registry.get_sample_value("lakeslot_reader_reconnects_total") >= 3

@@ -47,7 +47,9 @@ from lakeslot.reader.segments import BATCH_BYTES, BATCH_ROWS, Batch, Staging
 log = logging.getLogger("lakeslot.reader")
 
 HEALTH_INTERVAL_S = 5.0
-TICK_S = 0.1  # how often a busy stream looks at the clock-driven duties (stop, seal by age)
+# How often the stream looks at the clock-driven duties (stop, seal by age), and the longest
+# a message smaller than protocol.WAKE_BYTES waits in the socket.
+TICK_S = 0.1
 
 
 @dataclass(frozen=True)
