@@ -121,6 +121,13 @@ def _operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
 def _lsn(text: str) -> int:
     from lakeslot import lsn
 
@@ -141,7 +148,8 @@ def _reader(args: argparse.Namespace) -> int:
         ingestion=args.ingestion, slot=args.slot, publication=args.publication,
         staging_uri=args.staging,
         settings=reader.settings_from_environment(args.host, args.port, args.dbname, args.user,
-                                                  args.sslmode, args.sslrootcert),
+                                                  args.sslmode, args.sslrootcert,
+                                                  dict(args.source_option)),
         pod=args.pod or os.environ.get("POD_NAME") or socket.gethostname(),
         segment_max_bytes=args.segment_max_bytes, segment_max_seconds=args.segment_max_seconds,
         feedback_interval=(None if args.feedback_interval_ms is None
@@ -215,6 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user", help="source user (default $PGUSER, else postgres)")
     p.add_argument("--sslmode", help="libpq sslmode (default $PGSSLMODE, else prefer)")
     p.add_argument("--sslrootcert", metavar="FILE", help="CA certificate for verify-ca/verify-full")
+    p.add_argument("--source-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                   help="a further libpq parameter (spec.source.options; repeatable)")
     p.add_argument("--pod", help="identity in application_name (default $POD_NAME, else the host name)")
     p.add_argument("--metrics-port", type=int, metavar="N", help="serve /metrics and /healthz on this port")
     p.add_argument("--status-file", metavar="PATH", help="write the outcome as JSON here on exit")

@@ -66,6 +66,8 @@ def reader_command(ingestion: PostgresIngestion, slot: str, publication: str) ->
                "--metrics-port", str(READER_METRICS_PORT)]
     if source.ca_secret_ref is not None:
         command += ["--sslrootcert", CA_FILE]
+    for key, value in sorted(source.options.items()):  # no secrets: the API rejects password here
+        command += ["--source-option", f"{key}={value}"]
     return command
 
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import pytest
 
+from lakeslot import cli, workloads
+from lakeslot.api.models import PostgresIngestion
 from lakeslot.reader import reader, segments
 from lakeslot.reader.protocol import SourceIdentity
 from lakeslot.reader.segments import SegmentName
 from lakeslot.source.slot import SlotHealth
+from lakeslot.source.tables import TableName
+from tests.support.operator_env import OfflineDatabase, ingestion_document
 
 SOURCE = SourceIdentity("7300000000000000001", 1)
 
@@ -87,3 +91,15 @@ def test_feedback_interval_is_at_most_a_second_and_half_the_sender_timeout():
 def test_staging_uris_are_logged_without_credentials():
     assert reader.redact("s3://AKIA:secret@bucket/prefix?secret_key=x&region=eu") == "s3://bucket/prefix"
     assert reader.redact("file:///var/lib/lakeslot/staging") == "file:///var/lib/lakeslot/staging"
+
+
+def test_the_operators_reader_command_parses_and_carries_the_source_options():
+    document = ingestion_document("orders", OfflineDatabase(), [TableName("public", "t")],
+                                  warehouse="/tmp/wh", staging="file:///tmp/staging")
+    document["spec"]["source"]["options"] = {"connect_timeout": "7", "target_session_attrs": "read-write"}
+    command = workloads.reader_command(PostgresIngestion.model_validate(document), "s", "p")
+    args = cli.build_parser().parse_args(command[1:])
+    settings = reader.settings_from_environment(args.host, args.port, args.dbname, args.user,
+                                                args.sslmode, args.sslrootcert, dict(args.source_option))
+    assert settings.extra["connect_timeout"] == "7" and settings.port == 6543
+    assert settings.extra["target_session_attrs"] == "read-write"

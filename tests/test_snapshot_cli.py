@@ -15,20 +15,12 @@ from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.source.tables import TableName
 from spark_jobs import snapshot as entry
-from tests.support.operator_env import NAMESPACE, ingestion_document
+from tests.support.operator_env import NAMESPACE, OfflineDatabase, ingestion_document
 from tests.support.snapshot_helpers import snapshot_slots
 
 
-class _Db:  # enough of tests.support.fixtures_pg.Database for ingestion_document
-    name = "app"
-
-    class cluster:  # noqa: N801 - mimics the attribute
-        port = 5432
-        superuser = "lakeslot"
-
-
 def _ingestion(**spec) -> PostgresIngestion:
-    document = ingestion_document("orders", _Db, [TableName('Sales "EU"', "Order Lines")],
+    document = ingestion_document("orders", OfflineDatabase(), [TableName('Sales "EU"', "Order Lines")],
                                   warehouse="/tmp/wh", staging="file:///tmp/staging", **spec)
     document["spec"]["source"]["tables"][0].update(keyColumns=["id"], excludeColumns=["secret"])
     document["spec"]["source"]["tables"].append({"schema": "public", "name": "plain"})

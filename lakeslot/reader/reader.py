@@ -365,16 +365,18 @@ def main(config: ReaderConfig, *, status_file: str | None = None,
 
 def settings_from_environment(host: str | None, port: int | None, dbname: str | None,
                               user: str | None, sslmode: str | None,
-                              sslrootcert: str | None) -> ConnectionSettings:
+                              sslrootcert: str | None,
+                              options: dict[str, str] | None = None) -> ConnectionSettings:
     """Connection settings from arguments, else libpq's environment; the password only from
-    ``LAKESLOT_SOURCE_PASSWORD`` (None lets libpq use ``PGPASSWORD`` or ``~/.pgpass``)."""
+    ``LAKESLOT_SOURCE_PASSWORD`` (None lets libpq use ``PGPASSWORD`` or ``~/.pgpass``);
+    ``options`` are further libpq parameters (``spec.source.options``)."""
     env = os.environ
     return ConnectionSettings(
         host=host or env.get("PGHOST", "localhost"), port=port or int(env.get("PGPORT", "5432")),
         dbname=dbname or env.get("PGDATABASE", "postgres"),
         user=user or env.get("PGUSER", "postgres"),
         password=env.get(PASSWORD_ENV), sslmode=sslmode or env.get("PGSSLMODE", "prefer"),
-        sslrootcert=sslrootcert, extra={"client_encoding": "UTF8"})
+        sslrootcert=sslrootcert, extra={**(options or {}), "client_encoding": "UTF8"})
 
 
 class JsonFormatter(logging.Formatter):

@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import psycopg
 from psycopg import sql
 
-from lakeslot.api.models import SourceSpec
+if TYPE_CHECKING:  # the reader imports this module: keep pydantic models out of its start-up
+    from lakeslot.api.models import SourceSpec
 
 APPLICATION_NAME_BYTES = 63
 SESSION_OPTIONS = ("-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres"

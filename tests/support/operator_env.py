@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import base64
 import uuid
+from typing import NamedTuple
 
 import kubernetes.client
 import yaml
@@ -55,6 +56,18 @@ def create_secret(api_client, name: str, values: dict[str, str]) -> None:
     kubernetes.client.CoreV1Api(api_client).create_namespaced_secret(NAMESPACE, {
         "metadata": {"name": name},
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in values.items()}})
+
+
+class _Cluster(NamedTuple):
+    port: int
+    superuser: str
+
+
+class OfflineDatabase(NamedTuple):
+    """Stands in for a test Database in documents that never connect (argument contracts)."""
+
+    name: str = "app"
+    cluster: _Cluster = _Cluster(6543, "lakeslot")
 
 
 def ingestion_document(name: str, db, tables: list[TableName], *, warehouse: str, staging: str,
