@@ -111,7 +111,8 @@ def test_create_then_snapshot_then_stream(api, source, spark, spark_warehouse, t
     assert env.condition(resource, "SnapshotComplete")["status"] == "True"
     assert {t["state"] for t in resource["status"]["tables"]} == {"Streaming"}
     assert {t["appliedLsn"] for t in resource["status"]["tables"]} == {lsnlib.format(snapshot_lsn)}
-    assert "orders-apply" in env.spark_applications(api)
+    apply_args = env.job_arguments(env.spark_applications(api)["orders-apply"])
+    assert sorted(apply_args.tables) == sorted(tables) and not apply_args.once  # long-running
     assert env.condition(resource, "Streaming")["reason"] == "ReaderNotReady"
 
     # Reader pod and apply job running (simulated controllers) → Ready.
@@ -311,10 +312,9 @@ def test_a_lost_slot_is_recreated_staging_emptied_and_every_table_snapshotted_ag
         assert not staged.exists()
         assert env.condition(resource, "SlotReady")["status"] == "True"
         application = resource["status"]["snapshot"]["application"]
-        job = env.job_input(env.spark_applications(api)[application])
-        arguments = env.spark_applications(api)[application]["spec"]["arguments"]
-        assert job.tables == tuple(tables)
-        assert arguments[arguments.index("--min-snapshot-lsn") + 1] == str(lsnlib.parse(below))
+        arguments = env.job_arguments(env.spark_applications(api)[application])
+        assert tuple(arguments.tables) == tuple(tables)
+        assert arguments.min_snapshot_lsn == lsnlib.parse(below)
         assert env.condition(resource, "SnapshotComplete")["reason"] == "Snapshotting"
 
         env.commit_snapshot(spark, document, tables, lsnlib.parse(below) + 10)
