@@ -37,6 +37,7 @@ LSN_PROPERTY = "lakeslot.lsn"
 ERROR_PROPERTY = "lakeslot.apply-error"
 ERROR_LSN_PROPERTY = "lakeslot.apply-error-lsn"
 RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"
+SNAPSHOT_LSN_PROPERTY = "lakeslot.snapshot-lsn"  # set by the snapshot job (lakeslot.snapshot.mirror)
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class MirrorProgress:
     committed_at_ms: int | None
     error: str | None = None  # the apply job stopped the table (definite error), and why
     resnapshot_required: bool = False  # the way out of ``error`` is a re-snapshot
+    snapshot_lsn: int | None = None  # lakeslot.snapshot-lsn: where the table's snapshot was taken
 
 
 def apply_error(properties: Mapping[str, str], lsn: int | None) -> str | None:
@@ -98,8 +100,10 @@ def progress_of(table: Table | None) -> MirrorProgress:
     rows = summary["total-records"] if summary is not None else None
     position = int(lsn) if lsn is not None else None
     error = apply_error(table.properties, position)
+    taken = table.properties.get(SNAPSHOT_LSN_PROPERTY)
     return MirrorProgress(position, int(rows) if rows is not None else None, snapshot.timestamp_ms,
-                          error, error is not None and table.properties.get(RESNAPSHOT_PROPERTY) == "true")
+                          error, error is not None and table.properties.get(RESNAPSHOT_PROPERTY) == "true",
+                          int(taken) if taken is not None else None)
 
 
 def progress(sink: SinkSpec, tables: Iterable[TableName]) -> dict[TableName, MirrorProgress]:

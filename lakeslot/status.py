@@ -265,7 +265,7 @@ def record_progress(report: Report, progress: Mapping[TableName, mirror.MirrorPr
             continue
         if p.lsn is not None and table not in snapshotting:
             row.state = "Streaming"
-            row.snapshot_lsn = row.snapshot_lsn or lsnlib.format(p.lsn)
+            row.snapshot_lsn = lsn_text(p.snapshot_lsn) or row.snapshot_lsn or lsnlib.format(p.lsn)
             row.applied_lsn = lsnlib.format(p.lsn)
             row.rows_known = p.rows
             applied.append(p.lsn)

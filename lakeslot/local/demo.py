@@ -227,19 +227,19 @@ def main(directory: Path, *, scale: int = 10, out=None) -> int:
             first = run.run(local, run.Options(once=True, spark=spark, interactive=interactive))
             snapshot_document = observe.snapshot_document(local)
             transactions = workload.stop()
-            if first.code != run.EXIT_OK:
-                say(f"lakeslot demo: the run failed: {first.message}")
-                return 1
+            if not first.caught_up:
+                say(f"lakeslot demo: the run did not catch up: {first.message}")
+                return first.code or 130
             end_lsn = _current_lsn(cluster)
             say(f"- workload stopped after {transactions:,} pgbench transactions and "
                 f"{workload.odd_changes:,} changes to {ODD_TABLE}")
             say("- lakeslot run --once again: resumes where the first run ended and catches up")
             second = run.run(local, run.Options(once=True, spark=spark, interactive=interactive))
-            if second.code != run.EXIT_OK:
-                say(f"lakeslot demo: the second run failed: {second.message}")
-                return 1
+            if not second.caught_up:
+                say(f"lakeslot demo: the second run did not catch up: {second.message}")
+                return second.code or 130
         finally:
-            spark.stop()
+            run.stop_spark(spark)
         settings = ConnectionSettings("127.0.0.1", cluster.port, DATABASE, cluster.superuser,
                                       cluster.password, sslmode="disable")
         checks = verify.compare(local.ingestion, settings, tables)

@@ -36,6 +36,7 @@ import contextlib
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -49,7 +50,7 @@ import psycopg
 from lakeslot import lsn as lsnlib
 from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestionStatus
-from lakeslot.local import observe, reader_process, state
+from lakeslot.local import observe, reader_process, state, tree
 from lakeslot.local.config import Local
 from lakeslot.local.display import Display
 from lakeslot.reader.reader import EXIT_DEFINITE as READER_DEFINITE
@@ -61,6 +62,7 @@ log = logging.getLogger("lakeslot.local")
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEFINITE = 0, 1, 2, 3
 READER_RESTARTS = 5  # consecutive reader failures (each after its own 300 s of retries) → give up
 ONCE_POLL_S = 1.0
+STOP_TIMEOUT_S = 60.0
 
 
 class RunFailed(Exception):
@@ -83,6 +85,7 @@ class Options:
 class Result:
     code: int
     message: str
+    caught_up: bool = False  # --once reached its target (not stopped by a signal first)
     status: PostgresIngestionStatus | None = None
     once_target: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -122,6 +125,26 @@ def spark_session(local: Local, tables: list[TableName], *, master: str = "local
     return spark
 
 
+def stop_spark(spark) -> None:
+    """Stop the session and its JVM. PySpark leaves the JVM running until this process exits
+    (it watches its stdin); closing that pipe ends it now, so nothing outlives the run."""
+    from pyspark import SparkContext
+
+    gateway = spark.sparkContext._gateway
+    process = getattr(gateway, "proc", None)
+    spark.stop()
+    with SparkContext._lock:
+        SparkContext._gateway = SparkContext._jvm = None
+    gateway.shutdown()
+    if process is not None:
+        process.stdin.close()
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def run(local: Local, options: Options) -> Result:
     """Run until stopped (or caught up with ``--once``). Raises :class:`state.AlreadyRunning`."""
     lock = state.RunLock(local.state_dir)
@@ -133,12 +156,13 @@ def run(local: Local, options: Options) -> Result:
         session = _Session(local, options, stop)
         try:
             session.execute()
-            code, message = EXIT_OK, "caught up" if options.once else "stopped"
+            code, message = EXIT_OK, "caught up" if session.caught_up else "stopped"
         except RunFailed as e:
             code, message = e.code, str(e)
         finally:
             session.shutdown()
-        return Result(code, message, session.final_status(), session.target, session.timings)
+        return Result(code, message, session.caught_up, session.final_status(), session.target,
+                      session.timings)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -161,6 +185,7 @@ class _Session:
         self.reader_failures = 0
         self.reader_done = threading.Event()  # --once: everything up to the target is sealed
         self.target: int | None = None
+        self.caught_up = False
         self.spark = None
         self.workers: dict[str, _Worker] = {}
         self.apply_stop = threading.Event()
@@ -168,6 +193,7 @@ class _Session:
         self.staged = observe.StagedCounter(local.ingestion.spec.staging.uri)
         self.timings: dict[str, float] = {}
         self.started = time.monotonic()
+        self.processes_before = tree.descendants(os.getpid())
         self.last_status: PostgresIngestionStatus | None = None
         self._batch_started: float | None = None
         self.apply_seconds: float | None = None  # the last apply pass: batch read → committed
@@ -178,6 +204,8 @@ class _Session:
         tables, below = self._control()
         self._start_reader()
         self.spark = self.options.spark or self._spark_session(tables)
+        if self.stop.is_set():
+            return
         self._phase("snapshot", lambda: self._snapshot(tables, below))
         if self.stop.is_set():
             return
@@ -186,6 +214,7 @@ class _Session:
             raise RunFailed(EXIT_DEFINITE, "no table has a snapshot to stream into (see the "
                             "snapshot errors above and lakeslot status)")
         self._phase("apply", lambda: self._apply(streaming))
+        self.caught_up = self.options.once and not self.stop.is_set()
 
     def _control(self) -> tuple[list[TableName], int]:
         report = st.Report(PostgresIngestionStatus(), 0, datetime.now(timezone.utc))
@@ -377,7 +406,14 @@ class _Session:
                     self.spark.sparkContext.cancelAllJobs()
                 worker.join(1.0)
         if self.spark is not None and self.options.spark is None:
-            self.spark.stop()
+            stop_spark(self.spark)
+            # Spark's Python workers die with its JVM, a moment later: wait for everything this
+            # run started (a caller's own session and processes are left alone).
+            left = tree.wait_gone(tree.descendants(os.getpid()) - self.processes_before,
+                                  STOP_TIMEOUT_S)
+            if left:
+                log.warning("processes %s did not exit by themselves and were terminated",
+                            sorted(left))
         with contextlib.suppress(Exception):
             self._refresh_final()
         self.display.close()

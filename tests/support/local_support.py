@@ -17,6 +17,7 @@ from psycopg import sql
 
 from lakeslot import workloads
 from lakeslot.local import config
+from lakeslot.local.tree import alive, descendants  # noqa: F401 - the tests' view of the tree
 from lakeslot.source.tables import TableName
 from tests.support import operator_env
 
@@ -27,7 +28,7 @@ ACCOUNTS = TableName("public", "accounts")
 def create_accounts(conn, rows: int) -> TableName:
     conn.execute("CREATE TABLE accounts (id bigint PRIMARY KEY, balance int NOT NULL, "
                  "note text, changed timestamptz DEFAULT now())")
-    conn.execute("INSERT INTO accounts (id, balance, note) SELECT i, i % 1000, repeat('x', 40) "
+    conn.execute("INSERT INTO accounts (id, balance, note) SELECT i, mod(i, 1000), repeat('x', 40) "
                  "FROM generate_series(1, %s) AS i", (rows,))
     conn.execute("ANALYZE accounts")
     return ACCOUNTS
@@ -99,37 +100,6 @@ class Workload:
 
 def _value(table: TableName, rng: random.Random):
     return rng.randint(0, 10**6) if table == ACCOUNTS else f"v{rng.randint(0, 10**6)} ✓ \"q\""
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below ``pid`` (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    parent = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
-def alive(pids: set[int]) -> set[int]:
-    living = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    living.add(pid)
-        except OSError:
-            pass
-    return living
 
 
 def temporary_slots(db) -> list[str]:

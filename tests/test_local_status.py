@@ -1,0 +1,82 @@
+"""``lakeslot status`` before, without and against a broken ingestion: the operator's status
+model, computed from real PostgreSQL 15 and 18, changing nothing and never showing a secret."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+import yaml
+
+from lakeslot.local import observe
+from tests.support import local_support as ls
+
+
+def _status(path, db, state_dir, password=None) -> dict:
+    env = {**os.environ, "LAKESLOT_SOURCE_PASSWORD": password or db.cluster.password}
+    result = subprocess.run([ls.LAKESLOT, "status", "-f", str(path), "--state-dir",
+                             str(state_dir), "-o", "json"], capture_output=True, text=True,
+                            env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (password or db.cluster.password) not in result.stdout + result.stderr
+    return json.loads(result.stdout)
+
+
+def _conditions(document: dict) -> dict:
+    return {c["type"]: (c["status"], c["reason"]) for c in document["conditions"]}
+
+
+def test_before_any_run_status_says_what_is_missing_and_changes_nothing(pgdb, tmp_path):
+    with pgdb.connect() as conn:
+        table = ls.create_accounts(conn, 10)
+    path = tmp_path / "ingestion.yaml"
+    ls.write_ingestion(path, pgdb, [table], tmp_path)
+    document = _status(path, pgdb, tmp_path / "state")
+    conditions = _conditions(document)
+    assert conditions["SourceReady"] == ("True", "PreflightPassed")
+    assert conditions["SlotReady"] == ("False", "SlotMissing")
+    assert conditions["SnapshotComplete"] == ("False", "NotSnapshotted")
+    assert conditions["Streaming"][1] == "ReaderNotReady"
+    assert conditions["Ready"][0] == "False"
+    assert document["phase"] == "Pending"
+    assert document["tables"] == [{"schema": "public", "name": "accounts", "state": "Pending"}]
+    with pgdb.connect() as conn:  # observing created neither slot nor publication
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone()[0] == 0
+        assert conn.execute("SELECT count(*) FROM pg_publication").fetchone()[0] == 0
+
+
+def test_a_table_without_a_key_is_failed_with_its_fix(pgdb, tmp_path):
+    with pgdb.connect() as conn:
+        good = ls.create_accounts(conn, 10)
+        conn.execute("CREATE TABLE keyless (v int)")
+    path = tmp_path / "ingestion.yaml"
+    document = ls.write_ingestion(path, pgdb, [good], tmp_path)
+    document["spec"]["source"]["tables"].append({"name": "keyless"})
+    path.write_text(yaml.safe_dump(document))
+    status = _status(path, pgdb, tmp_path / "state")
+    rows = {t["name"]: t for t in status["tables"]}
+    assert rows["keyless"]["state"] == "Failed" and "fix:" in rows["keyless"]["message"]
+    assert rows["accounts"]["state"] == "Pending"
+    assert _conditions(status)["Degraded"] == ("True", "TablesFailed")
+
+
+@pytest.mark.parametrize("pg", ["pg15"], indirect=True)
+def test_a_wrong_password_is_a_condition_not_a_crash(pgdb, tmp_path):
+    with pgdb.connect() as conn:
+        table = ls.create_accounts(conn, 10)
+    path = tmp_path / "ingestion.yaml"
+    ls.write_ingestion(path, pgdb, [table], tmp_path)
+    status = _status(path, pgdb, tmp_path / "state", password="not-the-password")
+    assert _conditions(status)["SourceReady"] == ("False", "ConnectionFailed")
+    assert status["phase"] == "Pending"
+
+
+def test_activity_without_a_run(pgdb, tmp_path):
+    with pgdb.connect() as conn:
+        table = ls.create_accounts(conn, 10)
+    path = tmp_path / "ingestion.yaml"
+    ls.write_ingestion(path, pgdb, [table], tmp_path)
+    activity = observe.activity(ls.local(path, pgdb, tmp_path / "state"))
+    assert not activity.run_active and not activity.reader_running
