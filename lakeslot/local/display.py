@@ -83,7 +83,7 @@ def frame(local: Local, status: PostgresIngestionStatus, elapsed: float,
     lines += [f"{c.type}: {c.reason}: {c.message.splitlines()[0] if c.message else ''}"[:160]
               for c in problems if c.type != "Ready"]
     lines += [f"{t.schema_name}.{t.name}: {t.message.splitlines()[0]}"[:160]
-              for t in status.tables if t.state == "Failed" and t.message]
+              for t in status.tables if t.message]
     return lines
 
 
