@@ -13,7 +13,8 @@ import yaml
 
 from lakeslot import workloads
 from lakeslot.local import config, reader_process, state
-from tests.support.local_support import LAKESLOT, alive
+from lakeslot.local.tree import alive
+from tests.support.local_support import LAKESLOT
 from tests.support.waiting import wait_for
 
 SECRET = "s3cr3t-value-never-printed"

@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 from lakeslot.local import observe, state, verify
+from lakeslot.local.tree import alive, descendants
 from lakeslot.source.tables import TableName
 from tests.support import local_support as ls
 from tests.support.fixtures_pg import connection_settings
@@ -109,23 +110,23 @@ def test_kill_9_mid_stream_then_restart_then_ctrl_c_leaves_nothing_behind(source
     wait_for(lambda: first.poll() is not None or applied_past_snapshot(),
              "the first run to apply streamed changes", deadline=RUN_DEADLINE_S, interval=1)
     assert first.poll() is None, log.read_text()[-3000:]
-    children = ls.descendants(first.pid)
+    children = descendants(first.pid)
     reader_pid = state.read_run(state_dir)["readerPid"]
     assert reader_pid in children
     first.send_signal(signal.SIGKILL)
     first.wait()
-    wait_for(lambda: not ls.alive(children), "the killed run's children (reader, Spark) to exit")
+    wait_for(lambda: not alive(children), "the killed run's children (reader, Spark) to exit")
     wait_for(lambda: ls.temporary_slots(db) == [], "no temporary slot")
 
     second = ls.spawn_run(path, db, state_dir, log)
     wait_for(lambda: second.poll() is not None or (
         state.read_run(state_dir).get("pid") == second.pid and applied_past_snapshot()),
         "the restarted run to stream", deadline=RUN_DEADLINE_S, interval=1)
-    children = ls.descendants(second.pid)
+    children = descendants(second.pid)
     assert children, "the run has its reader and Spark below it"
     second.send_signal(signal.SIGINT)
     assert _finish(second, log) == 0, log.read_text()[-3000:]
-    assert ls.alive(children) == set(), "Ctrl-C left processes behind"
+    assert alive(children) == set(), "Ctrl-C left processes behind"
     assert ls.temporary_slots(db) == []
     with db.connect() as conn:
         assert conn.execute("SELECT active FROM pg_replication_slots WHERE NOT temporary"

@@ -26,7 +26,6 @@ embedded PostgreSQL is not installed.
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import shutil
@@ -37,7 +36,6 @@ import threading
 import time
 from pathlib import Path
 
-import psycopg
 import yaml
 from psycopg import sql
 
@@ -47,8 +45,6 @@ from lakeslot.local import config, observe, run, verify
 from lakeslot.local.display import human_bytes
 from lakeslot.source.connection import ConnectionSettings
 from lakeslot.source.tables import TableName
-
-log = logging.getLogger("lakeslot.demo")
 
 DATABASE = "demo"
 ODD_SCHEMA = 'Demo "Schema"'

@@ -17,7 +17,6 @@ from psycopg import sql
 
 from lakeslot import workloads
 from lakeslot.local import config
-from lakeslot.local.tree import alive, descendants  # noqa: F401 - the tests' view of the tree
 from lakeslot.source.tables import TableName
 from tests.support import operator_env
 
