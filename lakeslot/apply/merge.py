@@ -56,7 +56,7 @@ class Source:
 
 
 def _python(values: pa.Array) -> list:
-    if isinstance(values.type, pa.ExtensionType) and values.type.extension_name == "arrow.uuid":
+    if isinstance(values.type, pa.BaseExtensionType) and values.type.extension_name == "arrow.uuid":
         return [None if v is None else str(v) for v in values.to_pylist()]  # Spark: uuid is string
     return values.to_pylist()
 
