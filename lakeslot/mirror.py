@@ -38,6 +38,7 @@ ERROR_PROPERTY = "lakeslot.apply-error"
 ERROR_LSN_PROPERTY = "lakeslot.apply-error-lsn"
 RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"
 SNAPSHOT_LSN_PROPERTY = "lakeslot.snapshot-lsn"  # set by the snapshot job (lakeslot.snapshot.mirror)
+GENERATION_PROPERTY = "lakeslot.snapshot-generation"  # likewise
 
 
 @dataclass(frozen=True)

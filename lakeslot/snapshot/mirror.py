@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 from pyiceberg.schema import Schema
 
+from lakeslot import mirror as progress  # the properties' one definition, read by the operator
 from lakeslot.snapshot.follower import WriteOptions
 
-LSN_PROPERTY = "lakeslot.lsn"
-SNAPSHOT_LSN_PROPERTY = "lakeslot.snapshot-lsn"
-GENERATION_PROPERTY = "lakeslot.snapshot-generation"
+LSN_PROPERTY, SNAPSHOT_LSN_PROPERTY = progress.LSN_PROPERTY, progress.SNAPSHOT_LSN_PROPERTY
+GENERATION_PROPERTY = progress.GENERATION_PROPERTY
 CODECS = {"uncompressed": "none"}
 
 
