@@ -177,9 +177,17 @@ def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: 
         # The staged changes came from the lost slot and have a gap: none of them may be
         # applied any more, and the reader resumes at the new slot once staging is empty
         # (emptied first: a reader on the new slot may be writing right after it exists).
-        staging = Staging(ingestion.spec.staging.uri)
-        for segment in staging.list():
-            staging.delete(segment)
+        try:
+            staging = Staging(ingestion.spec.staging.uri)
+            for segment in staging.list():
+                staging.delete(segment)
+        except OSError as e:
+            report.condition("SlotReady", False, "StagingUnreachable", (
+                f"{lost}; to recreate it (onSlotLost: Resnapshot) staging must be emptied first, "
+                f"but it cannot be written: {e}. Give the operator access to "
+                f"{ingestion.spec.staging.uri} (e.g. object-store credentials in its environment) "
+                "or delete the segments there by hand"))
+            return None
         fresh = slot.recreate(conn, slot_name)
         report.status.resnapshot_below_lsn = lsnlib.format(fresh.creation_lsn)
         report.tell("Warning", "SlotRecreated", f"{lost}; recreated it at "

@@ -306,6 +306,20 @@ def test_a_lost_slot_is_recreated_staging_emptied_and_every_table_snapshotted_ag
                 conn.execute("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 3000)")
                 conn.execute("SELECT pg_switch_wal()")
                 conn.execute("CHECKPOINT")
+        # Staging that cannot be emptied blocks the recreation with a condition, nothing else.
+        blocked = tmp_path / "not-a-directory"
+        blocked.write_text("")
+        good_uri = document["spec"]["staging"]["uri"]
+        kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            *CUSTOM, "lost", {"spec": {"staging": {"uri": (blocked / "staging").as_uri()}}})
+        resource, events = _reconcile(api, "lost")
+        unreachable = env.condition(resource, "SlotReady")
+        assert (unreachable["status"], unreachable["reason"]) == ("False", "StagingUnreachable")
+        assert "delete the segments there by hand" in unreachable["message"]
+        assert staged.exists() and not any(e.reason == "SlotRecreated" for e in events)
+        kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            *CUSTOM, "lost", {"spec": {"staging": {"uri": good_uri}}})
+
         resource, events = _reconcile(api, "lost")
         below = resource["status"]["resnapshotBelowLsn"]
         assert any(e.reason == "SlotRecreated" and below in e.message for e in events)
