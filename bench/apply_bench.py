@@ -40,12 +40,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from lakeslot import pgcluster, workloads  # noqa: E402
-from lakeslot.api.models import PostgresIngestion  # noqa: E402
+from lakeslot.api.models import GROUP, VERSION, PostgresIngestion  # noqa: E402
 from lakeslot.apply import job as apply_job  # noqa: E402
 from lakeslot.mirror import progress  # noqa: E402
 from lakeslot.source import slot  # noqa: E402
 from lakeslot.source.tables import TableName  # noqa: E402
-from lakeslot.spark_session import build_session  # noqa: E402
+from lakeslot.spark_session import job_session  # noqa: E402
 
 LAKESLOT = str(Path(sys.executable).with_name("lakeslot"))
 TABLE = TableName("public", "bench")
@@ -92,7 +92,7 @@ def main() -> None:
             conn.execute("CREATE PUBLICATION p FOR TABLE bench")
             slot.ensure(conn, "s")
         ingestion = PostgresIngestion.model_validate({
-            "apiVersion": "lakeslot.dev/v1alpha1", "kind": "PostgresIngestion",
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "PostgresIngestion",
             "metadata": {"name": "bench", "namespace": "default"},
             "spec": {"source": {"host": "127.0.0.1", "port": cluster.port, "database": "bench",
                                 "user": cluster.superuser, "tables": [{"name": "bench"}]},
@@ -108,8 +108,8 @@ def main() -> None:
              "--dbname", "bench", "--user", cluster.superuser, "--pod", "bench",
              "--segment-max-seconds", str(args.segment_seconds)],
             env=env, stderr=open(work / "reader.log", "wb"))
-        spark = build_session(warehouse, app_name="apply-bench", catalog="lakeslot")
         job = workloads.JobInput(ingestion, (TABLE,))
+        spark = job_session(job, "apply-bench", master="local[2]")
         stop = threading.Event()
         applier = threading.Thread(target=apply_job.run, args=(spark, job),
                                    kwargs={"once": False, "stop": stop}, daemon=True)

@@ -55,9 +55,18 @@ def parser(name: str, iceberg: IcebergType) -> typemap.ColumnMapping:
     return typemap.map_column(name, _pg_of(iceberg))
 
 
+FIRST_NORMAL_OID = 16384  # PostgreSQL's FirstNormalObjectId: below it, only built-in objects
+
+
 def builtin_pg_type(column: Column) -> typemap.PgType | None:
-    """The type of a column of a built-in type (arrays are ``_<element>``); None otherwise."""
-    if column.type_schema != "pg_catalog" or column.type_name is None:
+    """The type of a column of a built-in type (arrays are ``_<element>``); None otherwise.
+
+    The OID decides, not the name: pgoutput's Type message names a domain by its base type
+    (``pg_catalog.numeric``) while the column's typmod is the domain's -1, so a
+    ``numeric(6,2)`` domain would pass for unconstrained numeric; it must be resolved through
+    the catalog like the snapshot does."""
+    if (column.type_oid >= FIRST_NORMAL_OID or column.type_schema != "pg_catalog"
+            or column.type_name is None):
         return None
     if column.type_name.startswith("_"):
         return typemap.PgType(column.type_name[1:], typmod=column.type_modifier, array=True)

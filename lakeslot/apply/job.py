@@ -158,6 +158,9 @@ class Applier:
                  environ=None) -> None:
         spec = job.ingestion.spec
         self.spark, self.job, self.spec, self.hooks = spark, job, spec, hooks
+        # On a thread other than the one that built the session, the JVM thread has no active
+        # session and loading the catalog fails ("spark.sql.catalog.<name> is not defined").
+        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
         self.max_segments, self.max_attempts = max_segments, max_attempts
         self.tables = Tables(spark, spec.sink.catalog.name, spec.sink.namespace)
         self.staging = Staging(spec.staging.uri)

@@ -55,9 +55,22 @@ class Source:
     resolves: bool  # some row takes values from the mirror
 
 
+def _has_uuid(type_: pa.DataType) -> bool:
+    if pa.types.is_list(type_) or pa.types.is_large_list(type_):
+        return _has_uuid(type_.value_type)
+    return isinstance(type_, pa.BaseExtensionType) and type_.extension_name == "arrow.uuid"
+
+
+def _uuid_text(value):
+    if isinstance(value, list):
+        return [_uuid_text(v) for v in value]
+    return None if value is None else str(value)
+
+
 def _python(values: pa.Array) -> list:
-    if isinstance(values.type, pa.BaseExtensionType) and values.type.extension_name == "arrow.uuid":
-        return [None if v is None else str(v) for v in values.to_pylist()]  # Spark: uuid is string
+    """Python values for Spark, which takes an Iceberg uuid (also inside arrays) as a string."""
+    if _has_uuid(values.type):
+        return [_uuid_text(v) for v in values.to_pylist()]
     return values.to_pylist()
 
 
