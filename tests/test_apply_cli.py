@@ -11,9 +11,11 @@ import sys
 import pytest
 
 from lakeslot import workloads
+from lakeslot.api.models import PostgresIngestion
 from spark_jobs import apply as entry
 from tests.support.apply_support import Pipeline
 from tests.support.apply_workload import IDLE, MAIN, Workload, create_tables
+from tests.support.operator_env import OfflineDatabase, ingestion_document
 
 
 def test_runnable_as_a_module():
@@ -22,12 +24,12 @@ def test_runnable_as_a_module():
     assert "--once" in result.stdout and "--ingestion-json" in result.stdout
 
 
-def test_no_table_is_a_usage_error(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path,
-                                   capsys):
-    pipeline = Pipeline.create(spark, pgdb, spark_warehouse, iceberg_namespace,
-                               (tmp_path / "s").as_uri(), [])
+def test_no_table_is_a_usage_error(capsys):
+    document = ingestion_document("apply", OfflineDatabase(), [MAIN], warehouse="/tmp/wh",
+                                  staging="file:///tmp/staging")
+    argv = workloads.apply_arguments(PostgresIngestion.model_validate(document), [])
     with pytest.raises(SystemExit) as exit_:
-        entry.main(workloads.apply_arguments(pipeline.ingestion, []))
+        entry.main(argv)
     assert exit_.value.code == 2 and "no --table" in capsys.readouterr().err
 
 

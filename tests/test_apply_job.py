@@ -267,3 +267,36 @@ def test_initial_mode_waits_for_the_snapshot_and_keeps_every_segment(pipeline):
     pipeline.snapshot()
     assert pipeline.apply().ok
     _assert_equal(pipeline, MAIN, "id")
+
+
+def test_every_type_streams_into_iceberg_value_by_value(spark, spark_warehouse, iceberg_namespace,
+                                                        pgdb, tmp_path, monkeypatch):
+    """The same values as the snapshot's type test, but through pgoutput text and MERGE."""
+    from psycopg import sql
+
+    from tests.support.snapshot_helpers import mirror_rows
+    from tests.test_typemap import T, _columns, _create, _equal
+
+    monkeypatch.setenv("LAKESLOT_SOURCE_PASSWORD", pgdb.cluster.password)
+    columns = _columns(pgdb)
+    with pgdb.connect() as conn:
+        _create(conn, columns)
+    pipeline = Pipeline.create(spark, pgdb, spark_warehouse, iceberg_namespace,
+                               (tmp_path / "staging").as_uri(), [T])
+    pipeline.start_slot()
+    pipeline.snapshot()
+    names = sql.SQL(", ").join(sql.Identifier(c[0]) for c in columns)
+    with pgdb.connect() as conn:  # row 3 streams row 1's values, row 4 NULLs, row 2 turns into row 1
+        conn.execute(sql.SQL("INSERT INTO {} (id, {}) SELECT id + 2, {} FROM {} WHERE id IN (1, 2)")
+                     .format(T.sql(), names, names, T.sql()))
+        conn.execute(sql.SQL("UPDATE {} t SET ({}) = (SELECT {} FROM {} WHERE id = 1) WHERE t.id = 2")
+                     .format(T.sql(), names, names, T.sql()))
+    pipeline.seal()
+    [outcome] = pipeline.apply().tables
+    assert outcome.state == "applied", outcome.error
+    rows = mirror_rows(spark_warehouse, iceberg_namespace, pipeline.job_input().target(T))
+    assert [r["id"] for r in rows] == [1, 2, 3, 4]
+    for name, type_, _literal, expected in columns:
+        for row in (rows[1], rows[2]):
+            assert _equal(row[name], expected), (name, type_, row["id"], row[name])
+        assert rows[3][name] is None, (name, type_)

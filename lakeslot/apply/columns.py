@@ -46,16 +46,18 @@ def _pg_of(iceberg: PrimitiveType) -> typemap.PgType:
     return typemap.PgType(_PG_OF_ICEBERG[str(iceberg)])
 
 
-def parser(name: str, iceberg: IcebergType) -> typemap.ColumnMapping:
-    """The mapping that parses text into a mirror column of type ``iceberg``."""
+def parser(name: str, iceberg: IcebergType, delimiter: str = ",") -> typemap.ColumnMapping:
+    """The mapping that parses text into a mirror column of type ``iceberg``; ``delimiter``
+    separates array elements in the source type's text form (``;`` for ``box[]``)."""
     if isinstance(iceberg, ListType):
         element = _pg_of(iceberg.element_type)
         return typemap.map_column(name, typemap.PgType(element.name, typmod=element.typmod,
-                                                       array=True))
+                                                       array=True, delimiter=delimiter))
     return typemap.map_column(name, _pg_of(iceberg))
 
 
 FIRST_NORMAL_OID = 16384  # PostgreSQL's FirstNormalObjectId: below it, only built-in objects
+BUILTIN_DELIMITERS = {"box": ";"}  # pg_type.typdelim of the built-in types whose isn't ","
 
 
 def builtin_pg_type(column: Column) -> typemap.PgType | None:
@@ -69,7 +71,9 @@ def builtin_pg_type(column: Column) -> typemap.PgType | None:
             or column.type_name is None):
         return None
     if column.type_name.startswith("_"):
-        return typemap.PgType(column.type_name[1:], typmod=column.type_modifier, array=True)
+        element = column.type_name[1:]
+        return typemap.PgType(element, typmod=column.type_modifier, array=True,
+                              delimiter=BUILTIN_DELIMITERS.get(element, ","))
     return typemap.PgType(column.type_name, typmod=column.type_modifier)
 
 
@@ -115,17 +119,25 @@ class RelationTypes:
 
     def of(self, relation: Relation, excluded: Sequence[str]) -> dict[str, IcebergType | str]:
         """Column → Iceberg type, or the reason the column cannot be mapped."""
+        return {name: iceberg for name, (iceberg, _) in self._resolved(relation, excluded).items()}
+
+    def delimiters(self, relation: Relation, excluded: Sequence[str]) -> dict[str, str]:
+        """Column → the array delimiter of its type's text form."""
+        return {name: delimiter for name, (_, delimiter) in self._resolved(relation, excluded).items()}
+
+    def _resolved(self, relation: Relation, excluded: Sequence[str]) -> dict[str, tuple]:
         cache_key = (relation, tuple(excluded))
         if cache_key not in self._cache:
-            types: dict[str, IcebergType | str] = {}
+            types: dict[str, tuple[IcebergType | str, str]] = {}
             for column in relation.columns:
                 if column.name in excluded:
                     continue
                 try:
                     pg = builtin_pg_type(column) or self.resolve(column)
-                    types[column.name] = typemap.map_column(column.name, pg).iceberg(0)
+                    types[column.name] = (typemap.map_column(column.name, pg).iceberg(0),
+                                          pg.delimiter)
                 except typemap.MappingError as e:
-                    types[column.name] = str(e)
+                    types[column.name] = (str(e), ",")
             self._cache[cache_key] = types
         return self._cache[cache_key]
 

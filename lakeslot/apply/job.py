@@ -301,7 +301,7 @@ class Applier:
         records = [merge.Record(f.key, f.image, f.lsn, "D" if f.image is None else "U")
                    for f in reduction.finals.values()]
         qualified = self.tables.qualified(target)
-        source = self._source_view(table, state, target, records)
+        source = self._source_view(table, state, target, records, reduction)
         self.hooks("before-merge", table)
         self.tables.commit_sql(target, merge.merge_sql(source, qualified, reduction.truncated), lsn)
         self.spark.catalog.dropTempView(source.view)
@@ -309,10 +309,13 @@ class Applier:
         return TableOutcome(table, target, "applied", lsn, changes=len(found))
 
     def _source_view(self, table: TableName, state: TableState, target: str,
-                     records: list[merge.Record]) -> merge.Source:
+                     records: list[merge.Record], reduction: changes.Reduction) -> merge.Source:
         qualified = self.tables.qualified(target)
+        delimiters: dict[str, str] = {}
+        for relation in reduction.relations:  # the latest description of a column wins
+            delimiters.update(self.types.delimiters(relation, self._excluded(table)))
         source = merge.create_source(self.spark, str(table), state,
-                                     self.spark.table(qualified).schema, records)
+                                     self.spark.table(qualified).schema, records, delimiters)
         if source.resolves:
             missing = self.spark.sql(merge.missing_sql(source, qualified)).collect()
             if missing:
@@ -365,7 +368,7 @@ class Applier:
         if not events:
             self.tables.advance(name, lsn)
             return
-        source = self._source_view(table, state, target, events)
+        source = self._source_view(table, state, target, events, reduction)
         self.tables.commit_sql(name, merge.append_sql(source, self.tables.qualified(target),
                                                       self.tables.qualified(name)), lsn)
         self.spark.catalog.dropTempView(source.view)

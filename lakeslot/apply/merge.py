@@ -22,7 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -82,12 +82,13 @@ def _parse(table: str, parser: typemap.ColumnMapping, texts: list) -> list:
 
 
 def create_source(spark, table: str, state: TableState, spark_schema: StructType,
-                  records: Sequence[Record]) -> Source:
-    """Register ``records`` as a temporary view shaped for :func:`resolved_sql`."""
+                  records: Sequence[Record], delimiters: Mapping[str, str]) -> Source:
+    """Register ``records`` as a temporary view shaped for :func:`resolved_sql`
+    (``delimiters``: each array column's element delimiter in the source's text form)."""
     data = state.data_columns()
     names = list(data)
     key = [names.index(k) for k in state.key]
-    parsers = [columns.parser(n, t) for n, t in data.items()]
+    parsers = [columns.parser(n, t, delimiters.get(n, ",")) for n, t in data.items()]
     keeps = [i for i, name in enumerate(names)
              if any(r.image is not None and r.image.values.get(name) is KEEP for r in records)]
 
