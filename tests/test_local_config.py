@@ -64,6 +64,14 @@ def test_a_missing_secret_names_the_variable_to_set(ingestion_file):
     message = str(error.value)
     assert "LAKESLOT_SOURCE_PASSWORD" in message and "LAKESLOT_CATALOG_JDBC_PASSWORD" in message
     assert "never from the command line" in message
+    document = _document()
+    document["spec"]["secretEnv"] = [{"name": "AWS_SECRET_ACCESS_KEY",
+                                      "secretKeyRef": {"name": "s3", "key": "secret"}}]
+    ingestion_file.write_text(yaml.safe_dump(document))
+    environ = {workloads.PASSWORD_ENV: "x", "LAKESLOT_CATALOG_JDBC_PASSWORD": "y"}
+    with pytest.raises(config.ConfigError, match=r"AWS_SECRET_ACCESS_KEY \(spec.secretEnv\)"):
+        config.load(str(ingestion_file), environ=environ)
+    assert config.load(str(ingestion_file), environ={**environ, "AWS_SECRET_ACCESS_KEY": "z"})
 
 
 def test_a_ca_reference_needs_a_readable_ca_file(tmp_path):

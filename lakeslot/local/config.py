@@ -113,6 +113,8 @@ def environment(ingestion: PostgresIngestion, env_file: str | None,
     missing += [f"{workloads.catalog_secret_env(key)} (sink.catalog.secretProperties.{key})"
                 for key in ingestion.spec.sink.catalog.secret_properties
                 if workloads.catalog_secret_env(key) not in merged]
+    missing += [f"{env.name} (spec.secretEnv)" for env in ingestion.spec.secret_env
+                if env.name not in merged]
     if missing:
         raise ConfigError("local mode reads secrets from the environment (or --env-file), never "
                           "from the command line; not set: " + "; ".join(missing))
