@@ -300,3 +300,38 @@ def test_every_type_streams_into_iceberg_value_by_value(spark, spark_warehouse, 
         for row in (rows[1], rows[2]):
             assert _equal(row[name], expected), (name, type_, row["id"], row[name])
         assert rows[3][name] is None, (name, type_)
+
+
+def test_a_table_cut_off_from_staging_stops_until_its_resnapshot(pipeline):
+    """Changes between a table's position and the first staged segment are gone (a recreated
+    slot, segments deleted by hand): each such table stops with the way out, nothing is applied
+    across the hole, and a re-snapshot brings it back equal."""
+    pipeline.start_slot()
+    pipeline.snapshot()
+    store = segments.Staging(pipeline.staging)
+    with pipeline.pgdb.connect() as conn:
+        workload = Workload(conn, random.Random(11))
+        workload.transaction(3)
+        pipeline.seal()
+        assert pipeline.apply().ok
+        kept = set(store.list())
+        workload.transaction(3)
+        pipeline.seal()
+        lost = set(store.list()) - kept
+        workload.transaction(3)
+        pipeline.seal()
+    for name in kept | lost:
+        store.delete(name)
+    before = pipeline.snapshots(MAIN)
+    outcome = {t.source: t for t in pipeline.apply().tables}
+    assert {t: o.state for t, o in outcome.items()} == {MAIN: "failed", KEYLESS: "failed",
+                                                        IDLE: "failed"}
+    assert "the changes in between are gone" in outcome[MAIN].error and outcome[MAIN].resnapshot
+    assert pipeline.snapshots(MAIN) == before  # nothing applied across the hole
+
+    resnapshot = pipeline.with_spec(snapshot={"resnapshotGeneration": 1})
+    resnapshot.snapshot()
+    resnapshot.seal()
+    assert {t.state for t in resnapshot.apply().tables} <= {"applied", "advanced", "current"}
+    _assert_equal(pipeline, MAIN, "id")
+    _assert_equal(pipeline, KEYLESS, "a")

@@ -40,8 +40,10 @@ Errors:
 - Transient (Spark/py4j, catalog and storage ``OSError``, PostgreSQL connection errors): retried
   ``max_attempts`` times with backoff within the pass, then reported as ``retrying`` and retried
   by the next pass.
-- A gap in staging (:class:`lakeslot.reader.segments.GapError`) fails the job: changes are
-  missing, nothing is applied past it.
+- A table whose position is below the first staged segment (the slot was recreated after it was
+  lost, or segments were deleted by hand) is a definite error of that table: its changes are
+  missing, and its re-snapshot lifts the error. A gap between staged segments
+  (:class:`lakeslot.reader.segments.GapError`) fails the job: nothing is applied past it.
 
 Hooks (:class:`Hooks`) are called at the named points of :data:`POINTS`; tests raise from them to
 simulate a crash at that point.
@@ -199,6 +201,12 @@ class Applier:
                 states[table] = prepared
             else:
                 outcomes[table] = prepared
+        staged = self.staging.list()
+        for table, state in list(states.items()):
+            if staged and 0 < state.lsn and state.lsn + 1 < staged[0].start:
+                outcomes[table] = self._attempt(table, lambda t=table, s=state: _cut_off(
+                    t, s.lsn, staged[0].start))
+                del states[table]
         batch = changes.read_batch(self.staging, {t: s.lsn for t, s in states.items()},
                                    max_segments=self.max_segments)
         self.hooks("batch-read")
@@ -406,6 +414,13 @@ class Applier:
             "segmentsDeleted": result.deleted,
             "tables": [t.document() for t in result.tables]}
         write_status(self.staging, document)
+
+
+def _cut_off(table: TableName, position: int, first: int) -> None:
+    raise TableError(
+        f"{table}: the mirror reflects {lsn_text.format(position)} but staging starts at "
+        f"{lsn_text.format(first)}: the changes in between are gone (the slot was recreated after "
+        "it was lost, or segments were deleted by hand); re-snapshot the table", resnapshot=True)
 
 
 def changelog_schema(mirror: Schema) -> Schema:
