@@ -80,3 +80,14 @@ def test_activity_without_a_run(pgdb, tmp_path):
     ls.write_ingestion(path, pgdb, [table], tmp_path)
     activity = observe.activity(ls.local(path, pgdb, tmp_path / "state"))
     assert not activity.run_active and not activity.reader_running
+
+
+def test_the_reader_problem_says_whether_a_run_stopped_cleanly_or_none_ran():
+    stopped = observe.Activity(run_active=False, reader_outcome={"state": "stopped", "lsn": "0/16B3748"})
+    assert "run has stopped" in observe._reader_problem(stopped)
+    assert "0/16B3748" in observe._reader_problem(stopped)
+    assert "no local run is active" in observe._reader_problem(observe.Activity(run_active=False))
+    definite = observe.Activity(run_active=False, reader_outcome={
+        "state": "failed", "definite": True, "reason": "SlotLost", "message": "gone"})
+    assert "definite error (SlotLost): gone" in observe._reader_problem(definite)
+    assert observe._reader_problem(observe.Activity(run_active=True, reader_running=True)) is None

@@ -233,6 +233,9 @@ def _reader_problem(activity_now: Activity) -> str | None:
     if outcome.get("definite"):
         return (f"the reader stopped with a definite error ({outcome.get('reason')}): "
                 f"{outcome.get('message')}")
+    if not activity_now.run_active and outcome.get("state") == "stopped":
+        return (f"the run has stopped; everything up to {outcome.get('lsn')} is sealed in staging "
+                "and the slot keeps the rest: lakeslot run -f FILE resumes from there")
     if not activity_now.run_active:
         return "no local run is active: start one with lakeslot run -f FILE"
     return "the reader process is not running" + (
