@@ -40,6 +40,16 @@ RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"
 SNAPSHOT_LSN_PROPERTY = "lakeslot.snapshot-lsn"  # set by the snapshot job (lakeslot.snapshot.mirror)
 GENERATION_PROPERTY = "lakeslot.snapshot-generation"  # likewise
 
+# Mirror and changelog tables get a commit per apply pass: without these, every commit's metadata
+# file would stay forever. ``sink.tableProperties`` override them; format v2 is not negotiable.
+TABLE_DEFAULTS = {"write.metadata.delete-after-commit.enabled": "true",
+                  "write.metadata.previous-versions-max": "100"}
+
+
+def table_properties(user: Mapping[str, str]) -> dict[str, str]:
+    """The properties of a table lakeslot creates, from ``sink.tableProperties``."""
+    return {**TABLE_DEFAULTS, **user, "format-version": "2"}
+
 
 @dataclass(frozen=True)
 class MirrorProgress:

@@ -335,3 +335,24 @@ def test_a_table_cut_off_from_staging_stops_until_its_resnapshot(pipeline):
     assert {t.state for t in resnapshot.apply().tables} <= {"applied", "advanced", "current"}
     _assert_equal(pipeline, MAIN, "id")
     _assert_equal(pipeline, KEYLESS, "a")
+
+
+def test_old_snapshots_are_expired_by_the_tables_own_settings(pipeline):
+    """A commit per pass must not pile up: snapshots older than the table's
+    history.expire.max-snapshot-age-ms go (the last one always stays), metadata files are
+    rotated, and the data is untouched."""
+    keep_briefly = {"history.expire.max-snapshot-age-ms": "1", "history.expire.min-snapshots-to-keep": "2"}
+    pipeline = pipeline.with_spec(sink={"tableProperties": keep_briefly})
+    pipeline.start_slot()
+    pipeline.snapshot()
+    with pipeline.pgdb.connect() as conn:
+        workload = Workload(conn, random.Random(12))
+        for _ in range(4):
+            workload.transaction(2)
+            pipeline.seal()
+            assert pipeline.apply(expire_interval_s=0).ok
+    properties = pipeline.spark.sql(f"SHOW TBLPROPERTIES {pipeline.target(MAIN)}").collect()
+    assert {r.key: r.value for r in properties}["write.metadata.delete-after-commit.enabled"] == "true"
+    assert len(pipeline.snapshots(MAIN)) == 2 and len(pipeline.snapshots(IDLE)) == 2
+    _assert_equal(pipeline, MAIN, "id")
+    assert pipeline.snapshots(MAIN, CHANGES) and len(pipeline.snapshots(MAIN, CHANGES)) <= 2

@@ -159,6 +159,11 @@ class Tables(mirror.Catalog):
     def clear_error(self, table: str) -> None:
         self.set_properties(table, {}, (ERROR_PROPERTY, ERROR_LSN_PROPERTY, RESNAPSHOT_PROPERTY))
 
+    def expire_snapshots(self, table: str) -> None:
+        """Iceberg's expire_snapshots with the table's own history.expire.* settings."""
+        name = ".".join([*self.namespace.split("."), table]).replace("'", "''")
+        self._spark.sql(f"CALL {quote(self._name)}.system.expire_snapshots(table => '{name}')")
+
     def commit_sql(self, table: str, statement: str, lsn: int) -> None:
         """Run a SQL statement that commits to ``table``, its commit tagged ``lakeslot.lsn``;
         when it commits nothing, advance the table to ``lsn`` with an empty commit."""

@@ -20,7 +20,10 @@ A pass (:meth:`Applier.run_pass`):
    marked for re-snapshot); the changelog table (when enabled) is appended first, then the mirror
    is MERGEd; each is one commit with ``lakeslot.lsn = batch end - 1``. A table without changes
    gets an empty commit with that position (idle tables advance without rewriting data).
-4. Retention: sealed segments wholly at or below every table's position and older than
+4. Maintenance: each table committed to has its old snapshots expired at most once an hour, by
+   its ``history.expire.*`` properties (new tables also delete superseded metadata files, see
+   :data:`lakeslot.mirror.TABLE_DEFAULTS`), so a commit per pass does not pile up.
+   Retention: sealed segments wholly at or below every table's position and older than
    ``spec.staging.retentionSeconds`` are deleted (never the furthest segment, where the reader
    resumes; nothing while a table waits for its snapshot).
 5. The status document ``<staging>/apply-status.json`` is rewritten (:data:`STATUS_FILE`).
@@ -54,6 +57,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import math
 import threading
 import time
 import uuid
@@ -70,6 +74,7 @@ from lakeslot import typemap
 from lakeslot.apply import changes, columns, merge
 from lakeslot.apply.changes import TableError
 from lakeslot.apply.iceberg import OP_COLUMN, SEQ_COLUMN, Tables, TableState
+from lakeslot.mirror import table_properties
 from lakeslot.reader.pgoutput import Column
 from lakeslot.reader.segments import Staging
 from lakeslot.snapshot import plan
@@ -79,6 +84,7 @@ from lakeslot.workloads import JobInput
 
 log = logging.getLogger(__name__)
 STATUS_FILE = "apply-status.json"
+EXPIRE_INTERVAL_S = 3600.0
 POINTS = ("batch-read", "after-evolve", "after-changelog", "before-merge", "after-merge",
           "after-tables", "after-retention")
 TRANSIENT = (Py4JError, OSError, psycopg.OperationalError)
@@ -136,11 +142,12 @@ class ApplyResult:
 
 def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None,
         hooks: Hooks | None = None, max_segments: int = 256, max_attempts: int = 3,
-        environ=None) -> ApplyResult:
+        environ=None, expire_interval_s: float = EXPIRE_INTERVAL_S) -> ApplyResult:
     """Apply staged changes to ``job.tables`` (see the module docstring). ``once``: passes until
     everything sealed when it started is applied, then return; otherwise until ``stop`` is set,
     a pass every ``spec.apply.triggerIntervalSeconds``. Returns the last pass's outcome."""
-    applier = Applier(spark, job, hooks or Hooks(), max_segments, max_attempts, environ)
+    applier = Applier(spark, job, hooks or Hooks(), max_segments, max_attempts, environ,
+                      expire_interval_s)
     stop = stop or threading.Event()
     result = ApplyResult()
     try:
@@ -157,7 +164,7 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
 
 class Applier:
     def __init__(self, spark, job: JobInput, hooks: Hooks, max_segments: int, max_attempts: int,
-                 environ=None) -> None:
+                 environ=None, expire_interval_s: float = EXPIRE_INTERVAL_S) -> None:
         spec = job.ingestion.spec
         self.spark, self.job, self.spec, self.hooks = spark, job, spec, hooks
         # On a thread other than the one that built the session, the JVM thread has no active
@@ -169,6 +176,8 @@ class Applier:
         self.types = columns.RelationTypes(self._resolve_type)
         self._settings = job.source(environ)
         self._conn: psycopg.Connection | None = None
+        self.expire_interval_s = expire_interval_s
+        self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
 
     def close(self) -> None:
         if self._conn is not None:
@@ -214,6 +223,7 @@ class Applier:
             outcomes[table] = self._attempt(table, lambda t=table, s=state: self._apply(t, s, batch))
         self.hooks("after-tables")
         ordered = tuple(outcomes[t] for t in self.job.tables)
+        self._expire(ordered)
         deleted = self._retention(ordered)
         self.hooks("after-retention")
         result = PassResult(batch.end, len(batch.segments) == self.max_segments, ordered, deleted)
@@ -282,8 +292,8 @@ class Applier:
         (described,) = plan.inspect(self._source(), [request], target_range_bytes=1 << 40)
         if isinstance(described, plan.TableFailure):
             raise TableError(described.message)
-        properties = {**self.spec.sink.table_properties, "format-version": "2"}
-        self.tables.create(target, typemap.mirror_schema(described.columns), properties, 0)
+        self.tables.create(target, typemap.mirror_schema(described.columns),
+                           table_properties(self.spec.sink.table_properties), 0)
 
     # one table -----------------------------------------------------------------------------
 
@@ -361,7 +371,7 @@ class Applier:
         log_state = self.tables.load(name)
         if log_state is None:
             self.tables.create(name, changelog_schema(state.schema),
-                               {**self.spec.sink.table_properties, "format-version": "2"},
+                               table_properties(self.spec.sink.table_properties),
                                state.lsn)
             log_state = self.tables.load(name)
         wanted, present = state.data_columns(), log_state.data_columns()
@@ -381,7 +391,27 @@ class Applier:
                                                       self.tables.qualified(name)), lsn)
         self.spark.catalog.dropTempView(source.view)
 
-    # retention and status --------------------------------------------------------------------
+    # table maintenance, retention and status --------------------------------------------------
+
+    def _expire(self, outcomes: tuple[TableOutcome, ...]) -> None:
+        """Expire old snapshots of the tables this pass committed to, at most once per
+        ``expire_interval_s`` each, by the tables' own ``history.expire.*`` properties (Iceberg's
+        default: older than 5 days, keeping the last). Failures only log: the data is safe."""
+        suffix = self.spec.sink.changelog.suffix if self.spec.sink.changelog.enabled else None
+        now = time.monotonic()
+        for outcome in outcomes:
+            if outcome.state not in ("applied", "advanced"):
+                continue
+            for target in (outcome.target, *([outcome.target + suffix] if suffix else [])):
+                if now - self._expired.get(target, -math.inf) < self.expire_interval_s:
+                    continue
+                try:
+                    self.tables.expire_snapshots(target)
+                except TRANSIENT as e:
+                    log.warning("%s: expiring old snapshots failed (retried later): %s", target,
+                                _summary(e))
+                self._expired[target] = now
+
 
     def _retention(self, outcomes: tuple[TableOutcome, ...]) -> int:
         if any(o.lsn is None for o in outcomes):

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from py4j.protocol import Py4JJavaError
 
 from lakeslot import typemap
+from lakeslot.mirror import table_properties
 from lakeslot.snapshot import follower, leader, mirror, plan
 from lakeslot.snapshot.progress import Progress
 from lakeslot.source.connection import ConnectionSettings, application_name, connect
@@ -189,7 +190,7 @@ class _TableRun:
               table_plan: plan.TablePlan, replace: bool, number: int, progress: Progress,
               cpu: dict[str, float]) -> _TableRun:
         request = table_plan.request
-        properties = {**job.table_properties, "format-version": "2",
+        properties = {**table_properties(job.table_properties),
                       mirror.GENERATION_PROPERTY: str(job.resnapshot_generation),
                       mirror.SNAPSHOT_LSN_PROPERTY: str(snapshot.lsn)}
         write = catalog.begin(job.namespace, request.target,
