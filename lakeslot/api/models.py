@@ -310,7 +310,11 @@ class SinkSpec(ApiModel):
     changelog: ChangelogSpec = section(ChangelogSpec, "Optional changelog (history) tables.")
     table_properties: StringMap = mapping(
         "Iceberg table properties set when lakeslot creates a table (for example "
-        "write.parquet.compression-codec: zstd)."
+        "write.parquet.compression-codec: zstd). Defaults: write.metadata.delete-after-commit."
+        "enabled: 'true' and write.metadata.previous-versions-max: '100'. The apply job expires "
+        "old snapshots hourly by history.expire.max-snapshot-age-ms and "
+        "history.expire.min-snapshots-to-keep (Iceberg's defaults: 5 days, 1): time travel "
+        "reaches that far back."
     )
 
 
