@@ -171,3 +171,12 @@ def test_the_reader_child_dies_with_its_parent(tmp_path):
     parent.kill()
     parent.wait()
     wait_for(lambda: not alive({child}), "the orphaned child to receive SIGTERM and exit")
+
+
+def test_a_recreated_slots_lsn_survives_the_run_that_found_it(tmp_path):
+    assert state.resnapshot_below(tmp_path) == 0  # nothing recorded, nothing written
+    assert not (tmp_path / "resnapshot-below").exists()
+    assert state.resnapshot_below(tmp_path, 0x16B3748) == 0x16B3748  # found by a run that dies
+    assert state.resnapshot_below(tmp_path) == 0x16B3748  # the next run still re-snapshots
+    assert state.resnapshot_below(tmp_path, 0x100) == 0x16B3748  # it never moves back
+    assert state.resnapshot_below(tmp_path, 0x2000000) == 0x2000000

@@ -241,7 +241,8 @@ class _Session:
             if row.state == "Failed":
                 log.warning("%s.%s is skipped: %s", row.schema_name, row.name, row.message)
         below = report.status.resnapshot_below_lsn
-        return tables, lsnlib.parse(below) if below else 0
+        return tables, state.resnapshot_below(self.local.state_dir,
+                                              lsnlib.parse(below) if below else 0)
 
     def _start_reader(self) -> None:
         self.reader = reader_process.spawn(self.local, self.job.slot, self.job.publication,

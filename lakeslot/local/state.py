@@ -8,6 +8,10 @@ Invariants:
   answered by trying the lock, never by trusting a pid that may have been reused.
 - ``run.json`` (written atomically) says what the active run started: its pid, the reader's pid
   and pod identity, the ``--once`` target. It is only meaningful while the lock is held.
+- ``resnapshot-below`` keeps, across runs, the creation LSN of a slot that was recreated after it
+  was lost (the operator keeps it in ``status.resnapshotBelowLsn``): a run that dies before the
+  re-snapshot leaves it for the next one. It only grows, and never needs clearing: the snapshot
+  job skips tables already snapshotted at or above it.
 
 Failure mode: a second run of the same ingestion gets :class:`AlreadyRunning` naming the pid of
 the first.
@@ -65,11 +69,27 @@ def run_active(state_dir: Path) -> bool:
     return False
 
 
-def write_run(state_dir: Path, **info: object) -> None:
-    path = state_dir / "run.json"
+def _write_atomically(path: Path, text: str) -> None:
     temp = path.with_suffix(f".tmp-{os.getpid()}")
-    temp.write_text(json.dumps({"pid": os.getpid(), **info}, indent=1) + "\n")
+    temp.write_text(text)
     os.replace(temp, path)
+
+
+def write_run(state_dir: Path, **info: object) -> None:
+    _write_atomically(state_dir / "run.json", json.dumps({"pid": os.getpid(), **info}, indent=1) + "\n")
+
+
+def resnapshot_below(state_dir: Path, recorded: int = 0) -> int:
+    """The LSN below which snapshots are void: the larger of ``recorded`` (this run's finding)
+    and what an earlier run left, kept for the next run."""
+    path = state_dir / "resnapshot-below"
+    try:
+        kept = int(path.read_text())
+    except (OSError, ValueError):
+        kept = 0
+    if recorded > kept:
+        _write_atomically(path, f"{recorded}\n")
+    return max(recorded, kept)
 
 
 def read_run(state_dir: Path) -> dict:
