@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.support.fixtures_pg",
     "tests.support.fixtures_spark",
     "tests.support.fixtures_kube",
+    "tests.support.operator_env",  # the api fixture: emulator client with our CRDs
 ]

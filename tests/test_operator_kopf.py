@@ -22,14 +22,7 @@ from tests.support import operator_env as env
 from tests.support.fixtures_kube import running_operator
 from tests.support.waiting import wait_for
 
-CUSTOM = ("lakeslot.io", "v1alpha1", env.NAMESPACE, "postgresingestions")
-
-
-@pytest.fixture
-def api(kube):
-    with kube.api_client() as api_client:
-        env.install_crds(api_client)
-        yield api_client
+CUSTOM = env.CUSTOM
 
 
 def _operator(kube, api):

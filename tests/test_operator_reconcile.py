@@ -26,14 +26,7 @@ from tests.support import operator_env as env
 from tests.support.fixtures_pg import Database, connection_settings
 from tests.support.odd_names import ODD_TABLES, create_odd_tables
 
-CUSTOM = ("lakeslot.io", "v1alpha1", env.NAMESPACE, "postgresingestions")
-
-
-@pytest.fixture
-def api(kube):
-    with kube.api_client() as api_client:
-        env.install_crds(api_client)
-        yield api_client
+CUSTOM = env.CUSTOM
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ import uuid
 from typing import NamedTuple
 
 import kubernetes.client
+import pytest
 import yaml
 from kubernetes.client import ApiException
 
@@ -68,6 +69,18 @@ class OfflineDatabase(NamedTuple):
 
     name: str = "app"
     cluster: _Cluster = _Cluster(6543, "lakeslot")
+
+
+# The custom-objects API's (group, version, namespace, plural) for our resources in NAMESPACE.
+CUSTOM = (GROUP, VERSION, NAMESPACE, PLURAL)
+
+
+@pytest.fixture
+def api(kube):
+    """An API client on the emulator with the PostgresIngestion and SparkApplication CRDs."""
+    with kube.api_client() as api_client:
+        install_crds(api_client)
+        yield api_client
 
 
 def ingestion_document(name: str, db, tables: list[TableName], *, warehouse: str, staging: str,
