@@ -356,3 +356,38 @@ def test_old_snapshots_are_expired_by_the_tables_own_settings(pipeline):
     assert len(pipeline.snapshots(MAIN)) == 2 and len(pipeline.snapshots(IDLE)) == 2
     _assert_equal(pipeline, MAIN, "id")
     assert pipeline.snapshots(MAIN, CHANGES) and len(pipeline.snapshots(MAIN, CHANGES)) <= 2
+
+
+def test_columns_added_with_a_default_get_it_in_existing_rows_even_after_a_crash(
+        spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, monkeypatch):
+    """PostgreSQL gives existing rows an added column's default without logging a change (its
+    "missing value"); the mirror must show it too, and a crash right after the column was added
+    must not lose it (nor, after the fill, overwrite newer values)."""
+    from lakeslot.source.tables import TableName
+
+    table = TableName("public", "Defaults")
+    monkeypatch.setenv("LAKESLOT_SOURCE_PASSWORD", pgdb.cluster.password)
+    with pgdb.connect() as conn:
+        conn.execute('CREATE TABLE "Defaults" (id int PRIMARY KEY, v text)')
+        conn.execute("""INSERT INTO "Defaults" SELECT g, 'v' || g FROM generate_series(1, 5) g""")
+    pipeline = Pipeline.create(spark, pgdb, spark_warehouse, iceberg_namespace,
+                               (tmp_path / "staging").as_uri(), [table])
+    pipeline.start_slot()
+    pipeline.snapshot()
+    with pgdb.connect() as conn:
+        conn.execute('ALTER TABLE "Defaults" ADD COLUMN n numeric(6,2) DEFAULT 1.5,'
+                     ' ADD COLUMN "a b" text[] DEFAULT \'{"x y",z}\', ADD COLUMN plain int')
+        conn.execute("""INSERT INTO "Defaults" VALUES (6, 'new', 2.25, '{q}', 7)""")
+        conn.execute("""UPDATE "Defaults" SET n = 9 WHERE id = 2""")
+    pipeline.seal()
+
+    def crash(point, _table):
+        if point == "after-evolve":
+            raise RuntimeError("crash right after the columns were added")
+
+    with pytest.raises(RuntimeError):
+        pipeline.apply(hooks=Hooks(crash))
+    assert pipeline.apply().ok
+    names, rows = _source(pipeline, table, "id")
+    assert pipeline.mirror_rows(table, names, "id") == rows
+    assert [r[names.index("n")] for r in rows][:3] == [pytest.approx(1.5), 9, pytest.approx(1.5)]

@@ -10,7 +10,11 @@ Invariants:
   A MERGE that Iceberg turns into no commit at all (nothing changed) is followed by such an empty
   append, so the position always reaches the batch end.
 - Schema changes (add column, promote type) are metadata commits without a snapshot; they are
-  idempotent (a rerun after a crash finds them done and skips them).
+  idempotent (a rerun after a crash finds them done and skips them). A column PostgreSQL added
+  with a default holds that value in every existing row without any change being logged: the
+  same commit that adds it records the value in ``lakeslot.backfill``, and the apply job fills
+  the existing rows (one commit at the unchanged position) and then removes the marker, before
+  applying any change after the ALTER — so a crash in between fills again, never over newer data.
 - A definite error is recorded on the table itself: ``lakeslot.apply-error`` (the message),
   ``lakeslot.apply-error-lsn`` (the position the table stopped at) and, when the way out is a
   re-snapshot, ``lakeslot.resnapshot-required``. The error is in force while the table's
@@ -26,6 +30,7 @@ treats them as transient and retries.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from pyiceberg.schema import Schema
@@ -39,6 +44,7 @@ from lakeslot.typemap import LSN_COLUMN
 LSN_PROPERTY = mirror.LSN_PROPERTY
 ERROR_PROPERTY, ERROR_LSN_PROPERTY = progress.ERROR_PROPERTY, progress.ERROR_LSN_PROPERTY
 RESNAPSHOT_PROPERTY = progress.RESNAPSHOT_PROPERTY
+BACKFILL_PROPERTY = "lakeslot.backfill"
 OP_COLUMN, SEQ_COLUMN = "_lakeslot_op", "_lakeslot_seq"
 
 
@@ -67,6 +73,11 @@ class TableState:
     @property
     def stale_error(self) -> bool:
         return ERROR_PROPERTY in self.properties and self.error is None
+
+    @property
+    def backfill(self) -> dict[str, str]:
+        """Added columns whose existing rows still need their value (see ``Tables.evolve``)."""
+        return json.loads(self.properties.get(BACKFILL_PROPERTY, "{}"))
 
     @property
     def key(self) -> list[str]:
@@ -120,20 +131,29 @@ class Tables(mirror.Catalog):
         return int(value) if value is not None else None
 
     def evolve(self, table: str, add: list[tuple[str, IcebergType]],
-               promote: list[tuple[str, IcebergType]]) -> None:
-        """Add optional columns and promote types; what is already done is skipped."""
+               promote: list[tuple[str, IcebergType]],
+               backfill: dict[str, str] | None = None) -> None:
+        """Add optional columns and promote types; what is already done is skipped. ``backfill``
+        (column → PostgreSQL text value) is recorded in the same commit, as
+        :data:`BACKFILL_PROPERTY`: the value every existing row has in the source."""
         loaded = self._table(table)
         state = self.load(table).data_columns()
         add = [(n, t) for n, t in add if n not in state]
         promote = [(n, t) for n, t in promote if str(state.get(n)) != str(t)]
         if not add and not promote:
             return
-        update = loaded.updateSchema()
+        transaction = loaded.newTransaction()
+        update = transaction.updateSchema()
         for name, iceberg in add:
             update.addColumn(name, self._java_type(iceberg))
         for name, iceberg in promote:
             update.updateColumn(name, self._java_type(iceberg))
         update.commit()
+        added = {name for name, _ in add}
+        backfill = {k: v for k, v in (backfill or {}).items() if k in added}
+        if backfill:
+            transaction.updateProperties().set(BACKFILL_PROPERTY, json.dumps(backfill)).commit()
+        transaction.commitTransaction()
 
     def _java_type(self, iceberg: IcebergType):
         types = self._jvm.org.apache.iceberg.types.Types

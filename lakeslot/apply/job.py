@@ -73,7 +73,7 @@ from lakeslot import lsn as lsn_text
 from lakeslot import typemap
 from lakeslot.apply import changes, columns, merge
 from lakeslot.apply.changes import TableError
-from lakeslot.apply.iceberg import OP_COLUMN, SEQ_COLUMN, Tables, TableState
+from lakeslot.apply.iceberg import BACKFILL_PROPERTY, OP_COLUMN, SEQ_COLUMN, Tables, TableState
 from lakeslot.mirror import table_properties
 from lakeslot.reader.pgoutput import Column
 from lakeslot.reader.segments import Staging
@@ -349,7 +349,7 @@ class Applier:
         described = [self.types.of(r, excluded) for r in reduction.relations]
         schema = columns.plan_schema(state.data_columns(), described)
         if not schema.changes:
-            return state
+            return self._backfill(target, state)
         if self.spec.policies.on_schema_change == "Error":
             raise TableError(f"{table}: the source table's columns changed "
                              f"({schema.describe()}) and onSchemaChange is Error; re-snapshot "
@@ -358,10 +358,41 @@ class Applier:
             raise TableError(f"{table}: incompatible schema change ({schema.describe()}); the "
                              "table needs a re-snapshot", resnapshot=True)
         if schema.add or schema.promote:
-            self.tables.evolve(target, list(schema.add), list(schema.promote))
+            self.tables.evolve(target, list(schema.add), list(schema.promote),
+                               self._missing_values(table, [name for name, _ in schema.add]))
             self.hooks("after-evolve", table)
             state = self.tables.load(target)
-        return state
+        return self._backfill(target, state)
+
+    def _missing_values(self, table: TableName, added: list[str]) -> dict[str, str]:
+        """The value (text form) existing rows have in each added column: PostgreSQL's "missing
+        value" of a column added with a non-volatile default (none: NULL)."""
+        if not added:
+            return {}
+        rows = self._source().execute(
+            "SELECT a.attname, a.attmissingval::text, t.typdelim FROM pg_catalog.pg_attribute a"
+            " JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
+            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+            " JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
+            " WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s)"
+            " AND a.atthasmissing AND NOT a.attisdropped",
+            (table.schema, table.name, added)).fetchall()
+        values = {}
+        for name, array, delimiter in rows:
+            [value] = typemap.parse_array(array, delimiter)
+            if value is not None:
+                values[name] = value
+        return values
+
+    def _backfill(self, target: str, state: TableState) -> TableState:
+        """Give existing rows the value of columns added with a default, recorded by evolve."""
+        if not state.backfill:
+            return state
+        self.tables.commit_sql(target, merge.backfill_sql(
+            self.spark, state, self.spark.table(self.tables.qualified(target)).schema,
+            self.tables.qualified(target), state.backfill), state.lsn)
+        self.tables.set_properties(target, {}, remove=(BACKFILL_PROPERTY,))
+        return self.tables.load(target)
 
     def _changelog(self, table: TableName, target: str, state: TableState,
                    reduction: changes.Reduction, lsn: int) -> None:

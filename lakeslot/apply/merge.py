@@ -164,3 +164,18 @@ def append_sql(source: Source, mirror: str, changelog: str) -> str:
     values = ", ".join([f"c{i}" for i in range(len(source.names))] + ["lsn", "op", "seq"])
     return (f"INSERT INTO {changelog} ({targets}) SELECT {values} "
             f"FROM ({resolved_sql(source, mirror)})")
+
+
+def backfill_sql(spark, state: TableState, spark_schema: StructType, qualified: str,
+                 values: Mapping[str, str]) -> str:
+    """A MERGE giving every row of ``qualified`` the text ``values`` of some columns (parsed by
+    the columns' own types; a one-row source matched by every row)."""
+    data = state.data_columns()
+    names = [n for n in values if n in data]
+    parsed = [_parse(qualified, columns.parser(n, data[n]), [values[n]])[0] for n in names]
+    by_name = {f.name: f.dataType for f in spark_schema.fields}
+    view = f"lakeslot_backfill_{uuid.uuid4().hex}"
+    spark.createDataFrame([tuple(parsed)], StructType(
+        [StructField(f"c{i}", by_name[n]) for i, n in enumerate(names)])).createOrReplaceTempView(view)
+    assignments = ", ".join(f"{quote(n)} = s.c{i}" for i, n in enumerate(names))
+    return f"MERGE INTO {qualified} t USING {view} s ON true WHEN MATCHED THEN UPDATE SET {assignments}"
