@@ -36,7 +36,7 @@ CATALOG_IMPLEMENTATIONS: dict[str, dict[str, str]] = {
 
 
 def hadoop_catalog(warehouse: str | Path, name: str = "lakeslot") -> CatalogSpec:
-    return CatalogSpec(name=name, type="hadoop", warehouse=warehouse_uri(warehouse))
+    return CatalogSpec(name=name, type="hadoop", warehouse=str(warehouse))
 
 
 def catalog_conf(catalog: CatalogSpec) -> dict[str, str]:
@@ -53,10 +53,8 @@ def catalog_conf(catalog: CatalogSpec) -> dict[str, str]:
     return conf
 
 
-def iceberg_conf(catalog: CatalogSpec | str | Path, *, jars: Sequence[str | Path] = ()) -> dict[str, str]:
-    """Spark conf for Iceberg with ``catalog`` (a spec, or a hadoop warehouse), all in UTC."""
-    if not isinstance(catalog, CatalogSpec):
-        catalog = hadoop_catalog(catalog)
+def iceberg_conf(catalog: CatalogSpec, *, jars: Sequence[str | Path] = ()) -> dict[str, str]:
+    """Spark conf for Iceberg with ``catalog`` (``sink.catalog``), all in UTC."""
     conf = {
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         **catalog_conf(catalog),

@@ -36,10 +36,9 @@ from lakeslot.api.models import PostgresIngestion, TableSpec
 from lakeslot.api.naming import (effective_publication_name, effective_slot_name,
                                  iceberg_table_name)
 from lakeslot.api.validation import parse_resource, problems_of
-from lakeslot.source.connection import ConnectionSettings, settings_from_spec
+from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings, settings_from_spec
 from lakeslot.source.tables import TableName
 
-PASSWORD_ENV = "LAKESLOT_SOURCE_PASSWORD"
 CA_FILE = "/etc/lakeslot/source-ca/ca.crt"
 CA_FILE_ENV = "LAKESLOT_SOURCE_CA_FILE"
 READER_METRICS_PORT = 9187

@@ -73,12 +73,11 @@ from lakeslot.reader import (DEFAULT_MAX_RETRY_SECONDS, DEFAULT_SEGMENT_MAX_BYTE
                              DEFAULT_SEGMENT_MAX_SECONDS)
 from lakeslot.reader.stream import HEALTH_INTERVAL_S, Stream, StreamSettings
 from lakeslot.source import connection, slot
-from lakeslot.source.connection import ConnectionSettings
+from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings
 
 log = logging.getLogger("lakeslot.reader")
 
 EXIT_STOPPED, EXIT_FAILED, EXIT_DEFINITE = 0, 1, 3
-PASSWORD_ENV = "LAKESLOT_SOURCE_PASSWORD"
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.5, 30.0
 
 

@@ -61,19 +61,20 @@ from lakeslot.snapshot.leader import import_statements
 from lakeslot.snapshot.plan import Heap, PageRange
 from lakeslot.source.connection import (
     LONG_RUNNING_OPTIONS,
+    PASSWORD_ENV,
     SESSION_OPTIONS,
     ConnectionSettings,
     application_name,
 )
 from lakeslot.source.tables import TableName
 
-PASSWORD_ENV = ("LAKESLOT_SOURCE_PASSWORD", "PGPASSWORD")
+PASSWORD_VARIABLES = (PASSWORD_ENV, "PGPASSWORD")  # ours first, then libpq's
 MiB = 1 << 20
 
 
 def password_from_env(environ: dict[str, str] | None = None) -> str | None:
     environ = os.environ if environ is None else environ
-    return next((environ[k] for k in PASSWORD_ENV if environ.get(k)), None)
+    return next((environ[k] for k in PASSWORD_VARIABLES if environ.get(k)), None)
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:

@@ -48,7 +48,7 @@ from lakeslot import typemap
 from lakeslot.mirror import table_properties
 from lakeslot.snapshot import follower, leader, mirror, plan
 from lakeslot.snapshot.progress import Progress
-from lakeslot.source.connection import ConnectionSettings, application_name, connect
+from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings, application_name, connect
 from lakeslot.source.tables import TableName
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,7 @@ def _snapshot(spark, job: SnapshotJob, catalog: mirror.Catalog,
               cpu: dict[str, float]) -> None:
     sc = spark.sparkContext
     if sc.master.startswith("local") and job.source.password:
-        sc.environment[follower.PASSWORD_ENV[0]] = job.source.password
+        sc.environment[PASSWORD_ENV] = job.source.password
     app = application_name("snapshot-leader", job.ingestion)
     with leader.exported_snapshot(job.source, app) as snapshot:
         progress.snapshot_lsn = snapshot.lsn

@@ -32,6 +32,8 @@ if TYPE_CHECKING:  # the reader imports this module: keep pydantic models out of
     from lakeslot.api.models import SourceSpec
 
 APPLICATION_NAME_BYTES = 63
+# The environment variable that carries the source password to every process (never argv).
+PASSWORD_ENV = "LAKESLOT_SOURCE_PASSWORD"
 SESSION_OPTIONS = ("-c TimeZone=UTC -c DateStyle=ISO,YMD -c IntervalStyle=postgres"
                    " -c extra_float_digits=3 -c bytea_output=hex")
 LONG_RUNNING_OPTIONS = (" -c statement_timeout=0 -c idle_in_transaction_session_timeout=0"

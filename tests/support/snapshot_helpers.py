@@ -15,7 +15,6 @@ from psycopg import sql
 from lakeslot import typemap
 from lakeslot.snapshot import plan
 from lakeslot.snapshot.follower import (
-    PASSWORD_ENV,
     RangeResult,
     RangeTask,
     run_task,
@@ -24,7 +23,7 @@ from lakeslot.snapshot.follower import (
 from lakeslot.snapshot.job import SnapshotJob
 from lakeslot.snapshot.leader import SLOT_PREFIX, exported_snapshot, import_statements
 from lakeslot.snapshot.plan import TableRequest
-from lakeslot.source.connection import connect
+from lakeslot.source.connection import PASSWORD_ENV, connect
 from lakeslot.source.tables import TableName
 from tests.support.fixtures_pg import connection_settings
 from tests.support.fixtures_spark import static_table
@@ -87,15 +86,15 @@ def snapshot_slots(pgdb) -> list[str]:
 @contextlib.contextmanager
 def password_in_env(pgdb):
     """Followers read the password from the environment (as executors do)."""
-    saved = os.environ.get(PASSWORD_ENV[0])
-    os.environ[PASSWORD_ENV[0]] = pgdb.cluster.password
+    saved = os.environ.get(PASSWORD_ENV)
+    os.environ[PASSWORD_ENV] = pgdb.cluster.password
     try:
         yield
     finally:
         if saved is None:
-            os.environ.pop(PASSWORD_ENV[0], None)
+            os.environ.pop(PASSWORD_ENV, None)
         else:
-            os.environ[PASSWORD_ENV[0]] = saved
+            os.environ[PASSWORD_ENV] = saved
 
 
 def copy_without_spark(pgdb, request: TableRequest, directory: Path,
