@@ -11,13 +11,17 @@ import random
 import threading
 
 import pytest
+from psycopg import sql
 
 from lakeslot.apply.iceberg import ERROR_PROPERTY, RESNAPSHOT_PROPERTY
 from lakeslot.apply.job import Hooks, read_status
 from lakeslot.mirror import progress
 from lakeslot.reader import segments
+from lakeslot.source.tables import TableName
 from tests.support.apply_support import Pipeline, lsn_now, source_rows
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN, Workload, create_tables
+from tests.support.snapshot_helpers import mirror_rows
+from tests.test_typemap import T, _columns, _create, _equal
 
 CHANGES = "__changes"
 
@@ -272,11 +276,6 @@ def test_initial_mode_waits_for_the_snapshot_and_keeps_every_segment(pipeline):
 def test_every_type_streams_into_iceberg_value_by_value(spark, spark_warehouse, iceberg_namespace,
                                                         pgdb, tmp_path, monkeypatch):
     """The same values as the snapshot's type test, but through pgoutput text and MERGE."""
-    from psycopg import sql
-
-    from tests.support.snapshot_helpers import mirror_rows
-    from tests.test_typemap import T, _columns, _create, _equal
-
     monkeypatch.setenv("LAKESLOT_SOURCE_PASSWORD", pgdb.cluster.password)
     columns = _columns(pgdb)
     with pgdb.connect() as conn:
@@ -363,8 +362,6 @@ def test_columns_added_with_a_default_get_it_in_existing_rows_even_after_a_crash
     """PostgreSQL gives existing rows an added column's default without logging a change (its
     "missing value"); the mirror must show it too, and a crash right after the column was added
     must not lose it (nor, after the fill, overwrite newer values)."""
-    from lakeslot.source.tables import TableName
-
     table = TableName("public", "Defaults")
     monkeypatch.setenv("LAKESLOT_SOURCE_PASSWORD", pgdb.cluster.password)
     with pgdb.connect() as conn:

@@ -330,8 +330,9 @@ class Applier:
                      records: list[merge.Record], reduction: changes.Reduction) -> merge.Source:
         qualified = self.tables.qualified(target)
         delimiters: dict[str, str] = {}
+        excluded = self._excluded(table)
         for relation in reduction.relations:  # the latest description of a column wins
-            delimiters.update(self.types.delimiters(relation, self._excluded(table)))
+            delimiters.update(self.types.delimiters(relation, excluded))
         source = merge.create_source(self.spark, str(table), state,
                                      self.spark.table(qualified).schema, records, delimiters)
         if source.resolves:
@@ -388,9 +389,11 @@ class Applier:
         """Give existing rows the value of columns added with a default, recorded by evolve."""
         if not state.backfill:
             return state
-        self.tables.commit_sql(target, merge.backfill_sql(
-            self.spark, state, self.spark.table(self.tables.qualified(target)).schema,
-            self.tables.qualified(target), state.backfill), state.lsn)
+        qualified = self.tables.qualified(target)
+        statement, view = merge.backfill_sql(self.spark, state, self.spark.table(qualified).schema,
+                                             qualified, state.backfill)
+        self.tables.commit_sql(target, statement, state.lsn)
+        self.spark.catalog.dropTempView(view)
         self.tables.set_properties(target, {}, remove=(BACKFILL_PROPERTY,))
         return self.tables.load(target)
 

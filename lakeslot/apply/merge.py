@@ -167,9 +167,10 @@ def append_sql(source: Source, mirror: str, changelog: str) -> str:
 
 
 def backfill_sql(spark, state: TableState, spark_schema: StructType, qualified: str,
-                 values: Mapping[str, str]) -> str:
+                 values: Mapping[str, str]) -> tuple[str, str]:
     """A MERGE giving every row of ``qualified`` the text ``values`` of some columns (parsed by
-    the columns' own types; a one-row source matched by every row)."""
+    the columns' own types; a one-row source matched by every row), and the temporary view it
+    reads (the caller drops it once the MERGE ran)."""
     data = state.data_columns()
     names = [n for n in values if n in data]
     parsed = [_parse(qualified, columns.parser(n, data[n]), [values[n]])[0] for n in names]
@@ -178,4 +179,5 @@ def backfill_sql(spark, state: TableState, spark_schema: StructType, qualified: 
     spark.createDataFrame([tuple(parsed)], StructType(
         [StructField(f"c{i}", by_name[n]) for i, n in enumerate(names)])).createOrReplaceTempView(view)
     assignments = ", ".join(f"{quote(n)} = s.c{i}" for i, n in enumerate(names))
-    return f"MERGE INTO {qualified} t USING {view} s ON true WHEN MATCHED THEN UPDATE SET {assignments}"
+    return (f"MERGE INTO {qualified} t USING {view} s ON true WHEN MATCHED THEN UPDATE SET "
+            f"{assignments}", view)
