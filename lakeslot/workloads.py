@@ -24,6 +24,7 @@ the flag when the JSON is malformed or the resource fails validation (the same m
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -33,8 +34,7 @@ from dataclasses import dataclass
 import pydantic
 
 from lakeslot.api.models import PostgresIngestion, TableSpec
-from lakeslot.api.naming import (effective_publication_name, effective_slot_name,
-                                 iceberg_table_name)
+from lakeslot.api.naming import IngestionNames
 from lakeslot.api.validation import parse_resource, problems_of
 from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings, settings_from_spec
 from lakeslot.source.tables import TableName
@@ -55,11 +55,10 @@ def _table_args(tables: Iterable[TableName]) -> list[str]:
     return [arg for t in tables for arg in ("--table", json.dumps([t.schema, t.name]))]
 
 
-def reader_command(ingestion: PostgresIngestion, slot: str, publication: str) -> list[str]:
-    source = ingestion.spec.source
-    namespace = ingestion.metadata.namespace or "default"
-    command = ["lakeslot", "reader", "--ingestion", f"{namespace}/{ingestion.metadata.name}",
-               "--slot", slot, "--publication", publication, "--staging", ingestion.spec.staging.uri,
+def reader_command(ingestion: PostgresIngestion) -> list[str]:
+    source, names = ingestion.spec.source, IngestionNames.of(ingestion)
+    command = ["lakeslot", "reader", "--ingestion", names.owner, "--slot", names.slot,
+               "--publication", names.publication, "--staging", ingestion.spec.staging.uri,
                "--host", source.host, "--port", str(source.port), "--dbname", source.database,
                "--user", source.user, "--sslmode", source.ssl_mode,
                "--metrics-port", str(READER_METRICS_PORT)]
@@ -97,21 +96,9 @@ class JobInput:
     ingestion: PostgresIngestion
     tables: tuple[TableName, ...]
 
-    @property
-    def owner(self) -> str:
-        """``namespace/name``: the ingestion's identity in application_name and logs."""
-        return f"{self.ingestion.metadata.namespace or 'default'}/{self.ingestion.metadata.name}"
-
-    @property
-    def slot(self) -> str:
-        meta = self.ingestion.metadata
-        return effective_slot_name(meta.namespace or "default", meta.name, self.ingestion.spec.source)
-
-    @property
-    def publication(self) -> str:
-        meta = self.ingestion.metadata
-        return effective_publication_name(meta.namespace or "default", meta.name,
-                                          self.ingestion.spec.source)
+    @functools.cached_property
+    def names(self) -> IngestionNames:
+        return IngestionNames.of(self.ingestion)
 
     def source(self, environ: Mapping[str, str] | None = None) -> ConnectionSettings:
         """Connection settings with the password and CA file from the environment."""
@@ -135,11 +122,6 @@ class JobInput:
         """The per-table options the spec lists for ``table`` (None: selected by schema)."""
         return next((t for t in self.ingestion.spec.source.tables
                      if (t.schema_name, t.name) == (table.schema, table.name)), None)
-
-    def target(self, table: TableName) -> str:
-        """The mirror table's name inside ``spec.sink.namespace``."""
-        return iceberg_table_name(self.ingestion.spec.sink.table_name_template, table.schema,
-                                  table.name)
 
 
 def _ingestion(text: str) -> PostgresIngestion:

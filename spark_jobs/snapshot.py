@@ -75,13 +75,13 @@ def snapshot_job(job: workloads.JobInput, *, progress: str | None = None, max_at
 
     def request(table: TableName) -> TableRequest:
         options = job.table_spec(table)
-        return TableRequest(table, job.target(table),
+        return TableRequest(table, job.names.mirror_table(table),
                             tuple(options.key_columns) if options else (),
                             tuple(options.exclude_columns) if options else ())
 
     return SnapshotJob(
         source=job.source(environ), tables=tuple(request(t) for t in job.tables),
-        namespace=spec.sink.namespace, catalog=spec.sink.catalog.name, ingestion=job.owner,
+        namespace=spec.sink.namespace, catalog=spec.sink.catalog.name, ingestion=job.names.owner,
         table_properties=dict(spec.sink.table_properties),
         parallelism=spec.snapshot.parallelism, target_range_bytes=spec.snapshot.target_range_bytes,
         statement_timeout_seconds=spec.snapshot.statement_timeout_seconds,

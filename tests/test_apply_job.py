@@ -293,7 +293,7 @@ def test_every_type_streams_into_iceberg_value_by_value(spark, spark_warehouse, 
     pipeline.seal()
     [outcome] = pipeline.apply().tables
     assert outcome.state == "applied", outcome.error
-    rows = mirror_rows(spark_warehouse, iceberg_namespace, pipeline.job_input().target(T))
+    rows = mirror_rows(spark_warehouse, iceberg_namespace, pipeline.job_input().names.mirror_table(T))
     assert [r["id"] for r in rows] == [1, 2, 3, 4]
     for name, type_, _literal, expected in columns:
         for row in (rows[1], rows[2]):

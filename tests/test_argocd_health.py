@@ -10,7 +10,9 @@ status the real operator wrote.
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 import re
 from pathlib import Path
 
@@ -20,11 +22,11 @@ import lupa.lua51
 import pytest
 import yaml
 
-from lakeslot import status
+import lakeslot_operator
+from lakeslot import control, status
 from lakeslot.api import validation
 from lakeslot.api.crd import crd_manifest
 from lakeslot.api.models import GROUP, KIND
-from lakeslot_operator import handlers, reconcile
 from tests.support import chart
 from tests.support.kube_emulator import prune, to_json_schema
 
@@ -41,8 +43,11 @@ def fixture(case: dict) -> dict:
 
 def operator_reasons() -> set[str]:
     """Every condition reason the operator's code writes (string literals in the modules that
-    set conditions: its own and the status steps it shares with local mode)."""
-    source = inspect.getsource(reconcile) + inspect.getsource(handlers) + inspect.getsource(status)
+    set conditions: its own package, and the control steps and status it shares with local
+    mode)."""
+    modules = [importlib.import_module(m.name) for m in
+               pkgutil.walk_packages(lakeslot_operator.__path__, "lakeslot_operator.")]
+    source = "".join(inspect.getsource(m) for m in [*modules, control, status])
     return set(re.findall(r'"([A-Z][A-Za-z]+)"', source))
 
 
@@ -72,7 +77,7 @@ def test_every_waiting_reason_is_one_the_operator_writes():
     table = re.search(r"local WAITING = \{(.*?)\n\}", script, re.S).group(1)
     waiting = set(re.findall(r"^\s*(\w+) = true", table, re.M))
     assert waiting and waiting <= operator_reasons()
-    assert not waiting & set(reconcile.DEFINITE), "a definite error is never waited out"
+    assert not waiting & set(status.DEFINITE), "a definite error is never waited out"
 
 
 @pytest.mark.parametrize("script", ['return {status = string.upper("healthy")}',

@@ -65,7 +65,7 @@ def test_the_commands_run_from_the_image_exist():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert chart.operator_container(chart.render({}))["command"][0] in scripts
     ingestion = PostgresIngestion.model_validate(base_document())
-    assert workloads.reader_command(ingestion, "slot", "publication")[:2] == ["lakeslot", "reader"]
+    assert workloads.reader_command(ingestion)[:2] == ["lakeslot", "reader"]
     assert "lakeslot" in scripts
 
 

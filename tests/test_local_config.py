@@ -86,7 +86,7 @@ def test_a_ca_reference_needs_a_readable_ca_file(tmp_path):
     ca = tmp_path / "ca.crt"
     ca.write_text("-----BEGIN CERTIFICATE-----\n")
     local = config.load(str(path), environ={**environ, workloads.CA_FILE_ENV: str(ca)})
-    argv = reader_process.reader_argv(local, "slot", "pub", pod="p",
+    argv = reader_process.reader_argv(local, pod="p",
                                       status_file=tmp_path / "s.json", stop_at=None)
     assert argv[argv.index("--sslrootcert") + 1] == str(ca)
 
@@ -118,13 +118,13 @@ def test_the_file_must_hold_exactly_one_valid_ingestion(tmp_path):
 def test_the_reader_command_line_holds_no_secret_and_no_fixed_port(ingestion_file, tmp_path):
     local = config.load(str(ingestion_file), environ={
         workloads.PASSWORD_ENV: SECRET, "LAKESLOT_CATALOG_JDBC_PASSWORD": SECRET})
-    argv = reader_process.reader_argv(local, "slot_x", "pub_x", pod="local-h-1",
+    argv = reader_process.reader_argv(local, pod="local-h-1",
                                       status_file=tmp_path / "status.json", stop_at=0x16B3748)
     assert SECRET not in " ".join(argv)
     assert "--metrics-port" not in argv
     assert argv[argv.index("--pod") + 1] == "local-h-1"
     assert argv[argv.index("--stop-at-lsn") + 1] == "0/16B3748"
-    assert argv[argv.index("--slot") + 1] == "slot_x"
+    assert argv[argv.index("--slot") + 1] == local.job.names.slot
 
 
 def test_bad_input_exits_2_and_starts_nothing(ingestion_file, tmp_path):

@@ -97,7 +97,7 @@ def test_the_operators_reader_command_parses_and_carries_the_source_options():
     document = ingestion_document("orders", OfflineDatabase(), [TableName("public", "t")],
                                   warehouse="/tmp/wh", staging="file:///tmp/staging")
     document["spec"]["source"]["options"] = {"connect_timeout": "7", "target_session_attrs": "read-write"}
-    command = workloads.reader_command(PostgresIngestion.model_validate(document), "s", "p")
+    command = workloads.reader_command(PostgresIngestion.model_validate(document))
     args = cli.build_parser().parse_args(command[1:])
     settings = reader.settings_from_environment(args.host, args.port, args.dbname, args.user,
                                                 args.sslmode, args.sslrootcert, dict(args.source_option))

@@ -17,17 +17,28 @@ Not covered: two Kubernetes clusters whose resources share namespace and name an
 same database would share the default; set ``slotName`` explicitly in that case.
 
 The operator reports the effective names in ``status.publicationName`` and ``status.slot.name``.
+
+:class:`IngestionNames` is the one place every component takes these names from (operator,
+local mode, the Spark jobs, the reader's command line): namespace (``default`` when the resource
+has none), owner (``namespace/name``, the ingestion's identity in ``application_name``, logs and
+the publication's ownership comment), slot, publication, and the mirror table of a source table.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from lakeslot.api.models import SourceSpec
+from lakeslot.api.models import PostgresIngestion, SourceSpec
 from lakeslot.api.types import IDENTIFIER_MAX_BYTES
 
+if TYPE_CHECKING:
+    from lakeslot.source.tables import TableName
+
 PREFIX = "lakeslot"
+DEFAULT_NAMESPACE = "default"
 HASH_DIGITS = 8
 _UNSAFE = re.compile(r"[^a-z0-9_]")
 
@@ -59,3 +70,42 @@ def iceberg_table_name(template: str, schema: str, table: str) -> str:
     """
     filled = template.replace("{schema}", schema).replace("{table}", table)
     return _UNSAFE.sub("_", filled.lower())
+
+
+def namespace_of(namespace: str | None) -> str:
+    """The resource's namespace; ``default`` when it has none (a manifest without one)."""
+    return namespace or DEFAULT_NAMESPACE
+
+
+@dataclass(frozen=True)
+class IngestionNames:
+    """Every name derived from one PostgresIngestion (see the module docstring)."""
+
+    namespace: str
+    name: str
+    slot: str
+    publication: str
+    sink_namespace: str  # spec.sink.namespace: dot-separated Iceberg namespace levels
+    table_template: str  # spec.sink.tableNameTemplate
+
+    @classmethod
+    def of(cls, ingestion: PostgresIngestion) -> IngestionNames:
+        namespace = namespace_of(ingestion.metadata.namespace)
+        name, spec = ingestion.metadata.name, ingestion.spec
+        return cls(namespace, name,
+                   effective_slot_name(namespace, name, spec.source),
+                   effective_publication_name(namespace, name, spec.source),
+                   spec.sink.namespace, spec.sink.table_name_template)
+
+    @property
+    def owner(self) -> str:
+        """``namespace/name``: the ingestion's identity in application_name, logs and events."""
+        return f"{self.namespace}/{self.name}"
+
+    def mirror_table(self, table: TableName) -> str:
+        """The mirror table's name inside ``spec.sink.namespace``."""
+        return iceberg_table_name(self.table_template, table.schema, table.name)
+
+    def mirror_identifier(self, table: TableName) -> tuple[str, ...]:
+        """The mirror table's Iceberg identifier: namespace levels + table name."""
+        return (*self.sink_namespace.split("."), self.mirror_table(table))

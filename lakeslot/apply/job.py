@@ -188,7 +188,7 @@ class Applier:
 
     def _source(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
-            self._conn = connect(self._settings, application_name("apply", self.job.owner))
+            self._conn = connect(self._settings, application_name("apply", self.job.names.owner))
         return self._conn
 
     def _resolve_type(self, column: Column) -> typemap.PgType:
@@ -232,7 +232,7 @@ class Applier:
 
     def _attempt(self, table: TableName, action: Callable[[], object]):
         """``action`` with retries for transient errors; definite errors are recorded."""
-        target = self.job.target(table)
+        target = self.job.names.mirror_table(table)
         for attempt in range(self.max_attempts):
             try:
                 return action()
@@ -253,7 +253,7 @@ class Applier:
             return None
 
     def _fail(self, table: TableName, message: str, resnapshot: bool) -> TableOutcome:
-        target = self.job.target(table)
+        target = self.job.names.mirror_table(table)
         log.error("%s: stopped: %s", table, message)
         state = self.tables.load(target)
         if state is not None:
@@ -262,7 +262,7 @@ class Applier:
                             error=message, resnapshot=resnapshot)
 
     def _prepare(self, table: TableName) -> TableState | TableOutcome:
-        target = self.job.target(table)
+        target = self.job.names.mirror_table(table)
         state = self.tables.load(target)
         if state is None:
             if self.spec.snapshot.mode == "initial":
@@ -298,7 +298,7 @@ class Applier:
     # one table -----------------------------------------------------------------------------
 
     def _apply(self, table: TableName, state: TableState, batch: changes.Batch) -> TableOutcome:
-        target = self.job.target(table)
+        target = self.job.names.mirror_table(table)
         if batch.end is None or batch.end - 1 <= state.lsn:
             return TableOutcome(table, target, "current", state.lsn)
         lsn = batch.end - 1
@@ -472,7 +472,7 @@ class Applier:
 
     def _write_status(self, result: PassResult) -> None:
         document = {
-            "version": 1, "ingestion": self.job.owner,
+            "version": 1, "ingestion": self.job.names.owner,
             "updatedAt": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "batchEnd": None if result.end is None else lsn_text.format(result.end),
             "segmentsDeleted": result.deleted,

@@ -40,6 +40,7 @@ from pathlib import Path
 from lakeslot import workloads
 from lakeslot.api import validation
 from lakeslot.api.models import PostgresIngestion
+from lakeslot.api.naming import IngestionNames
 from lakeslot.source.tables import TableName
 
 _ENV_LINE = re.compile(r"(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)")
@@ -143,8 +144,8 @@ class Local:
 
 def default_state_dir(ingestion: PostgresIngestion, environ: Mapping[str, str]) -> Path:
     base = environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "lakeslot" / (ingestion.metadata.namespace or "default") / \
-        ingestion.metadata.name
+    names = IngestionNames.of(ingestion)
+    return Path(base) / "lakeslot" / names.namespace / names.name
 
 
 def load(path: str, *, env_file: str | None = None, state_dir: str | None = None,

@@ -26,17 +26,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-import psycopg
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from lakeslot import mirror
+from lakeslot import control, mirror
 from lakeslot.api.models import PostgresIngestionStatus, SnapshotStatus
 from lakeslot.local import state
 from lakeslot.local.config import Local
 from lakeslot.reader.segments import SegmentName, Staging
 from lakeslot.snapshot import progress as snapshot_progress
-from lakeslot.source import connection, slot
 from lakeslot.source.tables import TableName
 from lakeslot import status as st
 
@@ -124,28 +122,13 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
     ing, job = local.ingestion, local.job
     report = st.Report(PostgresIngestionStatus(), getattr(ing.metadata, "generation", None) or 0,
                        now or datetime.now(timezone.utc))
-    report.status.publication_name = job.publication
-    settings = job.source(local.environ)
-    try:
-        with connection.connect(settings, connection.application_name("status", job.owner)) as conn:
-            tables = st.check_source(conn, ing, report, slot_name=job.slot,
-                                     publication_name=job.publication, owner=job.owner,
-                                     sync_publication=False)
-            if tables is None:
-                report.summarize()
-                return report.status
-            health = slot.health(conn, job.slot)
-            current = st.current_lsn(conn)
-    except psycopg.OperationalError as e:
-        report.condition("SourceReady", False, "ConnectionFailed", st.first_line(e))
+    report.status.publication_name = job.names.publication
+    source = control.take_control(job.source(local.environ), ing, report, component="status",
+                                  reader=None, read_only=True)
+    if source is None:
         report.summarize()
         return report.status
-    if health is None:
-        report.condition("SlotReady", False, "SlotMissing",
-                         f"slot {job.slot} does not exist yet: lakeslot run creates it")
-    elif not st.slot_condition(report, health):
-        report.summarize()
-        return report.status
+    tables, health = source.tables, source.health
     try:
         progress = mirror.progress(ing.spec.sink, tables)
     except Exception as e:  # noqa: BLE001 - any catalog failure is reported
@@ -155,7 +138,7 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
     snapshotting = _snapshot(report, local, activity_now, tables, progress)
     applied = st.record_progress(report, progress, snapshotting,
                                  durable=health.confirmed_flush_lsn if health else None,
-                                 current=current, reader=activity_now.reader_pod)
+                                 current=source.current_lsn, reader=activity_now.reader_pod)
     _staged(report, staged or StagedCounter(ing.spec.staging.uri), progress, snapshotting)
     _apply_errors(report, ing.spec.staging.uri)
     st.streaming(report, applied, reader_problem=_reader_problem(activity_now),

@@ -48,10 +48,10 @@ def pod_identity() -> str:
     return f"local-{socket.gethostname()}-{os.getpid()}"
 
 
-def reader_argv(local: Local, slot: str, publication: str, *, pod: str, status_file: Path,
+def reader_argv(local: Local, *, pod: str, status_file: Path,
                 stop_at: int | None) -> list[str]:
     """``lakeslot reader`` arguments for this machine (see the module docstring)."""
-    base = workloads.reader_command(local.ingestion, slot, publication)
+    base = workloads.reader_command(local.ingestion)
     argv, args = [], iter(base[2:])  # drop "lakeslot reader"
     for arg in args:
         if arg == "--metrics-port":
@@ -100,17 +100,17 @@ class ReaderProcess:
         return self.process.wait()
 
 
-def spawn(local: Local, slot: str, publication: str, *, pod: str,
+def spawn(local: Local, *, pod: str,
           stop_at: int | None = None) -> ReaderProcess:
     local.state_dir.mkdir(parents=True, exist_ok=True)
     status_file = local.path("reader-status.json")
     status_file.unlink(missing_ok=True)
     log_file = local.path("reader.log")
-    argv = reader_argv(local, slot, publication, pod=pod, status_file=status_file, stop_at=stop_at)
+    argv = reader_argv(local, pod=pod, status_file=status_file, stop_at=stop_at)
     command = [sys.executable, "-m", deathsig.__name__, str(os.getpid()), "--",
                sys.executable, "-m", "lakeslot.cli", "reader", *argv]
     with open(log_file, "ab") as log:
         process = subprocess.Popen(command, env=local.environ, stdin=subprocess.DEVNULL,
                                    stdout=log, stderr=log, process_group=0)
-    app_name = connection.application_name("reader", local.job.owner, pod)
+    app_name = connection.application_name("reader", local.job.names.owner, pod)
     return ReaderProcess(process, pod, status_file, log_file, app_name)

@@ -45,8 +45,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TextIO
 
-import psycopg
-
+from lakeslot import control
 from lakeslot import lsn as lsnlib
 from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestionStatus
@@ -218,25 +217,20 @@ class _Session:
 
     def _control(self) -> tuple[list[TableName], int]:
         report = st.Report(PostgresIngestionStatus(), 0, datetime.now(timezone.utc))
-        job, ing = self.job, self.local.ingestion
-        app = connection.application_name("local", job.owner)
-        try:
-            with connection.connect(job.source(self.local.environ), app, long_running=True) as conn:
-                tables = st.check_source(conn, ing, report, slot_name=job.slot,
-                                         publication_name=job.publication, owner=job.owner)
-                health = None if tables is None else st.ensure_slot(
-                    conn, ing, report, slot_name=job.slot,
-                    legitimate=connection.application_name("reader", job.owner, self.pod))
-                self.target = st.current_lsn(conn) if self.options.once else None
-        except psycopg.OperationalError as e:
-            raise RunFailed(EXIT_FAILED, f"SourceReady: ConnectionFailed: {st.first_line(e)}") from e
+        job = self.job
+        source = control.take_control(
+            job.source(self.local.environ), self.local.ingestion, report, component="local",
+            reader=connection.application_name("reader", job.names.owner, self.pod))
         for event in report.events:
             log.log(logging.WARNING if event.type == "Warning" else logging.INFO, "%s: %s",
                     event.reason, event.message)
         failed = [c for c in report.status.conditions if c.status == "False"]
-        if tables is None or health is None:
-            raise RunFailed(EXIT_DEFINITE, "\n".join(f"{c.type}: {c.reason}: {c.message}"
-                                                     for c in failed))
+        if source is None:
+            code = (EXIT_FAILED if any(c.reason == "ConnectionFailed" for c in failed)
+                    else EXIT_DEFINITE)
+            raise RunFailed(code, "\n".join(f"{c.type}: {c.reason}: {c.message}" for c in failed))
+        tables = source.tables
+        self.target = source.current_lsn if self.options.once else None
         for row in report.status.tables:
             if row.state == "Failed":
                 log.warning("%s.%s is skipped: %s", row.schema_name, row.name, row.message)
@@ -245,8 +239,7 @@ class _Session:
                                               lsnlib.parse(below) if below else 0)
 
     def _start_reader(self) -> None:
-        self.reader = reader_process.spawn(self.local, self.job.slot, self.job.publication,
-                                           pod=self.pod, stop_at=self.target)
+        self.reader = reader_process.spawn(self.local, pod=self.pod, stop_at=self.target)
         state.write_run(self.local.state_dir, readerPid=self.reader.pid, pod=self.pod,
                         onceTarget=None if self.target is None else lsnlib.format(self.target))
         log.info("reader started (pid %d)%s", self.reader.pid,

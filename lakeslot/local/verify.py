@@ -106,7 +106,7 @@ def compare(ingestion: PostgresIngestion, settings: ConnectionSettings,
         raise ValueError("verify reads hadoop catalogs only (sink.catalog.type: hadoop)")
     job = JobInput(ingestion, tuple(tables))
     checks = []
-    owner = job.owner
+    owner = job.names.owner
     with connect(settings, application_name("verify", owner), long_running=True,
                  autocommit=False) as conn:
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
@@ -114,7 +114,7 @@ def compare(ingestion: PostgresIngestion, settings: ConnectionSettings,
         for table in tables:
             options = job.table_spec(table)
             requests.append(plan.TableRequest(
-                table, job.target(table), tuple(options.key_columns) if options else (),
+                table, job.names.mirror_table(table), tuple(options.key_columns) if options else (),
                 tuple(options.exclude_columns) if options else ()))
         plans = plan.inspect(conn, requests, target_range_bytes=1 << 40)
         for table, table_plan in zip(tables, plans, strict=True):

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import posixpath
 
 from lakeslot.api.models import PostgresIngestion
+from lakeslot.api.naming import namespace_of
 from lakeslot.spark_conf import iceberg_conf
 from lakeslot.workloads import CA_FILE, PASSWORD_ENV, READER_METRICS_PORT, catalog_secret_env
 
@@ -70,7 +71,7 @@ def owner_reference(ingestion: PostgresIngestion, uid: str) -> dict[str, object]
 
 
 def _metadata(ingestion: PostgresIngestion, uid: str, name: str, component: str) -> dict:
-    return {"name": name, "namespace": ingestion.metadata.namespace or "default",
+    return {"name": name, "namespace": namespace_of(ingestion.metadata.namespace),
             "labels": labels(ingestion, component),
             "ownerReferences": [owner_reference(ingestion, uid)]}
 

@@ -22,7 +22,7 @@ import pydantic
 
 from lakeslot.api import conditions as cond
 from lakeslot.api.models import GROUP, PLURAL, VERSION, PostgresIngestionStatus
-from lakeslot.api.naming import effective_publication_name, effective_slot_name
+from lakeslot.api.naming import IngestionNames, namespace_of
 from lakeslot.api.validation import parse_resource
 from lakeslot.source import cleanup, connection
 from lakeslot_operator import children
@@ -79,7 +79,7 @@ def build_registry(ctx: Context, *, timer_interval: float = TIMER_INTERVAL_S,
 
 def delete(body: kopf.Body, patch: kopf.Patch, ctx: Context, retry: int) -> None:
     meta = body["metadata"]
-    namespace, name = meta.get("namespace") or "default", meta["name"]
+    namespace, name = namespace_of(meta.get("namespace")), meta["name"]
     ctx.kube.delete_children(namespace, {children.INGESTION_LABEL: name})
     try:
         ingestion = parse_resource({k: v for k, v in body.items() if k != "status"})
@@ -88,15 +88,13 @@ def delete(body: kopf.Body, patch: kopf.Patch, ctx: Context, retry: int) -> None
     policy = ingestion.spec.policies.deletion_policy
     if policy == "Retain" or meta.get("annotations", {}).get(SKIP_CLEANUP_ANNOTATION) == "true":
         return
-    source = ingestion.spec.source
-    owner = f"{namespace}/{name}"
+    names = IngestionNames.of(ingestion)
     try:
-        settings = source_settings(ctx.kube, namespace, source)
-        with ctx.connect(settings, connection.application_name("operator", owner),
+        settings = source_settings(ctx.kube, namespace, ingestion.spec.source)
+        with ctx.connect(settings, connection.application_name("operator", names.owner),
                          long_running=True) as conn:
-            cleanup.cleanup(conn, slot_name=effective_slot_name(namespace, name, source),
-                            publication_name=effective_publication_name(namespace, name, source),
-                            owner=owner, deletion_policy=policy)
+            cleanup.cleanup(conn, slot_name=names.slot, publication_name=names.publication,
+                            owner=names.owner, deletion_policy=policy)
     except (psycopg.Error, LookupError) as e:
         message = (f"cannot drop the slot and publication (deletionPolicy: Delete): {e}; retrying. "
                    f"To delete without touching PostgreSQL, annotate the resource with "

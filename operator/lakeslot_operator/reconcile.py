@@ -44,10 +44,10 @@ import psycopg
 import pydantic
 
 from lakeslot import lsn as lsnlib
-from lakeslot import mirror, workloads
+from lakeslot import control, mirror, workloads
 from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SnapshotStatus, SourceSpec
-from lakeslot.api.naming import effective_publication_name, effective_slot_name
+from lakeslot.api.naming import IngestionNames
 from lakeslot.api.validation import parse_resource, problems_of
 from lakeslot.source import connection, slot
 from lakeslot.source.tables import TableName
@@ -58,7 +58,6 @@ TERMINAL_SPARK_STATES = ("COMPLETED", "FAILED")
 SNAPSHOT_BACKOFF_S = 30
 SNAPSHOT_BACKOFF_MAX_S = 3600
 OPERATOR_CONNECT_TIMEOUT_S = "10"
-DEFINITE = st.DEFINITE  # reasons waiting will not fix (the Argo CD health check agrees)
 
 
 @dataclass
@@ -100,12 +99,9 @@ class _Reconciler:
         self.uid = uid
         self.ctx = ctx
         self.r = report
-        self.ns = ingestion.metadata.namespace or "default"
-        self.owner = f"{self.ns}/{ingestion.metadata.name}"
-        source = ingestion.spec.source
-        self.slot_name = effective_slot_name(self.ns, ingestion.metadata.name, source)
-        self.pub_name = effective_publication_name(self.ns, ingestion.metadata.name, source)
-        report.status.publication_name = self.pub_name
+        self.names = IngestionNames.of(ingestion)
+        self.ns = self.names.namespace
+        report.status.publication_name = self.names.publication
         self.progress: dict[TableName, mirror.MirrorProgress] = {}
         self.snapshotting: set[TableName] = set()
 
@@ -119,26 +115,11 @@ class _Reconciler:
         settings = self._settings()
         if settings is None:
             return
-        try:
-            with self.ctx.connect(settings, connection.application_name("operator", self.owner),
-                                  long_running=True) as conn:
-                tables = st.check_source(conn, self.ing, self.r, slot_name=self.slot_name,
-                                         publication_name=self.pub_name, owner=self.owner)
-                if tables is None:
-                    self.r.summarize()
-                    return
-                health = st.ensure_slot(conn, self.ing, self.r, slot_name=self.slot_name,
-                                        legitimate=self._reader_identity())
-                if health is None:
-                    self.r.summarize()
-                    return
-                current_lsn = st.current_lsn(conn)
-        except psycopg.OperationalError as e:
-            self.r.condition("SourceReady", False, "ConnectionFailed", st.first_line(e))
-            self.r.summarize()
-            return
-        self._children(tables)
-        self._progress(tables, health, current_lsn)
+        source = control.take_control(settings, self.ing, self.r, component="operator",
+                                      reader=self._reader_identity(), connect=self.ctx.connect)
+        if source is not None:
+            self._children(source.tables)
+            self._progress(source.tables, source.health, source.current_lsn)
         self.r.summarize()
 
     def _settings(self) -> connection.ConnectionSettings | None:
@@ -161,12 +142,12 @@ class _Reconciler:
 
     def _reader_identity(self) -> str | None:
         pod = self._reader_pod()
-        return connection.application_name("reader", self.owner, pod) if pod else None
+        return connection.application_name("reader", self.names.owner, pod) if pod else None
 
     def _children(self, tables: list[TableName]) -> None:
         kube, ing, config = self.ctx.kube, self.ing, self.ctx.config
         kube.ensure(children.reader_deployment(
-            ing, self.uid, config, workloads.reader_command(ing, self.slot_name, self.pub_name),
+            ing, self.uid, config, workloads.reader_command(ing),
             replicas=1))
         progress = self._mirror_progress(tables)
         if progress is None:
@@ -258,9 +239,9 @@ class _Reconciler:
         if settings is None:
             return
         try:
-            with self.ctx.connect(settings, connection.application_name("operator", self.owner)
-                                  ) as conn:
-                health = slot.health(conn, self.slot_name)
+            with self.ctx.connect(settings, connection.application_name("operator",
+                                                                       self.names.owner)) as conn:
+                health = slot.health(conn, self.names.slot)
         except psycopg.OperationalError as e:
             self.r.condition("SourceReady", False, "ConnectionFailed", st.first_line(e))
             return

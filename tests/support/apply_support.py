@@ -84,7 +84,7 @@ class Pipeline:
 
     def target(self, table: TableName, suffix: str = "") -> str:
         catalog, ns = self.namespace.split(".", 1)
-        name = self.job_input().target(table) + suffix
+        name = self.job_input().names.mirror_table(table) + suffix
         return ".".join(f"`{p}`" for p in (catalog, *ns.split("."), name))
 
     def mirror_rows(self, table: TableName, columns: list[str], key: str = "id",
