@@ -34,7 +34,7 @@ import psycopg
 from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import IngestionNames
-from lakeslot.reader.segments import Staging
+from lakeslot.staging.store import Staging
 from lakeslot.source import connection, preflight, publication, slot
 from lakeslot.source.tables import TableName, selected
 from lakeslot.status import Report, first_line, slot_condition, table_rows

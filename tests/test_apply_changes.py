@@ -9,8 +9,8 @@ from pyiceberg.types import DecimalType, IntegerType, ListType, LongType, String
 
 from lakeslot.apply.changes import KEEP, Change, TableError, reduce, start_position
 from lakeslot.apply.columns import parser, plan_schema
-from lakeslot.reader.pgoutput import Column, Relation
-from lakeslot.reader.segments import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName
+from lakeslot.staging.relations import Column, Relation
+from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName
 from lakeslot.source.tables import TableName
 
 T = TableName("public", "t")

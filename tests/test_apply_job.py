@@ -14,9 +14,9 @@ import pytest
 from psycopg import sql
 
 from lakeslot.apply.iceberg import ERROR_PROPERTY, RESNAPSHOT_PROPERTY
-from lakeslot.apply.job import Hooks, read_status
+from lakeslot.apply.job import Hooks
 from lakeslot.mirror import progress
-from lakeslot.reader import segments
+from lakeslot.staging.store import Staging
 from lakeslot.source.tables import TableName
 from tests.support.apply_support import Pipeline, lsn_now, source_rows
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN, Workload, create_tables
@@ -159,7 +159,7 @@ def test_a_crash_at_any_point_then_a_restart_loses_and_duplicates_nothing(pipeli
             _assert_equal(pipeline, KEYLESS, "a")
     _assert_changelog_exactly_once(pipeline)
     # retention (0 s) removed what every table applied, but kept where the reader resumes
-    assert len(segments.Staging(pipeline.staging).list()) == 1
+    assert len(Staging(pipeline.staging).list()) == 1
 
 
 def test_idle_tables_advance_and_progress_sees_it(pipeline):
@@ -176,7 +176,7 @@ def test_idle_tables_advance_and_progress_sees_it(pipeline):
     assert {t: p.lsn >= sealed - 1 for t, p in seen.items()} == {MAIN: True, KEYLESS: True,
                                                                  IDLE: True}
     assert seen[IDLE].rows == 1
-    status = read_status(pipeline.staging)
+    status = Staging(pipeline.staging).read_apply_status()
     assert [t["state"] for t in status["tables"]] == ["applied", "advanced", "advanced"]
 
 
@@ -201,7 +201,7 @@ def test_definite_errors_stop_their_table_only(pipeline):
     properties = dict(pipeline.spark.sql(f"SHOW TBLPROPERTIES {pipeline.target(MAIN)}").collect())
     assert "onTruncate is Error" in properties[ERROR_PROPERTY]
     assert properties[RESNAPSHOT_PROPERTY] == "true"
-    status = read_status(pipeline.staging)
+    status = Staging(pipeline.staging).read_apply_status()
     assert status["tables"][0]["state"] == "failed" and status["tables"][0]["resnapshotRequired"]
     seen = progress(pipeline.ingestion.spec.sink, [MAIN, KEYLESS])
     assert "onTruncate is Error" in seen[MAIN].error and seen[MAIN].resnapshot_required
@@ -267,7 +267,7 @@ def test_initial_mode_waits_for_the_snapshot_and_keeps_every_segment(pipeline):
     pipeline.seal()
     result = pipeline.apply()
     assert {t.state for t in result.tables} == {"waiting"} and result.ok
-    assert segments.Staging(pipeline.staging).list()  # retention waits for the snapshot
+    assert Staging(pipeline.staging).list()  # retention waits for the snapshot
     pipeline.snapshot()
     assert pipeline.apply().ok
     _assert_equal(pipeline, MAIN, "id")
@@ -307,7 +307,7 @@ def test_a_table_cut_off_from_staging_stops_until_its_resnapshot(pipeline):
     across the hole, and a re-snapshot brings it back equal."""
     pipeline.start_slot()
     pipeline.snapshot()
-    store = segments.Staging(pipeline.staging)
+    store = Staging(pipeline.staging)
     with pipeline.pgdb.connect() as conn:
         workload = Workload(conn, random.Random(11))
         workload.transaction(3)

@@ -16,9 +16,12 @@ import pytest
 
 from lakeslot import lsn as lsn_text
 from lakeslot.pgcluster import free_port
-from lakeslot.reader import reader, segments
+from lakeslot.reader import reader
+from lakeslot.reader.writer import SegmentWriter
+from lakeslot.staging import format as segments
+from lakeslot.staging.store import Staging, TEMP_PREFIX
 from lakeslot.reader.metrics import Metrics
-from lakeslot.reader.protocol import SourceIdentity
+from lakeslot.staging.format import SourceIdentity
 from lakeslot.source import slot
 from lakeslot.source.tables import TableName
 from tests.support.fixtures_pg import Database
@@ -40,7 +43,7 @@ def _status(path) -> dict:
 
 
 def _temporaries(directory) -> list:
-    return [p for p in directory.iterdir() if p.name.startswith(segments.TEMP_PREFIX)]
+    return [p for p in directory.iterdir() if p.name.startswith(TEMP_PREFIX)]
 
 
 def test_sigkill_mid_transaction_then_restart_leaves_no_gap_or_duplicate(pgdb, tmp_path):
@@ -67,7 +70,7 @@ def test_sigkill_mid_transaction_then_restart_leaves_no_gap_or_duplicate(pgdb, t
             assert first.wait(timeout=30) == -signal.SIGKILL
         finally:
             first.kill()
-        before_restart = {n.filename for n in segments.Staging(staging).list()}
+        before_restart = {n.filename for n in Staging(staging).list()}
         assert slot.health(conn, "s").confirmed_flush_lsn <= max(
             segments.SegmentName.parse(n).end for n in before_restart)
         conn.execute("INSERT INTO t VALUES (60001, 'after')")
@@ -233,8 +236,8 @@ def test_staging_from_another_timeline_or_system_is_a_definite_error(pgdb, tmp_p
              "TimelineChanged": SourceIdentity(system_id, timeline + 1),
              "SystemChanged": SourceIdentity(str(int(system_id) + 1), timeline)}
     for case, recorded in cases.items():
-        staging = segments.Staging((tmp_path / case).as_uri())
-        staging.open(start, recorded).seal(start)  # as if staged earlier from `recorded`
+        staging = Staging((tmp_path / case).as_uri())
+        SegmentWriter(staging, start, recorded).seal(start)  # as if staged earlier from `recorded`
         if case == "same":
             read_until(pgdb, staging.uri, end)
             continue

@@ -6,9 +6,12 @@ import pytest
 
 from lakeslot import cli, workloads
 from lakeslot.api.models import PostgresIngestion
-from lakeslot.reader import reader, segments
-from lakeslot.reader.protocol import SourceIdentity
-from lakeslot.reader.segments import SegmentName
+from lakeslot.reader import reader
+from lakeslot.reader.writer import SegmentWriter
+from lakeslot.staging import format as segments
+from lakeslot.staging.store import Staging
+from lakeslot.staging.format import SourceIdentity
+from lakeslot.staging.format import SegmentName
 from lakeslot.source.slot import SlotHealth
 from lakeslot.source.tables import TableName
 from tests.support.operator_env import OfflineDatabase, ingestion_document
@@ -39,16 +42,16 @@ def test_chain_follows_the_furthest_segment_and_reports_gaps():
 
 
 def test_an_empty_segment_records_progress_and_an_aborted_one_leaves_nothing(tmp_path):
-    staging = segments.Staging(tmp_path.as_uri())
+    staging = Staging(tmp_path.as_uri())
     assert staging.resume_point() is None
-    sealed = staging.open(100, SOURCE).seal(250)
+    sealed = SegmentWriter(staging, 100, SOURCE).seal(250)
     assert staging.list() == [sealed] == [SegmentName(100, 250)]
     segment = staging.read(sealed)
     assert segment.table.num_rows == 0 and segment.table.schema == segments.SCHEMA
     assert segment.metadata.source == SOURCE and segment.metadata.relations == ()
-    staging.open(250, SOURCE).abort()  # nothing was written: nothing to remove
+    SegmentWriter(staging, 250, SOURCE).abort()  # nothing was written: nothing to remove
     with pytest.raises(ValueError, match="cannot end"):
-        staging.open(300, SOURCE).seal(299)
+        SegmentWriter(staging, 300, SOURCE).seal(299)
     assert sorted(p.name for p in tmp_path.iterdir()) == [sealed.filename]
     assert staging.resume_point() == sealed
     # A writer killed mid-segment leaves a hidden temporary file: never listed, and removed by
@@ -67,9 +70,9 @@ def _slot(confirmed_flush_lsn: int) -> SlotHealth:
 
 
 def test_resume_is_the_end_of_staging_from_the_same_system_and_timeline(tmp_path):
-    staging = segments.Staging(tmp_path.as_uri())
+    staging = Staging(tmp_path.as_uri())
     assert reader.check_resume(staging, _slot(77), SOURCE) == 77  # empty staging: the slot
-    staging.open(77, SOURCE).seal(300)
+    SegmentWriter(staging, 77, SOURCE).seal(300)
     assert reader.check_resume(staging, _slot(77), SOURCE) == 300
     with pytest.raises(reader.DefiniteError, match="from timeline 1 to 2") as e:
         reader.check_resume(staging, _slot(77), SourceIdentity(SOURCE.system_id, 2))

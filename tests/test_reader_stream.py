@@ -12,7 +12,9 @@ from collections import Counter
 import pyarrow.parquet as pq
 from psycopg import sql
 
-from lakeslot.reader import segments, stream
+from lakeslot.reader import stream
+from lakeslot.staging import format as segments
+from lakeslot.staging.store import Staging
 from lakeslot.reader.metrics import Metrics
 from lakeslot.source import slot
 from lakeslot.source.tables import TableName
@@ -191,7 +193,7 @@ def test_unchanged_toast_values_are_marked(pgdb, tmp_path):
     # REPLICA IDENTITY FULL: the old tuple carries the value, the new one still does not.
     assert updates["t_full"].old == {"id": "1", "v": big, "n": "1"}
     assert updates["t_full"].new["v"] is segments.UNCHANGED_TOAST
-    table = segments.Staging(_staging(tmp_path))
+    table = Staging(_staging(tmp_path))
     kinds = [r["new_kinds"] for name in table.list()
              for r in table.read(name).table.to_pylist() if r["op"] == "U"]
     assert kinds == ["tut", "tut"]
@@ -221,7 +223,7 @@ def test_truncate_and_column_changes_yield_new_relation_descriptions(pgdb, tmp_p
     assert (added.type_oid, added.type_name, added.type_modifier) == (1700, "numeric",
                                                                       (10 << 16 | 2) + 4)
     # Descriptions are stored once per segment and version; rows point at theirs.
-    store = segments.Staging(_staging(tmp_path))
+    store = Staging(_staging(tmp_path))
     described = [r for name in store.list() for r in store.metadata(name).relations]
     assert len({tuple(c.name for c in r.columns) for r in described}) == 3
 

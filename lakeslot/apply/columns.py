@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pyiceberg.types import DecimalType, IcebergType, ListType, PrimitiveType
 
 from lakeslot import typemap
-from lakeslot.reader.pgoutput import Column, Relation
+from lakeslot.staging.relations import Column, Relation
 
 # The PostgreSQL type whose text parser yields each Iceberg primitive (typemap's codecs).
 _PG_OF_ICEBERG = {

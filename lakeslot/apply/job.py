@@ -26,7 +26,7 @@ A pass (:meth:`Applier.run_pass`):
    Retention: sealed segments wholly at or below every table's position and older than
    ``spec.staging.retentionSeconds`` are deleted (never the furthest segment, where the reader
    resumes; nothing while a table waits for its snapshot).
-5. The status document ``<staging>/apply-status.json`` is rewritten (:data:`STATUS_FILE`).
+5. The status document ``<staging>/apply-status.json`` is rewritten (:meth:`lakeslot.staging.store.Staging.write_apply_status`).
 
 Exactly once: the only state is in Iceberg (each table's position, committed atomically with its
 data) and in the immutable segments. A crash anywhere — between table commits, during a MERGE,
@@ -46,7 +46,7 @@ Errors:
 - A table whose position is below the first staged segment (the slot was recreated after it was
   lost, or segments were deleted by hand) is a definite error of that table: its changes are
   missing, and its re-snapshot lifts the error. A gap between staged segments
-  (:class:`lakeslot.reader.segments.GapError`) fails the job: nothing is applied past it.
+  (:class:`lakeslot.staging.format.GapError`) fails the job: nothing is applied past it.
 
 Hooks (:class:`Hooks`) are called at the named points of :data:`POINTS`; tests raise from them to
 simulate a crash at that point.
@@ -75,15 +75,14 @@ from lakeslot.apply import changes, columns, merge
 from lakeslot.apply.changes import TableError
 from lakeslot.apply.iceberg import BACKFILL_PROPERTY, OP_COLUMN, SEQ_COLUMN, Tables, TableState
 from lakeslot.mirror import table_properties
-from lakeslot.reader.pgoutput import Column
-from lakeslot.reader.segments import Staging
+from lakeslot.staging.relations import Column
+from lakeslot.staging.store import Staging
 from lakeslot.snapshot import plan
 from lakeslot.source.connection import application_name, connect
 from lakeslot.source.tables import TableName
 from lakeslot.workloads import JobInput
 
 log = logging.getLogger(__name__)
-STATUS_FILE = "apply-status.json"
 EXPIRE_INTERVAL_S = 3600.0
 POINTS = ("batch-read", "after-evolve", "after-changelog", "before-merge", "after-merge",
           "after-tables", "after-retention")
@@ -477,7 +476,7 @@ class Applier:
             "batchEnd": None if result.end is None else lsn_text.format(result.end),
             "segmentsDeleted": result.deleted,
             "tables": [t.document() for t in result.tables]}
-        write_status(self.staging, document)
+        self.staging.write_apply_status(document)
 
 
 def _cut_off(table: TableName, position: int, first: int) -> None:
@@ -497,27 +496,6 @@ def changelog_schema(mirror: Schema) -> Schema:
                   NestedField(top + 1, typemap.LSN_COLUMN, LongType(), required=True),
                   NestedField(top + 2, OP_COLUMN, StringType(), required=True),
                   NestedField(top + 3, SEQ_COLUMN, LongType(), required=True))
-
-
-def write_status(staging: Staging, document: dict) -> None:
-    """Rewrite ``<staging>/apply-status.json`` whole (renamed into place on a local filesystem;
-    one PUT on an object store)."""
-    data = json.dumps(document, indent=1).encode()
-    final = f"{staging.path}/{STATUS_FILE}"
-    temp = f"{staging.path}/.apply-status-{uuid.uuid4().hex[:8]}.json"
-    with staging.fs.open_output_stream(temp) as f:
-        f.write(data)
-    staging.fs.move(temp, final)
-
-
-def read_status(staging_uri: str) -> dict | None:
-    """The last status document of the apply job, or None before its first pass."""
-    staging = Staging(staging_uri)
-    path = f"{staging.path}/{STATUS_FILE}"
-    if staging.fs.get_file_info(path).type.name == "NotFound":
-        return None
-    with staging.fs.open_input_stream(path) as f:
-        return json.loads(f.read())
 
 
 def _summary(e: Exception) -> str:

@@ -26,19 +26,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from lakeslot import control, mirror
 from lakeslot.api.models import PostgresIngestionStatus, SnapshotStatus
 from lakeslot.local import state
 from lakeslot.local.config import Local
-from lakeslot.reader.segments import SegmentName, Staging
+from lakeslot.staging.format import SegmentName
+from lakeslot.staging.store import Staging
 from lakeslot.snapshot import progress as snapshot_progress
 from lakeslot.source.tables import TableName
 from lakeslot import status as st
-
-CHANGE_OPS = ["I", "U", "D", "T"]
 
 
 @dataclass(frozen=True)
@@ -83,15 +80,7 @@ class StagedCounter:
     def _counts(self, name: SegmentName) -> list[tuple[str, str, int, int]]:
         """(schema, table, commit_lsn, changes) of one segment."""
         if name not in self._cache:
-            table = pq.read_table(f"{self.staging.path}/{name.filename}",
-                                  columns=["commit_lsn", "op", "schema", "table"],
-                                  filesystem=self.staging.fs)
-            table = table.filter(pc.is_in(table["op"], value_set=pc.cast(CHANGE_OPS, "string")))
-            grouped = table.group_by(["schema", "table", "commit_lsn"]).aggregate(
-                [("op", "count")])
-            self._cache[name] = list(zip(*(grouped[c].to_pylist() for c in
-                                           ("schema", "table", "commit_lsn", "op_count")),
-                                         strict=True))
+            self._cache[name] = self.staging.change_counts(name)
         return self._cache[name]
 
     def pending(self, applied: Mapping[TableName, int]) -> dict[TableName, int]:
@@ -196,9 +185,7 @@ def _staged(report: st.Report, staged: StagedCounter,
 def _apply_errors(report: st.Report, staging_uri: str) -> None:
     """Tables the apply job stopped (definite error) are Failed; its transient errors being
     retried are in the table's message."""
-    from lakeslot.apply import job as apply_job
-
-    document = apply_job.read_status(staging_uri) or {}
+    document = Staging(staging_uri).read_apply_status() or {}
     outcomes = {TableName(t["schema"], t["name"]): t for t in document.get("tables", [])}
     for row in report.status.tables:
         outcome = outcomes.get(TableName(row.schema_name, row.name))

@@ -40,6 +40,7 @@ import pyarrow as pa
 from numpy.lib.stride_tricks import as_strided
 
 from lakeslot.reader import arrays
+from lakeslot.staging.relations import Column, Relation
 
 BEGIN, COMMIT, ORIGIN, RELATION, TYPE = b"B"[0], b"C"[0], b"O"[0], b"R"[0], b"Y"[0]
 INSERT, UPDATE, DELETE, TRUNCATE, MESSAGE = b"I"[0], b"U"[0], b"D"[0], b"T"[0], b"M"[0]
@@ -73,35 +74,6 @@ class Commit(NamedTuple):
 class Origin:
     commit_lsn: int
     name: str
-
-
-@dataclass(frozen=True)
-class Column:
-    name: str
-    type_oid: int
-    type_modifier: int
-    key: bool  # part of the replica identity (every column under REPLICA IDENTITY FULL)
-    type_schema: str | None = None
-    type_name: str | None = None
-
-
-@dataclass(frozen=True)
-class Relation:
-    oid: int
-    schema: str
-    table: str
-    replica_identity: str  # default | nothing | full | index
-    columns: tuple[Column, ...]
-
-    def as_dict(self) -> dict:
-        return {"oid": self.oid, "schema": self.schema, "table": self.table,
-                "replica_identity": self.replica_identity,
-                "columns": [vars(c).copy() for c in self.columns]}
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> Relation:
-        return cls(d["oid"], d["schema"], d["table"], d["replica_identity"],
-                   tuple(Column(**c) for c in d["columns"]))
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ import psycopg
 from psycopg import errors, pq, sql
 
 from lakeslot import lsn as lsn_text
+from lakeslot.staging.format import SourceIdentity
 
 XLOGDATA = ord("w")
 KEEPALIVE = ord("k")
@@ -52,15 +53,6 @@ POSTGRES_EPOCH_US = 946_684_800_000_000  # 2000-01-01 in microseconds since 1970
 
 _KEEPALIVE = struct.Struct("!Qq?")
 _STATUS = struct.Struct("!cQQQq?")
-
-
-@dataclass(frozen=True)
-class SourceIdentity:
-    """Which PostgreSQL system and timeline a stream comes from (``IDENTIFY_SYSTEM``); recorded
-    in every segment and checked on resume."""
-
-    system_id: str
-    timeline: int
 
 
 def keepalive(data) -> tuple[int, bool]:

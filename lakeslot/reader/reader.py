@@ -67,8 +67,9 @@ from psycopg import errors
 from lakeslot import lsn as lsn_text
 from lakeslot.reader import pgoutput
 from lakeslot.reader.metrics import Metrics
-from lakeslot.reader.protocol import ReplicationConnection, SourceIdentity, quote_list
-from lakeslot.reader.segments import Staging
+from lakeslot.reader.protocol import ReplicationConnection, quote_list
+from lakeslot.staging.format import SourceIdentity
+from lakeslot.staging.store import Staging
 from lakeslot.reader import (DEFAULT_MAX_RETRY_SECONDS, DEFAULT_SEGMENT_MAX_BYTES,
                              DEFAULT_SEGMENT_MAX_SECONDS)
 from lakeslot.reader.stream import HEALTH_INTERVAL_S, Stream, StreamSettings

@@ -40,9 +40,11 @@ from dataclasses import dataclass
 from lakeslot import lsn as lsn_text
 from lakeslot.reader import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SEGMENT_MAX_SECONDS, pgoutput
 from lakeslot.reader.metrics import Metrics
-from lakeslot.reader.protocol import (HEADER, XLOGDATA, ReplicationConnection, SourceIdentity,
+from lakeslot.reader.protocol import (HEADER, XLOGDATA, ReplicationConnection,
                                       keepalive)
-from lakeslot.reader.segments import BATCH_BYTES, BATCH_ROWS, Batch, Staging
+from lakeslot.reader.writer import BATCH_BYTES, BATCH_ROWS, Batch, SegmentWriter
+from lakeslot.staging.format import SourceIdentity
+from lakeslot.staging.store import Staging
 
 log = logging.getLogger("lakeslot.reader")
 
@@ -216,7 +218,7 @@ class Stream:
         self._feedback(now)
 
     def _open_segment(self, now: float) -> None:
-        self.segment = self.staging.open(self.durable, self.source)
+        self.segment = SegmentWriter(self.staging, self.durable, self.source)
         self.segment_bytes = 0
         self.segment_opened = now
 

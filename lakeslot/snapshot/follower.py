@@ -57,6 +57,7 @@ import pyarrow.parquet as pq
 from psycopg import conninfo, sql
 
 from lakeslot import typemap
+from lakeslot.filesystems import filesystem
 from lakeslot.snapshot.leader import import_statements
 from lakeslot.snapshot.plan import Heap, PageRange
 from lakeslot.source.connection import (
@@ -75,14 +76,6 @@ MiB = 1 << 20
 def password_from_env(environ: dict[str, str] | None = None) -> str | None:
     environ = os.environ if environ is None else environ
     return next((environ[k] for k in PASSWORD_VARIABLES if environ.get(k)), None)
-
-
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """A pyarrow filesystem and path for a URI or local path (Hadoop's s3a/s3n are s3)."""
-    uri = re.sub(r"^s3[an]://", "s3://", uri)
-    if "://" not in uri and not uri.startswith("file:"):
-        return pafs.LocalFileSystem(), os.path.abspath(uri)
-    return pafs.FileSystem.from_uri(uri)
 
 
 class DefiniteError(RuntimeError):

@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass
 
 from lakeslot import lsn as lsn_text
-from lakeslot.snapshot.follower import filesystem
+from lakeslot.filesystems import filesystem
 from lakeslot.source.tables import TableName
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from psycopg import sql
 
 from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion
-from lakeslot.reader import segments
+from lakeslot.staging.store import Staging
 from lakeslot.apply import job as apply_job
 from lakeslot.source.tables import TableName
 from spark_jobs import apply as apply_entry
@@ -73,7 +73,7 @@ class Pipeline:
         with self.pgdb.connect() as conn:
             target = current_lsn(conn)
         read_until(self.pgdb, self.staging, target)
-        store = segments.Staging(self.staging)
+        store = Staging(self.staging)
         for name in store.list():
             if name not in self.staged:
                 self.staged[name] = list(store.read(name).rows())

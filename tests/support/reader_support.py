@@ -15,7 +15,9 @@ from pathlib import Path
 from psycopg import sql
 
 from lakeslot import lsn as lsn_text
-from lakeslot.reader import reader, segments
+from lakeslot.reader import reader
+from lakeslot.staging import format as segments
+from lakeslot.staging.store import Staging
 from lakeslot.reader.metrics import Metrics
 from lakeslot.source import connection, slot
 from lakeslot.source.tables import TableName
@@ -120,7 +122,7 @@ def holder(conn, slot_name: str = "s") -> str | None:
 
 def staged(staging: str) -> tuple[list[segments.SegmentName], list[segments.Row]]:
     """Every sealed segment (checked to chain without gap or overlap) and all their rows."""
-    store = segments.Staging(staging)
+    store = Staging(staging)
     names = store.list()
     for previous, following in zip(names, names[1:], strict=False):
         assert following.start == previous.end, f"segments {previous} and {following} do not chain"

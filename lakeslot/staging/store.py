@@ -1,0 +1,149 @@
+"""The staging store: sealed segments (:mod:`lakeslot.staging.format`) at a URI, and the apply
+job's status document next to them.
+
+Staging is a URI (``file:///path``, a plain path, ``s3://bucket/prefix``…) opened with
+``pyarrow.fs`` (:func:`lakeslot.filesystems.filesystem`). The reader writes through :class:`Staging` (temporary file,
+then an atomic seal), the apply job reads and deletes (retention), status and local mode read.
+
+Invariants:
+
+- Atomic seal: rows stream into a temporary file (hidden ``.tmp-*`` next to the segments on a
+  local filesystem, renamed into place after fsync; a local temporary file uploaded in one put
+  for object stores). A segment name is visible only once its content is complete; a zombie's
+  identical segment is simply replaced (DESIGN.md rule 5).
+- Sealed segments are immutable: a consumer may cache what it read of one by name.
+- The apply status document (:data:`APPLY_STATUS_FILE`) is rewritten whole, never appended.
+
+Failure modes: filesystem errors surface as ``OSError`` (the reader retries: nothing was
+confirmed to PostgreSQL for an unsealed segment; the apply job retries the pass). Leftover
+temporary files of killed writers are removed by :meth:`Staging.remove_temporaries` (the reader
+calls it once it holds the slot, when no other legitimate writer can exist).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import uuid
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+
+from lakeslot.filesystems import filesystem
+from lakeslot.staging.format import CHANGE_OPS, Segment, SegmentMetadata, SegmentName, parse_metadata
+
+TEMP_PREFIX = ".tmp-"
+APPLY_STATUS_FILE = "apply-status.json"
+
+
+class Staging:
+    """Sealed segments at a URI: list, read, write (see the module docstring)."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.fs, self.path = filesystem(uri)
+        self.path = self.path.rstrip("/")
+        self._local = isinstance(self.fs, pafs.LocalFileSystem)
+        self.fs.create_dir(self.path, recursive=True)
+
+    def _file(self, filename: str) -> str:
+        return f"{self.path}/{filename}"
+
+    def _files(self) -> list[pafs.FileInfo]:
+        return self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+
+    def list(self) -> list[SegmentName]:
+        """Every sealed segment, ordered by (start, end)."""
+        return sorted(n for n in (SegmentName.parse(f.base_name) for f in self._files()) if n)
+
+    def resume_point(self) -> SegmentName | None:
+        """The sealed segment that reaches furthest: a reader resumes at its end."""
+        return max(self.list(), key=lambda n: (n.end, n.start), default=None)
+
+    def delete(self, name: SegmentName) -> None:
+        """Remove a sealed segment (retention, or a recreated slot making staging obsolete)."""
+        self.fs.delete_file(self._file(name.filename))
+
+    def metadata(self, name: SegmentName) -> SegmentMetadata:
+        with self.fs.open_input_file(self._file(name.filename)) as f:
+            return parse_metadata(name, pq.ParquetFile(f).metadata.metadata)
+
+    def read(self, name: SegmentName) -> Segment:
+        with self.fs.open_input_file(self._file(name.filename)) as f:
+            pf = pq.ParquetFile(f)
+            return Segment(parse_metadata(name, pf.metadata.metadata), pf.read())
+
+    # used by the reader's segment writer --------------------------------------------------------------------
+
+    def temporary(self, start: int) -> tuple[str, pafs.FileSystem]:
+        """Where an open segment's rows go: next to the segments on a local filesystem (so the
+        seal is a rename), else a local temporary file (uploaded in one put)."""
+        filename = f"{TEMP_PREFIX}{start:016X}-{os.getpid()}-{uuid.uuid4().hex[:8]}.parquet"
+        directory = self.path if self._local else tempfile.gettempdir()
+        return f"{directory}/{filename}", pafs.LocalFileSystem()
+
+    def publish(self, temp: str, name: SegmentName) -> None:
+        final = self._file(name.filename)
+        _fsync(temp)
+        if self._local:
+            os.replace(temp, final)  # atomic; a zombie's identical segment is simply replaced
+            _fsync(self.path)
+        else:
+            try:
+                pafs.copy_files(temp, final, source_filesystem=pafs.LocalFileSystem(),
+                                destination_filesystem=self.fs)
+            finally:
+                os.unlink(temp)
+
+    def discard(self, temp: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+
+    def remove_temporaries(self) -> int:
+        """Remove leftover temporary files of earlier writers; returns how many."""
+        if not self._local:
+            return 0
+        leftovers = [f.path for f in self._files() if f.base_name.startswith(TEMP_PREFIX)]
+        for path in leftovers:
+            self.discard(path)
+        return len(leftovers)
+
+    def change_counts(self, name: SegmentName) -> list[tuple[str, str, int, int]]:
+        """``(schema, table, commit_lsn, changes)`` of one sealed segment, reading only the
+        columns needed."""
+        table = pq.read_table(self._file(name.filename),
+                              columns=["commit_lsn", "op", "schema", "table"], filesystem=self.fs)
+        table = table.filter(pc.is_in(table["op"], value_set=pc.cast(list(CHANGE_OPS), "string")))
+        grouped = table.group_by(["schema", "table", "commit_lsn"]).aggregate([("op", "count")])
+        return list(zip(*(grouped[c].to_pylist()
+                          for c in ("schema", "table", "commit_lsn", "op_count")), strict=True))
+
+    # the apply job's status document ----------------------------------------------------------
+
+    def write_apply_status(self, document: dict) -> None:
+        """Rewrite ``<staging>/apply-status.json`` whole (renamed into place on a local
+        filesystem; one PUT on an object store)."""
+        data = json.dumps(document, indent=1).encode()
+        temp = self._file(f".apply-status-{uuid.uuid4().hex[:8]}.json")
+        with self.fs.open_output_stream(temp) as f:
+            f.write(data)
+        self.fs.move(temp, self._file(APPLY_STATUS_FILE))
+
+    def read_apply_status(self) -> dict | None:
+        """The last status document of the apply job, or None before its first pass."""
+        path = self._file(APPLY_STATUS_FILE)
+        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return None
+        with self.fs.open_input_stream(path) as f:
+            return json.loads(f.read())
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
