@@ -1,6 +1,6 @@
 """Benchmark: commit in PostgreSQL → visible in Iceberg, with the reader and the apply job running.
 
-    .venv/bin/python bench/apply_bench.py [--rate 600] [--seconds 60] [--pg 15|18]
+    .venv/bin/python -m bench.apply_bench [--rate 600] [--seconds 60] [--pg 15|18]
                                           [--segment-seconds 0.5]
 
 One run starts a throwaway PostgreSQL (``lakeslot.pgcluster``), a table ``bench`` (bigint key,
@@ -37,15 +37,13 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from lakeslot import pgcluster, workloads  # noqa: E402
-from lakeslot.api.models import GROUP, VERSION, PostgresIngestion  # noqa: E402
-from lakeslot.apply import job as apply_job  # noqa: E402
-from lakeslot.mirror import progress  # noqa: E402
-from lakeslot.source import slot  # noqa: E402
-from lakeslot.source.tables import TableName  # noqa: E402
-from lakeslot.spark_session import job_session  # noqa: E402
+from lakeslot import pgcluster, workloads
+from lakeslot.api.models import GROUP, VERSION, PostgresIngestion
+from lakeslot.apply import job as apply_job
+from lakeslot.mirror import progress as mirror_progress
+from lakeslot.source import slot
+from lakeslot.source.tables import TableName
+from lakeslot.spark_session import job_session
 
 LAKESLOT = str(Path(sys.executable).with_name("lakeslot"))
 TABLE = TableName("public", "bench")
@@ -74,7 +72,8 @@ def writer(dsn: str, rate: float, seconds: float, out) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.apply_bench",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=600.0)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--pg", choices=("15", "18"), default="15")
@@ -120,14 +119,14 @@ def main() -> None:
 
         def observe() -> None:
             while not observing.is_set():
-                lsn = progress(ingestion.spec.sink, [TABLE])[TABLE].lsn
+                lsn = mirror_progress.read(ingestion, [TABLE])[TABLE].lsn
                 if lsn is not None and (not seen or lsn > seen[-1][1]):
                     seen.append((time.time(), lsn))
                 time.sleep(0.05)
 
         observer = threading.Thread(target=observe, daemon=True)
         observer.start()
-        while progress(ingestion.spec.sink, [TABLE])[TABLE].lsn is None:
+        while mirror_progress.read(ingestion, [TABLE])[TABLE].lsn is None:
             time.sleep(0.2)  # the mirror exists: the apply job is up
         receive, send = multiprocessing.Pipe(duplex=False)
         process = multiprocessing.Process(target=writer, args=(cluster.dsn("bench"), args.rate,

@@ -1,7 +1,7 @@
 """Benchmark: the replication reader (pgoutput decoding + Parquet segments in staging) against
 ``pg_recvlogical -f /dev/null`` over the same changes, in the same run.
 
-    .venv/bin/python bench/reader_bench.py [--changes 1000000] [--rounds 3] [--rss-gb 1.0]
+    .venv/bin/python -m bench.reader_bench [--changes 1000000] [--rounds 3] [--rss-gb 1.0]
                                            [--pg 15|18]
 
 One run starts a throwaway PostgreSQL (``lakeslot.pgcluster``) and measures two things, each in
@@ -47,13 +47,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import pyarrow.parquet as pq
 
-import pyarrow.parquet as pq  # noqa: E402
-
-from lakeslot import lsn as lsn_text  # noqa: E402
-from lakeslot import pgcluster  # noqa: E402
-from lakeslot.reader import reader  # noqa: E402
+from lakeslot import lsn as lsn_text
+from lakeslot import pgcluster
+from lakeslot.source.connection import PASSWORD_ENV
 
 LAKESLOT = str(Path(sys.executable).with_name("lakeslot"))
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -164,7 +162,7 @@ def lakeslot_reader(cluster, dbname: str, slot: str, end: int, changes: int) -> 
              "--publication", "bench", "--staging", Path(staging).as_uri(),
              "--host", "127.0.0.1", "--port", str(cluster.port), "--dbname", dbname,
              "--user", cluster.superuser, "--pod", "bench", "--stop-at-lsn", lsn_text.format(end)],
-            env={**os.environ, reader.PASSWORD_ENV: cluster.password}, stderr=log)
+            env={**os.environ, PASSWORD_ENV: cluster.password}, stderr=log)
         code, cpu, rss, exited, walsender = _wait(process, cluster, slot)
         lines = [json.loads(line) for line in Path(log.name).read_text().splitlines()]
         if code != 0:
@@ -253,7 +251,8 @@ def rss(cluster, dbname: str, gib: float) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.reader_bench",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--changes", type=int, default=1_000_000,
                         help="row changes for the throughput comparison (0: skip it)")
     parser.add_argument("--rounds", type=int, default=3)

@@ -1,7 +1,7 @@
 """Benchmark: the snapshot job against raw parallel ``psql \\copy … to /dev/null``, same run, same
 parallelism, same table.
 
-    .venv/bin/python bench/snapshot_bench.py [--rows 5000000] [--parallelism 2] [--repeat 3]
+    .venv/bin/python -m bench.snapshot_bench [--rows 5000000] [--parallelism 2] [--repeat 3]
                                              [--pg 15|18]
 
 It starts a throwaway PostgreSQL (``lakeslot.pgcluster``), builds the reference table (``--rows``
@@ -12,7 +12,7 @@ timestamptz, date, text, varchar, text, uuid), reads it once to warm the page ca
 
 - raw: ``--parallelism`` ``psql \\copy (SELECT * FROM ref WHERE ctid …) to /dev/null`` processes
   on equal ctid page ranges, in parallel;
-- snapshot: ``lakeslot.snapshot.job.run`` with ranges of the same size (the job plans exactly
+- snapshot: ``lakeslot.snapshot.job.copy`` with ranges of the same size (the job plans exactly
   ``--parallelism`` ranges), into a fresh namespace.
 
 It prints, per run and as the median: rows/s; client CPU seconds per million rows (the driver
@@ -38,13 +38,11 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from lakeslot import pgcluster  # noqa: E402
-from lakeslot.snapshot import job as snapshot_job  # noqa: E402
-from lakeslot.snapshot.plan import TableRequest  # noqa: E402
-from lakeslot.source.connection import ConnectionSettings  # noqa: E402
-from lakeslot.source.tables import TableName  # noqa: E402
+from lakeslot import pgcluster
+from lakeslot.snapshot import job as snapshot_job
+from lakeslot.snapshot.plan import TableRequest
+from lakeslot.source.connection import ConnectionSettings
+from lakeslot.source.tables import TableName
 
 REFERENCE = """
 CREATE TABLE ref (id bigint PRIMARY KEY, qty int NOT NULL, amount numeric(12,2), price float8,
@@ -144,7 +142,8 @@ def raw_copy(cluster: pgcluster.Cluster, dbname: str, pages: int, parallelism: i
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.snapshot_bench",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--parallelism", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
@@ -188,7 +187,7 @@ def main() -> int:
                 target_range_bytes=math.ceil(pages / args.parallelism) * 8192, ingestion="bench")
             with TreeCpu(root) as client, TreeCpu(server) as server_cpu:
                 started = time.perf_counter()
-                result = snapshot_job.run(spark, job)
+                result = snapshot_job.copy(spark, job)
                 wall = time.perf_counter() - started
             assert result.ok and result.tables[0].rows == args.rows, result
             run = {"rate": args.rows / wall, "raw_rate": args.rows / raw_wall,

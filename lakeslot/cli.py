@@ -2,7 +2,13 @@
 
 Each subcommand is a thin translation from arguments to a call into a plain module; nothing here
 holds domain logic. Credentials are never accepted as arguments (they would show in ``ps`` and
-shell history): they come from Secrets or the environment.
+shell history): they come from Secrets or the environment. Exit codes follow
+:mod:`lakeslot.exits` (2: bad arguments, from argparse).
+
+Light: this module imports only what every command needs; each subcommand imports its module
+when it runs. The reader's arguments and their translation live in :mod:`lakeslot.reader.command`,
+which is light enough to import while building the parser (the reader's start-up path imports
+neither pydantic nor the API models).
 """
 
 from __future__ import annotations
@@ -12,7 +18,7 @@ import sys
 from pathlib import Path
 
 from lakeslot import __version__
-from lakeslot import reader as reader_defaults
+from lakeslot.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 def _provision_jars(args: argparse.Namespace) -> int:
@@ -22,10 +28,10 @@ def _provision_jars(args: argparse.Namespace) -> int:
         jars = iceberg_jars.ensure_jars(refresh=args.refresh)
     except iceberg_jars.JarProvisioningError as e:
         print(f"lakeslot provision-jars: {e}", file=sys.stderr)
-        return 1
+        return EXIT_FAILED
     for path in jars:
         print(path)
-    return 0
+    return EXIT_OK
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -51,14 +57,14 @@ def _run(args: argparse.Namespace) -> int:
 
     local = _local(args, "run")
     if local is None:
-        return run.EXIT_USAGE
+        return EXIT_USAGE
     interactive = sys.stderr.isatty() and not args.plain
     run.configure_logging(local, interactive=interactive)
     try:
         result = run.run(local, run.Options(once=args.once, interactive=interactive))
     except state.AlreadyRunning as e:
         print(f"lakeslot run: {e}", file=sys.stderr)
-        return run.EXIT_FAILED
+        return EXIT_FAILED
     print(f"lakeslot run: {result.message}", file=sys.stderr)
     return result.code
 
@@ -72,13 +78,13 @@ def _status(args: argparse.Namespace) -> int:
 
     local = _local(args, "status")
     if local is None:
-        return 2
+        return EXIT_USAGE
     document = observe.observe(local, observe.activity(local)).to_document()
     if args.output == "json":
         print(json.dumps(document, indent=2))
     else:
         print(yaml.safe_dump(document, sort_keys=False, allow_unicode=True), end="")
-    return 0
+    return EXIT_OK
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -95,7 +101,7 @@ def _validate(args: argparse.Namespace) -> int:
         reports = validation.validate_text(text)
         print(validation.render(name, reports))
         valid = valid and validation.all_valid(reports)
-    return 0 if valid else 1
+    return EXIT_OK if valid else EXIT_FAILED
 
 
 def _crd(args: argparse.Namespace) -> int:
@@ -111,51 +117,14 @@ def _crd(args: argparse.Namespace) -> int:
         print(reference.reference_markdown(), end="")
     else:
         print(crd.crd_yaml(), end="")
-    return 0
+    return EXIT_OK
 
 
 def _operator(args: argparse.Namespace) -> int:
     from lakeslot_operator import main
 
     main.run(namespaces=args.namespace, peering=args.peering, liveness=args.liveness)
-    return 0
-
-
-def _key_value(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
-
-
-def _lsn(text: str) -> int:
-    from lakeslot import lsn
-
-    try:
-        return lsn.parse(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _reader(args: argparse.Namespace) -> int:
-    import os
-    import socket
-
-    from lakeslot.reader import reader
-
-    reader.configure_logging()
-    config = reader.ReaderConfig(
-        ingestion=args.ingestion, slot=args.slot, publication=args.publication,
-        staging_uri=args.staging,
-        settings=reader.settings_from_environment(args.host, args.port, args.dbname, args.user,
-                                                  args.sslmode, args.sslrootcert,
-                                                  dict(args.source_option)),
-        pod=args.pod or os.environ.get("POD_NAME") or socket.gethostname(),
-        segment_max_bytes=args.segment_max_bytes, segment_max_seconds=args.segment_max_seconds,
-        feedback_interval=(None if args.feedback_interval_ms is None
-                           else args.feedback_interval_ms / 1000),
-        stop_at=args.stop_at_lsn, max_retry_seconds=args.max_retry_seconds)
-    return reader.main(config, status_file=args.status_file, metrics_port=args.metrics_port)
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -205,43 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="liveness endpoint served by kopf (default %(default)s)")
     p.set_defaults(func=_operator)
 
-    p = sub.add_parser(
-        "reader",
-        help="stream the replication slot into sealed segments in staging (one per ingestion)",
-        description="The replication reader: pgoutput from the slot into LSN-named Parquet segments; "
-        "confirms to PostgreSQL only what is sealed. The password comes only from the environment "
-        "(LAKESLOT_SOURCE_PASSWORD, else PGPASSWORD). Exit codes: 0 stopped cleanly, 1 crashed or "
-        "transient errors persisted, 2 bad arguments, 3 definite error (see --status-file).",
-    )
-    p.add_argument("--ingestion", required=True, metavar="NS/NAME", help="the ingestion this reader serves")
-    p.add_argument("--slot", required=True, help="the permanent logical replication slot")
-    p.add_argument("--publication", required=True, help="the publication to stream")
-    p.add_argument("--staging", required=True, metavar="URI", help="where segments go (file:///path, s3://...)")
-    p.add_argument("--host", help="source host (default $PGHOST, else localhost)")
-    p.add_argument("--port", type=int, help="source port (default $PGPORT, else 5432)")
-    p.add_argument("--dbname", help="source database (default $PGDATABASE, else postgres)")
-    p.add_argument("--user", help="source user (default $PGUSER, else postgres)")
-    p.add_argument("--sslmode", help="libpq sslmode (default $PGSSLMODE, else prefer)")
-    p.add_argument("--sslrootcert", metavar="FILE", help="CA certificate for verify-ca/verify-full")
-    p.add_argument("--source-option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                   help="a further libpq parameter (spec.source.options; repeatable)")
-    p.add_argument("--pod", help="identity in application_name (default $POD_NAME, else the host name)")
-    p.add_argument("--metrics-port", type=int, metavar="N", help="serve /metrics and /healthz on this port")
-    p.add_argument("--status-file", metavar="PATH", help="write the outcome as JSON here on exit")
-    p.add_argument("--segment-max-bytes", type=int, metavar="N",
-                   default=reader_defaults.DEFAULT_SEGMENT_MAX_BYTES,
-                   help="seal a segment after this much pgoutput data (default %(default)s)")
-    p.add_argument("--segment-max-seconds", type=float, metavar="S",
-                   default=reader_defaults.DEFAULT_SEGMENT_MAX_SECONDS,
-                   help="seal segments at least this often (default %(default)s)")
-    p.add_argument("--feedback-interval-ms", type=int, metavar="N",
-                   help="standby status interval (default min(1 s, wal_sender_timeout/2))")
-    p.add_argument("--stop-at-lsn", type=_lsn, metavar="LSN",
-                   help="exit 0 once everything up to this LSN is sealed (like pg_recvlogical --endpos)")
-    p.add_argument("--max-retry-seconds", type=float, metavar="S",
-                   default=reader_defaults.DEFAULT_MAX_RETRY_SECONDS,
-                   help="exit 1 after this long without a successful start (default %(default)s)")
-    p.set_defaults(func=_reader)
+    from lakeslot.reader import command as reader_command  # light: see its docstring
+
+    p = sub.add_parser("reader", help=reader_command.HELP, description=reader_command.DESCRIPTION)
+    reader_command.add_arguments(p)
+    p.set_defaults(func=reader_command.run)
 
     local_help = ("Secrets come from the environment or --env-file, never from arguments: "
                   "LAKESLOT_SOURCE_PASSWORD (passwordSecretRef), LAKESLOT_SOURCE_CA_FILE "

@@ -34,9 +34,9 @@ import psycopg
 from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import IngestionNames
-from lakeslot.staging.store import Staging
 from lakeslot.source import connection, preflight, publication, slot
 from lakeslot.source.tables import TableName, selected
+from lakeslot.staging.store import Staging
 from lakeslot.status import Report, first_line, slot_condition, table_rows
 
 Connect = Callable[..., psycopg.Connection]

@@ -106,7 +106,7 @@ def _cached(jars_dir: Path) -> list[Path] | None:
         if manifest["iceberg_version"] != ICEBERG_VERSION:
             return None
         paths = [jars_dir / jar["name"] for jar in manifest["jars"]]
-        if all(p.stat().st_size == jar["size"] for p, jar in zip(paths, manifest["jars"])):
+        if all(p.stat().st_size == jar["size"] for p, jar in zip(paths, manifest["jars"], strict=True)):
             return paths
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -214,9 +214,13 @@ def _build_from_pypi(jars_dir: Path) -> list[str]:
     with tempfile.TemporaryDirectory(dir=jars_dir.parent, prefix="jars-build-") as build:
         build_dir = Path(build)
         iceberg_wheel, jackson_wheel = _pip_download(build_dir, [ICEBERG_WHEEL, JACKSON_WHEEL])
-        with zipfile.ZipFile(iceberg_wheel) as wheel, _atomic_output(jars_dir / RUNTIME_JAR) as tmp:
-            with wheel.open(f"snowpark_connect_deps_iceberg/jars/{RUNTIME_JAR}") as src, open(tmp, "wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
+        with (
+            zipfile.ZipFile(iceberg_wheel) as wheel,
+            _atomic_output(jars_dir / RUNTIME_JAR) as tmp,
+            wheel.open(f"snowpark_connect_deps_iceberg/jars/{RUNTIME_JAR}") as src,
+            open(tmp, "wb") as out,
+        ):
+            shutil.copyfileobj(src, out, 1 << 20)
         merged = build_dir / "jackson-merged.jar"
         _merge_jackson(jackson_wheel, merged)
         _relocate(java, jarjar, merged, build_dir, jars_dir / RELOCATED_JACKSON_JAR)
@@ -242,7 +246,10 @@ def _require_jarjar() -> Path:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise JarProvisioningError("jarjar not found in /usr/share/java: sudo apt-get install libjarjar-java")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "libjarjar-java"]):
+    for cmd in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "libjarjar-java"],
+    ):
         _run(cmd, "installing jarjar (apt-get install libjarjar-java)", env=env)
     if (jarjar := _find_jarjar()) is None:
         raise JarProvisioningError("jarjar still not found in /usr/share/java after apt-get install libjarjar-java")
@@ -302,7 +309,7 @@ def _relocate(java: str, jarjar: Path, merged: Path, build_dir: Path, final: Pat
 
 def _run(cmd: list[str], what: str, env: dict[str, str] | None = None) -> None:
     try:
-        result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        result = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     except OSError as e:
         raise JarProvisioningError(f"{what}: cannot run {cmd[0]}: {e}") from e
     if result.returncode != 0:

@@ -47,6 +47,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from lakeslot.source.connection import one_row
+
 DEBIAN_BIN_ROOT = Path("/usr/lib/postgresql")
 UNPRIVILEGED_USERS = ("postgres", "lakeslot-pg")
 PORT_ATTEMPTS = 5
@@ -84,7 +86,10 @@ class Install:
         out = subprocess.run(
             [str(self.tool("postgres")), "--version"], check=True, capture_output=True, text=True
         ).stdout
-        return int(re.search(r"\)\s*(\d+)", out).group(1))
+        version = re.search(r"\)\s*(\d+)", out)
+        if version is None:
+            raise ClusterError(f"cannot read the major version from postgres --version: {out.strip()!r}")
+        return int(version.group(1))
 
 
 def debian_install(major: int = 15) -> Install | None:
@@ -137,7 +142,8 @@ class _RunAs:
     def run(self, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         if not self.is_self:
             kwargs.update(user=self.uid, group=self.gid, extra_groups=[])
-        return subprocess.run(argv, capture_output=True, text=True, **kwargs)
+        # The callers read the exit status: a failed command is an answer, not an exception.
+        return subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)
 
     def chown_tree(self, path: Path) -> None:
         if self.is_self:
@@ -233,9 +239,9 @@ class Cluster:
         then its sessions. A terminated holder releases its slot a moment later: retry."""
         with self.connect() as conn:
             deadline = time.monotonic() + 30
-            while conn.execute(
+            while one_row(conn.execute(
                 "SELECT count(*) FROM pg_replication_slots WHERE database = %s", (name,)
-            ).fetchone()[0]:
+            ))[0]:
                 if time.monotonic() > deadline:
                     raise ClusterError(f"replication slots of database {name!r} would not go away")
                 conn.execute(
@@ -299,7 +305,7 @@ class Cluster:
              "-CAcreateserial", "-out", "server.crt", "-days", "2", "-extfile", "san.ext"],
         ):
             (tls / "san.ext").write_text("subjectAltName = IP:127.0.0.1, DNS:localhost\n")
-            result = subprocess.run(argv, cwd=tls, capture_output=True, text=True)
+            result = subprocess.run(argv, cwd=tls, capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 raise ClusterError(f"openssl failed: {result.stderr.strip()}")
         (tls / "server.key").chmod(0o600)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -30,7 +30,8 @@ from pyspark.sql import SparkSession
 
 from lakeslot import iceberg_jars
 from lakeslot.api.models import CatalogSpec
-from lakeslot.spark_conf import hadoop_catalog, iceberg_conf
+from lakeslot.mirror import catalogs
+from lakeslot.spark_conf import iceberg_conf
 
 if TYPE_CHECKING:
     from lakeslot.workloads import JobInput
@@ -39,8 +40,8 @@ T = TypeVar("T")
 
 def set_catalog_secrets(spark: SparkSession, catalog: CatalogSpec, values: Mapping[str, str]) -> None:
     """Set the Secret-backed catalog properties (``values``: key → value) on a running session."""
-    for key, value in values.items():
-        spark.conf.set(f"spark.sql.catalog.{catalog.name}.{key}", value)
+    for key, value in catalogs.spark_secret_conf(catalog, values).items():
+        spark.conf.set(key, value)
 
 
 def build_session(
@@ -53,7 +54,7 @@ def build_session(
 ) -> SparkSession:
     """A SparkSession with an Iceberg catalog: ``warehouse`` is a ``sink.catalog`` spec, or a
     hadoop warehouse for a catalog named ``catalog`` (``extra_conf`` wins on conflicts)."""
-    spec = warehouse if isinstance(warehouse, CatalogSpec) else hadoop_catalog(warehouse, catalog)
+    spec = warehouse if isinstance(warehouse, CatalogSpec) else catalogs.hadoop_catalog(warehouse, catalog)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)

@@ -22,10 +22,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from lakeslot import lsn as lsnlib
-from lakeslot import mirror
 from lakeslot.api import conditions as cond
 from lakeslot.api.models import (
     ApplyStatus,
@@ -34,6 +33,7 @@ from lakeslot.api.models import (
     SlotStatus,
     TableStatus,
 )
+from lakeslot.mirror.progress import MirrorProgress
 from lakeslot.source import slot
 from lakeslot.source.tables import TableName
 
@@ -176,7 +176,7 @@ def table_rows(report: Report, tables: list[TableName],
     report.status.table_count = len(tables)
 
 
-def record_progress(report: Report, progress: Mapping[TableName, mirror.MirrorProgress],
+def record_progress(report: Report, progress: Mapping[TableName, MirrorProgress],
                     snapshotting: set[TableName], *, durable: int | None, current: int,
                     reader: str | None) -> list[int]:
     """Table states, reader and apply status and the end-to-end lag; returns the applied LSNs
@@ -203,7 +203,7 @@ def record_progress(report: Report, progress: Mapping[TableName, mirror.MirrorPr
         commits = [p.committed_at_ms for p in progress.values() if p.committed_at_ms]
         status.apply = ApplyStatus(
             applied_lsn=lsnlib.format(min(applied)),
-            last_commit_time=datetime.fromtimestamp(max(commits) / 1000, timezone.utc)
+            last_commit_time=datetime.fromtimestamp(max(commits) / 1000, UTC)
             if commits else None)
         status.lag_bytes = max(current - min(applied), 0)
     return applied

@@ -105,6 +105,8 @@ from pyiceberg.types import (
     UUIDType,
 )
 
+from lakeslot.mirror.contract import LSN_COLUMN
+
 NATIVE_TYPES = frozenset({
     "int2", "int4", "int8", "numeric", "float4", "float8", "bool", "text", "varchar", "bpchar",
     "char", "name", "bytea", "uuid", "date", "time", "timetz", "timestamp", "timestamptz",
@@ -115,7 +117,6 @@ UNSUPPORTED_TYPES = frozenset({
     "regoperator", "regproc", "regprocedure", "regrole", "regtype",
 })
 
-LSN_COLUMN = "_lakeslot_lsn"
 MAX_DECIMAL_PRECISION = 38
 MAX_INT8_DECIMAL_PRECISION = 18  # 10**18 < 2**63: the scaled value of such a decimal fits in int8
 
@@ -220,8 +221,9 @@ def _check_range(values: pa.Array, low: int, end: int) -> pa.Array:
     if len(as_int) - as_int.null_count:
         bounds = pc.min_max(as_int)
         if bounds["min"].as_py() < low or bounds["max"].as_py() >= end:
-            raise _Unmappable(OUT_OF_RANGE, _first(
-                pc.or_(pc.less(as_int, low), pc.greater_equal(as_int, end))))
+            bad = _first(pc.or_(pc.less(as_int, low), pc.greater_equal(as_int, end)))
+            assert bad is not None, "the bounds say a value is out of range"
+            raise _Unmappable(OUT_OF_RANGE, bad)
     return values
 
 
@@ -432,7 +434,9 @@ class ColumnMapping:
             schema, function = self.pg.output
             return sql.SQL("pg_catalog.textin({}({}))").format(sql.Identifier(schema, function),
                                                                 column)
-        cast = sql.SQL(self.codec.native_type + ("[]" if self.is_list else ""))
+        native_type = self.codec.native_type
+        assert native_type is not None, "read natively only with a native type (map_column)"
+        cast = sql.SQL(native_type + ("[]" if self.is_list else ""))
         if pa.types.is_decimal(self.codec.arrow):
             return sql.SQL("CAST(NULLIF({}, 'NaN') * {} AS int8)").format(
                 column, sql.Literal(self._scaled()))
@@ -548,8 +552,9 @@ def arrow_schema(table_schema: Schema, columns: Sequence[ColumnMapping]) -> pa.S
         field = table_schema.find_field(column.name)
         arrow = column.arrow
         if column.is_list:
-            arrow = pa.list_(pa.field("element", column.codec.arrow,
-                                      metadata=field_id(field.field_type.element_id)))
+            list_type = field.field_type
+            assert isinstance(list_type, ListType), f"{column.name} is a list in iceberg_schema"
+            arrow = pa.list_(pa.field("element", column.codec.arrow, metadata=field_id(list_type.element_id)))
         fields.append(pa.field(column.name, arrow, nullable=not column.required,
                                metadata=field_id(field.field_id)))
     lsn = table_schema.find_field(LSN_COLUMN)

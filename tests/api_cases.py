@@ -42,7 +42,7 @@ def apply_edits(document: dict[str, Any], edits: Edits) -> dict[str, Any]:
     result = copy.deepcopy(document)
     for path, value in edits:
         *parents, last = parse_path(path)
-        node = result
+        node: Any = result  # a dict or a list on the way down
         for part in parents:
             node = node[part] if isinstance(part, int) else node.setdefault(part, {})
         if value is DELETE:

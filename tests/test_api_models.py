@@ -10,6 +10,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from lakeslot import lsn
 from lakeslot.api.conditions import find_condition, set_condition
 from lakeslot.api.crd import openapi_schema
 from lakeslot.api.models import Condition, PostgresIngestionStatus, SourceSpec, TableSpec
@@ -20,7 +21,6 @@ from lakeslot.api.naming import (
     iceberg_table_name,
 )
 from lakeslot.api.reference import walk_schema
-from lakeslot import lsn
 from lakeslot.api.validation import parse_resource, problems_of, validate_update
 from tests.api_cases import EXAMPLES, UPDATE_CASES, apply_edits, base_document
 
@@ -181,7 +181,7 @@ def test_iceberg_table_name(schema, table, expected):
 
 
 def ready(status="True", reason="Streaming", message="", now=T0):
-    return dict(type_="Ready", status=status, reason=reason, message=message, now=now)
+    return {"type_": "Ready", "status": status, "reason": reason, "message": message, "now": now}
 
 
 def test_set_condition_adds_a_new_condition():
@@ -230,7 +230,7 @@ def test_lsn_text_form(value, text):
 
 @pytest.mark.parametrize("text", ["", "16B3748", "0/", "G/0", "0/123456789"])
 def test_not_an_lsn(text):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not a PostgreSQL LSN"):
         lsn.parse(text)
 
 
@@ -238,8 +238,9 @@ def test_times_are_utc_seconds_and_need_a_zone():
     local = datetime(2024, 5, 1, 14, 0, 0, 123456, tzinfo=timezone(timedelta(hours=2)))
     condition = Condition(type="Ready", status="True", reason="Ok", last_transition_time=local)
     assert condition.model_dump(mode="json", by_alias=True)["lastTransitionTime"] == "2024-05-01T12:00:00Z"
+    naive = datetime(2024, 5, 1)  # noqa: DTZ001 - the point: a time without a zone is refused
     with pytest.raises(ValidationError, match="zone"):
-        Condition(type="Ready", status="True", reason="Ok", last_transition_time=datetime(2024, 5, 1))
+        Condition(type="Ready", status="True", reason="Ok", last_transition_time=naive)
 
 
 def test_full_status_round_trip():

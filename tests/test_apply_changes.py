@@ -9,9 +9,9 @@ from pyiceberg.types import DecimalType, IntegerType, ListType, LongType, String
 
 from lakeslot.apply.changes import KEEP, Change, TableError, reduce, start_position
 from lakeslot.apply.columns import parser, plan_schema
-from lakeslot.staging.relations import Column, Relation
-from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName
 from lakeslot.source.tables import TableName
+from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName
+from lakeslot.staging.relations import Column, Relation
 
 T = TableName("public", "t")
 REL = Relation(1, "public", "t", "default", (Column("id", 23, -1, True), Column("v", 25, -1, False),

@@ -7,6 +7,7 @@ import json
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,10 +18,14 @@ from tests.support.apply_support import Pipeline
 from tests.support.apply_workload import IDLE, MAIN, Workload, create_tables
 from tests.support.operator_env import OfflineDatabase, ingestion_document
 
+ROOT = Path(__file__).resolve().parents[1]
 
-def test_runnable_as_a_module():
-    result = subprocess.run([sys.executable, "-m", "spark_jobs.apply", "--help"],
-                            capture_output=True, text=True, check=True)
+
+@pytest.mark.parametrize("how", [["-m", "spark_jobs.apply"], [str(ROOT / "spark_jobs" / "apply.py")]],
+                         ids=["module", "main-file"])
+def test_runnable_as_a_module_and_as_the_spark_applications_main_file(how, tmp_path):
+    result = subprocess.run([sys.executable, *how, "--help"], capture_output=True, text=True,
+                            check=True, cwd=tmp_path if how[0] != "-m" else ROOT)
     assert "--once" in result.stdout and "--ingestion-json" in result.stdout
 
 

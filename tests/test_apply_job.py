@@ -13,11 +13,11 @@ import threading
 import pytest
 from psycopg import sql
 
-from lakeslot.apply.iceberg import ERROR_PROPERTY, RESNAPSHOT_PROPERTY
 from lakeslot.apply.job import Hooks
-from lakeslot.mirror import progress
-from lakeslot.staging.store import Staging
+from lakeslot.mirror import progress as mirror_progress
+from lakeslot.mirror.contract import ERROR_PROPERTY, RESNAPSHOT_PROPERTY
 from lakeslot.source.tables import TableName
+from lakeslot.staging.store import Staging
 from tests.support.apply_support import Pipeline, lsn_now, source_rows
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN, Workload, create_tables
 from tests.support.snapshot_helpers import mirror_rows
@@ -171,7 +171,7 @@ def test_idle_tables_advance_and_progress_sees_it(pipeline):
     result = pipeline.apply()
     states = {t.source: t.state for t in result.tables}
     assert states == {MAIN: "applied", KEYLESS: "advanced", IDLE: "advanced"}
-    seen = progress(pipeline.ingestion.spec.sink, [MAIN, KEYLESS, IDLE])
+    seen = mirror_progress.read(pipeline.ingestion, [MAIN, KEYLESS, IDLE])
     # lakeslot.lsn = L: every commit at or below L is applied; everything before ``sealed`` is
     assert {t: p.lsn >= sealed - 1 for t, p in seen.items()} == {MAIN: True, KEYLESS: True,
                                                                  IDLE: True}
@@ -203,7 +203,7 @@ def test_definite_errors_stop_their_table_only(pipeline):
     assert properties[RESNAPSHOT_PROPERTY] == "true"
     status = Staging(pipeline.staging).read_apply_status()
     assert status["tables"][0]["state"] == "failed" and status["tables"][0]["resnapshotRequired"]
-    seen = progress(pipeline.ingestion.spec.sink, [MAIN, KEYLESS])
+    seen = mirror_progress.read(pipeline.ingestion, [MAIN, KEYLESS])
     assert "onTruncate is Error" in seen[MAIN].error and seen[MAIN].resnapshot_required
     assert seen[KEYLESS].error is None
 

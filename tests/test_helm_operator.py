@@ -91,7 +91,7 @@ def install(api, manifests: list[dict]) -> None:
     """The chart's CRDs (what Helm installs first), the spark-operator's CRD, and the peering
     objects the chart renders (the other rendered kinds do nothing on the emulator)."""
     extensions = kubernetes.client.ApiextensionsV1Api(api)
-    for crd in chart.chart_crds() + [env.SPARK_CRD]:
+    for crd in [*chart.chart_crds(), env.SPARK_CRD]:
         extensions.create_custom_resource_definition(crd)
     custom = kubernetes.client.CustomObjectsApi(api)
     for peering in chart.of_kind(manifests, "KopfPeering"):

@@ -95,7 +95,15 @@ def configmap(name: str, labels: dict[str, str] | None = None, **meta: Any) -> d
 
 
 def status_of(raised: pytest.ExceptionInfo[ApiException]) -> dict[str, Any]:
-    return json.loads(raised.value.body)
+    body = raised.value.body
+    assert body is not None, raised.value
+    return json.loads(body)
+
+
+def _dict(response: object) -> dict[str, Any]:
+    """An answer of the custom-objects API: typed ``object`` by the client, a dict at run time."""
+    assert isinstance(response, dict), type(response)
+    return response
 
 
 def raw_get(kube, path: str) -> dict[str, Any]:
@@ -136,28 +144,29 @@ class Widgets:
         self.api = custom
 
     def create(self, body: dict[str, Any], namespace: str = 'default') -> dict[str, Any]:
-        return self.api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body)
+        return _dict(self.api.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body))
 
     def get(self, name: str, namespace: str = 'default') -> dict[str, Any]:
-        return self.api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        return _dict(self.api.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
 
-    def patch(self, name: str, body: Any, **kwargs: Any) -> dict[str, Any]:
+    def patch(self, name: str, body: Any, **kwargs: Any) -> Any:
+        """The patched object, a dict; None after a server-side apply that created it (201)."""
         return self.api.patch_namespaced_custom_object(GROUP, VERSION, 'default', PLURAL, name, body, **kwargs)
 
     def replace(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.api.replace_namespaced_custom_object(GROUP, VERSION, 'default', PLURAL, name, body)
+        return _dict(self.api.replace_namespaced_custom_object(GROUP, VERSION, 'default', PLURAL, name, body))
 
     def get_status(self, name: str) -> dict[str, Any]:
-        return self.api.get_namespaced_custom_object_status(GROUP, VERSION, 'default', PLURAL, name)
+        return _dict(self.api.get_namespaced_custom_object_status(GROUP, VERSION, 'default', PLURAL, name))
 
     def patch_status(self, name: str, body: Any) -> dict[str, Any]:
-        return self.api.patch_namespaced_custom_object_status(GROUP, VERSION, 'default', PLURAL, name, body)
+        return _dict(self.api.patch_namespaced_custom_object_status(GROUP, VERSION, 'default', PLURAL, name, body))
 
     def replace_status(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
-        return self.api.replace_namespaced_custom_object_status(GROUP, VERSION, 'default', PLURAL, name, body)
+        return _dict(self.api.replace_namespaced_custom_object_status(GROUP, VERSION, 'default', PLURAL, name, body))
 
     def delete(self, name: str, **kwargs: Any) -> dict[str, Any]:
-        return self.api.delete_namespaced_custom_object(GROUP, VERSION, 'default', PLURAL, name, **kwargs)
+        return _dict(self.api.delete_namespaced_custom_object(GROUP, VERSION, 'default', PLURAL, name, **kwargs))
 
     def exists(self, name: str) -> bool:
         try:
@@ -182,7 +191,8 @@ def test_crd_is_discoverable_and_served_at_once(kube, crds, custom):
     crds.create_custom_resource_definition(make_crd())
 
     groups = {g.name: g for g in kubernetes.client.ApisApi(custom.api_client).get_api_versions().groups}
-    assert groups[GROUP].preferred_version.version == VERSION
+    preferred = groups[GROUP].preferred_version
+    assert preferred is not None and preferred.version == VERSION
     assert raw_get(kube, f'/apis/{GROUP}')['versions'] == [{'groupVersion': f'{GROUP}/{VERSION}', 'version': VERSION}]
     resources = {r.name: r for r in custom.get_api_resources(GROUP, VERSION).resources}
     assert set(resources) == {PLURAL, f'{PLURAL}/status'}
@@ -359,7 +369,7 @@ def test_generate_name(core):
     assert all(name.startswith('job-') and len(name) == len('job-') + 5 for name in names)
 
 
-@pytest.mark.parametrize('meta, field', [
+@pytest.mark.parametrize(('meta', 'field'), [
     ({'name': 'Upper_Case'}, 'metadata.name'),
     ({'name': 'x' * 254}, 'metadata.name'),
     ({'name': 'ok', 'labels': {'bad key!': 'v'}}, 'metadata.labels'),
@@ -487,7 +497,7 @@ def test_merge_patch_sets_and_removes_fields(widgets):
 
 def test_strategic_merge_patch_merges_keyed_lists(api):
     apps = kubernetes.client.AppsV1Api(api)
-    apps.create_namespaced_deployment('default', {
+    apps.create_namespaced_deployment('default', {  # type: ignore[arg-type]  # a dict body: sent as it is
         'metadata': {'name': 'd1'},
         'spec': {'selector': {'matchLabels': {'app': 'd1'}}, 'template': {
             'metadata': {'labels': {'app': 'd1'}},
@@ -496,7 +506,9 @@ def test_strategic_merge_patch_merges_keyed_lists(api):
     patched = apps.patch_namespaced_deployment('d1', 'default', {'spec': {'template': {'spec': {'containers': [
         {'name': 'sidecar', 'image': 'b:2'}, {'name': 'extra', 'image': 'c:1'}]}}}})
 
-    containers = [(c.name, c.image) for c in patched.spec.template.spec.containers]
+    pod_spec = patched.spec.template.spec
+    assert pod_spec is not None and patched.metadata is not None
+    containers = [(c.name, c.image) for c in pod_spec.containers]
     assert containers == [('main', 'a:1'), ('sidecar', 'b:2'), ('extra', 'c:1')]
     assert patched.metadata.generation == 2
 
@@ -557,7 +569,7 @@ def test_namespaces_can_be_listed_created_and_are_auto_created(core):
 
 # ---- selectors ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize('selector, expected', [
+@pytest.mark.parametrize(('selector', 'expected'), [
     ('tier=web', ['a', 'b']),
     ('tier==web', ['a', 'b']),
     ('tier!=web', ['c', 'd']),
@@ -713,7 +725,8 @@ BUILTIN_OBJECTS = [
 ]
 
 
-@pytest.mark.parametrize('api_version, kind, content', BUILTIN_OBJECTS, ids=[f'{a}/{k}' for a, k, _ in BUILTIN_OBJECTS])
+@pytest.mark.parametrize(('api_version', 'kind', 'content'), BUILTIN_OBJECTS,
+                         ids=[f'{a}/{k}' for a, k, _ in BUILTIN_OBJECTS])
 def test_builtin_kinds_are_served(api, api_version, kind, content):
     resource = DynamicClient(api).resources.get(api_version=api_version, kind=kind)
     namespace = 'default' if resource.namespaced else None
@@ -729,10 +742,10 @@ def test_builtin_kinds_are_served(api, api_version, kind, content):
 
 
 def test_events_can_be_posted_through_the_typed_clients(api):
-    kubernetes.client.CoreV1Api(api).create_namespaced_event('default', {
+    kubernetes.client.CoreV1Api(api).create_namespaced_event('default', {  # type: ignore[arg-type]
         'metadata': {'generateName': 'evt-'}, 'involvedObject': {'kind': 'Pod', 'name': 'p'},
         'reason': 'Test', 'message': 'hello', 'type': 'Normal'})
-    kubernetes.client.EventsV1Api(api).create_namespaced_event('default', {
+    kubernetes.client.EventsV1Api(api).create_namespaced_event('default', {  # type: ignore[arg-type]
         'metadata': {'generateName': 'evt-'}, 'eventTime': '2024-01-01T00:00:00.000000Z',
         'reportingController': 'test', 'reportingInstance': 'test', 'action': 'Testing', 'type': 'Normal'})
 
@@ -757,7 +770,7 @@ def test_invalid_custom_resource_is_422_naming_the_field(widgets):
         'message': 'Invalid value: 70000: spec.source.port in body should be less than or equal to 65535'}]
 
 
-@pytest.mark.parametrize('spec, expected', [
+@pytest.mark.parametrize(('spec', 'expected'), [
     ({'source': {}}, 'spec.source.host: Required value'),
     ({'source': {'host': ''}},
      'spec.source.host: Invalid value: "": spec.source.host in body should be at least 1 chars long'),
@@ -837,7 +850,7 @@ def test_cel_transition_rule_makes_a_field_immutable(widgets):
          'message': 'Invalid value: "string": host is immutable'}]
 
 
-@pytest.mark.parametrize('spec, field, message', [
+@pytest.mark.parametrize(('spec', 'field', 'message'), [
     ({'table': None}, 'spec', 'either table or tables is required'),
     ({'minReplicas': 3, 'maxReplicas': 2}, 'spec.minReplicas', 'minReplicas must not exceed maxReplicas'),
     ({'tables': []}, 'spec.tables', 'tables must not be empty'),
@@ -864,7 +877,7 @@ def test_unsupported_cel_rule_rejects_the_crd(crds):
     assert "function 'quantity' is not supported" in status_of(raised)['message']
 
 
-@pytest.mark.parametrize('expression, expected', [
+@pytest.mark.parametrize(('expression', 'expected'), [
     ('self.a == oldSelf.a', True),
     ('has(self.a) || has(self.missing)', True),
     ('has(self.missing) && self.missing > 0', False),
@@ -922,7 +935,8 @@ def test_kubeconfig_points_at_the_emulator(kube, tmp_path):
     kubernetes.config.load_kube_config(config_file=str(kube.write_kubeconfig(tmp_path / 'kubeconfig')),
                                        client_configuration=configuration)
     with kubernetes.client.ApiClient(configuration) as api_client:
-        names = {ns.metadata.name for ns in kubernetes.client.CoreV1Api(api_client).list_namespace().items}
+        namespaces = kubernetes.client.CoreV1Api(api_client).list_namespace().items
+    names = {ns.metadata.name for ns in namespaces if ns.metadata is not None}
     assert 'default' in names
 
 
@@ -943,9 +957,10 @@ def test_secret_string_data_is_folded_into_data(kube):
 
     with kube.api_client() as api_client:
         core = kubernetes.client.CoreV1Api(api_client)
-        core.create_namespaced_secret('default', {'metadata': {'name': 's'},
+        core.create_namespaced_secret('default', {'metadata': {'name': 's'},  # type: ignore[arg-type]
                                                   'stringData': {'password': 'first'}})
         core.patch_namespaced_secret('s', 'default', {'stringData': {'password': 'second'}})
         secret = core.read_namespaced_secret('s', 'default')
+    assert secret.data is not None
     assert base64.b64decode(secret.data['password']).decode() == 'second'
     assert secret.string_data is None

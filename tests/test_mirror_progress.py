@@ -3,28 +3,35 @@ truth for snapshot and apply progress (DESIGN.md invariant 1)."""
 
 from __future__ import annotations
 
-from lakeslot import mirror
-from lakeslot.api.models import SinkSpec
+from lakeslot.api.models import PostgresIngestion
+from lakeslot.api.naming import IngestionNames
+from lakeslot.mirror import progress as mirror_progress
 from lakeslot.source.tables import TableName
 
 
 def test_progress_is_the_current_snapshots_lakeslot_lsn(spark, spark_warehouse, iceberg_namespace):
     namespace = iceberg_namespace.split(".", 1)[1]
-    sink = SinkSpec.model_validate({"catalog": {"type": "hadoop", "warehouse": spark_warehouse.as_uri()},
-                                    "namespace": namespace})
+    ingestion = PostgresIngestion.model_validate({
+        "apiVersion": "lakeslot.io/v1alpha1", "kind": "PostgresIngestion",
+        "metadata": {"name": "progress"},
+        "spec": {"source": {"host": "db", "database": "app", "user": "u", "schemas": ["public"]},
+                 "sink": {"catalog": {"type": "hadoop", "warehouse": spark_warehouse.as_uri()},
+                          "namespace": namespace},
+                 "staging": {"uri": "file:///tmp/unused"}}})
+    names = IngestionNames.of(ingestion)
     done, plain, absent = (TableName("Sales", "Order Lines"), TableName("public", "plain"),
                            TableName("public", "absent"))
-    assert mirror.identifier(sink, done) == (namespace, "sales__order_lines")
+    assert names.mirror_identifier(done) == (namespace, "sales__order_lines")
     for table in (done, plain):
-        spark.sql(f"CREATE TABLE lakeslot.{'.'.join(mirror.identifier(sink, table))} (id bigint)"
+        spark.sql(f"CREATE TABLE lakeslot.{'.'.join(names.mirror_identifier(table))} (id bigint)"
                   " USING iceberg")
     df = spark.createDataFrame([(1,), (2,), (3,)], "id bigint")
     df.writeTo(f"lakeslot.{namespace}.sales__order_lines").option(
         "snapshot-property.lakeslot.lsn", str(0x16B3748)).append()
     df.writeTo(f"lakeslot.{namespace}.public__plain").append()
 
-    progress = mirror.progress(sink, [done, plain, absent])
+    progress = mirror_progress.read(ingestion, [done, plain, absent])
     assert progress[done].lsn == 0x16B3748 and progress[done].rows == 3
     assert progress[done].committed_at_ms is not None
     assert progress[plain].lsn is None and progress[plain].rows == 3  # not written by lakeslot
-    assert progress[absent] == mirror.MirrorProgress(None, None, None)
+    assert progress[absent] == mirror_progress.MirrorProgress(None, None, None)

@@ -18,7 +18,8 @@ CONFIG = children.OperatorConfig(image="registry.example/lakeslot:test")
 
 @pytest.fixture
 def ingestion() -> PostgresIngestion:
-    document = yaml.safe_load(open("examples/ingestion.yaml"))
+    with open("examples/ingestion.yaml") as f:
+        document = yaml.safe_load(f)
     document["metadata"]["namespace"] = "shop"
     document["spec"]["source"]["sslMode"] = "verify-full"
     document["spec"]["source"]["caSecretRef"] = {"name": "shop-ca", "key": "ca.pem"}

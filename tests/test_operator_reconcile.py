@@ -24,7 +24,7 @@ from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context, reconcile
 from tests.support import operator_env as env
 from tests.support.fixtures_pg import Database, connection_settings
-from tests.support.odd_names import ODD_TABLES, create_odd_tables
+from tests.support.odd_names import create_odd_tables
 
 CUSTOM = env.CUSTOM
 
@@ -163,7 +163,7 @@ def test_an_unreachable_source_and_an_invalid_spec_are_conditions(api, pgdb, spa
 
 
 def test_a_stale_slot_holder_is_evicted(api, source, spark_warehouse, tmp_path):
-    db, tables = source
+    db, _ = source
     env.create_ingestion(api, _document("orders", source, spark_warehouse, tmp_path), db.cluster.password)
     resource, _ = _reconcile(api, "orders")
     slot_name = resource["status"]["slot"]["name"]

@@ -10,6 +10,7 @@ import time
 import psycopg
 import pytest
 from psycopg import pq
+from psycopg.pq.abc import PGconn
 
 POSTGRES_EPOCH_US = 946_684_800 * 1_000_000
 
@@ -39,7 +40,7 @@ def test_fresh_database_per_test_is_dropped_with_its_slots(pg):
             "SELECT count(*) FROM pg_replication_slots WHERE slot_name = 'leftover'").fetchone()[0] == 0
 
 
-def _copy_messages(pgconn: pq.PGconn, deadline: float):
+def _copy_messages(pgconn: PGconn, deadline: float):
     """Yield CopyData payloads of a COPY_BOTH stream until the deadline."""
     while time.monotonic() < deadline:
         nbytes, data = pgconn.get_copy_data(1)
@@ -61,7 +62,8 @@ def _insert_values(msg: bytes) -> list[str | None]:
     """Column values of a pgoutput v1 Insert message ('I' relid 'N' TupleData)."""
     assert msg[:1] == b"I" and msg[5:6] == b"N"
     (ncols,) = struct.unpack_from("!h", msg, 6)
-    pos, values = 8, []
+    pos = 8
+    values: list[str | None] = []
     for _ in range(ncols):
         kind = msg[pos:pos + 1]
         pos += 1
@@ -86,7 +88,8 @@ def test_logical_slot_streams_a_committed_change(pgdb):
         pgconn = repl.pgconn
         pgconn.send_query(
             b"START_REPLICATION SLOT smoke LOGICAL 0/0 (proto_version '1', publication_names 'pub')")
-        assert pgconn.get_result().status == pq.ExecStatus.COPY_BOTH
+        result = pgconn.get_result()
+        assert result is not None and result.status == pq.ExecStatus.COPY_BOTH
 
         kinds, inserted, commit_end = [], None, None
         for msg in _copy_messages(pgconn, time.monotonic() + 60):
@@ -101,6 +104,7 @@ def test_logical_slot_streams_a_committed_change(pgdb):
                 break
         assert kinds == [b"B", b"R", b"I", b"C"]
         assert inserted == ["1", "hello wörld"]
+        assert commit_end is not None
 
         pgconn.put_copy_data(_standby_status(commit_end))
         pgconn.flush()

@@ -15,18 +15,28 @@ from pathlib import Path
 import pytest
 
 from lakeslot import lsn as lsn_text
+from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
 from lakeslot.pgcluster import free_port
 from lakeslot.reader import reader
-from lakeslot.reader.writer import SegmentWriter
-from lakeslot.staging import format as segments
-from lakeslot.staging.store import Staging, TEMP_PREFIX
 from lakeslot.reader.metrics import Metrics
-from lakeslot.staging.format import SourceIdentity
+from lakeslot.reader.writer import SegmentWriter
 from lakeslot.source import slot
 from lakeslot.source.tables import TableName
+from lakeslot.staging import format as segments
+from lakeslot.staging.format import SourceIdentity
+from lakeslot.staging.store import TEMP_PREFIX, Staging
 from tests.support.fixtures_pg import Database
 from tests.support.reader_support import (
-    APP_NAME, LAKESLOT, config, current_lsn, holder, prepare, read_until, spawn, staged)
+    APP_NAME,
+    LAKESLOT,
+    config,
+    current_lsn,
+    holder,
+    prepare,
+    read_until,
+    spawn,
+    staged,
+)
 from tests.support.waiting import wait_for
 from tests.test_source_slot import _hold_with_pg_recvlogical
 
@@ -76,7 +86,7 @@ def test_sigkill_mid_transaction_then_restart_leaves_no_gap_or_duplicate(pgdb, t
         conn.execute("INSERT INTO t VALUES (60001, 'after')")
         end = current_lsn(conn)
         second = spawn(pgdb, staging, log, "--stop-at-lsn", lsn_text.format(end))
-        assert second.wait(timeout=180) == reader.EXIT_STOPPED, log.read_text()[-3000:]
+        assert second.wait(timeout=180) == EXIT_OK, log.read_text()[-3000:]
 
     names, rows = staged(staging)  # asserts that the segments chain: no gap, no overlap
     assert before_restart <= {n.filename for n in names}
@@ -103,7 +113,7 @@ def test_a_stale_holder_is_evicted(pgdb, tmp_path):
             zombie.kill()
             if reader_process is not None:
                 reader_process.terminate()
-                assert reader_process.wait(timeout=60) == reader.EXIT_STOPPED
+                assert reader_process.wait(timeout=60) == EXIT_OK
 
 
 def test_dropped_publication_is_a_definite_error(pgdb, tmp_path):
@@ -116,7 +126,7 @@ def test_dropped_publication_is_a_definite_error(pgdb, tmp_path):
             wait_for(lambda: holder(conn) == APP_NAME, "the reader to hold the slot")
             conn.execute("DROP PUBLICATION p")
             conn.execute("INSERT INTO t VALUES (1, 'x')")
-            assert process.wait(timeout=120) == reader.EXIT_DEFINITE
+            assert process.wait(timeout=120) == EXIT_DEFINITE
         finally:
             process.kill()
     outcome = _status(status)
@@ -134,19 +144,19 @@ def test_slot_advanced_past_staged_data_or_dropped_is_a_definite_error(pgdb, tmp
         staged_end = current_lsn(conn)
         process = spawn(pgdb, staging, log, "--stop-at-lsn", lsn_text.format(staged_end),
                         "--status-file", str(status))
-        assert process.wait(timeout=120) == reader.EXIT_STOPPED
+        assert process.wait(timeout=120) == EXIT_OK
         assert _status(status)["reason"] == "Stopped"
         durable = lsn_text.parse(_status(status)["lsn"])
         conn.execute("INSERT INTO t VALUES (2, 'never staged')")
         conn.execute("SELECT pg_replication_slot_advance('s', pg_current_wal_lsn())")
         process = spawn(pgdb, staging, log, "--status-file", str(status))
-        assert process.wait(timeout=120) == reader.EXIT_DEFINITE
+        assert process.wait(timeout=120) == EXIT_DEFINITE
         outcome = _status(status)
         assert (outcome["definite"], outcome["reason"]) == (True, "SlotAhead")
         assert outcome["lsn"] == lsn_text.format(durable)
         slot.drop(conn, "s")
         process = spawn(pgdb, staging, log, "--status-file", str(status))
-        assert process.wait(timeout=120) == reader.EXIT_DEFINITE
+        assert process.wait(timeout=120) == EXIT_DEFINITE
         assert _status(status)["reason"] == "SlotMissing"
     assert [r.new["id"] for r in staged(staging)[1] if r.op == "I"] == ["1"]
 
@@ -179,7 +189,7 @@ def test_sigterm_seals_confirms_and_exits_cleanly(pgdb, tmp_path):
                                 " WHERE application_name = %s", (APP_NAME,)).fetchone()
             assert sent == (start, start, start)
             process.send_signal(signal.SIGTERM)
-            assert process.wait(timeout=60) == reader.EXIT_STOPPED
+            assert process.wait(timeout=60) == EXIT_OK
         finally:
             process.kill()
         outcome = _status(status)
@@ -209,7 +219,7 @@ def test_persistent_transient_errors_exit_1_with_json_logs_and_status(tmp_path):
          "--port", str(free_port()), "--max-retry-seconds", "1", "--status-file", str(status)],
         capture_output=True, text=True, timeout=120,
         env={**os.environ, reader.PASSWORD_ENV: "never-logged"})
-    assert result.returncode == reader.EXIT_FAILED
+    assert result.returncode == EXIT_FAILED
     outcome = _status(status)
     assert (outcome["state"], outcome["definite"], outcome["reason"]) == (
         "failed", False, "RetriesExhausted")
@@ -268,7 +278,7 @@ def test_a_slot_that_lost_its_wal_is_a_definite_error(pg_cluster_factory, versio
             assert slot.health(conn, "s").wal_status == "lost"
             process = spawn(db, (tmp_path / "staging").as_uri(), tmp_path / "reader.log",
                             "--status-file", str(status))
-            assert process.wait(timeout=120) == reader.EXIT_DEFINITE
+            assert process.wait(timeout=120) == EXIT_DEFINITE
     finally:
         cluster.drop_database(db.name)
     outcome = _status(status)

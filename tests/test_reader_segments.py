@@ -1,19 +1,23 @@
-"""The staging format without PostgreSQL: names, chains, empty and aborted segments."""
+"""The staging format without PostgreSQL: names, chains, empty and aborted segments; and the
+reader's command line (the operator's command parses, the start-up stays light)."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 
 from lakeslot import cli, workloads
 from lakeslot.api.models import PostgresIngestion
+from lakeslot.reader import command as reader_command
 from lakeslot.reader import reader
 from lakeslot.reader.writer import SegmentWriter
-from lakeslot.staging import format as segments
-from lakeslot.staging.store import Staging
-from lakeslot.staging.format import SourceIdentity
-from lakeslot.staging.format import SegmentName
 from lakeslot.source.slot import SlotHealth
 from lakeslot.source.tables import TableName
+from lakeslot.staging import format as segments
+from lakeslot.staging.format import SegmentName, SourceIdentity
+from lakeslot.staging.store import Staging
 from tests.support.operator_env import OfflineDatabase, ingestion_document
 
 SOURCE = SourceIdentity("7300000000000000001", 1)
@@ -102,7 +106,23 @@ def test_the_operators_reader_command_parses_and_carries_the_source_options():
     document["spec"]["source"]["options"] = {"connect_timeout": "7", "target_session_attrs": "read-write"}
     command = workloads.reader_command(PostgresIngestion.model_validate(document))
     args = cli.build_parser().parse_args(command[1:])
-    settings = reader.settings_from_environment(args.host, args.port, args.dbname, args.user,
-                                                args.sslmode, args.sslrootcert, dict(args.source_option))
+    assert args.func is reader_command.run
+    config = reader_command.config(args)
+    assert (config.ingestion, config.slot, config.staging_uri) == (
+        args.ingestion, args.slot, "file:///tmp/staging")
+    settings = config.settings
     assert settings.extra["connect_timeout"] == "7" and settings.port == 6543
     assert settings.extra["target_session_attrs"] == "read-write"
+
+
+def test_the_reader_command_stays_light():
+    """Every ``lakeslot`` command builds the reader's parser, and the reader's start-up counts
+    (local mode and the Deployment restart it): neither loads pydantic or the API models."""
+    code = ("import sys; from lakeslot import cli; from lakeslot.reader import command; "
+            "command.config(cli.build_parser().parse_args(sys.argv[1:])); "
+            "print(sorted(m for m in sys.modules if m == 'pydantic' or m.startswith('lakeslot.api')))")
+    argv = ["reader", "--ingestion", "ns/n", "--slot", "s", "--publication", "p", "--staging",
+            "file:///tmp/staging", "--stop-at-lsn", "0/10"]
+    result = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
+                            check=True)
+    assert result.stdout.strip() == "[]"

@@ -13,15 +13,22 @@ import pyarrow.parquet as pq
 from psycopg import sql
 
 from lakeslot.reader import stream
-from lakeslot.staging import format as segments
-from lakeslot.staging.store import Staging
 from lakeslot.reader.metrics import Metrics
 from lakeslot.source import slot
 from lakeslot.source.tables import TableName
+from lakeslot.staging import format as segments
+from lakeslot.staging.store import Staging
 from tests.support.odd_names import ODD_COLUMNS, create_odd_tables
 from tests.support.reader_support import (
-    copy_slot, current_lsn, decoded_by_test_decoding, prepare, read_until, staged,
-    start_in_background, transactions)
+    copy_slot,
+    current_lsn,
+    decoded_by_test_decoding,
+    prepare,
+    read_until,
+    staged,
+    start_in_background,
+    transactions,
+)
 from tests.support.waiting import wait_for
 
 DEFAULT = TableName("public", "t_default")

@@ -8,15 +8,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion
+from lakeslot.snapshot.job import SnapshotJob
 from lakeslot.source.tables import TableName
 from spark_jobs import snapshot as entry
 from tests.support.operator_env import NAMESPACE, OfflineDatabase, ingestion_document
 from tests.support.snapshot_helpers import snapshot_slots
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _ingestion(**spec) -> PostgresIngestion:
@@ -35,9 +39,9 @@ def test_the_ingestion_decides_the_job_and_the_password_comes_only_from_the_envi
     argv = workloads.snapshot_arguments(ingestion, [TableName('Sales "EU"', "Order Lines"),
                                                     TableName("public", "plain")])
     inputs = workloads.job_input(entry.build_parser().parse_args(argv))
-    job = entry.snapshot_job(inputs, environ={"LAKESLOT_SOURCE_PASSWORD": "ours"})
+    job = SnapshotJob.of(inputs, environ={"LAKESLOT_SOURCE_PASSWORD": "ours"})
     assert job.source.password == "ours" and "ours" not in repr(job.source)
-    assert entry.snapshot_job(inputs, environ={}).source.password is None
+    assert SnapshotJob.of(inputs, environ={}).source.password is None
     assert (job.parallelism, job.resnapshot_generation, job.namespace) == (8, 3, "mirror")
     assert job.ingestion == f"{NAMESPACE}/orders"
     first, second = job.tables
@@ -55,6 +59,8 @@ def test_the_ingestion_decides_the_job_and_the_password_comes_only_from_the_envi
     (["--ingestion-json", '{"kind": "PostgresIngestion"}'], "not a valid PostgresIngestion"),
     (["--ingestion-json", workloads.ingestion_json(_ingestion()), "--table", "public.t"],
      'expected ["schema", "table"]'),
+    (["--ingestion-json", workloads.ingestion_json(_ingestion()), "--max-attempts", "0"],
+     "--max-attempts: must be at least 1"),
 ])
 def test_malformed_arguments_exit_2_naming_the_problem(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -69,9 +75,11 @@ def test_no_table_is_a_usage_error(capsys):
     assert exit_.value.code == 2 and "no --table" in capsys.readouterr().err
 
 
-def test_runnable_as_a_module():
-    result = subprocess.run([sys.executable, "-m", "spark_jobs.snapshot", "--help"],
-                            capture_output=True, text=True, check=True)
+@pytest.mark.parametrize("how", [["-m", "spark_jobs.snapshot"], [str(ROOT / "spark_jobs" / "snapshot.py")]],
+                         ids=["module", "main-file"])
+def test_runnable_as_a_module_and_as_the_spark_applications_main_file(how, tmp_path):
+    result = subprocess.run([sys.executable, *how, "--help"], capture_output=True, text=True,
+                            check=True, cwd=tmp_path if how[0] != "-m" else ROOT)
     assert "LAKESLOT_SOURCE_PASSWORD" in result.stdout and "--ingestion-json" in result.stdout
 
 

@@ -93,7 +93,7 @@ def test_copy_equals_the_source_as_of_s_while_it_changes(spark, spark_warehouse,
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        result = snapshot_job.run(spark, make_job(
+        result = snapshot_job.copy(spark, make_job(
             pgdb, iceberg_namespace, [ACCOUNTS], target_range_bytes=8192 * 8,
             progress=str(tmp_path / "progress.json")),
             snapshot_job.Hooks(on_exported=on_exported, before_release=before_release))
@@ -129,7 +129,7 @@ def test_odd_identifiers(spark, spark_warehouse, iceberg_namespace, pgdb):
         for n, table in enumerate(tables):
             conn.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s)").format(table.sql()),
                          (n, f"user {n}", "Mixed", 'q"', "ñ"))
-    result = snapshot_job.run(spark, make_job(pgdb, iceberg_namespace, tables))
+    result = snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, tables))
     assert result.ok, [t.error for t in result.tables]
     with pgdb.connect() as conn:
         for table in tables:
@@ -149,7 +149,7 @@ def test_empty_tables(spark, spark_warehouse, iceberg_namespace, pgdb):
         conn.execute("DELETE FROM emptied")
         conn.execute("CREATE TABLE parted (id int PRIMARY KEY) PARTITION BY RANGE (id)")
     tables = [TableName("public", name) for name in ("never", "emptied", "parted")]
-    result = snapshot_job.run(spark, make_job(pgdb, iceberg_namespace, tables))
+    result = snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, tables))
     assert result.ok
     for table in tables:
         assert mirror_rows(spark_warehouse, iceberg_namespace, table) == []
@@ -166,7 +166,7 @@ def test_stale_relpages_lose_no_rows(spark, spark_warehouse, iceberg_namespace, 
         real_pages = conn.execute("SELECT pg_relation_size('grown') / 8192").fetchone()[0]
     assert real_pages > 10 * planned_pages
     table = TableName("public", "grown")
-    result = snapshot_job.run(spark, make_job(pgdb, iceberg_namespace, [table], target_range_bytes=8192,
+    result = snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, [table], target_range_bytes=8192,
                                               progress=str(tmp_path / "p.json")))
     assert result.ok
     assert snapshot_progress.read(str(tmp_path / "p.json"))["tables"][0]["rangesTotal"] == planned_pages
@@ -205,7 +205,7 @@ def test_a_killed_task_is_retried_without_duplicates(spark, spark_warehouse, ice
         # does) and before the followers start: they wait at their COPY.
         blocker.execute("LOCK TABLE accounts IN ACCESS EXCLUSIVE MODE")
 
-    runner = threading.Thread(target=lambda: outcome.setdefault("result", snapshot_job.run(
+    runner = threading.Thread(target=lambda: outcome.setdefault("result", snapshot_job.copy(
         spark, make_job(pgdb, iceberg_namespace, [ACCOUNTS], target_range_bytes=8192 * 8),
         snapshot_job.Hooks(on_exported=on_exported))))
     runner.start()
@@ -239,7 +239,7 @@ def test_skip_resnapshot_and_resume_after_a_failed_table(spark, spark_warehouse,
         conn.execute("INSERT INTO bad VALUES (1, 'infinity')")
     job = make_job(pgdb, iceberg_namespace, [good, bad], progress=str(tmp_path / "p.json"))
 
-    first = snapshot_job.run(spark, job)  # good commits, bad fails definitively: the job "crashes"
+    first = snapshot_job.copy(spark, job)  # good commits, bad fails definitively: the job "crashes"
     states = {t.source: t.state for t in first.tables}
     assert states == {good: "committed", bad: "failed"} and not first.ok
     assert "'d'" in first.tables[1].error and "(id)=(1)" in first.tables[1].error
@@ -249,23 +249,23 @@ def test_skip_resnapshot_and_resume_after_a_failed_table(spark, spark_warehouse,
     with pgdb.connect() as conn:
         conn.execute("UPDATE bad SET d = '2024-01-01'")
         conn.execute("UPDATE good SET v = 'changed' WHERE id = 1")
-    second = snapshot_job.run(spark, job)  # resumes with the rest; good is not copied again
+    second = snapshot_job.copy(spark, job)  # resumes with the rest; good is not copied again
     assert {t.source: t.state for t in second.tables} == {good: "skipped", bad: "committed"}
     assert mirror_rows(spark_warehouse, iceberg_namespace, good)[0]["v"] == "one"
-    assert snapshot_job.run(spark, job).snapshot_lsn is None  # all done: no slot, no snapshot
+    assert snapshot_job.copy(spark, job).snapshot_lsn is None  # all done: no slot, no snapshot
 
-    resnapshot = snapshot_job.run(spark, make_job(pgdb, iceberg_namespace, [good, bad], resnapshot_generation=1))
+    resnapshot = snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, [good, bad], resnapshot_generation=1))
     assert {t.state for t in resnapshot.tables} == {"committed"}
     table = mirror(spark_warehouse, iceberg_namespace, good)
     assert [r["v"] for r in mirror_rows(spark_warehouse, iceberg_namespace, good)] == ["changed", "two"]
     assert table.properties["lakeslot.snapshot-generation"] == "1"
     assert [s.summary["lakeslot.lsn"] for s in table.snapshots()] == [
         str(first.snapshot_lsn), str(resnapshot.snapshot_lsn)]  # replaced in one commit
-    again = snapshot_job.run(spark, make_job(pgdb, iceberg_namespace, [good, bad], resnapshot_generation=1))
+    again = snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, [good, bad], resnapshot_generation=1))
     assert {t.state for t in again.tables} == {"skipped"}
 
     # A recreated slot invalidates snapshots taken below its creation LSN, whatever their generation.
-    cut = snapshot_job.run(spark, make_job(pgdb, iceberg_namespace, [good, bad], resnapshot_generation=1,
+    cut = snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, [good, bad], resnapshot_generation=1,
                                            min_snapshot_lsn=resnapshot.snapshot_lsn + 1))
     assert {t.state for t in cut.tables} == {"committed"} and cut.snapshot_lsn > resnapshot.snapshot_lsn
 
@@ -296,7 +296,7 @@ def test_definite_errors_fail_their_table_with_the_fix_and_release_the_slot(
     job = make_job(pgdb, iceberg_namespace, tables)
     job = dataclasses.replace(job, source=dataclasses.replace(job.source, user="reader",
                                                               password="reader-secret"))
-    result = snapshot_job.run(spark, job, snapshot_job.Hooks(on_exported=on_exported))
+    result = snapshot_job.copy(spark, job, snapshot_job.Hooks(on_exported=on_exported))
     outcome = {t.source.name: (t.state, t.error) for t in result.tables}
     assert outcome["ok"] == ("committed", None)
     assert outcome["dropped"][0] == "failed" and "dropped or altered during the snapshot" in outcome["dropped"][1]
@@ -315,8 +315,8 @@ def test_a_failing_job_releases_the_slot_and_records_why(spark, iceberg_namespac
         raise psycopg.OperationalError("source went away")
 
     with pytest.raises(psycopg.OperationalError):
-        snapshot_job.run(spark, make_job(pgdb, iceberg_namespace, [ACCOUNTS], progress=str(tmp_path / "p.json")),
-                         snapshot_job.Hooks(on_exported=on_exported))
+        snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, [ACCOUNTS], progress=str(tmp_path / "p.json")),
+                          snapshot_job.Hooks(on_exported=on_exported))
     assert snapshot_slots(pgdb) == []
     document = snapshot_progress.read(str(tmp_path / "p.json"))
     assert document["state"] == "failed" and "source went away" in document["error"]
@@ -327,7 +327,7 @@ def test_every_type_lands_in_iceberg_value_by_value(spark, spark_warehouse, iceb
 
     with pgdb.connect() as conn:
         _create(conn, COLUMNS)
-    result = snapshot_job.run(spark, make_job(pgdb, iceberg_namespace, [TableRequest(T, "every_type")]))
+    result = snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, [TableRequest(T, "every_type")]))
     assert result.ok, result.tables[0].error
     rows = mirror_rows(spark_warehouse, iceberg_namespace, "every_type")
     for name, type_, _literal, expected in COLUMNS:
@@ -345,7 +345,7 @@ def test_write_properties_roll_row_groups_and_files(spark, spark_warehouse, iceb
         expected = source_rows(conn, ACCOUNTS)
     properties = {"write.parquet.row-group-size-bytes": "65536", "write.target-file-size-bytes": "20000",
                   "write.parquet.compression-codec": "snappy"}
-    result = snapshot_job.run(spark, make_job(pgdb, iceberg_namespace, [ACCOUNTS], table_properties=properties))
+    result = snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, [ACCOUNTS], table_properties=properties))
     assert result.ok
     table = mirror(spark_warehouse, iceberg_namespace, ACCOUNTS)
     assert table.properties["write.parquet.compression-codec"] == "snappy"

@@ -48,7 +48,7 @@ def test_replication_connection(pgdb):
     app = connection.application_name("reader", "ns/orders", "pod-1")
     with connection.connect(connection_settings(pgdb), app, replication=True) as repl:
         system = repl.execute("IDENTIFY_SYSTEM").fetchone()
-        assert system[3] == pgdb.name
+        assert system is not None and system[3] == pgdb.name
 
 
 def test_sslmode_is_honoured(pgdb):

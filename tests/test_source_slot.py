@@ -24,6 +24,13 @@ def _connect(pgdb, app="lakeslot-test"):
     return connection.connect(connection_settings(pgdb), app, long_running=True)
 
 
+def _health(conn: psycopg.Connection, name: str) -> slot.SlotHealth:
+    """The health of a slot that must exist."""
+    health = slot.health(conn, name)
+    assert health is not None, f"slot {name} does not exist"
+    return health
+
+
 def test_ensure_is_idempotent_under_concurrent_callers(pgdb):
     barrier = threading.Barrier(3)
     results, failures = [], []
@@ -45,7 +52,7 @@ def test_ensure_is_idempotent_under_concurrent_callers(pgdb):
     assert sorted(r.created for r in results) == [False, False, True]
     created = next(r for r in results if r.created)
     with _connect(pgdb) as conn:
-        health = slot.health(conn, "s_concurrent")
+        health = _health(conn, "s_concurrent")
         assert health.plugin == "pgoutput" and health.database == pgdb.name
         assert created.creation_lsn == health.confirmed_flush_lsn
         assert slot.ensure(conn, "s_concurrent").created is False
@@ -54,7 +61,7 @@ def test_ensure_is_idempotent_under_concurrent_callers(pgdb):
 def test_an_incompatible_slot_is_never_reused(pgdb):
     with _connect(pgdb) as conn:
         conn.execute("SELECT pg_create_logical_replication_slot('s_other', 'test_decoding')")
-        with pytest.raises(slot.SlotError, match="for plugin 'test_decoding'.*choose another slot"):
+        with pytest.raises(slot.SlotError, match=r"for plugin 'test_decoding'.*choose another slot"):
             slot.ensure(conn, "s_other")
 
 
@@ -66,7 +73,7 @@ def test_failover_slots_need_postgres_17(pgdb):
             assert slot.health(conn, "s_failover") is None
         else:
             assert slot.ensure(conn, "s_failover", failover=True).created
-            assert slot.health(conn, "s_failover").failover is True
+            assert _health(conn, "s_failover").failover is True
 
 
 def test_health_reports_position_retention_and_lag(pgdb):
@@ -74,10 +81,12 @@ def test_health_reports_position_retention_and_lag(pgdb):
         slot.ensure(conn, "s_health")
         conn.execute("CREATE TABLE t AS SELECT g AS id, repeat('x', 100) AS v"
                      " FROM generate_series(1, 5000) g")
-        health = slot.health(conn, "s_health")
+        health = _health(conn, "s_health")
     assert health.active is False and health.active_pid is None and health.holder is None
     assert health.wal_status in ("reserved", "extended")
+    assert health.restart_lsn is not None and health.confirmed_flush_lsn is not None
     assert health.restart_lsn <= health.confirmed_flush_lsn
+    assert health.lag_bytes is not None and health.retained_bytes is not None
     assert health.lag_bytes > 500_000  # the table's WAL is behind the slot's position
     assert health.retained_bytes >= health.lag_bytes
     assert slot.lost_reason(health) is None
@@ -99,7 +108,7 @@ def _start_replication(pgdb, slot_name: str, app: str) -> psycopg.Connection:
     repl.pgconn.send_query(f"START_REPLICATION SLOT {slot_name} LOGICAL 0/0"
                            " (proto_version '1', publication_names 'p')".encode())
     result = repl.pgconn.get_result()
-    assert result.status == pq.ExecStatus.COPY_BOTH, repl.pgconn.get_error_message()
+    assert result is not None and result.status == pq.ExecStatus.COPY_BOTH, repl.pgconn.get_error_message()
     return repl
 
 
@@ -110,21 +119,21 @@ def test_a_stale_holder_is_evicted_and_the_slot_becomes_usable(pgdb):
         slot.ensure(conn, "s_evict")
         holder = _hold_with_pg_recvlogical(pgdb, "s_evict", "zombie reader")
         try:
-            wait_for(lambda: slot.health(conn, "s_evict").active, "pg_recvlogical to hold the slot")
+            wait_for(lambda: _health(conn, "s_evict").active, "pg_recvlogical to hold the slot")
             evicted = slot.evict_stale_holders(conn, "s_evict", READER)
             assert [(e.application_name, e.terminated) for e in evicted] == [("zombie reader", True)]
             assert holder.wait(timeout=30) != 0
-            assert b"terminat" in holder.stderr.read()
+            assert holder.stderr is not None and b"terminat" in holder.stderr.read()
         finally:
             holder.kill()
         # The legitimate reader can now take the slot (after the backend has let go) ...
-        wait_for(lambda: not slot.health(conn, "s_evict").active, "the slot to be released")
+        wait_for(lambda: not _health(conn, "s_evict").active, "the slot to be released")
         repl = _start_replication(pgdb, "s_evict", READER)
         try:
-            wait_for(lambda: slot.health(conn, "s_evict").holder == READER, "the reader to hold it")
+            wait_for(lambda: _health(conn, "s_evict").holder == READER, "the reader to hold it")
             # ... and is never evicted itself.
             assert slot.evict_stale_holders(conn, "s_evict", READER) == []
-            assert slot.health(conn, "s_evict").holder == READER
+            assert _health(conn, "s_evict").holder == READER
         finally:
             repl.close()
 
@@ -140,7 +149,7 @@ def test_drop_and_cleanup_are_idempotent_even_while_held(pgdb):
         assert slot.health(conn, "s_drop") is not None
         repl = _start_replication(pgdb, "s_drop", READER)
         try:
-            wait_for(lambda: slot.health(conn, "s_drop").active, "the reader to hold the slot")
+            wait_for(lambda: _health(conn, "s_drop").active, "the reader to hold the slot")
             assert cleanup.cleanup(conn, slot_name="s_drop", publication_name="p", owner=OWNER,
                                    deletion_policy="Delete") == {"slot": "dropped",
                                                                  "publication": "dropped"}
@@ -160,7 +169,7 @@ def test_a_slot_in_an_oddly_named_database(pg):
                                                  pg.password)
         with connection.connect(settings, "lakeslot-test") as conn:
             assert slot.ensure(conn, "s_odd").created
-            assert slot.health(conn, "s_odd").database == name
+            assert _health(conn, "s_odd").database == name
             assert slot.drop(conn, "s_odd") == "dropped"
     finally:
         pg.drop_database(name)
@@ -179,10 +188,10 @@ def test_a_lost_slot_is_detected_and_can_be_recreated(pg_cluster_factory, versio
             conn.execute("INSERT INTO filler SELECT repeat('x', 1000) FROM generate_series(1, 3000)")
             conn.execute("SELECT pg_switch_wal()")
             conn.execute("CHECKPOINT")
-        health = slot.health(conn, "s_lost")
+        health = _health(conn, "s_lost")
         reason = slot.lost_reason(health)
         assert health.wal_status == "lost", health
         assert reason is not None and "s_lost" in reason
         fresh = slot.recreate(conn, "s_lost")
-        assert fresh.created and slot.lost_reason(slot.health(conn, "s_lost")) is None
+        assert fresh.created and slot.lost_reason(_health(conn, "s_lost")) is None
         slot.drop(conn, "s_lost")

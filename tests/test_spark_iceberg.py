@@ -16,7 +16,7 @@ import pytest
 from lakeslot.spark_session import with_commit_properties
 from tests.support.fixtures_spark import static_table
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 SCHEMA = "id bigint, amount decimal(10,2), note string, at timestamp"
 ROWS = [
     (1, Decimal("10.50"), "first", dt.datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)),

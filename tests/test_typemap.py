@@ -23,11 +23,12 @@ from psycopg import sql
 from pyiceberg.types import DecimalType, ListType, StringType, TimestampType, TimestamptzType
 
 from lakeslot import typemap
+from lakeslot.mirror.contract import LSN_COLUMN
 from lakeslot.snapshot.plan import TableRequest
 from lakeslot.source.tables import TableName
 from tests.support.snapshot_helpers import copy_without_spark, read_files
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 T = TableName("public", "every_type")
 U = uuid.UUID("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11")
 
@@ -59,7 +60,8 @@ COLUMNS = [
     ("d1", "date", "'0001-01-01'", dt.date(1, 1, 1)),
     ("tm", "time", "'24:00:00'", "24:00:00"),
     ("ttz", "timetz", "'12:00:00.5+05:30'", "12:00:00.5+05:30"),
-    ("ts", "timestamp", "'9999-12-31 23:59:59.999999'", dt.datetime(9999, 12, 31, 23, 59, 59, 999999)),
+    # timestamp without time zone: read back as the naive value it is
+    ("ts", "timestamp", "'9999-12-31 23:59:59.999999'", dt.datetime(9999, 12, 31, 23, 59, 59, 999999)),  # noqa: DTZ001
     ("tz", "timestamptz", "'2024-01-02 03:04:05.123456+02'",
      dt.datetime(2024, 1, 2, 1, 4, 5, 123456, tzinfo=UTC)),
     ("iv", "interval", "'1 year 2 mons -3 days 04:05:06.5'", "1 year 2 mons -3 days +04:05:06.5"),
@@ -248,7 +250,7 @@ def test_unsupported_and_bad_key_columns_are_mapping_errors():
     with pytest.raises(typemap.MappingError, match="identifier field"):
         typemap.map_column("c", typemap.PgType("int4", array=True), key=True)
     with pytest.raises(typemap.MappingError, match="lakeslot's own column"):
-        typemap.map_column(typemap.LSN_COLUMN, typemap.PgType("int8"))
+        typemap.map_column(LSN_COLUMN, typemap.PgType("int8"))
     # a text column is the way out for a value, never for an unsupported type
     with pytest.raises(typemap.MappingError):
         typemap.map_column("c", typemap.PgType("regtype"), as_text=True)

@@ -29,13 +29,14 @@ def set_condition(
 ) -> list[Condition]:
     """The conditions with ``type_`` set (replaced in place, or appended when new)."""
     previous = find_condition(conditions, type_)
-    unchanged = previous is not None and previous.status == status
     updated = Condition(
         type=type_,
         status=status,
         reason=reason,
         message=message,
-        last_transition_time=previous.last_transition_time if unchanged else now,
+        last_transition_time=(
+            previous.last_transition_time if previous is not None and previous.status == status else now
+        ),
         observed_generation=observed_generation,
     )
     if previous is None:

@@ -252,7 +252,7 @@ class CatalogSpec(ApiModel):
     name: SparkName = Field("lakeslot", description="Name of the catalog inside the Spark jobs.")
     type: CatalogType = Field(description="Catalog implementation: hadoop, rest, jdbc, glue or hive.")
     uri: Annotated[str, StringConstraints(min_length=1)] | None = optional(
-        "Catalog URI (REST endpoint, JDBC URL or Hive metastore thrift URI). Required by rest, " "jdbc and hive."
+        "Catalog URI (REST endpoint, JDBC URL or Hive metastore thrift URI). Required by rest, jdbc and hive."
     )
     warehouse: Annotated[str, StringConstraints(min_length=1)] | None = optional(
         "Warehouse location, for example s3://bucket/warehouse. Required by hadoop and glue."

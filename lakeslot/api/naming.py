@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from lakeslot.source.tables import TableName
 
 PREFIX = "lakeslot"
-DEFAULT_NAMESPACE = "default"
 HASH_DIGITS = 8
 _UNSAFE = re.compile(r"[^a-z0-9_]")
 
@@ -74,7 +73,7 @@ def iceberg_table_name(template: str, schema: str, table: str) -> str:
 
 def namespace_of(namespace: str | None) -> str:
     """The resource's namespace; ``default`` when it has none (a manifest without one)."""
-    return namespace or DEFAULT_NAMESPACE
+    return namespace or "default"
 
 
 @dataclass(frozen=True)

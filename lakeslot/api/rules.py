@@ -121,7 +121,8 @@ class ListKeys:
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
         def enforce(items: list[Any]) -> list[Any]:
-            seen, duplicates = set(), []
+            seen: set[Any] = set()
+            duplicates: list[Violation] = []
             for index, item in enumerate(items):
                 key = self._key(item)
                 if key in seen:

@@ -58,7 +58,7 @@ Lsn = Annotated[str, StringConstraints(pattern=LSN_PATTERN)]
 
 
 QUANTITY_PATTERN = (
-    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))" r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+    r"^(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
 
 

@@ -24,15 +24,14 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
+from pydantic_core import ErrorDetails
 
 from lakeslot.api.crd import resource_schema
 from lakeslot.api.models import GROUP, KIND, PostgresIngestion
-from lakeslot.api.naming import effective_publication_name, effective_slot_name
+from lakeslot.api.naming import effective_publication_name, effective_slot_name, namespace_of
 from lakeslot.api.paths import Location, format_path, parse_path, schema_at
 from lakeslot.api.reference import expectation
 from lakeslot.api.rules import RULE_ERROR, transition_violations
-
-DEFAULT_NAMESPACE = "default"
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _problem(error: dict[str, Any]) -> Problem:
+def _problem(error: ErrorDetails) -> Problem:
     loc: Location = tuple(error["loc"])
     context = error.get("ctx", {})
     path = format_path(loc)
@@ -136,8 +135,10 @@ def validate_update(old: PostgresIngestion, new: PostgresIngestion) -> tuple[Pro
 
 
 def _label(document: dict[str, Any]) -> str:
-    metadata = document.get("metadata") if isinstance(document.get("metadata"), dict) else {}
-    namespace = metadata.get("namespace", DEFAULT_NAMESPACE)
+    metadata = document.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = {}
+    namespace = namespace_of(metadata.get("namespace"))
     return f"{document.get('kind', '(no kind)')} {namespace}/{metadata.get('name', '(no name)')}"
 
 
@@ -186,13 +187,13 @@ def all_valid(reports: list[DocumentReport]) -> bool:
 
 
 def _summary(report: DocumentReport) -> str:
-    if report.skipped:
-        return "skipped (not a PostgresIngestion)"
     if report.problems:
         count = len(report.problems)
         return f"invalid, {count} problem{'s' if count > 1 else ''}"
     resource = report.resource
-    namespace = resource.metadata.namespace or DEFAULT_NAMESPACE
+    if resource is None:  # report.skipped
+        return "skipped (not a PostgresIngestion)"
+    namespace = namespace_of(resource.metadata.namespace)
     name, source = resource.metadata.name, resource.spec.source
     return (
         f"valid (publication {effective_publication_name(namespace, name, source)}, "

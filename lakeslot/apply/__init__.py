@@ -1,9 +1,11 @@
 """The apply job: sealed change segments → Iceberg mirror tables (and changelog tables).
 
+It reads staging through :mod:`lakeslot.staging` and writes through :mod:`lakeslot.mirror.catalog`
+(positions, empty commits, schema updates, error marks).
+
 - :mod:`.changes` — reading the segment chain and reducing each table's changes (pure Python).
 - :mod:`.columns` — value parsing by the mirror's types, schema-change planning (pure Python).
 - :mod:`.merge` — the reduced changes as a Spark source and the MERGE/append SQL.
-- :mod:`.iceberg` — catalog operations: positions, empty commits, schema updates, error marks.
 - :mod:`.job` — :func:`lakeslot.apply.job.run`, the job itself (what ``spark_jobs/apply.py`` and
   local mode call).
 """

@@ -31,10 +31,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lakeslot import lsn as lsn_text
+from lakeslot.source.tables import TableName
 from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName, chain
 from lakeslot.staging.relations import Relation
 from lakeslot.staging.store import Staging
-from lakeslot.source.tables import TableName
 
 
 class _Keep:

@@ -22,7 +22,7 @@ A pass (:meth:`Applier.run_pass`):
    gets an empty commit with that position (idle tables advance without rewriting data).
 4. Maintenance: each table committed to has its old snapshots expired at most once an hour, by
    its ``history.expire.*`` properties (new tables also delete superseded metadata files, see
-   :data:`lakeslot.mirror.TABLE_DEFAULTS`), so a commit per pass does not pile up.
+   :data:`lakeslot.mirror.contract.TABLE_DEFAULTS`), so a commit per pass does not pile up.
    Retention: sealed segments wholly at or below every table's position and older than
    ``spec.staging.retentionSeconds`` are deleted (never the furthest segment, where the reader
    resumes; nothing while a table waits for its snapshot).
@@ -37,7 +37,7 @@ never behind it: after a crash between the two it is skipped, and the mirror cat
 Errors:
 
 - Definite (:class:`lakeslot.apply.changes.TableError`, unmappable values): recorded on the table
-  (``lakeslot.apply-error`` and friends, see :mod:`lakeslot.apply.iceberg`) and in the status
+  (``lakeslot.apply-error`` and friends, see :mod:`lakeslot.mirror.catalog`) and in the status
   document; that table stops, the others go on. ``resnapshot``: the way out is a re-snapshot,
   which lifts the error by moving the table's position.
 - Transient (Spark/py4j, catalog and storage ``OSError``, PostgreSQL connection errors): retried
@@ -55,12 +55,10 @@ simulate a crash at that point.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import math
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -73,13 +71,13 @@ from lakeslot import lsn as lsn_text
 from lakeslot import typemap
 from lakeslot.apply import changes, columns, merge
 from lakeslot.apply.changes import TableError
-from lakeslot.apply.iceberg import BACKFILL_PROPERTY, OP_COLUMN, SEQ_COLUMN, Tables, TableState
-from lakeslot.mirror import table_properties
+from lakeslot.mirror.catalog import Tables, TableState
+from lakeslot.mirror.contract import BACKFILL_PROPERTY, LSN_COLUMN, OP_COLUMN, SEQ_COLUMN, table_properties
+from lakeslot.source.columns import DescribeError, TypeCache, describe
+from lakeslot.source.connection import application_name, connect
+from lakeslot.source.tables import TableName, existing
 from lakeslot.staging.relations import Column
 from lakeslot.staging.store import Staging
-from lakeslot.snapshot import plan
-from lakeslot.source.connection import application_name, connect
-from lakeslot.source.tables import TableName
 from lakeslot.workloads import JobInput
 
 log = logging.getLogger(__name__)
@@ -191,7 +189,7 @@ class Applier:
         return self._conn
 
     def _resolve_type(self, column: Column) -> typemap.PgType:
-        return plan._TypeCache(self._source()).pg_type(column.type_oid, column.type_modifier)
+        return TypeCache(self._source()).pg_type(column.type_oid, column.type_modifier)
 
     def _excluded(self, table: TableName) -> tuple[str, ...]:
         options = self.job.table_spec(table)
@@ -211,7 +209,7 @@ class Applier:
                 outcomes[table] = prepared
         staged = self.staging.list()
         for table, state in list(states.items()):
-            if staged and 0 < state.lsn and state.lsn + 1 < staged[0].start:
+            if staged and state.lsn > 0 and state.lsn + 1 < staged[0].start:
                 outcomes[table] = self._attempt(table, lambda t=table, s=state: _cut_off(
                     t, s.lsn, staged[0].start))
                 del states[table]
@@ -285,13 +283,16 @@ class Applier:
     def _create(self, table: TableName, target: str) -> None:
         """snapshot.mode never: the mirror starts empty at position 0 (everything staged)."""
         options = self.job.table_spec(table)
-        request = plan.TableRequest(table, target,
-                                    tuple(options.key_columns) if options else (),
-                                    self._excluded(table))
-        (described,) = plan.inspect(self._source(), [request], target_range_bytes=1 << 40)
-        if isinstance(described, plan.TableFailure):
-            raise TableError(described.message)
-        self.tables.create(target, typemap.mirror_schema(described.columns),
+        conn = self._source()
+        oid = existing(conn, [table]).get(table)
+        if oid is None:
+            raise TableError(f"table {table} does not exist (dropped, renamed, or not a table)")
+        try:
+            mapped = describe(conn, oid, key_columns=options.key_columns if options else (),
+                              exclude_columns=self._excluded(table))
+        except (typemap.MappingError, DescribeError) as e:
+            raise TableError(f"table {table}: {e}") from None
+        self.tables.create(target, typemap.mirror_schema(mapped),
                            table_properties(self.spec.sink.table_properties), 0)
 
     # one table -----------------------------------------------------------------------------
@@ -472,7 +473,7 @@ class Applier:
     def _write_status(self, result: PassResult) -> None:
         document = {
             "version": 1, "ingestion": self.job.names.owner,
-            "updatedAt": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "updatedAt": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
             "batchEnd": None if result.end is None else lsn_text.format(result.end),
             "segmentsDeleted": result.deleted,
             "tables": [t.document() for t in result.tables]}
@@ -490,10 +491,10 @@ def changelog_schema(mirror: Schema) -> Schema:
     """The mirror's columns, all optional and without identifier fields, then
     ``_lakeslot_lsn``, ``_lakeslot_op``, ``_lakeslot_seq``."""
     fields = [NestedField(f.field_id, f.name, f.field_type, required=False)
-              for f in mirror.fields if f.name != typemap.LSN_COLUMN]
+              for f in mirror.fields if f.name != LSN_COLUMN]
     top = mirror.highest_field_id
     return Schema(*fields,
-                  NestedField(top + 1, typemap.LSN_COLUMN, LongType(), required=True),
+                  NestedField(top + 1, LSN_COLUMN, LongType(), required=True),
                   NestedField(top + 2, OP_COLUMN, StringType(), required=True),
                   NestedField(top + 3, SEQ_COLUMN, LongType(), required=True))
 

@@ -31,8 +31,8 @@ from pyspark.sql.types import BooleanType, LongType, StringType, StructField, St
 from lakeslot import typemap
 from lakeslot.apply import columns
 from lakeslot.apply.changes import KEEP, Image, TableError
-from lakeslot.apply.iceberg import OP_COLUMN, SEQ_COLUMN, TableState, quote
-from lakeslot.typemap import LSN_COLUMN
+from lakeslot.mirror.catalog import TableState, quote
+from lakeslot.mirror.contract import LSN_COLUMN, OP_COLUMN, SEQ_COLUMN
 
 
 @dataclass(frozen=True)

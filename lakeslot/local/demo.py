@@ -238,7 +238,8 @@ def main(directory: Path, *, scale: int = 10, out=None) -> int:
             run.stop_spark(spark)
         settings = ConnectionSettings("127.0.0.1", cluster.port, DATABASE, cluster.superuser,
                                       cluster.password, sslmode="disable")
-        checks = verify.compare(local.ingestion, settings, tables)
+        checks = verify.compare(local.ingestion, settings, tables,
+                                secrets=local.job.catalog_secrets(local.environ))
         status = second.status
     say("")
     say("Verification: source (PostgreSQL) against the Iceberg mirror, every column of every row")
@@ -262,7 +263,7 @@ def main(directory: Path, *, scale: int = 10, out=None) -> int:
     warehouse = document["spec"]["sink"]["catalog"]["warehouse"]
     say("")
     say(f"The mirror tables stay in {directory.resolve() / 'warehouse'}. Query them:")
-    say("  pyiceberg:  .venv/bin/python -c \"from lakeslot.mirror import load_hadoop_table; "
+    say("  pyiceberg:  .venv/bin/python -c \"from lakeslot.mirror.catalogs import load_hadoop_table; "
         f"t = load_hadoop_table('{warehouse}', ('demo', 'public__pgbench_accounts')); "
         "print(t.scan(limit=5).to_arrow())\"")
     say("  Spark SQL:  .venv/bin/python -c \"from lakeslot.spark_session import build_session; "

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TextIO
 
 from lakeslot import lsn as lsnlib
@@ -41,7 +41,7 @@ def human_bytes(n: int | None) -> str:
 def _ago(when: datetime | None) -> str:
     if when is None:
         return "-"
-    return f"{(datetime.now(timezone.utc) - when).total_seconds():.1f} s ago"
+    return f"{(datetime.now(UTC) - when).total_seconds():.1f} s ago"
 
 
 def frame(local: Local, status: PostgresIngestionStatus, elapsed: float,

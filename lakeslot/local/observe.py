@@ -24,18 +24,19 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
-
-from lakeslot import control, mirror
+from lakeslot import control
+from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestionStatus, SnapshotStatus
 from lakeslot.local import state
 from lakeslot.local.config import Local
-from lakeslot.staging.format import SegmentName
-from lakeslot.staging.store import Staging
+from lakeslot.mirror import progress as mirror_progress
+from lakeslot.mirror.progress import MirrorProgress
 from lakeslot.snapshot import progress as snapshot_progress
 from lakeslot.source.tables import TableName
-from lakeslot import status as st
+from lakeslot.staging.format import SegmentName
+from lakeslot.staging.store import Staging
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
             now: datetime | None = None) -> PostgresIngestionStatus:
     ing, job = local.ingestion, local.job
     report = st.Report(PostgresIngestionStatus(), getattr(ing.metadata, "generation", None) or 0,
-                       now or datetime.now(timezone.utc))
+                       now or datetime.now(UTC))
     report.status.publication_name = job.names.publication
     source = control.take_control(job.source(local.environ), ing, report, component="status",
                                   reader=None, read_only=True)
@@ -119,7 +120,7 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
         return report.status
     tables, health = source.tables, source.health
     try:
-        progress = mirror.progress(ing.spec.sink, tables)
+        progress = mirror_progress.read(ing, tables, secrets=job.catalog_secrets(local.environ))
     except Exception as e:  # noqa: BLE001 - any catalog failure is reported
         report.condition("Streaming", False, "CatalogUnreachable", st.first_line(e))
         report.summarize()
@@ -137,7 +138,7 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
 
 
 def _snapshot(report: st.Report, local: Local, activity_now: Activity, tables: list[TableName],
-              progress: Mapping[TableName, mirror.MirrorProgress]) -> set[TableName]:
+              progress: Mapping[TableName, MirrorProgress]) -> set[TableName]:
     document = snapshot_document(local)
     copying: set[TableName] = set()
     if document is not None:
@@ -173,7 +174,7 @@ def _snapshot(report: st.Report, local: Local, activity_now: Activity, tables: l
 
 
 def _staged(report: st.Report, staged: StagedCounter,
-            progress: Mapping[TableName, mirror.MirrorProgress], snapshotting: set[TableName]) -> None:
+            progress: Mapping[TableName, MirrorProgress], snapshotting: set[TableName]) -> None:
     applied = {t: p.lsn for t, p in progress.items() if p.lsn is not None and t not in snapshotting}
     counts = staged.pending(applied)
     for row in report.status.tables:

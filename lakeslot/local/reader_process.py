@@ -19,7 +19,7 @@ Invariants:
 - A unique pod identity per run (``local-<host>-<pid>``) makes the reader's application_name
   unique, so a new run's reader evicts a zombie of an earlier one (stale-holder eviction).
 
-Failure modes: the exit code says what happened (see ``lakeslot reader``): 0 stopped or reached
+Failure modes: the exit code says what happened (:mod:`lakeslot.exits`): 0 stopped or reached
 ``--stop-at-lsn``; 3 a definite error (the status file says why); 1 transient errors persisted
 or a crash (restarting resumes from staging).
 """
@@ -50,9 +50,9 @@ def pod_identity() -> str:
 
 def reader_argv(local: Local, *, pod: str, status_file: Path,
                 stop_at: int | None) -> list[str]:
-    """``lakeslot reader`` arguments for this machine (see the module docstring)."""
+    """The reader command's arguments for this machine (see the module docstring)."""
     base = workloads.reader_command(local.ingestion)
-    argv, args = [], iter(base[2:])  # drop "lakeslot reader"
+    argv, args = [], iter(base[2:])  # drop the program and subcommand
     for arg in args:
         if arg == "--metrics-port":
             next(args)

@@ -42,23 +42,22 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import TextIO
 
 from lakeslot import control
 from lakeslot import lsn as lsnlib
 from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestionStatus
+from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
 from lakeslot.local import observe, reader_process, state, tree
 from lakeslot.local.config import Local
 from lakeslot.local.display import Display
-from lakeslot.reader.reader import EXIT_DEFINITE as READER_DEFINITE
 from lakeslot.source import connection
 from lakeslot.source.tables import TableName
 
 log = logging.getLogger("lakeslot.local")
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DEFINITE = 0, 1, 2, 3
 READER_RESTARTS = 5  # consecutive reader failures (each after its own 300 s of retries) → give up
 ONCE_POLL_S = 1.0
 STOP_TIMEOUT_S = 60.0
@@ -216,7 +215,7 @@ class _Session:
         self.caught_up = self.options.once and not self.stop.is_set()
 
     def _control(self) -> tuple[list[TableName], int]:
-        report = st.Report(PostgresIngestionStatus(), 0, datetime.now(timezone.utc))
+        report = st.Report(PostgresIngestionStatus(), 0, datetime.now(UTC))
         job = self.job
         source = control.take_control(
             job.source(self.local.environ), self.local.ingestion, report, component="local",
@@ -250,12 +249,11 @@ class _Session:
 
     def _snapshot(self, tables: list[TableName], below: int) -> None:
         from lakeslot.snapshot import job as snapshot_job
-        from spark_jobs.snapshot import snapshot_job as build
 
-        job = build(self.local.with_tables(tables),
-                    progress=str(self.local.path("snapshot-progress.json")),
-                    min_snapshot_lsn=below)
-        worker = self._start("snapshot", lambda: snapshot_job.run(self.spark, job))
+        job_input = self.local.with_tables(tables)
+        progress = str(self.local.path("snapshot-progress.json"))
+        worker = self._start("snapshot", lambda: snapshot_job.run(
+            self.spark, job_input, progress=progress, min_snapshot_lsn=below))
         self._supervise(lambda: not worker.alive)
         if worker.alive:  # stopping: cancel its Spark jobs until it gives up
             while worker.alive:
@@ -268,9 +266,10 @@ class _Session:
                 log.warning("snapshot of %s failed: %s", table.source, table.error)
 
     def _streaming_tables(self, tables: list[TableName]) -> list[TableName]:
-        from lakeslot import mirror
+        from lakeslot.mirror import progress as mirror_progress
 
-        progress = mirror.progress(self.local.ingestion.spec.sink, tables)
+        progress = mirror_progress.read(self.local.ingestion, tables,
+                                        secrets=self.job.catalog_secrets(self.local.environ))
         return [t for t in tables if progress[t].lsn is not None]
 
     def _apply(self, tables: list[TableName]) -> None:
@@ -354,7 +353,7 @@ class _Session:
                 self.reader_done.set()
             return
         outcome = reader.outcome()
-        if code == READER_DEFINITE:
+        if code == EXIT_DEFINITE:
             raise RunFailed(EXIT_DEFINITE, f"the reader stopped with a definite error "
                             f"({outcome.get('reason')}): {outcome.get('message')}")
         self.reader_failures += 1
@@ -430,7 +429,7 @@ class _Worker:
         def body() -> None:
             try:
                 self._result["value"] = target()
-            except BaseException as e:  # noqa: BLE001 - handed to the supervising thread
+            except BaseException as e:
                 log.exception("%s failed", name)
                 self._result["error"] = e
 

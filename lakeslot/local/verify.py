@@ -21,16 +21,18 @@ that table too).
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pyarrow as pa
 from psycopg import sql
 
-from lakeslot import mirror
+from lakeslot import typemap
 from lakeslot.api.models import PostgresIngestion
-from lakeslot.snapshot import plan
+from lakeslot.mirror import catalogs
+from lakeslot.source.columns import DescribeError, describe
 from lakeslot.source.connection import ConnectionSettings, application_name, connect
-from lakeslot.source.tables import TableName
+from lakeslot.source.tables import TableName, existing
 from lakeslot.workloads import JobInput
 
 FETCH_ROWS = 50_000
@@ -72,16 +74,15 @@ def _first_difference(source: pa.Table, copy: pa.Table, keys: list[str]) -> str 
     return None
 
 
-def _expected(conn, table_plan: plan.TablePlan) -> pa.Table:
+def _expected(conn, table: TableName, columns: tuple[typemap.ColumnMapping, ...]) -> pa.Table:
     """The source rows as the mirror should hold them (text form → the one mapping)."""
-    columns = table_plan.columns
     select = sql.SQL(", ").join(
         sql.SQL("{}({})::text").format(sql.Identifier(*c.pg.output), sql.Identifier(c.name))
         for c in columns)
     texts: list[list[str | None]] = [[] for _ in columns]
     with conn.cursor(name="lakeslot_verify") as cursor:
         cursor.itersize = FETCH_ROWS
-        cursor.execute(sql.SQL("SELECT {} FROM {}").format(select, table_plan.request.source.sql()))
+        cursor.execute(sql.SQL("SELECT {} FROM {}").format(select, table.sql()))
         for row in cursor:
             for i, value in enumerate(row):
                 texts[i].append(value)
@@ -89,11 +90,10 @@ def _expected(conn, table_plan: plan.TablePlan) -> pa.Table:
                      for c, values in zip(columns, texts, strict=True)})
 
 
-def _mirror(ingestion: PostgresIngestion, table: TableName,
-            columns: tuple) -> pa.Table | None:
-    sink = ingestion.spec.sink
-    loaded = mirror.load_hadoop_table(sink.catalog.warehouse, mirror.identifier(sink, table),
-                                      sink.catalog.properties)
+def _mirror(job: JobInput, table: TableName, columns: tuple[typemap.ColumnMapping, ...],
+            secrets: Mapping[str, str] | None) -> pa.Table | None:
+    loaded = catalogs.load_table(job.ingestion.spec.sink.catalog,
+                                 job.names.mirror_identifier(table), secrets)
     if loaded is None or loaded.current_snapshot() is None:
         return None
     data = loaded.scan(selected_fields=tuple(c.name for c in columns)).to_arrow()
@@ -101,7 +101,9 @@ def _mirror(ingestion: PostgresIngestion, table: TableName,
 
 
 def compare(ingestion: PostgresIngestion, settings: ConnectionSettings,
-            tables: list[TableName]) -> list[TableCheck]:
+            tables: list[TableName], *,
+            secrets: Mapping[str, str] | None = None) -> list[TableCheck]:
+    """Check each of ``tables``; ``secrets``: the catalog's Secret-backed properties."""
     if ingestion.spec.sink.catalog.type != "hadoop":
         raise ValueError("verify reads hadoop catalogs only (sink.catalog.type: hadoop)")
     job = JobInput(ingestion, tuple(tables))
@@ -110,20 +112,20 @@ def compare(ingestion: PostgresIngestion, settings: ConnectionSettings,
     with connect(settings, application_name("verify", owner), long_running=True,
                  autocommit=False) as conn:
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        requests = []
+        oids = existing(conn, tables)
         for table in tables:
-            options = job.table_spec(table)
-            requests.append(plan.TableRequest(
-                table, job.names.mirror_table(table), tuple(options.key_columns) if options else (),
-                tuple(options.exclude_columns) if options else ()))
-        plans = plan.inspect(conn, requests, target_range_bytes=1 << 40)
-        for table, table_plan in zip(tables, plans, strict=True):
-            if isinstance(table_plan, plan.TableFailure):
-                raise ValueError(table_plan.message)
-            keys = [c.name for c in table_plan.columns if c.required] or \
-                [c.name for c in table_plan.columns]
-            source = _expected(conn, table_plan)
-            copy = _mirror(ingestion, table, table_plan.columns)
+            options, oid = job.table_spec(table), oids.get(table)
+            if oid is None:
+                raise ValueError(f"table {table} does not exist (dropped, renamed, or not a table)")
+            try:
+                columns = describe(conn, oid,
+                                   key_columns=options.key_columns if options else (),
+                                   exclude_columns=options.exclude_columns if options else ())
+            except (typemap.MappingError, DescribeError) as e:
+                raise ValueError(f"table {table}: {e}") from None
+            keys = [c.name for c in columns if c.required] or [c.name for c in columns]
+            source = _expected(conn, table, columns)
+            copy = _mirror(job, table, columns, secrets)
             source_sum = checksum(source, keys)
             if copy is None:
                 checks.append(TableCheck(table, source.num_rows, 0, source_sum, "-",

@@ -3,11 +3,11 @@
 - ``protocol``: COPY_BOTH framing (XLogData, keepalive) and standby status updates.
 - ``pgoutput``: the pgoutput v1 decoder (control messages one by one, row changes in batches)
   and the relation cache.
-- ``segments``: the staging format — segment names, the Parquet schema, writing with an atomic
-  seal, listing and reading back (the apply job and the tests read segments through it).
+- ``writer``: decoded rows → one open segment → sealed (the format and the store are
+  :mod:`lakeslot.staging`, which consumers read through).
 - ``stream``: one replication session's loop — segments, durable LSN, feedback.
-- ``reader``: the process — session start checks, retries, definite errors, exit codes, CLI
-  contract (``lakeslot reader``).
+- ``reader``: the process — session start checks, retries, definite errors, exit codes.
+- ``command``: its command line (arguments → configuration), light to import.
 - ``metrics``: Prometheus metrics and the health endpoint.
 - ``arrays``: Arrow arrays from numpy buffers (``pyarrow.array`` would import pandas).
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import threading
 import time
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import pyarrow as pa
 import pyarrow.compute as pc

@@ -37,12 +37,12 @@ import select
 import socket
 import struct
 import time
-from dataclasses import dataclass
 
 import psycopg
 from psycopg import errors, pq, sql
 
 from lakeslot import lsn as lsn_text
+from lakeslot.source.connection import one_row
 from lakeslot.staging.format import SourceIdentity
 
 XLOGDATA = ord("w")
@@ -81,7 +81,7 @@ class ReplicationConnection:
         self.pgconn = conn.pgconn
 
     def identify_system(self) -> SourceIdentity:
-        system_id, timeline, _, _ = self.conn.execute("IDENTIFY_SYSTEM").fetchone()
+        system_id, timeline, _, _ = one_row(self.conn.execute("IDENTIFY_SYSTEM"))
         return SourceIdentity(str(system_id), int(timeline))
 
     def start(self, slot: str, start_lsn: int, options: dict[str, str]) -> None:
@@ -93,6 +93,8 @@ class ReplicationConnection:
                                for k, v in options.items()))
         self.pgconn.send_query(command.as_bytes(self.conn))
         result = self.pgconn.get_result()
+        if result is None:  # libpq answers every query sent, even on a broken connection
+            raise psycopg.OperationalError("START_REPLICATION got no result from libpq")
         if result.status != pq.ExecStatus.COPY_BOTH:
             while self.pgconn.get_result() is not None:
                 pass

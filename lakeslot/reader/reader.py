@@ -5,24 +5,10 @@ local mode). Its identity towards PostgreSQL is ``application_name`` =
 ``connection.application_name("reader", ingestion, pod)``: the operator treats the slot holder
 with that name as legitimate and terminates any other.
 
-Command line (``lakeslot reader``)::
+The command line is :mod:`lakeslot.reader.command` (arguments, defaults, connection settings
+from libpq's environment; the password only from ``LAKESLOT_SOURCE_PASSWORD`` or libpq's own).
 
-    lakeslot reader --ingestion NS/NAME --slot S --publication P --staging URI
-        [--host H] [--port N] [--dbname D] [--user U] [--sslmode M] [--sslrootcert FILE]
-        [--pod NAME]                  default: $POD_NAME, else the host name
-        [--metrics-port N]            serve /metrics and /healthz (default: off)
-        [--status-file PATH]          JSON outcome written when the reader exits
-        [--segment-max-bytes N]       seal after this much pgoutput data (default 128 MiB)
-        [--segment-max-seconds S]     seal segments at least this often (default 10)
-        [--feedback-interval-ms N]    default: min(1 s, wal_sender_timeout / 2)
-        [--stop-at-lsn LSN]           exit 0 once everything up to LSN is sealed
-        [--max-retry-seconds S]       give up after S s without a successful start (default 300)
-
-Connection settings default to libpq's environment (``PGHOST``, ``PGPORT``, ``PGDATABASE``,
-``PGUSER``, ``PGSSLMODE``). The password is read ONLY from the environment:
-``LAKESLOT_SOURCE_PASSWORD``, else libpq's own ``PGPASSWORD`` (or ``~/.pgpass``).
-
-Exit codes: ``0`` stopped cleanly (SIGTERM/SIGINT, or ``--stop-at-lsn`` reached); ``1`` crashed,
+Exit codes (:mod:`lakeslot.exits`): ``0`` stopped cleanly (SIGTERM/SIGINT, or ``--stop-at-lsn`` reached); ``1`` crashed,
 or transient errors persisted for ``--max-retry-seconds``; ``2`` bad arguments; ``3`` definite
 error — restarting cannot help, a human or the operator must act (the status file says why).
 
@@ -65,20 +51,18 @@ import psycopg
 from psycopg import errors
 
 from lakeslot import lsn as lsn_text
-from lakeslot.reader import pgoutput
+from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
+from lakeslot.reader import DEFAULT_MAX_RETRY_SECONDS, DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SEGMENT_MAX_SECONDS, pgoutput
 from lakeslot.reader.metrics import Metrics
 from lakeslot.reader.protocol import ReplicationConnection, quote_list
-from lakeslot.staging.format import SourceIdentity
-from lakeslot.staging.store import Staging
-from lakeslot.reader import (DEFAULT_MAX_RETRY_SECONDS, DEFAULT_SEGMENT_MAX_BYTES,
-                             DEFAULT_SEGMENT_MAX_SECONDS)
 from lakeslot.reader.stream import HEALTH_INTERVAL_S, Stream, StreamSettings
 from lakeslot.source import connection, slot
 from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings
+from lakeslot.staging.format import SourceIdentity
+from lakeslot.staging.store import Staging
 
 log = logging.getLogger("lakeslot.reader")
 
-EXIT_STOPPED, EXIT_FAILED, EXIT_DEFINITE = 0, 1, 3
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.5, 30.0
 
 
@@ -346,7 +330,7 @@ def main(config: ReaderConfig, *, status_file: str | None = None,
             metrics.serve(metrics_port)
         durable = run(config, stop=stop, metrics=metrics)
         outcome = ("stopped", False, "Stopped", "the reader stopped cleanly", durable,
-                   EXIT_STOPPED)
+                   EXIT_OK)
     except DefiniteError as e:
         log.error("definite error %s: %s", e.reason, e.message, extra={"reason": e.reason})
         outcome = ("failed", True, e.reason, e.message, e.lsn, EXIT_DEFINITE)

@@ -40,8 +40,7 @@ from dataclasses import dataclass
 from lakeslot import lsn as lsn_text
 from lakeslot.reader import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SEGMENT_MAX_SECONDS, pgoutput
 from lakeslot.reader.metrics import Metrics
-from lakeslot.reader.protocol import (HEADER, XLOGDATA, ReplicationConnection,
-                                      keepalive)
+from lakeslot.reader.protocol import HEADER, XLOGDATA, ReplicationConnection, keepalive
 from lakeslot.reader.writer import BATCH_BYTES, BATCH_ROWS, Batch, SegmentWriter
 from lakeslot.staging.format import SourceIdentity
 from lakeslot.staging.store import Staging

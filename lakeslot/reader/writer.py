@@ -27,8 +27,7 @@ import pyarrow.parquet as pq
 
 from lakeslot.reader import arrays, pgoutput
 from lakeslot.reader.protocol import HEADER, POSTGRES_EPOCH_US
-from lakeslot.staging.format import (METADATA_KEY, SCHEMA, SegmentName, SourceIdentity,
-                                     metadata_document)
+from lakeslot.staging.format import METADATA_KEY, SCHEMA, SegmentName, SourceIdentity, metadata_document
 from lakeslot.staging.relations import Relation
 from lakeslot.staging.store import Staging
 

@@ -8,13 +8,14 @@ Roles and modules:
   minus one is the snapshot LSN ``s``) and exports the snapshot. That transaction stays open until
   every table has committed (the leader commits last); the slot dies with it.
 - :mod:`.plan`: in a session importing the snapshot, reads what the catalog said *as of s* (columns,
-  types, key, leaf partitions, ``relfilenode``) and splits each heap into ctid page ranges by
+  types and key through :mod:`lakeslot.source.columns`, leaf partitions, ``relfilenode``) and splits each heap into ctid page ranges by
   ``pg_class.relpages`` (an estimate: the last range of every heap is open-ended).
 - :mod:`.follower` (Spark tasks, one range per task): imports the snapshot, reads its range through
   the ADBC driver (binary COPY → Arrow), converts with :mod:`lakeslot.typemap` and writes Parquet
   data files for the mirror table. It returns the files; it never commits.
-- :mod:`.mirror` (driver): creates or replaces the Iceberg table in one transaction holding all of
-  a table's files, with ``lakeslot.lsn = s`` in the snapshot summary.
+- the driver commits through :mod:`lakeslot.mirror.catalog`: it creates or replaces the Iceberg
+  table in one transaction holding all of a table's files, with ``lakeslot.lsn = s`` in the
+  snapshot summary.
 - :mod:`.progress`: the machine-readable progress document; :mod:`.job` runs all of it.
 
 Why the copy equals the source as of ``s``: every follower reads under the exported snapshot, and

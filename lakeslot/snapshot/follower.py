@@ -52,12 +52,12 @@ import adbc_driver_postgresql.dbapi as adbc
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 from psycopg import conninfo, sql
 
 from lakeslot import typemap
 from lakeslot.filesystems import filesystem
+from lakeslot.mirror.catalog import WriteOptions
 from lakeslot.snapshot.leader import import_statements
 from lakeslot.snapshot.plan import Heap, PageRange
 from lakeslot.source.connection import (
@@ -80,14 +80,6 @@ def password_from_env(environ: dict[str, str] | None = None) -> str | None:
 
 class DefiniteError(RuntimeError):
     """Retrying cannot help; the message says what happened and what to do."""
-
-
-@dataclass(frozen=True)
-class WriteOptions:
-    compression: str = "zstd"
-    compression_level: int | None = None
-    row_group_bytes: int = 128 * MiB
-    target_file_bytes: int = 512 * MiB
 
 
 @dataclass(frozen=True)

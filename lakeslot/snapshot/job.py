@@ -1,15 +1,24 @@
 """The snapshot job: decide which tables to copy, hold one exported snapshot, copy every range as
 a Spark task, commit each table as soon as its ranges are done, release the snapshot last.
 
-:func:`run` is what ``spark_jobs/snapshot.py`` calls and what local mode calls with its own
-SparkSession. Steps:
+:func:`run` is the whole job, taking a :class:`lakeslot.workloads.JobInput` like
+:func:`lakeslot.apply.job.run`: ``spark_jobs/snapshot.py`` calls it, and local mode calls it
+in-process with its own SparkSession::
 
-1. For every requested table, the mirror's state (:meth:`mirror.Catalog.state`): snapshotted at a
-   generation ≥ ``resnapshot_generation`` and an LSN ≥ ``min_snapshot_lsn`` → ``skipped``; an existing table with data that lakeslot
-   did not write → ``failed``; otherwise it is copied (created, or replaced in one commit). When
-   nothing is left, no slot is created at all.
+    result = run(spark, job_input, progress=path, min_snapshot_lsn=below)
+
+It derives a :class:`SnapshotJob` from the ingestion (:meth:`SnapshotJob.of`: target names from
+``job.names``, settings from ``spec.snapshot``, the password and CA from the environment) and
+hands it to :func:`copy`, which tests and benchmarks also call with a SnapshotJob of their own.
+Steps:
+
+1. For every requested table, the mirror's state (:meth:`lakeslot.mirror.catalog.Catalog.state`):
+   snapshotted at a generation ≥ ``resnapshot_generation`` and an LSN ≥ ``min_snapshot_lsn`` →
+   ``skipped``; an existing table with data that lakeslot did not write → ``failed``; otherwise it
+   is copied (created, or replaced in one commit). When nothing is left, no slot is created at all.
 2. The leader exports a snapshot (:mod:`.leader`); the tables are planned in a session importing it
-   (:mod:`.plan`); each table opens its Iceberg create/replace transaction (:mod:`.mirror`).
+   (:mod:`.plan`); each table opens its Iceberg create/replace transaction
+   (:mod:`lakeslot.mirror.catalog`).
 3. Ranges run as Spark jobs of exactly one task each (``sc.parallelize([range], 1)``), at most
    ``parallelism`` at a time, from a pool of driver threads. A range that fails transiently is
    retried (after Spark's own task retries) up to ``max_attempts`` times, with backoff, inside the
@@ -31,6 +40,7 @@ part of the Spark conf, argv or logs).
 Failure modes: a table's definite error is in its outcome and the progress document, and the other
 tables go on; a failure of the job as a whole (source unreachable, slot cannot be created, catalog
 unreachable) raises after recording it in the progress document. Either way the slot is gone.
+Nothing to do (no table) or ``max_attempts`` < 1 raises ValueError before anything starts.
 """
 
 from __future__ import annotations
@@ -45,11 +55,13 @@ from dataclasses import dataclass, field
 from py4j.protocol import Py4JJavaError
 
 from lakeslot import typemap
-from lakeslot.mirror import table_properties
-from lakeslot.snapshot import follower, leader, mirror, plan
+from lakeslot.mirror.catalog import Catalog, MirrorWrite
+from lakeslot.mirror.contract import GENERATION_PROPERTY, SNAPSHOT_LSN_PROPERTY, table_properties
+from lakeslot.snapshot import follower, leader, plan
 from lakeslot.snapshot.progress import Progress
 from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings, application_name, connect
 from lakeslot.source.tables import TableName
+from lakeslot.workloads import JobInput
 
 log = logging.getLogger(__name__)
 MiB = 1 << 20
@@ -58,6 +70,8 @@ BACKOFF_CAP_S = 30.0
 
 @dataclass(frozen=True)
 class SnapshotJob:
+    """Everything :func:`copy` needs, resolved (names, settings, the password)."""
+
     source: ConnectionSettings
     tables: tuple[plan.TableRequest, ...]
     namespace: str
@@ -71,6 +85,35 @@ class SnapshotJob:
     min_snapshot_lsn: int = 0
     progress: str | None = None
     max_attempts: int = 3
+
+    @classmethod
+    def of(cls, job: JobInput, *, progress: str | None = None, max_attempts: int = 3,
+           min_snapshot_lsn: int = 0, environ: Mapping[str, str] | None = None) -> SnapshotJob:
+        """The snapshot of ``job.tables`` that the ingestion asks for: targets and owner from
+        ``job.names``, settings from ``spec.snapshot`` and ``spec.sink``, per-table key and
+        excluded columns from ``spec.source.tables``, the password and CA file from ``environ``
+        (default ``os.environ``). ValueError when there is nothing to do or ``max_attempts`` < 1."""
+        if not job.tables:
+            raise ValueError("no table given: nothing to snapshot")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        spec = job.ingestion.spec
+
+        def request(table: TableName) -> plan.TableRequest:
+            options = job.table_spec(table)
+            return plan.TableRequest(table, job.names.mirror_table(table),
+                                     tuple(options.key_columns) if options else (),
+                                     tuple(options.exclude_columns) if options else ())
+
+        return cls(
+            source=job.source(environ), tables=tuple(request(t) for t in job.tables),
+            namespace=spec.sink.namespace, catalog=spec.sink.catalog.name,
+            ingestion=job.names.owner, table_properties=dict(spec.sink.table_properties),
+            parallelism=spec.snapshot.parallelism,
+            target_range_bytes=spec.snapshot.target_range_bytes,
+            statement_timeout_seconds=spec.snapshot.statement_timeout_seconds,
+            resnapshot_generation=spec.snapshot.resnapshot_generation,
+            min_snapshot_lsn=min_snapshot_lsn, progress=progress, max_attempts=max_attempts)
 
 
 @dataclass(frozen=True)
@@ -102,11 +145,25 @@ class JobResult:
         return all(t.state in ("committed", "skipped") for t in self.tables)
 
 
-def run(spark, job: SnapshotJob, hooks: Hooks | None = None) -> JobResult:
+def run(spark, job: JobInput, *, progress: str | None = None, max_attempts: int = 3,
+        min_snapshot_lsn: int = 0, environ: Mapping[str, str] | None = None,
+        hooks: Hooks | None = None) -> JobResult:
+    """Snapshot ``job.tables`` as the ingestion asks (see the module docstring). ``progress``:
+    where the progress document goes (None: nowhere); ``max_attempts``: attempts per range for
+    transient failures; ``min_snapshot_lsn``: tables snapshotted below it are copied again;
+    ``environ``: where the password and CA file come from (default ``os.environ``). ValueError
+    before anything starts when ``job.tables`` is empty or ``max_attempts`` < 1."""
+    return copy(spark, SnapshotJob.of(job, progress=progress, max_attempts=max_attempts,
+                                      min_snapshot_lsn=min_snapshot_lsn, environ=environ), hooks)
+
+
+def copy(spark, job: SnapshotJob, hooks: Hooks | None = None) -> JobResult:
+    """Snapshot as ``job`` says, everything already resolved (what :func:`run` does after
+    :meth:`SnapshotJob.of`; tests and benchmarks build a SnapshotJob directly)."""
     progress = Progress(job.progress, [(r.source, f"{job.namespace}.{r.target}") for r in job.tables])
     cpu = {"read": 0.0, "convert": 0.0, "write": 0.0}
     try:
-        catalog = mirror.Catalog(spark, job.catalog)
+        catalog = Catalog(spark, job.catalog)
         catalog.ensure_namespace(job.namespace)
         todo = _to_copy(catalog, job, progress)
         if todo:
@@ -119,7 +176,7 @@ def run(spark, job: SnapshotJob, hooks: Hooks | None = None) -> JobResult:
                            for t in progress.tables.values()), progress.snapshot_lsn, cpu)
 
 
-def _to_copy(catalog: mirror.Catalog, job: SnapshotJob,
+def _to_copy(catalog: Catalog, job: SnapshotJob,
              progress: Progress) -> list[tuple[plan.TableRequest, bool]]:
     todo = []
     for request in job.tables:
@@ -136,7 +193,7 @@ def _to_copy(catalog: mirror.Catalog, job: SnapshotJob,
     return todo
 
 
-def _snapshot(spark, job: SnapshotJob, catalog: mirror.Catalog,
+def _snapshot(spark, job: SnapshotJob, catalog: Catalog,
               todo: list[tuple[plan.TableRequest, bool]], progress: Progress, hooks: Hooks,
               cpu: dict[str, float]) -> None:
     sc = spark.sparkContext
@@ -175,7 +232,7 @@ def _plan(job: SnapshotJob, snapshot: leader.Snapshot,
 class _TableRun:
     """One table being copied: its open Iceberg transaction and the results of its ranges."""
 
-    def __init__(self, table_plan: plan.TablePlan, write: mirror.MirrorWrite,
+    def __init__(self, table_plan: plan.TablePlan, write: MirrorWrite,
                  tasks: list[follower.RangeTask], lsn: int, progress: Progress,
                  cpu: dict[str, float]) -> None:
         self.plan, self.write, self.tasks, self.lsn = table_plan, write, tasks, lsn
@@ -186,13 +243,13 @@ class _TableRun:
         self._lock = threading.Lock()
 
     @classmethod
-    def begin(cls, job: SnapshotJob, catalog: mirror.Catalog, snapshot: leader.Snapshot,
+    def begin(cls, job: SnapshotJob, catalog: Catalog, snapshot: leader.Snapshot,
               table_plan: plan.TablePlan, replace: bool, number: int, progress: Progress,
               cpu: dict[str, float]) -> _TableRun:
         request = table_plan.request
         properties = {**table_properties(job.table_properties),
-                      mirror.GENERATION_PROPERTY: str(job.resnapshot_generation),
-                      mirror.SNAPSHOT_LSN_PROPERTY: str(snapshot.lsn)}
+                      GENERATION_PROPERTY: str(job.resnapshot_generation),
+                      SNAPSHOT_LSN_PROPERTY: str(snapshot.lsn)}
         write = catalog.begin(job.namespace, request.target,
                               typemap.mirror_schema(table_plan.columns), properties, replace)
         schema = typemap.arrow_schema(write.schema(), table_plan.columns)

@@ -29,7 +29,7 @@ import psycopg
 from psycopg import sql
 
 from lakeslot import typemap
-from lakeslot.source.preflight import replica_identity_key
+from lakeslot.source import columns
 from lakeslot.source.tables import TableName, existing
 
 TID_RANGE_SCAN_VERSION = 140000
@@ -101,7 +101,7 @@ def inspect(conn: psycopg.Connection, requests: Sequence[TableRequest], *,
     pages_per_range = max(1, target_range_bytes // block_size)
     tid_range_scan = conn.info.server_version >= TID_RANGE_SCAN_VERSION
     oids = existing(conn, [r.source for r in requests])
-    types = _TypeCache(conn)
+    types = columns.TypeCache(conn)
     plans: list[TablePlan | TableFailure] = []
     for request in requests:
         oid = oids.get(request.source)
@@ -110,92 +110,17 @@ def inspect(conn: psycopg.Connection, requests: Sequence[TableRequest], *,
                                       "renamed, or not a table) as of the snapshot"))
             continue
         try:
-            columns = _columns(conn, types, request, oid)
+            mapped = columns.describe(conn, oid, key_columns=request.key_columns,
+                                      exclude_columns=request.exclude_columns,
+                                      text_columns=request.text_columns, types=types)
             heaps, rows = _heaps(conn, request, oid)
-        except (typemap.MappingError, _PlanError) as e:
+        except (typemap.MappingError, columns.DescribeError) as e:
             plans.append(TableFailure(request, f"table {request.source}: {e}"))
             continue
         ranges = tuple((heap, r) for heap in heaps
                        for r in page_ranges(heap.pages, pages_per_range, tid_range_scan))
-        plans.append(TablePlan(request, columns, rows, ranges))
+        plans.append(TablePlan(request, mapped, rows, ranges))
     return plans
-
-
-class _PlanError(ValueError):
-    pass
-
-
-@dataclass(frozen=True)
-class _Type:
-    name: str
-    typtype: str
-    basetype: int
-    typtypmod: int
-    elem: int
-    category: str
-    delimiter: str
-    output: tuple[str, str]
-
-
-class _TypeCache:
-    def __init__(self, conn: psycopg.Connection) -> None:
-        self._conn, self._types = conn, {}
-
-    def get(self, oid: int) -> _Type:
-        if oid not in self._types:
-            row = self._conn.execute(
-                """SELECT CASE WHEN tn.nspname = 'pg_catalog' THEN t.typname
-                               ELSE tn.nspname || '.' || t.typname END,
-                          t.typtype, t.typbasetype::int8, t.typtypmod, t.typelem::int8,
-                          t.typcategory, t.typdelim, pn.nspname, p.proname
-                     FROM pg_type t JOIN pg_namespace tn ON tn.oid = t.typnamespace
-                     JOIN pg_proc p ON p.oid = t.typoutput
-                     JOIN pg_namespace pn ON pn.oid = p.pronamespace
-                    WHERE t.oid = %s::oid""", (oid,)).fetchone()
-            self._types[oid] = _Type(*row[:7], output=(row[7], row[8]))
-        return self._types[oid]
-
-    def _resolve(self, oid: int, typmod: int) -> tuple[_Type, int]:
-        """Through domains to the base type, keeping the innermost explicit typmod."""
-        t = self.get(oid)
-        while t.typtype == "d":
-            typmod = typmod if typmod >= 0 else t.typtypmod
-            t = self.get(t.basetype)
-        return t, typmod
-
-    def pg_type(self, oid: int, typmod: int) -> typemap.PgType:
-        output = self.get(oid).output
-        base, typmod = self._resolve(oid, typmod)
-        if base.category == "A" and base.elem:
-            element, typmod = self._resolve(base.elem, typmod)
-            return typemap.PgType(element.name, element.typtype, typmod, True, element.delimiter,
-                                  output)
-        return typemap.PgType(base.name, base.typtype, typmod, output=output)
-
-
-def _columns(conn: psycopg.Connection, types: _TypeCache, request: TableRequest,
-             oid: int) -> tuple[typemap.ColumnMapping, ...]:
-    rows = conn.execute(
-        """SELECT attname, atttypid::int8, atttypmod FROM pg_attribute
-            WHERE attrelid = %s::oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum""",
-        (oid,)).fetchall()
-    names = [r[0] for r in rows]
-    key = list(request.key_columns) or replica_identity_key(conn, oid)[1]
-    if not key:
-        raise _PlanError("no key: no primary key or replica identity index, and no key columns "
-                         "configured (the mirror needs a key to apply updates and deletes)")
-    for what, listed in (("key", key), ("excluded", request.exclude_columns),
-                         ("text", request.text_columns)):
-        missing = [c for c in listed if c not in names]
-        if missing:
-            raise _PlanError(f"{what} columns {missing} do not exist")
-    excluded_keys = [c for c in key if c in request.exclude_columns]
-    if excluded_keys:
-        raise _PlanError(f"key columns {excluded_keys} cannot be excluded")
-    return tuple(
-        typemap.map_column(name, types.pg_type(typid, typmod), key=name in key,
-                           as_text=name in request.text_columns)
-        for name, typid, typmod in rows if name not in request.exclude_columns)
 
 
 def _heaps(conn: psycopg.Connection, request: TableRequest, oid: int) -> tuple[list[Heap], int | None]:
@@ -209,7 +134,7 @@ def _heaps(conn: psycopg.Connection, request: TableRequest, oid: int) -> tuple[l
     heaps = []
     for leaf_oid, schema, name, kind, pages, _tuples, filenode in rows:
         if kind != "r":
-            raise _PlanError(f"partition {TableName(schema, name)} is not an ordinary table "
+            raise columns.DescribeError(f"partition {TableName(schema, name)} is not an ordinary table "
                              f"(relkind {kind!r}) and cannot be read by ctid; detach it or "
                              "exclude the table")
         heaps.append(Heap(leaf_oid, TableName(schema, name), max(pages, 0), filenode))

@@ -6,6 +6,8 @@ data. Plain Python (no kopf), used by the operator, the reader and local mode.
 - ``preflight``: checks that say what is wrong and the SQL or setting that fixes it.
 - ``publication``: make the publication match the spec (or only verify one we do not own).
 - ``slot``: the permanent slot — ensure, health, lost detection, stale-holder eviction, drop.
+- ``columns``: a table described for its mirror (columns mapped by type, key), one way for the
+  snapshot, the apply job and ``verify``.
 
 Every SQL identifier is quoted with ``psycopg.sql``; every value is bound.
 """

@@ -23,13 +23,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import psycopg
 from psycopg import sql
 
 if TYPE_CHECKING:  # the reader imports this module: keep pydantic models out of its start-up
     from lakeslot.api.models import SourceSpec
+
+_Row = TypeVar("_Row")
 
 APPLICATION_NAME_BYTES = 63
 # The environment variable that carries the source password to every process (never argv).
@@ -103,3 +105,13 @@ def render_sql(conn: psycopg.Connection, template: str, *args: sql.Composable,
                **kwargs: sql.Composable) -> str:
     """SQL text for a message (a fix to paste into psql), with identifiers quoted by psycopg."""
     return sql.SQL(template).format(*args, **kwargs).as_string(conn)
+
+
+def one_row(cursor: psycopg.Cursor[_Row]) -> _Row:
+    """The row of a query that always returns exactly one (an aggregate, a function call, a
+    catalog lookup by a key known to exist). No row there is a bug in the query, not a state of
+    the database, hence :class:`psycopg.ProgrammingError` rather than ``None``."""
+    row = cursor.fetchone()
+    if row is None:
+        raise psycopg.ProgrammingError("the query returned no row where it always returns one")
+    return row

@@ -31,7 +31,7 @@ import psycopg
 from psycopg import sql
 
 from lakeslot import typemap
-from lakeslot.source.connection import render_sql
+from lakeslot.source.connection import one_row, render_sql
 from lakeslot.source.tables import TableName, existing, quote_ident
 
 MIN_SERVER_VERSION = 130000
@@ -83,7 +83,7 @@ def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
 # server-level ----------------------------------------------------------------------------
 
 def _setting(conn: psycopg.Connection, name: str) -> str:
-    return conn.execute("SELECT current_setting(%s)", (name,)).fetchone()[0]
+    return one_row(conn.execute("SELECT current_setting(%s)", (name,)))[0]
 
 
 def _server_version(conn: psycopg.Connection) -> Finding:
@@ -109,12 +109,12 @@ def _headroom(conn: psycopg.Connection, slot_name: str | None) -> list[Finding]:
     """A free slot for the snapshot's temporary slot (+1 if ours does not exist yet) and free
     WAL senders for the reader and the snapshot leader."""
     max_slots = int(_setting(conn, "max_replication_slots"))
-    used_slots, ours = conn.execute(
+    used_slots, ours = one_row(conn.execute(
         "SELECT count(*), count(*) FILTER (WHERE slot_name = %s) FROM pg_replication_slots",
-        (slot_name,)).fetchone()
+        (slot_name,)))
     need_slots = 1 if ours else 2
     max_senders = int(_setting(conn, "max_wal_senders"))
-    used_senders = conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone()[0]
+    used_senders = one_row(conn.execute("SELECT count(*) FROM pg_stat_replication"))[0]
     findings = []
     for check, setting, limit, used, need in (
         ("replication_slots", "max_replication_slots", max_slots, used_slots, need_slots),
@@ -132,12 +132,12 @@ def _headroom(conn: psycopg.Connection, slot_name: str | None) -> list[Finding]:
 
 
 def _replication_privilege(conn: psycopg.Connection) -> Finding:
-    user, allowed = conn.execute(
+    user, allowed = one_row(conn.execute(
         """SELECT current_user, r.rolreplication OR r.rolsuper OR EXISTS (
                   SELECT 1 FROM pg_roles m WHERE m.rolname = ANY(%s)
                      AND pg_has_role(current_user, m.oid, 'MEMBER'))
              FROM pg_roles r WHERE r.rolname = current_user""",
-        (list(REPLICATION_ROLES),)).fetchone()
+        (list(REPLICATION_ROLES),)))
     if allowed:
         return Finding("replication_privilege", True, f"role {user} may replicate")
     return Finding("replication_privilege", False,
@@ -147,9 +147,9 @@ def _replication_privilege(conn: psycopg.Connection) -> Finding:
 
 
 def _create_privilege(conn: psycopg.Connection) -> Finding:
-    user, db, allowed = conn.execute(
+    user, db, allowed = one_row(conn.execute(
         "SELECT current_user, current_database(), "
-        "has_database_privilege(current_database(), 'CREATE')").fetchone()
+        "has_database_privilege(current_database(), 'CREATE')"))
     if allowed:
         return Finding("create_privilege", True, f"role {user} may create publications")
     return Finding("create_privilege", False,
@@ -173,8 +173,8 @@ def _table_checks(conn: psycopg.Connection, table: TableName, oid: int, key_colu
 
 
 def _select_privilege(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:
-    user, allowed = conn.execute(
-        "SELECT current_user, has_table_privilege(%s::oid, 'SELECT')", (oid,)).fetchone()
+    user, allowed = one_row(conn.execute(
+        "SELECT current_user, has_table_privilege(%s::oid, 'SELECT')", (oid,)))
     if allowed:
         return Finding("select_privilege", True, "readable", table=table)
     return Finding("select_privilege", False, f"role {quote_ident(user)} cannot SELECT from it",
@@ -185,10 +185,10 @@ def _select_privilege(conn: psycopg.Connection, table: TableName, oid: int) -> F
 
 def _ownership(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:
     """Adding a table to a publication requires owning it (or being superuser)."""
-    user, owner, allowed = conn.execute(
+    user, owner, allowed = one_row(conn.execute(
         """SELECT current_user, pg_get_userbyid(c.relowner),
                   pg_has_role(current_user, c.relowner, 'USAGE')
-             FROM pg_class c WHERE c.oid = %s::oid""", (oid,)).fetchone()
+             FROM pg_class c WHERE c.oid = %s::oid""", (oid,)))
     if allowed:
         return Finding("ownership", True, "may be added to the publication", table=table)
     return Finding("ownership", False,
@@ -202,8 +202,7 @@ def _ownership(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:
 def replica_identity_key(conn: psycopg.Connection, oid: int) -> tuple[str, list[str]]:
     """``(relreplident, key columns)`` where the key comes from the primary key (DEFAULT or
     FULL) or from the replica identity index (USING INDEX); empty when there is none."""
-    identity = conn.execute("SELECT relreplident FROM pg_class WHERE oid = %s::oid",
-                            (oid,)).fetchone()[0]
+    identity = one_row(conn.execute("SELECT relreplident FROM pg_class WHERE oid = %s::oid", (oid,)))[0]
     index_flag = "indisreplident" if identity == "i" else "indisprimary"
     key = [r[0] for r in conn.execute(
         sql.SQL("""SELECT a.attname FROM pg_index i
@@ -281,11 +280,11 @@ def _excluded_columns(conn: psycopg.Connection, table: TableName, oid: int,
 
 
 def _row_level_security(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:
-    user, hidden = conn.execute(
+    user, hidden = one_row(conn.execute(
         """SELECT current_user, c.relrowsecurity AND NOT (r.rolsuper OR r.rolbypassrls)
                   AND (c.relforcerowsecurity OR NOT pg_has_role(current_user, c.relowner, 'USAGE'))
              FROM pg_class c, pg_roles r WHERE c.oid = %s::oid AND r.rolname = current_user""",
-        (oid,)).fetchone()
+        (oid,)))
     if not hidden:
         return Finding("row_level_security", True, "no row-level security hides rows", table=table)
     return Finding("row_level_security", False,

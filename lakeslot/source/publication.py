@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import errors, sql
 
-from lakeslot.source.preflight import replica_identity_key
 from lakeslot.source.connection import render_sql
+from lakeslot.source.preflight import replica_identity_key
 from lakeslot.source.tables import TableName, existing, quote_ident
 
 MARKER = "managed by lakeslot: "
@@ -62,7 +62,7 @@ def _lookup(conn: psycopg.Connection, name: str) -> _Publication | None:
              FROM pg_publication WHERE pubname = %s""", (name,)).fetchone()
     if row is None:
         return None
-    publishes = tuple(op for op, on in zip(PUBLISH, row[2:]) if on)
+    publishes = tuple(op for op, on in zip(PUBLISH, row[2:], strict=True) if on)
     return _Publication(row[0], row[1], publishes)
 
 
@@ -87,6 +87,10 @@ def sync(conn: psycopg.Connection, name: str, tables: Sequence[TableName], *, ow
                                                 sql.SQL(", ").join(t.sql() for t in tables))])
         report = SyncReport(name, managed=True, created=_create(conn, name, owner))
         publication = _lookup(conn, name)
+        if publication is None:  # another session dropped it between our CREATE and this lookup
+            report.errors.append(f"publication {quote_ident(name)} was dropped right after it was "
+                                 "created: find what drops it")
+            return report
     else:
         ours = publication.comment == MARKER + owner
         report = SyncReport(name, managed=bool(manage) or (manage is None and ours))

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import errors
 
+from lakeslot.source.connection import one_row
+
 PLUGIN = "pgoutput"
 DROP_TIMEOUT_S = 30.0
 
@@ -103,9 +105,9 @@ def ensure(conn: psycopg.Connection, name: str, *, failover: bool = False) -> En
     if health(conn, name) is None:
         args = "%s, %s, false, false" + (", true" if failover else "")
         try:
-            creation_lsn = conn.execute(
+            creation_lsn = one_row(conn.execute(
                 f"SELECT (lsn - '0/0')::int8 FROM pg_create_logical_replication_slot({args})",
-                (name, PLUGIN)).fetchone()[0]
+                (name, PLUGIN)))[0]
             created = True
         except errors.DuplicateObject:
             pass  # a concurrent caller created it first

@@ -34,7 +34,7 @@ def quote_ident(name: str) -> str:
 
 # PostgreSQL's reserved and type/function-name keywords: plain-looking, yet quoted by quote_ident.
 _RESERVED = frozenset(
-    "all analyse analyze and any array as asc asymmetric authorization binary both case cast "
+    "all analyse analyze and any array as asc asymmetric authorization binary both case cast "  # noqa: SIM905 - words read best as words
     "check collate collation column concurrently constraint create cross current_catalog "
     "current_date current_role current_schema current_time current_timestamp current_user "
     "default deferrable desc distinct do else end except false fetch for foreign freeze from "

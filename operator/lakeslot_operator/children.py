@@ -28,9 +28,8 @@ Invariants:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
-
 import posixpath
+from dataclasses import dataclass
 
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import namespace_of

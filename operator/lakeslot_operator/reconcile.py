@@ -6,8 +6,9 @@ complete status to write plus the events worth telling. It is called from every 
 from a timer; calling it twice in a row changes nothing the second time.
 
 Steps, each gating the next (a failed step leaves later conditions Unknown/False and says why).
-Steps 3, 4 and 6 are :mod:`lakeslot.status`, shared with local mode (``lakeslot run`` and
-``lakeslot status``), so both report the same conditions with the same messages:
+Steps 3 and 4 are :mod:`lakeslot.control` and step 6 is :mod:`lakeslot.status`, shared with local
+mode (``lakeslot run`` and ``lakeslot status``), so both report the same conditions with the same
+messages:
 
 1. **Spec** — validated with the same pydantic models as ``lakeslot validate``; an invalid
    spec is a condition (``InvalidSpec``), never a crash loop.
@@ -18,13 +19,16 @@ Steps 3, 4 and 6 are :mod:`lakeslot.status`, shared with local mode (``lakeslot 
 4. **Slot** (``SlotReady``) — ensure; a lost slot follows ``onSlotLost`` (``Error`` stops,
    ``Resnapshot`` recreates it and re-snapshots every table); any holder other than the current
    reader pod is terminated (stale-holder eviction), and an event says so.
-5. **Children** — reader Deployment (always, once the slot is ready), snapshot SparkApplication
-   for the tables Iceberg shows without ``lakeslot.lsn`` (or all of them after a re-snapshot
-   request), apply SparkApplication once a table has been snapshotted.
+5. **Children** — reader Deployment (always, once the slot is ready); the snapshot
+   SparkApplication as :mod:`lakeslot_operator.scheduling` decides (pure: the tables Iceberg shows
+   without ``lakeslot.lsn`` or below ``status.resnapshotBelowLsn``, all of them after a
+   re-snapshot request; a failed attempt is retried after a backoff) — here the decision is only
+   executed; the apply SparkApplication once a table has been snapshotted.
 6. **Status** — per-table progress from Iceberg (invariant 1: a table's ``lakeslot.lsn`` is the
    truth), the reader's durable LSN from the slot's ``confirmed_flush_lsn`` (invariant 4: the
    reader confirms only what is sealed), lag from the server's current LSN; conditions with
-   ``observedGeneration``; phase.
+   ``observedGeneration``; ``Degraded``, ``Ready`` and the phase from the rest
+   (:func:`lakeslot.status.summary`).
 
 Failure modes: PostgreSQL unreachable or a catalog error → the relevant condition is False with
 the error text (never a password: libpq's messages do not contain it) and the timer retries;
@@ -37,26 +41,24 @@ import hashlib
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
 import pydantic
 
-from lakeslot import lsn as lsnlib
-from lakeslot import control, mirror, workloads
+from lakeslot import control, workloads
 from lakeslot import status as st
-from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SnapshotStatus, SourceSpec
+from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SourceSpec
 from lakeslot.api.naming import IngestionNames
 from lakeslot.api.validation import parse_resource, problems_of
+from lakeslot.mirror import progress as mirror_progress
+from lakeslot.mirror.progress import MirrorProgress
 from lakeslot.source import connection, slot
 from lakeslot.source.tables import TableName
-from lakeslot_operator import children
+from lakeslot_operator import children, scheduling
 from lakeslot_operator.kube import Kube
 
-TERMINAL_SPARK_STATES = ("COMPLETED", "FAILED")
-SNAPSHOT_BACKOFF_S = 30
-SNAPSHOT_BACKOFF_MAX_S = 3600
 OPERATOR_CONNECT_TIMEOUT_S = "10"
 
 
@@ -65,7 +67,7 @@ class Context:
     kube: Kube
     config: children.OperatorConfig = field(default_factory=children.OperatorConfig)
     connect: Callable[..., psycopg.Connection] = connection.connect
-    now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
 
 
 @dataclass
@@ -102,7 +104,7 @@ class _Reconciler:
         self.names = IngestionNames.of(ingestion)
         self.ns = self.names.namespace
         report.status.publication_name = self.names.publication
-        self.progress: dict[TableName, mirror.MirrorProgress] = {}
+        self.progress: dict[TableName, MirrorProgress] = {}
         self.snapshotting: set[TableName] = set()
 
     # the steps -----------------------------------------------------------------------------
@@ -157,75 +159,54 @@ class _Reconciler:
             kube.ensure(children.apply_application(
                 ing, self.uid, config, workloads.apply_arguments(ing, tables)))
 
-    def _mirror_progress(self, tables: list[TableName]) -> dict[TableName, mirror.MirrorProgress] | None:
+    def _mirror_progress(self, tables: list[TableName]) -> dict[TableName, MirrorProgress] | None:
         try:
-            self.progress = mirror.progress(self.ing.spec.sink, tables)
+            catalog = self.ing.spec.sink.catalog
+            secrets = {key: self.ctx.kube.secret_value(self.ns, ref)
+                       for key, ref in catalog.secret_properties.items()}
+            self.progress = mirror_progress.read(self.ing, tables, secrets=secrets)
         except Exception as e:  # noqa: BLE001 - any catalog failure is reported, then retried
             self.r.condition("Streaming", False, "CatalogUnreachable", st.first_line(e))
             return None
         return self.progress
 
     def _snapshot(self, tables: list[TableName], progress: dict) -> None:
-        spec = self.ing.spec.snapshot
-        observed = self.r.status.observed_resnapshot_generation or 0
-        resnapshot = spec.resnapshot_generation > observed
-        below_text = self.r.status.resnapshot_below_lsn
-        below = lsnlib.parse(below_text) if below_text else 0
-        cut_off = [t for t in tables if progress[t].lsn is not None and progress[t].lsn < below]
-        if below and not cut_off:
-            self.r.status.resnapshot_below_lsn = None
-        wanted = sorted(tables if resnapshot else
-                        [t for t in tables if progress[t].lsn is None or t in cut_off])
-        if not wanted or (spec.mode == "never" and not resnapshot and not cut_off):
-            if self.r.status.snapshot and self.r.status.snapshot.state != "COMPLETED":
-                self.r.status.snapshot = None
-            st.snapshot_complete(self.r)
-            if resnapshot:
-                self.r.status.observed_resnapshot_generation = spec.resnapshot_generation
+        """Execute :mod:`scheduling`'s decision: submit or delete the snapshot application, and
+        record its state, the condition and the event."""
+        status = self.r.status
+        plan = scheduling.plan(tables, {t: progress[t].lsn for t in tables},
+                               scheduling.Request.of(self.ing.spec.snapshot, status))
+        if plan.clear_below:
+            status.resnapshot_below_lsn = None
+        if plan.generation is None:
+            self._record(scheduling.advance(status.snapshot, plan, None, None, self.r.now))
             return
-        digest = hashlib.sha256("\0".join([*map(str, wanted), str(below)]).encode()).hexdigest()[:8]
-        generation = f"g{spec.resnapshot_generation}-{digest}"
-        name = children.snapshot_name(self.ing, generation)
-        state = self.r.status.snapshot
-        if state is None or state.generation != generation:
-            state = SnapshotStatus(application=name, generation=generation,
-                                   tables=[str(t) for t in wanted])
+        name = children.snapshot_name(self.ing, plan.generation)
         app = self.ctx.kube.get_spark_application(self.ns, name)
-        if app is None:
-            if state.state == "FAILED" and not self._backoff_over(state):
-                pass
-            else:
-                self.ctx.kube.ensure(children.snapshot_application(
-                    self.ing, self.uid, self.ctx.config,
-                    workloads.snapshot_arguments(self.ing, wanted, min_snapshot_lsn=below),
-                    generation=generation))
-                state.state = "SUBMITTED"
-                self.r.tell("Normal", "SnapshotStarted", f"{name}: {len(wanted)} table(s)")
-        else:
-            app_state = app.get("status", {}).get("applicationState", {})
-            new_state = app_state.get("state") or "SUBMITTED"
-            if new_state in TERMINAL_SPARK_STATES and state.state != new_state:
-                state.finished_at = self.r.now
-                if new_state == "FAILED":
-                    state.attempts += 1
-                    state.message = app_state.get("errorMessage", "")[:4000]
-            state.state = new_state
-            if new_state == "FAILED" and self._backoff_over(state):
-                self.ctx.kube.delete_spark_application(self.ns, name)  # resubmitted next time
-            if new_state == "COMPLETED" and resnapshot:
-                self.r.status.observed_resnapshot_generation = spec.resnapshot_generation
-        self.r.status.snapshot = state
-        if state.state == "FAILED":
-            self.r.condition("SnapshotComplete", False, "SnapshotFailed",
-                             f"{name} failed (attempt {state.attempts}): {state.message}")
-        else:
-            self.r.condition("SnapshotComplete", False, "Snapshotting",
-                             f"{name}: {state.state} for {len(wanted)} table(s)")
-        self.snapshotting = set(wanted)
+        step = scheduling.advance(status.snapshot, plan, name,
+                                  None if app is None else scheduling.Application.of(app),
+                                  self.r.now)
+        if step.submit:
+            self.ctx.kube.ensure(children.snapshot_application(
+                self.ing, self.uid, self.ctx.config,
+                workloads.snapshot_arguments(self.ing, plan.wanted,
+                                             min_snapshot_lsn=plan.min_snapshot_lsn),
+                generation=plan.generation))
+            self.r.tell("Normal", "SnapshotStarted", f"{name}: {len(plan.wanted)} table(s)")
+        if step.delete:
+            self.ctx.kube.delete_spark_application(self.ns, name)  # resubmitted next time
+        self._record(step)
 
-    def _backoff_over(self, state: SnapshotStatus) -> bool:
-        delay = min(SNAPSHOT_BACKOFF_S * 2 ** max(state.attempts - 1, 0), SNAPSHOT_BACKOFF_MAX_S)
-        return state.finished_at is None or self.r.now >= state.finished_at + timedelta(seconds=delay)
+    def _record(self, step: scheduling.Step) -> None:
+        status = self.r.status
+        if step.observed_generation is not None:
+            status.observed_resnapshot_generation = step.observed_generation
+        status.snapshot = step.snapshot
+        if step.complete:
+            st.snapshot_complete(self.r)
+        else:
+            self.r.condition("SnapshotComplete", False, step.reason, step.message)
+        self.snapshotting = set(step.snapshotting)
 
     def _suspend(self) -> None:
         kube = self.ctx.kube

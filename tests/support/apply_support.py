@@ -12,9 +12,9 @@ from psycopg import sql
 
 from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion
-from lakeslot.staging.store import Staging
 from lakeslot.apply import job as apply_job
 from lakeslot.source.tables import TableName
+from lakeslot.staging.store import Staging
 from spark_jobs import apply as apply_entry
 from spark_jobs import snapshot as snapshot_entry
 from tests.support.operator_env import ingestion_document
@@ -113,7 +113,7 @@ def source_rows(conn, table: TableName, key: str = "id") -> tuple[list[str], lis
 def normal(value):
     """One representation for values read from PostgreSQL and from Spark."""
     if isinstance(value, dt.datetime) and value.tzinfo is not None:
-        return value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+        return value.astimezone(dt.UTC).replace(tzinfo=None)
     if isinstance(value, memoryview | bytearray):
         return bytes(value)
     if isinstance(value, decimal.Decimal):

@@ -139,5 +139,5 @@ def _wait_until_ready(run: OperatorRun, thread: threading.Thread, timeout: float
 def _run_operator(run: OperatorRun, operator: Coroutine[None, None, None]) -> None:
     try:
         asyncio.run(operator)
-    except BaseException as e:  # reported by running_operator() in the test's thread
+    except BaseException as e:  # noqa: BLE001 - reported by running_operator() in the test's thread
         run.error = e

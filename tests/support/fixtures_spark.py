@@ -56,7 +56,7 @@ def iceberg_namespace(spark) -> str:
 
 def static_table(warehouse: Path, table: str):
     """The latest committed state of ``catalog.namespace.table`` as a pyiceberg ``StaticTable``."""
-    from lakeslot.mirror import load_hadoop_table
+    from lakeslot.mirror.catalogs import load_hadoop_table
 
     _catalog, namespace, name = table.split(".")
     return load_hadoop_table(warehouse.as_uri(), (namespace, name))

@@ -106,12 +106,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import collections
+import contextlib
 import copy
 import dataclasses
 import datetime
 import functools
 import ipaddress
+import itertools
 import json
 import logging
 import math
@@ -158,7 +161,7 @@ def bad_request(message: str) -> kmock.KubernetesError:
 
 
 def status_body(error: kmock.KubernetesError) -> dict[str, Any]:
-    body = {'kind': 'Status', 'apiVersion': 'v1', 'metadata': {}, 'status': 'Failure',
+    body: dict[str, Any] = {'kind': 'Status', 'apiVersion': 'v1', 'metadata': {}, 'status': 'Failure',
             'message': error.message, 'reason': error.reason, 'code': error.status}
     if error.details:
         body['details'] = error.details
@@ -450,7 +453,7 @@ def _label_requirement(text: str) -> Predicate:
 
 def parse_field_selector(text: str, rt: ResourceType) -> list[Predicate]:
     """Predicates over a whole object; only metadata.name/namespace and the type's field labels."""
-    supported = ('metadata.name', 'metadata.namespace') + rt.field_labels
+    supported = ('metadata.name', 'metadata.namespace', *rt.field_labels)
     predicates = []
     for part in filter(None, (p.strip() for p in text.split(','))):
         match = _REQ_EQUALITY.match(part)
@@ -562,7 +565,7 @@ def json_patch(target: Mapping[str, Any], operations: Any) -> dict[str, Any]:
     try:
         return jsonpatch.apply_patch(target, operations, in_place=False)
     except (jsonpatch.JsonPatchException, jsonpointer.JsonPointerException, TypeError, KeyError) as e:
-        raise api_error(422, 'Invalid', f'the server rejected our request due to an error in our request: {e}')
+        raise api_error(422, 'Invalid', f'the server rejected our request due to an error in our request: {e}') from e
 
 
 # ================================================================================================
@@ -694,7 +697,7 @@ def to_json_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     elif 'type' in schema:
         result['type'] = [schema['type'], 'null'] if nullable else schema['type']
     if nullable and 'enum' in result:
-        result['enum'] = list(result['enum']) + [None]
+        result['enum'] = [*result['enum'], None]
     for bound in ('Minimum', 'Maximum'):  # OpenAPI 3.0 booleans -> JSON Schema numbers
         if schema.get(f'exclusive{bound}') and bound.lower() in result:
             result[f'exclusive{bound}'] = result.pop(bound.lower())
@@ -769,10 +772,14 @@ def schema_errors(validator: jsonschema.protocols.Validator, obj: Mapping[str, A
 def _translate_schema_error(error: jsonschema.ValidationError) -> list[FieldError]:
     """Word a jsonschema error like kube-openapi does ("<path> in body should ...")."""
     parts = list(error.absolute_path)
-    path, value, limit = field_path(parts), error.instance, error.validator_value
-    match error.validator:
+    # Always set on the errors a validator yields (the stubs also allow hand-made, unset ones).
+    value: Any = error.instance
+    limit: Any = error.validator_value
+    validator: Any = error.validator
+    path = field_path(parts)
+    match validator:
         case 'required':
-            return [FieldError(field_path(parts + [name]), 'Required value')
+            return [FieldError(field_path([*parts, name]), 'Required value')
                     for name in limit if name not in value]
         case 'type':
             expected = ','.join(limit) if isinstance(limit, list) else limit
@@ -798,7 +805,7 @@ def _translate_schema_error(error: jsonschema.ValidationError) -> list[FieldErro
         'pattern': f"should match '{limit}'",
         'multipleOf': f'should be a multiple of {limit}',
         'format': f'must be of type {limit}: {go_value(value)}',
-    }.get(error.validator)
+    }.get(validator)
     if detail is None:
         return [FieldError(path, 'Invalid value', error.message, value)]
     return [FieldError(path, 'Invalid value', f'{path} in body {detail}', value)]
@@ -820,14 +827,15 @@ def cel_errors(value: Any, old: Any, has_old: bool, schema: Mapping[str, Any],
             sub = children.get(key, additional if isinstance(additional, Mapping) else None)
             if sub is not None:
                 correlated = has_old and isinstance(old, dict) and key in old
-                errors += cel_errors(item, old.get(key) if correlated else None, correlated, sub, parts + [key])
+                errors += cel_errors(item, old.get(key) if correlated else None, correlated, sub, [*parts, key])
     elif isinstance(value, list) and isinstance(schema.get('items'), Mapping):
         keys = schema.get('x-kubernetes-list-map-keys') if schema.get('x-kubernetes-list-type') == 'map' else None
-        old_items = {_map_key(item, keys): item for item in old if isinstance(item, dict)} \
+        old_items: dict[tuple[Any, ...] | None, Any] = \
+            {_map_key(item, keys): item for item in old if isinstance(item, dict)} \
             if keys and has_old and isinstance(old, list) else {}
         for index, item in enumerate(value):
             key = _map_key(item, keys) if keys and isinstance(item, dict) else None
-            errors += cel_errors(item, old_items.get(key), key in old_items, schema['items'], parts + [index])
+            errors += cel_errors(item, old_items.get(key), key in old_items, schema['items'], [*parts, index])
     return errors
 
 
@@ -855,10 +863,8 @@ def _rule_errors(rule: Mapping[str, Any], value: Any, old: Any, has_old: bool,
                            type_name(value))]
     message = rule.get('message') or f'failed rule: {rule["rule"]}'
     if rule.get('messageExpression'):
-        try:
+        with contextlib.suppress(CelError):
             message = str(compile_cel(rule['messageExpression']).evaluate(env))
-        except CelError:
-            pass
     if error_type == 'Invalid value':
         return [FieldError(field, error_type, message, type_name(value))]
     return [FieldError(field, error_type, message)]
@@ -883,7 +889,7 @@ def list_type_errors(value: Any, schema: Mapping[str, Any], parts: list[str | in
             if sub is None and isinstance(schema.get('additionalProperties'), Mapping):
                 sub = schema['additionalProperties']
             if sub is not None:
-                errors += list_type_errors(item, sub, parts + [key])
+                errors += list_type_errors(item, sub, [*parts, key])
     elif isinstance(value, list):
         list_type, keys = schema.get('x-kubernetes-list-type'), schema.get('x-kubernetes-list-map-keys')
         seen: list[Any] = []
@@ -891,10 +897,10 @@ def list_type_errors(value: Any, schema: Mapping[str, Any], parts: list[str | in
             identity = ({k: item.get(k) for k in keys} if list_type == 'map' and keys
                         and isinstance(item, dict) else item)
             if list_type in ('set', 'map') and identity in seen:
-                errors.append(FieldError(field_path(parts + [index]), 'Duplicate value', '', identity))
+                errors.append(FieldError(field_path([*parts, index]), 'Duplicate value', '', identity))
             seen.append(identity)
             if isinstance(schema.get('items'), Mapping):
-                errors += list_type_errors(item, schema['items'], parts + [index])
+                errors += list_type_errors(item, schema['items'], [*parts, index])
     return errors
 
 
@@ -1033,6 +1039,7 @@ class Cluster:
             raise rt.not_found(name)
         return obj
 
+    # From here on, `list` in this class's annotations is this method: they say builtins.list.
     def list(self, rt: ResourceType, selector: Selector, limit: int | None,
              continue_token: str | None) -> tuple[list[dict[str, Any]], str, str]:
         """Matching objects ordered by (namespace, name), the list's resourceVersion, a continue token."""
@@ -1046,10 +1053,11 @@ class Cluster:
             return [objects[k] for k in keys], resource_version, _encode_continue(resource_version, keys[-1])
         return [objects[k] for k in keys], resource_version, ''
 
-    def watch(self, rt: ResourceType, selector: Selector, since: str | None) -> tuple[list[WatchEvent], Watcher]:
+    def watch(self, rt: ResourceType, selector: Selector,
+              since: str | None) -> tuple[builtins.list[WatchEvent], Watcher]:
         """Subscribe, and return the events to send first: current objects, or those after ``since``."""
         watcher = Watcher(selector)
-        if since in (None, '', '0'):
+        if not since or since == '0':
             initial = [WatchEvent(int(obj['metadata']['resourceVersion']), 'ADDED', obj, None)
                        for _, obj in sorted(self._objects[rt.key].items())]
         else:
@@ -1130,9 +1138,9 @@ class Cluster:
             patched = strategic_merge_patch(current, body)
         else:
             raise api_error(415, 'UnsupportedMediaType',
-                            f'the body of the request was in an unknown format - accepted media types '
-                            f'include: application/json-patch+json, application/merge-patch+json, '
-                            f'application/apply-patch+yaml')
+                            'the body of the request was in an unknown format - accepted media types '
+                            'include: application/json-patch+json, application/merge-patch+json, '
+                            'application/apply-patch+yaml')
         return self._update(rt, version, old, self._typed_copy(rt, patched), subresource), False
 
     def _update(self, rt: ResourceType, version: VersionSpec, old: dict[str, Any], obj: dict[str, Any],
@@ -1263,7 +1271,7 @@ class Cluster:
         return self._delete(rt, obj, _propagation_policy(options))
 
     def delete_collection(self, rt: ResourceType, selector: Selector,
-                          options: Mapping[str, Any]) -> list[dict[str, Any]]:
+                          options: Mapping[str, Any]) -> builtins.list[dict[str, Any]]:
         policy = _propagation_policy(options)
         items, _, _ = self.list(rt, selector, None, None)
         deleted = []
@@ -1292,7 +1300,7 @@ class Cluster:
     def _blockers(self, rt: ResourceType, obj: Mapping[str, Any]) -> bool:
         return bool(obj['metadata'].get('finalizers')) or bool(self._contents(rt, obj))
 
-    def _contents(self, rt: ResourceType, obj: Mapping[str, Any]) -> list[tuple[ResourceType, dict[str, Any]]]:
+    def _contents(self, rt: ResourceType, obj: Mapping[str, Any]) -> builtins.list[tuple[ResourceType, dict[str, Any]]]:
         """What must be deleted before a namespace (its objects) or a CRD (its custom resources)."""
         if rt.key == NAMESPACES:
             name = obj['metadata']['name']
@@ -1342,7 +1350,7 @@ class Cluster:
         for rt, dependent in self._dependents(owner_uid):
             self._edit(rt, dependent, functools.partial(_drop_owner, owner_uid))
 
-    def _dependents(self, owner_uid: str) -> list[tuple[ResourceType, dict[str, Any]]]:
+    def _dependents(self, owner_uid: str) -> builtins.list[tuple[ResourceType, dict[str, Any]]]:
         return [(rt, obj) for rt in self.registry for obj in list(self._objects[rt.key].values())
                 if any(ref.get('uid') == owner_uid for ref in obj['metadata'].get('ownerReferences') or [])]
 
@@ -1445,8 +1453,8 @@ def _encode_continue(resource_version: str, last: ObjectKey) -> str:
 def _decode_continue(token: str) -> tuple[str, ObjectKey]:
     try:
         resource_version, namespace, name = json.loads(base64.urlsafe_b64decode(token.encode()))
-    except ValueError:
-        raise bad_request(f'invalid continue token: {token!r}')
+    except ValueError as e:
+        raise bad_request(f'invalid continue token: {token!r}') from e
     return resource_version, (namespace, name)
 
 
@@ -1488,7 +1496,8 @@ class ApiServer(kmock.KubernetesScaffold):
     cluster: Cluster = attrs.field(factory=Cluster)
 
     # kmock re-filters this whole history for every request it routes: keep only recent requests.
-    _requests: collections.deque[kmock.Request] = attrs.field(
+    # (kmock declares it a list; it only appends to it and iterates it)
+    _requests: collections.deque[kmock.Request] = attrs.field(  # type: ignore[assignment]
         factory=lambda: collections.deque(maxlen=32), init=False)
 
     async def __call__(self, raw_request: aiohttp.web.BaseRequest) -> aiohttp.web.StreamResponse:
@@ -1585,7 +1594,7 @@ class ApiServer(kmock.KubernetesScaffold):
             return _json({'kind': f'{rt.kind}List', 'apiVersion': rt.api_version(version.name),
                           'metadata': {'resourceVersion': str(self.cluster.resource_version)},
                           'items': [_present(rt, version, obj) for obj in deleted]})
-        raise api_error(405, 'MethodNotAllowed', f'the server does not allow this method on the requested resource')
+        raise api_error(405, 'MethodNotAllowed', 'the server does not allow this method on the requested resource')
 
     async def _serve_object(self, raw_request: aiohttp.web.BaseRequest, rt: ResourceType,
                             version: VersionSpec, path: ApiPath) -> aiohttp.web.StreamResponse:
@@ -1617,7 +1626,7 @@ class ApiServer(kmock.KubernetesScaffold):
         if path.name is not None:  # a watch on one object: the deprecated form of a name selector
             fields = ','.join(filter(None, [fields, f'metadata.name={path.name}']))
         selector = _selector(rt, path, {**query, 'fieldSelector': fields})
-        timeout = _int_param(query, 'timeoutSeconds')
+        timeout_seconds = _int_param(query, 'timeoutSeconds')
         response = aiohttp.web.StreamResponse(headers={'Content-Type': 'application/json'})
         try:
             initial, watcher = self.cluster.watch(rt, selector, query.get('resourceVersion'))
@@ -1637,7 +1646,7 @@ class ApiServer(kmock.KubernetesScaffold):
                     'kind': rt.kind, 'apiVersion': rt.api_version(version.name), 'metadata': {
                         'resourceVersion': str(self.cluster.resource_version),
                         'annotations': {'k8s.io/initial-events-end': 'true'}}}}))
-            await self._stream(raw_request, response, rt, version, watcher, timeout)
+            await self._stream(raw_request, response, rt, version, watcher, timeout_seconds)
             await response.write_eof()
         except ConnectionError:
             pass  # the client went away
@@ -1646,9 +1655,9 @@ class ApiServer(kmock.KubernetesScaffold):
         return response
 
     async def _stream(self, raw_request: aiohttp.web.BaseRequest, response: aiohttp.web.StreamResponse,
-                      rt: ResourceType, version: VersionSpec, watcher: Watcher, timeout: int | None) -> None:
+                      rt: ResourceType, version: VersionSpec, watcher: Watcher, timeout_seconds: int | None) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout if timeout else math.inf
+        deadline = loop.time() + timeout_seconds if timeout_seconds else math.inf
         while raw_request.transport is not None and not raw_request.transport.is_closing():
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -1721,7 +1730,7 @@ async def _json_body(raw_request: aiohttp.web.BaseRequest) -> Any:
     try:
         return json.loads(await raw_request.read() or b'null')
     except ValueError as e:
-        raise bad_request(f'the request body is not valid JSON: {e}')
+        raise bad_request(f'the request body is not valid JSON: {e}') from e
 
 
 async def _patch_body(raw_request: aiohttp.web.BaseRequest) -> tuple[str, Any]:
@@ -1733,7 +1742,7 @@ async def _patch_body(raw_request: aiohttp.web.BaseRequest) -> tuple[str, Any]:
         try:
             return content_type, yaml.safe_load(await raw_request.text())
         except yaml.YAMLError as e:
-            raise bad_request(f'the request body is not valid YAML: {e}')
+            raise bad_request(f'the request body is not valid YAML: {e}') from e
     if content_type not in ('application/json-patch+json', 'application/merge-patch+json',
                             'application/strategic-merge-patch+json'):
         raise api_error(415, 'UnsupportedMediaType', f'the body of the request was in an unknown format - '
@@ -1901,8 +1910,8 @@ def _cel_int(value: Any) -> int:
         raise CelError('no such overload: int(bool)')
     try:
         return int(value)
-    except (TypeError, ValueError):
-        raise CelError(f'cannot convert {value!r} to int')
+    except (TypeError, ValueError) as e:
+        raise CelError(f'cannot convert {value!r} to int') from e
 
 
 def _cel_double(value: Any) -> float:
@@ -1910,8 +1919,8 @@ def _cel_double(value: Any) -> float:
         raise CelError('no such overload: double(bool)')
     try:
         return float(value)
-    except (TypeError, ValueError):
-        raise CelError(f'cannot convert {value!r} to double')
+    except (TypeError, ValueError) as e:
+        raise CelError(f'cannot convert {value!r} to double') from e
 
 
 def _cel_string(value: Any) -> str:
@@ -1920,8 +1929,8 @@ def _cel_string(value: Any) -> str:
     if isinstance(value, bytes):
         try:
             return value.decode()
-        except UnicodeDecodeError:
-            raise CelError('invalid UTF-8 in bytes')
+        except UnicodeDecodeError as e:
+            raise CelError('invalid UTF-8 in bytes') from e
     if isinstance(value, (str, int, float)):
         return str(value)
     raise CelError('no such overload: string()')
@@ -1935,7 +1944,7 @@ def _cel_bytes(value: Any) -> bytes:
 
 def _cel_sorted(items: Any) -> bool:
     items = _cel_list(items)
-    return all(_cel_compare('<=', a, b) for a, b in zip(items, items[1:]))
+    return all(_cel_compare('<=', a, b) for a, b in itertools.pairwise(items))
 
 
 CEL_FUNCTIONS: dict[str, Callable[..., Any]] = {
@@ -2013,7 +2022,7 @@ def _cel_tokens(text: str) -> list[tuple[str, str]]:
         position = match.end()
         if match.lastgroup != 'space':
             tokens.append((match.lastgroup or '', match.group()))
-    return tokens + [('end', '')]
+    return [*tokens, ('end', '')]
 
 
 class CelParser:
@@ -2068,7 +2077,7 @@ class CelParser:
 
     def _relation(self) -> tuple[Any, ...]:
         node = self._addition()
-        while self._peek()[1] in self._RELATIONS + ('in',):
+        while self._peek()[1] in (*self._RELATIONS, 'in'):
             node = 'binary', self._take()[1], node, self._addition()
         return node
 
@@ -2184,7 +2193,7 @@ class CelProgram:
         return _evaluate(self.tree, env)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compile_cel(source: str) -> CelProgram:
     return CelProgram(source, CelParser(source).parse())
 
@@ -2203,7 +2212,7 @@ def _cel_equals(a: Any, b: Any) -> bool:
     if _is_number(a) and _is_number(b):
         return a == b
     if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(_cel_equals(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(_cel_equals(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_cel_equals(a[k], b[k]) for k in a)
     return type(a) is type(b) and a == b
@@ -2336,7 +2345,7 @@ def _cel_apply(name: str, fn: Callable[..., Any], args: list[Any]) -> Any:
     except CelError:
         raise
     except (TypeError, ValueError, re.error) as e:
-        raise CelError(f'no such overload: {name}: {e}')
+        raise CelError(f'no such overload: {name}: {e}') from e
 
 
 def _cel_macro(name: str, target: Any, var: str, args: tuple[Any, ...], env: Mapping[str, Any]) -> Any:
@@ -2351,7 +2360,7 @@ def _cel_macro(name: str, target: Any, var: str, args: tuple[Any, ...], env: Map
         predicate, transform = (args[0], args[1]) if len(args) == 2 else (None, args[0])
         return [_evaluate(transform, e) for e in scoped if predicate is None or _cel_bool(_evaluate(predicate, e))]
     if name == 'filter':
-        return [item for item, e in zip(items, scoped) if _cel_bool(_evaluate(args[0], e))]
+        return [item for item, e in zip(items, scoped, strict=True) if _cel_bool(_evaluate(args[0], e))]
     results, errors = [], []
     for e in scoped:
         try:

@@ -25,8 +25,10 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 
-from lakeslot import mirror, workloads
+from lakeslot import workloads
 from lakeslot.api.models import GROUP, PLURAL, VERSION, SinkSpec
+from lakeslot.api.naming import IngestionNames
+from lakeslot.api.validation import parse_resource
 from lakeslot.source.tables import TableName
 
 NAMESPACE = "default"
@@ -158,8 +160,9 @@ def reader_pod_running(api_client, ingestion_name: str, pod_name: str) -> None:
 def commit_snapshot(spark, document: dict, tables: list[TableName], lsn: int) -> None:
     """Simulated snapshot job commit: each mirror table gets one row and lakeslot.lsn = lsn."""
     sink = SinkSpec.model_validate(document["spec"]["sink"])
+    names = IngestionNames.of(parse_resource(document))
     for table in tables:
-        name = "lakeslot." + ".".join(mirror.identifier(sink, table))
+        name = "lakeslot." + ".".join(names.mirror_identifier(table))
         spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lakeslot.{sink.namespace}")
         spark.sql(f"CREATE TABLE IF NOT EXISTS {name} (id bigint, _lakeslot_lsn bigint) USING iceberg")
         spark.createDataFrame([(1, lsn)], "id bigint, _lakeslot_lsn bigint").writeTo(name).option(

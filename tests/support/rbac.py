@@ -89,6 +89,7 @@ def _kube_clients() -> dict[str, str]:
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
                 and isinstance(node.value.func, ast.Attribute)):
             (target,) = node.targets
+            assert isinstance(target, ast.Attribute), ast.unparse(node)  # self.<attribute> = ...
             clients[target.attr] = node.value.func.attr
     return clients
 

@@ -16,11 +16,11 @@ from psycopg import sql
 
 from lakeslot import lsn as lsn_text
 from lakeslot.reader import reader
-from lakeslot.staging import format as segments
-from lakeslot.staging.store import Staging
 from lakeslot.reader.metrics import Metrics
 from lakeslot.source import connection, slot
 from lakeslot.source.tables import TableName
+from lakeslot.staging import format as segments
+from lakeslot.staging.store import Staging
 from tests.support.fixtures_pg import connection_settings
 
 INGESTION = "tests/orders"

@@ -36,8 +36,9 @@ def target_name(table: TableName) -> str:
 
 
 def make_job(pgdb, namespace: str, tables, **options) -> SnapshotJob:
-    """A job copying ``tables`` (TableName or TableRequest) into ``namespace``
-    (``catalog.ns`` as the ``iceberg_namespace`` fixture gives it)."""
+    """A job for :func:`lakeslot.snapshot.job.copy` copying ``tables`` (TableName or
+    TableRequest) into ``namespace`` (``catalog.ns`` as the ``iceberg_namespace`` fixture gives
+    it)."""
     catalog, ns = namespace.split(".", 1)
     requests = tuple(t if isinstance(t, TableRequest) else TableRequest(t, target_name(t))
                      for t in tables)

@@ -1,0 +1,324 @@
+"""The mirror tables through the Spark session's Iceberg catalog (Java, via py4j) and Spark SQL:
+how the snapshot and apply jobs create, replace, evolve and commit to them. Works with any catalog
+type Spark is configured with, since it goes through Spark's own catalog object.
+
+Invariants:
+
+- Every commit that moves a table's position carries ``lakeslot.lsn`` in its snapshot summary
+  (DESIGN.md rule 1): the snapshot's create/replace transaction (:meth:`MirrorWrite.commit`), the
+  MERGE (:meth:`Tables.commit_sql`, through ``with_commit_properties``), the changelog append,
+  and the empty append that advances an idle table (:meth:`Tables.advance`, a snapshot with no
+  data change: readers and :mod:`lakeslot.mirror.progress` see the new position, no data is
+  rewritten). A statement that Iceberg turns into no commit at all (nothing changed) is followed
+  by such an empty append, so the position always reaches the batch end.
+- A snapshot of a table is ONE Iceberg transaction: ``createTransaction`` when the table does
+  not exist, ``replaceTransaction`` when it does (a re-snapshot, or an empty table created
+  beforehand). It sets the schema (:func:`lakeslot.typemap.mirror_schema`: format v2, identifier
+  fields = the key, ``_lakeslot_lsn``), the table properties, and appends every data file the
+  followers wrote. Readers see either the old table (or none) or the complete copy; a job that
+  dies before the commit leaves nothing behind in the catalog.
+- Which tables are snapshotted (:meth:`Catalog.state`): generation ``g`` when the property
+  ``lakeslot.snapshot-generation`` is ``g`` (set in the same commit as the data), or generation
+  0 when its snapshot lineage carries ``lakeslot.lsn`` (a table snapshotted before the property
+  existed).
+- Schema changes (add column, promote type) are metadata commits without a snapshot; they are
+  idempotent (a rerun after a crash finds them done and skips them). A column PostgreSQL added
+  with a default holds that value in every existing row without any change being logged: the
+  same commit that adds it records the value in ``lakeslot.backfill`` (:meth:`Tables.evolve`);
+  the apply job fills the existing rows and then removes the marker.
+- A definite error of the apply job is recorded on the table itself (:meth:`Tables.record_error`,
+  see :mod:`lakeslot.mirror.contract` for when it is in force).
+- Tables are re-read (``refresh``) before every decision: another job (a re-snapshot) may have
+  committed since, and Spark's catalog caches table objects.
+
+Failure modes: an existing table with data and no lakeslot marks is refused by the snapshot (it
+is not ours: replacing it would destroy someone's data); a concurrent commit to the same table
+makes Iceberg retry or fail; catalog and Spark errors surface as ``py4j`` errors
+(``Py4JJavaError``) with Iceberg's message: callers treat them as transient and retry.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from pyiceberg.schema import Schema
+from pyiceberg.types import IcebergType, ListType
+
+from lakeslot.mirror.contract import (
+    BACKFILL_PROPERTY,
+    ERROR_LSN_PROPERTY,
+    ERROR_PROPERTY,
+    GENERATION_PROPERTY,
+    LSN_PROPERTY,
+    OWN_COLUMNS,
+    RESNAPSHOT_PROPERTY,
+    SNAPSHOT_LSN_PROPERTY,
+    apply_error,
+)
+from lakeslot.spark_session import with_commit_properties
+
+MiB = 1 << 20
+CODECS = {"uncompressed": "none"}
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """How data files of a table are written (from its ``write.*`` properties)."""
+
+    compression: str = "zstd"
+    compression_level: int | None = None
+    row_group_bytes: int = 128 * MiB
+    target_file_bytes: int = 512 * MiB
+
+
+@dataclass(frozen=True)
+class MirrorState:
+    exists: bool
+    generation: int | None = None  # the snapshot generation, None when never snapshotted
+    has_data: bool = False
+    snapshot_lsn: int | None = None  # lakeslot.snapshot-lsn: where the last snapshot was taken
+
+
+class Catalog:
+    def __init__(self, spark, name: str) -> None:
+        self._spark, self._name = spark, name
+        self._gateway = spark.sparkContext._gateway
+        self._jvm = spark.sparkContext._jvm
+        self._catalog = (spark._jsparkSession.sessionState().catalogManager().catalog(name)
+                         .icebergCatalog())
+
+    def _namespace(self, namespace: str):
+        levels = namespace.split(".")
+        array = self._gateway.new_array(self._jvm.java.lang.String, len(levels))
+        for i, level in enumerate(levels):
+            array[i] = level
+        return self._jvm.org.apache.iceberg.catalog.Namespace.of(array)
+
+    def _identifier(self, namespace: str, table: str):
+        return self._jvm.org.apache.iceberg.catalog.TableIdentifier.of(self._namespace(namespace),
+                                                                       table)
+
+    def ensure_namespace(self, namespace: str) -> None:
+        levels = ".".join(f"`{level.replace('`', '``')}`" for level in namespace.split("."))
+        self._spark.sql(f"CREATE NAMESPACE IF NOT EXISTS `{self._name}`.{levels}")
+
+    def state(self, namespace: str, table: str) -> MirrorState:
+        ident = self._identifier(namespace, table)
+        if not self._catalog.tableExists(ident):
+            return MirrorState(False)
+        loaded = self._catalog.loadTable(ident)
+        current = loaded.currentSnapshot()
+        generation = loaded.properties().get(GENERATION_PROPERTY)
+        if generation is not None:
+            taken = loaded.properties().get(SNAPSHOT_LSN_PROPERTY)
+            return MirrorState(True, int(generation), current is not None,
+                               int(taken) if taken is not None else None)
+        snapshot = current
+        while snapshot is not None:
+            if snapshot.summary().get(LSN_PROPERTY) is not None:
+                return MirrorState(True, 0, True)
+            parent = snapshot.parentId()
+            snapshot = loaded.snapshot(parent) if parent is not None else None
+        return MirrorState(True, None, current is not None)
+
+    def begin(self, namespace: str, table: str, schema: Schema, properties: dict[str, str],
+              replace: bool) -> MirrorWrite:
+        jvm = self._jvm
+        props = jvm.java.util.HashMap()
+        for key, value in properties.items():
+            props.put(key, value)
+        builder = self._catalog.buildTable(
+            self._identifier(namespace, table),
+            jvm.org.apache.iceberg.SchemaParser.fromJson(schema.model_dump_json()),
+        ).withProperties(props)
+        return MirrorWrite(jvm, builder.replaceTransaction() if replace
+                           else builder.createTransaction())
+
+
+class MirrorWrite:
+    """An open create/replace transaction of one mirror table."""
+
+    def __init__(self, jvm, transaction) -> None:
+        self._jvm, self._txn = jvm, transaction
+        self._table = transaction.table()
+
+    def schema(self) -> Schema:
+        """The schema with the field ids the catalog assigned."""
+        return Schema.model_validate_json(self._jvm.org.apache.iceberg.SchemaParser.toJson(
+            self._table.schema()))
+
+    def data_location(self, name: str) -> str:
+        return self._table.locationProvider().newDataLocation(name)
+
+    def write_options(self) -> WriteOptions:
+        props, default = self._table.properties(), WriteOptions()
+        codec = (props.get("write.parquet.compression-codec") or default.compression).lower()
+        level = props.get("write.parquet.compression-level")
+        return WriteOptions(
+            compression=CODECS.get(codec, codec),
+            compression_level=int(level) if level else None,
+            row_group_bytes=int(props.get("write.parquet.row-group-size-bytes")
+                                or default.row_group_bytes),
+            target_file_bytes=int(props.get("write.target-file-size-bytes")
+                                  or default.target_file_bytes))
+
+    def commit(self, files: list[str], lsn: int) -> None:
+        """Append ``files`` (metrics read from their footers) and commit, tagged ``lakeslot.lsn``."""
+        iceberg = self._jvm.org.apache.iceberg
+        io, spec = self._table.io(), self._table.spec()
+        config = iceberg.MetricsConfig.forTable(self._table)
+        append = self._txn.newAppend()
+        for uri in files:
+            data = io.newInputFile(uri)
+            append.appendFile(
+                iceberg.DataFiles.builder(spec).withInputFile(data).withFormat("PARQUET")
+                .withMetrics(iceberg.parquet.ParquetUtil.fileMetrics(data, config)).build())
+        append.set(LSN_PROPERTY, str(lsn))
+        append.commit()
+        self._txn.commitTransaction()
+
+
+def quote(name: str) -> str:
+    """A Spark SQL identifier, backquoted with backquotes doubled."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+@dataclass(frozen=True)
+class TableState:
+    """A table as the catalog has it now."""
+
+    lsn: int | None  # lakeslot.lsn of the current snapshot
+    schema: Schema
+    properties: dict[str, str]
+
+    @property
+    def error(self) -> str | None:
+        """The recorded definite error, if still in force (see the module docstring)."""
+        return apply_error(self.properties, self.lsn)
+
+    @property
+    def resnapshot_required(self) -> bool:
+        return self.properties.get(RESNAPSHOT_PROPERTY) == "true"
+
+    @property
+    def stale_error(self) -> bool:
+        return ERROR_PROPERTY in self.properties and self.error is None
+
+    @property
+    def backfill(self) -> dict[str, str]:
+        """Added columns whose existing rows still need their value (see ``Tables.evolve``)."""
+        return json.loads(self.properties.get(BACKFILL_PROPERTY, "{}"))
+
+    @property
+    def key(self) -> list[str]:
+        return [self.schema.find_column_name(i) for i in self.schema.identifier_field_ids]
+
+    def data_columns(self) -> dict[str, IcebergType]:
+        """Columns other than lakeslot's own, in order."""
+        return {f.name: f.field_type for f in self.schema.fields
+                if f.name not in OWN_COLUMNS}
+
+
+class Tables(Catalog):
+    """The tables of one namespace."""
+
+    def __init__(self, spark, catalog: str, namespace: str) -> None:
+        super().__init__(spark, catalog)
+        self.namespace = namespace
+
+    def qualified(self, table: str) -> str:
+        levels = [self._name, *self.namespace.split("."), table]
+        return ".".join(quote(level) for level in levels)
+
+    def _table(self, table: str):
+        loaded = self._catalog.loadTable(self._identifier(self.namespace, table))
+        loaded.refresh()
+        return loaded
+
+    def load(self, table: str) -> TableState | None:
+        if not self._catalog.tableExists(self._identifier(self.namespace, table)):
+            return None
+        loaded = self._table(table)
+        current = loaded.currentSnapshot()
+        lsn = current.summary().get(LSN_PROPERTY) if current is not None else None
+        schema = Schema.model_validate_json(
+            self._jvm.org.apache.iceberg.SchemaParser.toJson(loaded.schema()))
+        return TableState(int(lsn) if lsn is not None else None, schema,
+                          dict(loaded.properties()))
+
+    def create(self, table: str, schema: Schema, properties: dict[str, str], lsn: int) -> None:
+        """Create the table empty, at position ``lsn``, in one commit."""
+        write = self.begin(self.namespace, table, schema, properties, replace=False)
+        write.commit([], lsn)
+
+    def advance(self, table: str, lsn: int) -> None:
+        """An empty commit recording that the table reflects ``lsn`` (no data changes)."""
+        self._table(table).newAppend().set(LSN_PROPERTY, str(lsn)).commit()
+
+    def lsn(self, table: str) -> int | None:
+        current = self._table(table).currentSnapshot()
+        value = current.summary().get(LSN_PROPERTY) if current is not None else None
+        return int(value) if value is not None else None
+
+    def evolve(self, table: str, add: list[tuple[str, IcebergType]],
+               promote: list[tuple[str, IcebergType]],
+               backfill: dict[str, str] | None = None) -> None:
+        """Add optional columns and promote types; what is already done is skipped. ``backfill``
+        (column → PostgreSQL text value) is recorded in the same commit, as
+        :data:`BACKFILL_PROPERTY`: the value every existing row has in the source."""
+        loaded = self._table(table)
+        state = self.load(table).data_columns()
+        add = [(n, t) for n, t in add if n not in state]
+        promote = [(n, t) for n, t in promote if str(state.get(n)) != str(t)]
+        if not add and not promote:
+            return
+        transaction = loaded.newTransaction()
+        update = transaction.updateSchema()
+        for name, iceberg in add:
+            update.addColumn(name, self._java_type(iceberg))
+        for name, iceberg in promote:
+            update.updateColumn(name, self._java_type(iceberg))
+        update.commit()
+        added = {name for name, _ in add}
+        backfill = {k: v for k, v in (backfill or {}).items() if k in added}
+        if backfill:
+            transaction.updateProperties().set(BACKFILL_PROPERTY, json.dumps(backfill)).commit()
+        transaction.commitTransaction()
+
+    def _java_type(self, iceberg: IcebergType):
+        types = self._jvm.org.apache.iceberg.types.Types
+        if isinstance(iceberg, ListType):
+            # field ids of a new nested type are reassigned by the schema update
+            return types.ListType.ofOptional(0, self._java_type(iceberg.element_type))
+        return types.fromPrimitiveString(str(iceberg))
+
+    def set_properties(self, table: str, values: dict[str, str], remove: tuple[str, ...] = ()) -> None:
+        update = self._table(table).updateProperties()
+        for key, value in values.items():
+            update.set(key, value)
+        for key in remove:
+            update.remove(key)
+        update.commit()
+
+    def record_error(self, table: str, message: str, lsn: int | None, resnapshot: bool) -> None:
+        values = {ERROR_PROPERTY: message, ERROR_LSN_PROPERTY: str(lsn)}
+        if resnapshot:
+            values[RESNAPSHOT_PROPERTY] = "true"
+        self.set_properties(table, values, () if resnapshot else (RESNAPSHOT_PROPERTY,))
+
+    def clear_error(self, table: str) -> None:
+        self.set_properties(table, {}, (ERROR_PROPERTY, ERROR_LSN_PROPERTY, RESNAPSHOT_PROPERTY))
+
+    def expire_snapshots(self, table: str) -> None:
+        """Iceberg's expire_snapshots with the table's own history.expire.* settings."""
+        name = ".".join([*self.namespace.split("."), table]).replace("'", "''")
+        self._spark.sql(f"CALL {quote(self._name)}.system.expire_snapshots(table => '{name}')")
+
+    def commit_sql(self, table: str, statement: str, lsn: int) -> None:
+        """Run a SQL statement that commits to ``table``, its commit tagged ``lakeslot.lsn``;
+        when it commits nothing, advance the table to ``lsn`` with an empty commit."""
+        with_commit_properties(self._spark, {LSN_PROPERTY: str(lsn)},
+                               lambda: self._spark.sql(statement))
+        if self.lsn(table) != lsn:
+            self.advance(table, lsn)

@@ -1,0 +1,56 @@
+"""Names and defaults of the mirror-table contract (DESIGN.md "Data contracts").
+
+Invariants:
+
+- Every commit on a mirror table carries :data:`LSN_PROPERTY` in its snapshot summary: after it
+  the table equals the source table as of that LSN (DESIGN.md invariant 1).
+- Table properties (they survive compaction and snapshot expiry, a summary property does not):
+  :data:`GENERATION_PROPERTY` and :data:`SNAPSHOT_LSN_PROPERTY` are set by the snapshot in the
+  same commit as the data; :data:`BACKFILL_PROPERTY` by the apply job in the commit that adds a
+  column with a default; the error properties by the apply job when it stops a table — the error
+  is in force only while the table's position equals :data:`ERROR_LSN_PROPERTY`
+  (:func:`apply_error`), so a re-snapshot, which moves the position, lifts it.
+- Columns: the source's, plus :data:`LSN_COLUMN` (commit LSN of the row's last change) in the
+  mirror; the changelog table adds :data:`OP_COLUMN` and :data:`SEQ_COLUMN`.
+- Tables lakeslot creates are format v2 with :data:`TABLE_DEFAULTS` unless
+  ``sink.tableProperties`` says otherwise (format v2 is not negotiable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+# snapshot summary property
+LSN_PROPERTY = "lakeslot.lsn"
+
+# table properties
+SNAPSHOT_LSN_PROPERTY = "lakeslot.snapshot-lsn"
+GENERATION_PROPERTY = "lakeslot.snapshot-generation"
+BACKFILL_PROPERTY = "lakeslot.backfill"
+ERROR_PROPERTY = "lakeslot.apply-error"
+ERROR_LSN_PROPERTY = "lakeslot.apply-error-lsn"
+RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"
+
+# columns
+LSN_COLUMN = "_lakeslot_lsn"
+OP_COLUMN = "_lakeslot_op"
+SEQ_COLUMN = "_lakeslot_seq"
+OWN_COLUMNS = (LSN_COLUMN, OP_COLUMN, SEQ_COLUMN)
+
+# Mirror and changelog tables get a commit per apply pass: without these, every commit's metadata
+# file would stay forever. ``sink.tableProperties`` override them.
+TABLE_DEFAULTS = {"write.metadata.delete-after-commit.enabled": "true",
+                  "write.metadata.previous-versions-max": "100"}
+
+
+def table_properties(user: Mapping[str, str]) -> dict[str, str]:
+    """The properties of a table lakeslot creates, from ``sink.tableProperties``."""
+    return {**TABLE_DEFAULTS, **user, "format-version": "2"}
+
+
+def apply_error(properties: Mapping[str, str], lsn: int | None) -> str | None:
+    """The apply job's definite error recorded in table ``properties``, if still in force: a
+    re-snapshot moves the table's position ``lsn`` and so lifts it."""
+    if ERROR_PROPERTY in properties and properties.get(ERROR_LSN_PROPERTY) == str(lsn):
+        return properties[ERROR_PROPERTY]
+    return None

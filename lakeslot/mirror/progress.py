@@ -1,0 +1,64 @@
+"""Reading the mirror tables' progress from Iceberg itself.
+
+By DESIGN.md invariant 1, every commit on a mirror table records in its snapshot summary
+(``lakeslot.lsn``) the source LSN the table reflects. So the truth about how far a table got is
+in the table, not in any side file: the operator and ``lakeslot status`` read it here, read-only,
+with pyiceberg (no Spark, no JVM), through :func:`lakeslot.mirror.catalogs.load_table`.
+
+- A table that does not exist, or whose current snapshot has no ``lakeslot.lsn``, has no
+  progress (``None``): it has not been snapshotted yet.
+- An idle table advances too: the apply job commits an empty snapshot carrying the new
+  ``lakeslot.lsn`` (no data rewritten), so its progress moves with the others.
+- A table the apply job stopped carries its definite error in table properties, in force while
+  the table's position is the one it stopped at (:func:`lakeslot.mirror.contract.apply_error`):
+  ``error`` and ``resnapshot_required`` report it.
+
+Failure modes: an unreachable catalog or warehouse raises (the caller reports it as a
+condition); a corrupt ``lakeslot.lsn`` raises ``ValueError`` rather than being guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from pyiceberg.table import Table
+
+from lakeslot.api.models import PostgresIngestion
+from lakeslot.api.naming import IngestionNames
+from lakeslot.mirror import catalogs
+from lakeslot.mirror.contract import LSN_PROPERTY, RESNAPSHOT_PROPERTY, SNAPSHOT_LSN_PROPERTY, apply_error
+from lakeslot.source.tables import TableName
+
+
+@dataclass(frozen=True)
+class MirrorProgress:
+    lsn: int | None  # lakeslot.lsn of the current snapshot; None: nothing committed by lakeslot
+    rows: int | None  # total-records of the current snapshot
+    committed_at_ms: int | None
+    error: str | None = None  # the apply job stopped the table (definite error), and why
+    resnapshot_required: bool = False  # the way out of ``error`` is a re-snapshot
+    snapshot_lsn: int | None = None  # lakeslot.snapshot-lsn: where the table's snapshot was taken
+
+
+def progress_of(table: Table | None) -> MirrorProgress:
+    snapshot = table.current_snapshot() if table is not None else None
+    if table is None or snapshot is None:
+        return MirrorProgress(None, None, None)
+    summary = snapshot.summary
+    lsn = summary[LSN_PROPERTY] if summary is not None else None
+    rows = summary["total-records"] if summary is not None else None
+    position = int(lsn) if lsn is not None else None
+    error = apply_error(table.properties, position)
+    taken = table.properties.get(SNAPSHOT_LSN_PROPERTY)
+    return MirrorProgress(position, int(rows) if rows is not None else None, snapshot.timestamp_ms,
+                          error, error is not None and table.properties.get(RESNAPSHOT_PROPERTY) == "true",
+                          int(taken) if taken is not None else None)
+
+
+def read(ingestion: PostgresIngestion, tables: Iterable[TableName], *,
+         secrets: Mapping[str, str] | None = None) -> dict[TableName, MirrorProgress]:
+    """The progress of each table's mirror; ``secrets``: the catalog's Secret-backed properties."""
+    names, catalog = IngestionNames.of(ingestion), ingestion.spec.sink.catalog
+    return {t: progress_of(catalogs.load_table(catalog, names.mirror_identifier(t), secrets))
+            for t in tables}

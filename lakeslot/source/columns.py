@@ -1,0 +1,107 @@
+"""Describing a source table for its mirror: its columns mapped to Iceberg/Arrow types and its key.
+
+The snapshot (as of its exported snapshot), the apply job (a mirror created without a snapshot,
+and column types pgoutput names only by OID) and ``lakeslot verify`` describe tables this one
+way, so they agree on every column.
+
+Invariants: types are read from ``pg_type`` through domains to their base type, keeping the
+innermost explicit type modifier; arrays map element-wise with the element type's delimiter;
+the key is ``keyColumns`` when configured, else the replica identity (primary key or index).
+
+Failure modes: :class:`DescribeError` (no key, a listed column that does not exist, a key column
+excluded) and :class:`lakeslot.typemap.MappingError` (an unsupported type, or one that cannot be
+a key) — definite errors for that table only, with the message to show.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psycopg
+
+from lakeslot import typemap
+from lakeslot.source.preflight import replica_identity_key
+
+
+class DescribeError(ValueError):
+    """The table cannot be mirrored as configured; the message says why."""
+
+
+@dataclass(frozen=True)
+class PgTypeRow:
+    name: str
+    typtype: str
+    basetype: int
+    typtypmod: int
+    elem: int
+    category: str
+    delimiter: str
+    output: tuple[str, str]
+
+
+class TypeCache:
+    """``pg_type`` rows by OID, read once per connection; resolves domains and arrays."""
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self._conn, self._types = conn, {}
+
+    def get(self, oid: int) -> PgTypeRow:
+        if oid not in self._types:
+            row = self._conn.execute(
+                """SELECT CASE WHEN tn.nspname = 'pg_catalog' THEN t.typname
+                               ELSE tn.nspname || '.' || t.typname END,
+                          t.typtype, t.typbasetype::int8, t.typtypmod, t.typelem::int8,
+                          t.typcategory, t.typdelim, pn.nspname, p.proname
+                     FROM pg_type t JOIN pg_namespace tn ON tn.oid = t.typnamespace
+                     JOIN pg_proc p ON p.oid = t.typoutput
+                     JOIN pg_namespace pn ON pn.oid = p.pronamespace
+                    WHERE t.oid = %s::oid""", (oid,)).fetchone()
+            self._types[oid] = PgTypeRow(*row[:7], output=(row[7], row[8]))
+        return self._types[oid]
+
+    def _resolve(self, oid: int, typmod: int) -> tuple[PgTypeRow, int]:
+        """Through domains to the base type, keeping the innermost explicit typmod."""
+        t = self.get(oid)
+        while t.typtype == "d":
+            typmod = typmod if typmod >= 0 else t.typtypmod
+            t = self.get(t.basetype)
+        return t, typmod
+
+    def pg_type(self, oid: int, typmod: int) -> typemap.PgType:
+        output = self.get(oid).output
+        base, typmod = self._resolve(oid, typmod)
+        if base.category == "A" and base.elem:
+            element, typmod = self._resolve(base.elem, typmod)
+            return typemap.PgType(element.name, element.typtype, typmod, True, element.delimiter,
+                                  output)
+        return typemap.PgType(base.name, base.typtype, typmod, output=output)
+
+
+def describe(conn: psycopg.Connection, oid: int, *, key_columns: Sequence[str] = (),
+             exclude_columns: Sequence[str] = (), text_columns: Sequence[str] = (),
+             types: TypeCache | None = None) -> tuple[typemap.ColumnMapping, ...]:
+    """The mirror columns of table ``oid``: every column not excluded, mapped by
+    :mod:`lakeslot.typemap`, the key flagged (``key_columns``, else the replica identity)."""
+    types = types or TypeCache(conn)
+    rows = conn.execute(
+        """SELECT attname, atttypid::int8, atttypmod FROM pg_attribute
+            WHERE attrelid = %s::oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum""",
+        (oid,)).fetchall()
+    names = [r[0] for r in rows]
+    key = list(key_columns) or replica_identity_key(conn, oid)[1]
+    if not key:
+        raise DescribeError("no key: no primary key or replica identity index, and no key columns "
+                         "configured (the mirror needs a key to apply updates and deletes)")
+    for what, listed in (("key", key), ("excluded", exclude_columns),
+                         ("text", text_columns)):
+        missing = [c for c in listed if c not in names]
+        if missing:
+            raise DescribeError(f"{what} columns {missing} do not exist")
+    excluded_keys = [c for c in key if c in exclude_columns]
+    if excluded_keys:
+        raise DescribeError(f"key columns {excluded_keys} cannot be excluded")
+    return tuple(
+        typemap.map_column(name, types.pg_type(typid, typmod), key=name in key,
+                           as_text=name in text_columns)
+        for name, typid, typmod in rows if name not in exclude_columns)

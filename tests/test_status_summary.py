@@ -1,0 +1,172 @@
+"""The status summary (lakeslot.status.summary), table-driven: ``Degraded``, ``Ready`` and the
+phase from the other conditions, the tables, the slot and the snapshot. Pure, no I/O; the
+operator and local mode both write what it returns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pytest
+
+from lakeslot import status as st
+from lakeslot.api.models import (
+    Condition,
+    ConditionStatus,
+    PostgresIngestionStatus,
+    SlotStatus,
+    SnapshotStatus,
+    TableState,
+    TableStatus,
+)
+
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+WAL_AT_RISK = ("the slot's WAL is beyond max_slot_wal_keep_size and about to be removed: the "
+               "reader must catch up now")
+
+
+def c(type_: str, status: ConditionStatus = "True", reason: str | None = None,
+      message: str = "") -> Condition:
+    return Condition(type=type_, status=status, reason=reason or type_, message=message,
+                     last_transition_time=T0)
+
+
+ALL_TRUE = [c("SourceReady", reason="PreflightPassed"), c("SlotReady", reason="SlotHealthy"),
+            c("SnapshotComplete"), c("Streaming")]
+
+
+def table(name: str, state: TableState = "Streaming") -> TableStatus:
+    return TableStatus(schema_name="public", name=name, state=state)
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    status: PostgresIngestionStatus
+    ready: tuple[bool, str, str]  # ok, reason, message
+    phase: str
+    degraded: tuple[bool, str] = (False, "Healthy")  # ok, reason
+    degraded_message: str | None = None
+
+
+CASES = [
+    Case("every needed condition True",
+         PostgresIngestionStatus(conditions=ALL_TRUE, tables=[table("a")]),
+         (True, "Streaming", "every selected table is streaming"), "Streaming",
+         degraded_message="nothing needs attention"),
+    Case("nothing known yet", PostgresIngestionStatus(),
+         (False, "Reconciling", "SourceReady is not known yet"), "Pending"),
+    Case("a needed condition missing",
+         PostgresIngestionStatus(conditions=ALL_TRUE[:3]),
+         (False, "Reconciling", "Streaming is not known yet"), "Pending"),
+    Case("a needed condition Unknown is not ready",
+         PostgresIngestionStatus(conditions=[*ALL_TRUE[:3], c("Streaming", "Unknown", "Waiting",
+                                                              "no news")]),
+         (False, "Waiting", "Streaming: no news"), "Pending"),
+    Case("the first failing needed one wins (needed order, not list order)",
+         PostgresIngestionStatus(conditions=[
+             c("Streaming", "False", "ReaderNotReady", "no reader"),
+             c("SnapshotComplete", "False", "Snapshotting", "copying"),
+             c("SlotReady", reason="SlotHealthy"),
+             c("SourceReady", "False", "ConnectionFailed", "connection refused")]),
+         (False, "ConnectionFailed", "SourceReady: connection refused"), "Pending"),
+    Case("a missing needed one before a failing one wins",
+         PostgresIngestionStatus(conditions=[
+             c("SourceReady", reason="PreflightPassed"),
+             c("SnapshotComplete", "False", "Snapshotting", "copying")]),
+         (False, "Reconciling", "SlotReady is not known yet"), "Pending"),
+    Case("SlotLost is definite: phase Failed",
+         PostgresIngestionStatus(conditions=[
+             c("SourceReady", reason="PreflightPassed"),
+             c("SlotReady", "False", "SlotLost", "wal removed"),
+             c("SnapshotComplete")],
+             slot=SlotStatus(name="s", wal_status="lost")),
+         (False, "SlotLost", "SlotReady: wal removed"), "Failed"),
+    Case("SlotUnusable is definite too",
+         PostgresIngestionStatus(conditions=[
+             c("SourceReady", reason="PreflightPassed"),
+             c("SlotReady", "False", "SlotUnusable", "wrong plugin")]),
+         (False, "SlotUnusable", "SlotReady: wrong plugin"), "Failed"),
+    Case("definite wins over a running snapshot",
+         PostgresIngestionStatus(conditions=[
+             c("SourceReady", reason="PreflightPassed"),
+             c("SlotReady", "False", "SlotLost", "wal removed"),
+             c("SnapshotComplete", "False", "Snapshotting", "copying")],
+             snapshot=SnapshotStatus(state="RUNNING")),
+         (False, "SlotLost", "SlotReady: wal removed"), "Failed"),
+    Case("a Failed table: Degraded TablesFailed, Ready from the conditions",
+         PostgresIngestionStatus(conditions=ALL_TRUE,
+                                 tables=[table("a"), table("b", "Failed"), table("c", "Failed")]),
+         (True, "Streaming", "every selected table is streaming"), "Streaming",
+         degraded=(True, "TablesFailed"),
+         degraded_message="2 table(s) failed (see status.tables)"),
+    Case("wal_status unreserved: Degraded WalAtRisk",
+         PostgresIngestionStatus(conditions=ALL_TRUE,
+                                 slot=SlotStatus(name="s", wal_status="unreserved")),
+         (True, "Streaming", "every selected table is streaming"), "Streaming",
+         degraded=(True, "WalAtRisk"), degraded_message=WAL_AT_RISK),
+    Case("failed tables and WAL at risk: both said, TablesFailed first",
+         PostgresIngestionStatus(conditions=ALL_TRUE, tables=[table("b", "Failed")],
+                                 slot=SlotStatus(name="s", wal_status="unreserved")),
+         (True, "Streaming", "every selected table is streaming"), "Streaming",
+         degraded=(True, "TablesFailed"),
+         degraded_message=f"1 table(s) failed (see status.tables); {WAL_AT_RISK}"),
+    Case("wal_status extended is not at risk yet",
+         PostgresIngestionStatus(conditions=ALL_TRUE,
+                                 slot=SlotStatus(name="s", wal_status="extended")),
+         (True, "Streaming", "every selected table is streaming"), "Streaming"),
+    Case("snapshot running: Snapshotting",
+         PostgresIngestionStatus(conditions=[
+             *ALL_TRUE[:2], c("SnapshotComplete", "False", "Snapshotting", "app: RUNNING"),
+             c("Streaming", "False", "WaitingForSnapshot", "none yet")],
+             snapshot=SnapshotStatus(application="app", state="RUNNING")),
+         (False, "Snapshotting", "SnapshotComplete: app: RUNNING"), "Snapshotting"),
+    Case("snapshot failed (waiting out its backoff) still counts as Snapshotting",
+         PostgresIngestionStatus(conditions=[
+             *ALL_TRUE[:2], c("SnapshotComplete", "False", "SnapshotFailed", "OOM")],
+             snapshot=SnapshotStatus(application="app", state="FAILED")),
+         (False, "SnapshotFailed", "SnapshotComplete: OOM"), "Snapshotting"),
+    Case("a completed snapshot is not running: Pending while not streaming",
+         PostgresIngestionStatus(conditions=[
+             *ALL_TRUE[:3], c("Streaming", "False", "ReaderNotReady", "no reader")],
+             snapshot=SnapshotStatus(application="app", state="COMPLETED")),
+         (False, "ReaderNotReady", "Streaming: no reader"), "Pending"),
+    Case("a snapshot record without a state is not running",
+         PostgresIngestionStatus(conditions=ALL_TRUE[:2], snapshot=SnapshotStatus()),
+         (False, "Reconciling", "SnapshotComplete is not known yet"), "Pending"),
+    Case("stale Ready and Degraded are ignored (old verdicts)",
+         PostgresIngestionStatus(conditions=[
+             c("Ready", "True", "Streaming", "every selected table is streaming"),
+             c("Degraded", "True", "TablesFailed", "1 table(s) failed"),
+             *ALL_TRUE[:3], c("Streaming", "False", "ApplyNotRunning", "apply absent")]),
+         (False, "ApplyNotRunning", "Streaming: apply absent"), "Pending"),
+    Case("a stale definite Ready (InvalidSpec, since fixed) does not fail the phase",
+         PostgresIngestionStatus(conditions=[c("Ready", "False", "InvalidSpec", "bad"),
+                                             *ALL_TRUE]),
+         (True, "Streaming", "every selected table is streaming"), "Streaming"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
+def test_summary(case):
+    before = case.status.model_copy(deep=True)
+    result = st.summary(case.status)
+    degraded, ready = result.conditions
+    assert (degraded.type, ready.type) == ("Degraded", "Ready")
+    assert (ready.ok, ready.reason, ready.message) == case.ready
+    assert (degraded.ok, degraded.reason) == case.degraded
+    if case.degraded_message is not None:
+        assert degraded.message == case.degraded_message
+    assert result.phase == case.phase
+    assert case.status == before, "summary is pure"
+
+
+def test_summarize_writes_the_summary_into_the_report():
+    report = st.Report(PostgresIngestionStatus(conditions=ALL_TRUE), 7, T0)
+    report.summarize()
+    written = {cond.type: cond for cond in report.status.conditions}
+    assert (written["Ready"].status, written["Ready"].reason) == ("True", "Streaming")
+    assert (written["Degraded"].status, written["Degraded"].reason) == ("False", "Healthy")
+    assert written["Ready"].observed_generation == 7
+    assert report.status.phase == "Streaming"
