@@ -42,6 +42,7 @@ from lakeslot.api.models import GROUP, VERSION, PostgresIngestion
 from lakeslot.apply import job as apply_job
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.source import slot
+from lakeslot.source.connection import one_row
 from lakeslot.source.tables import TableName
 from lakeslot.spark_session import job_session
 
@@ -63,7 +64,7 @@ def writer(dsn: str, rate: float, seconds: float, out) -> None:
             pause = due - time.time()
             if pause > 0:
                 time.sleep(pause)
-            lsn = conn.execute(insert, (i, i % 100, i / 100, i)).fetchone()[0]
+            lsn = one_row(conn.execute(insert, (i, i % 100, i / 100, i)))[0]
             records.append((lsn, time.time()))
             if i % 4 == 3:
                 conn.execute("UPDATE bench SET qty = qty + 1 WHERE id = %s", (i // 2,))
@@ -81,6 +82,8 @@ def main() -> None:
     args = parser.parse_args()
 
     install = pgcluster.debian_install(15) if args.pg == "15" else pgcluster.embedded_install()
+    if install is None:
+        raise SystemExit(f"PostgreSQL {args.pg} is not installed")
     work = Path(tempfile.mkdtemp(prefix="apply-bench-"))
     staging, warehouse = (work / "staging").as_uri(), str(work / "warehouse")
     with pgcluster.Cluster(install) as cluster:
@@ -101,12 +104,13 @@ def main() -> None:
                      "apply": {"triggerIntervalSeconds": 1}}})
         os.environ[workloads.PASSWORD_ENV] = cluster.password
         env = {**os.environ, "LAKESLOT_SOURCE_PASSWORD": cluster.password}
-        reader = subprocess.Popen(
-            [LAKESLOT, "reader", "--ingestion", "default/bench", "--slot", "s", "--publication",
-             "p", "--staging", staging, "--host", "127.0.0.1", "--port", str(cluster.port),
-             "--dbname", "bench", "--user", cluster.superuser, "--pod", "bench",
-             "--segment-max-seconds", str(args.segment_seconds)],
-            env=env, stderr=open(work / "reader.log", "wb"))
+        with open(work / "reader.log", "wb") as reader_log:  # the reader keeps its own descriptor
+            reader = subprocess.Popen(
+                [LAKESLOT, "reader", "--ingestion", "default/bench", "--slot", "s", "--publication",
+                 "p", "--staging", staging, "--host", "127.0.0.1", "--port", str(cluster.port),
+                 "--dbname", "bench", "--user", cluster.superuser, "--pod", "bench",
+                 "--segment-max-seconds", str(args.segment_seconds)],
+                env=env, stderr=reader_log)
         job = workloads.JobInput(ingestion, (TABLE,))
         spark = job_session(job, "apply-bench", master="local[2]")
         stop = threading.Event()
@@ -137,7 +141,7 @@ def main() -> None:
         writer_done = time.time()
         final = records[-1][0]
         with cluster.connect("bench") as conn:
-            end_lsn = conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8").fetchone()[0]
+            end_lsn = one_row(conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8"))[0]
         while not seen or seen[-1][1] < end_lsn - 1:
             time.sleep(0.05)
         drained = seen[-1][0] - writer_done
@@ -155,7 +159,7 @@ def main() -> None:
             latencies.append(seen[j][0] - committed)
         rows = spark.sql("SELECT count(*) FROM lakeslot.bench.public__bench").collect()[0][0]
         with cluster.connect("bench") as conn:
-            source = conn.execute("SELECT count(*) FROM bench").fetchone()[0]
+            source = one_row(conn.execute("SELECT count(*) FROM bench"))[0]
         spark.stop()
 
     duration = records[-1][1] - records[0][1]

@@ -51,7 +51,7 @@ import pyarrow.parquet as pq
 
 from lakeslot import lsn as lsn_text
 from lakeslot import pgcluster
-from lakeslot.source.connection import PASSWORD_ENV
+from lakeslot.source.connection import PASSWORD_ENV, one_row
 
 LAKESLOT = str(Path(sys.executable).with_name("lakeslot"))
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -121,8 +121,8 @@ def _wait(process: subprocess.Popen, cluster: pgcluster.Cluster,
             try:
                 peak = max(peak, _peak_rss_mb(process.pid))
                 if walsender is None:
-                    walsender = conn.execute("SELECT active_pid FROM pg_replication_slots"
-                                             " WHERE slot_name = %s", (slot,)).fetchone()[0]
+                    walsender = one_row(conn.execute("SELECT active_pid FROM pg_replication_slots"
+                                                     " WHERE slot_name = %s", (slot,)))[0]
                 if walsender is not None:
                     walsender_cpu = _cpu_seconds(walsender)
             except (OSError, ValueError):
@@ -132,8 +132,8 @@ def _wait(process: subprocess.Popen, cluster: pgcluster.Cluster,
                 exited = time.time()
                 break
             time.sleep(0.02)
-        while conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
-                           (slot,)).fetchone()[0]:
+        while one_row(conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
+                                   (slot,)))[0]:
             time.sleep(0.02)
     process.returncode = os.waitstatus_to_exitcode(status)
     return process.returncode, usage.ru_utime + usage.ru_stime, peak, exited, walsender_cpu

@@ -41,7 +41,7 @@ from pathlib import Path
 from lakeslot import pgcluster
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.snapshot.plan import TableRequest
-from lakeslot.source.connection import ConnectionSettings
+from lakeslot.source.connection import ConnectionSettings, one_row
 from lakeslot.source.tables import TableName
 
 REFERENCE = """
@@ -162,9 +162,9 @@ def main() -> int:
             for statement in REFERENCE.format(rows=args.rows).split(";\n"):
                 if statement.strip():
                     conn.execute(statement)
-            pages, heap = conn.execute(
-                "SELECT relpages, pg_relation_size('ref') FROM pg_class WHERE relname = 'ref'").fetchone()
-            data = conn.execute("SELECT avg(pg_column_size(ref.*)) FROM ref").fetchone()[0]
+            pages, heap = one_row(conn.execute(
+                "SELECT relpages, pg_relation_size('ref') FROM pg_class WHERE relname = 'ref'"))
+            data = one_row(conn.execute("SELECT avg(pg_column_size(ref.*)) FROM ref"))[0]
             conn.execute("SELECT count(*) FROM ref")  # warm the page cache
         print(f"reference table: {args.rows} rows, {heap / 2**20:.0f} MiB heap, {pages} pages, "
               f"{float(data):.0f} B/row with tuple header; built in {time.perf_counter() - started:.0f} s "

@@ -137,6 +137,7 @@ def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: 
         report.condition("SlotReady", False, "SlotUnusable", str(e))
         return None
     if ensured.created:
+        assert ensured.creation_lsn is not None  # known whenever this call created the slot
         report.tell("Normal", "SlotCreated", f"slot {slot_name} created at "
                     f"{lsnlib.format(ensured.creation_lsn)}")
     health = slot.health(conn, slot_name)
@@ -154,6 +155,8 @@ def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: 
                 "there by hand"))
             return None
         fresh = slot.recreate(conn, slot_name)
+        # recreate() drops the slot first, so its ensure() is the call that creates it.
+        assert fresh.creation_lsn is not None
         report.status.resnapshot_below_lsn = lsnlib.format(fresh.creation_lsn)
         report.tell("Warning", "SlotRecreated", f"{lost}; recreated it at "
                     f"{lsnlib.format(fresh.creation_lsn)}, emptied staging and re-snapshotting "
@@ -181,4 +184,4 @@ def discard_staging(uri: str) -> None:
 
 
 def current_lsn(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8").fetchone()[0]
+    return connection.one_row(conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8"))[0]

@@ -23,7 +23,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import SparkSession
@@ -91,25 +91,27 @@ def with_commit_properties(spark: SparkSession, properties: Mapping[str, str], a
     ``action``'s own exception (if any) is re-raised unchanged after the properties are cleared.
     """
     ensure_callback_server_started(spark.sparkContext._gateway)
-    outcome: dict[str, object] = {}
+    results: list[T] = []  # action's result, once it returned
+    errors: list[BaseException] = []  # or what it raised
 
     class _Callable:
         def call(self) -> None:
             try:
-                outcome["result"] = action()
+                results.append(action())
             except BaseException as e:  # noqa: BLE001 - handed back to the caller below
-                outcome["error"] = e
+                errors.append(e)
 
         class Java:
-            implements = ["java.util.concurrent.Callable"]
+            implements: ClassVar[list[str]] = ["java.util.concurrent.Callable"]
 
     jvm = spark.sparkContext._jvm
+    assert jvm is not None  # set while the SparkContext runs (spark is a live session)
     props = jvm.java.util.HashMap()
     for key, value in properties.items():
         props.put(key, value)
     jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(
         props, _Callable(), jvm.java.lang.Class.forName("java.lang.Exception")
     )
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["result"]
+    if errors:
+        raise errors[0]
+    return results[0]

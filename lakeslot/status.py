@@ -23,11 +23,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Literal, cast
 
 from lakeslot import lsn as lsnlib
 from lakeslot.api import conditions as cond
 from lakeslot.api.models import (
     ApplyStatus,
+    ConditionStatus,
+    Phase,
     PostgresIngestionStatus,
     ReaderStatus,
     SlotStatus,
@@ -40,6 +43,7 @@ from lakeslot.source.tables import TableName
 # Reasons that waiting will not fix: the user must act (the message says how).
 DEFINITE = ("InvalidSpec", "SlotLost", "SlotUnusable")
 NEEDED_FOR_READY = ("SourceReady", "SlotReady", "SnapshotComplete", "Streaming")
+_CONDITION_STATUS: dict[bool | None, ConditionStatus] = {True: "True", False: "False", None: "Unknown"}
 
 
 @dataclass(frozen=True)
@@ -61,7 +65,7 @@ class Report:
         self.events: list[Event] = []
 
     def condition(self, type_: str, ok: bool | None, reason: str, message: str = "") -> None:
-        value = {True: "True", False: "False", None: "Unknown"}[ok]
+        value = _CONDITION_STATUS[ok]
         before = cond.find_condition(self.old.conditions, type_)
         self.status.conditions = cond.set_condition(
             self.status.conditions, type_, value, reason, message[:32000], now=self.now,
@@ -93,7 +97,7 @@ class Verdict:
 @dataclass(frozen=True)
 class Summary:
     conditions: tuple[Verdict, Verdict]  # Degraded, Ready
-    phase: str
+    phase: Phase
 
 
 def summary(status: PostgresIngestionStatus) -> Summary:
@@ -123,7 +127,8 @@ def summary(status: PostgresIngestionStatus) -> Summary:
         ready = Verdict("Ready", True, "Streaming", "every selected table is streaming")
     definite = [c for c in states.values() if c.status == "False" and c.reason in DEFINITE]
     running = status.snapshot is not None and status.snapshot.state not in (None, "COMPLETED")
-    phase = ("Failed" if definite else "Streaming" if not not_ready else "Snapshotting" if running else "Pending")
+    phase: Phase = ("Failed" if definite else "Streaming" if not not_ready
+                    else "Snapshotting" if running else "Pending")
     return Summary((degraded, ready), phase)
 
 
@@ -153,7 +158,9 @@ def slot_status(health: slot.SlotHealth) -> SlotStatus:
     return SlotStatus(
         name=health.name, active_pid=health.active_pid, holder=health.holder,
         confirmed_flush_lsn=lsn_text(health.confirmed_flush_lsn),
-        restart_lsn=lsn_text(health.restart_lsn), wal_status=health.wal_status,
+        restart_lsn=lsn_text(health.restart_lsn),
+        # The server's text, one of these values; the model validates it at runtime.
+        wal_status=cast(Literal["reserved", "extended", "unreserved", "lost"] | None, health.wal_status),
         safe_wal_size=health.safe_wal_size,
         retained_bytes=max(health.retained_bytes or 0, 0))
 
@@ -165,7 +172,7 @@ def table_rows(report: Report, tables: list[TableName],
     rows = []
     for table in tables:
         row = previous.get((table.schema, table.name)) or TableStatus(
-            schema=table.schema, name=table.name, state="Pending")
+            schema_name=table.schema, name=table.name, state="Pending")
         row = row.model_copy()
         if table in broken:
             row.state, row.message = "Failed", "\n".join(broken[table])

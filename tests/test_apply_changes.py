@@ -49,12 +49,15 @@ def test_unchanged_toast_keeps_the_mirror_value_of_the_row_it_came_from():
                                                          "big": NOT_IN_KEY}),
     ])
     image = r.finals[("5",)].image
+    assert image is not None
     assert image.values == {"id": "5", "v": "c", "big": KEEP} and image.source == ("1",)
 
 
 def test_full_old_tuple_supplies_the_unchanged_value():
     r = reduce(T, ["id"], [change(10, "U", row("1", "b", UNCHANGED_TOAST), row("1", "a", "OLD"))])
-    assert r.finals[("1",)].image.values["big"] == "OLD" and r.finals[("1",)].image.source is None
+    image = r.finals[("1",)].image
+    assert image is not None
+    assert image.values["big"] == "OLD" and image.source is None
 
 
 def test_truncate_drops_earlier_changes_and_a_kept_value_after_it_is_an_error():

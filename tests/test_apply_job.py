@@ -124,7 +124,7 @@ class Crash(BaseException):
 
 
 def _crash_at(point: str, table=None):
-    fired = []
+    fired: list[str] = []
 
     def hook(name, at):
         if name == point and (table is None or at == table) and not fired:
@@ -177,6 +177,7 @@ def test_idle_tables_advance_and_progress_sees_it(pipeline):
                                                                  IDLE: True}
     assert seen[IDLE].rows == 1
     status = Staging(pipeline.staging).read_apply_status()
+    assert status is not None
     assert [t["state"] for t in status["tables"]] == ["applied", "advanced", "advanced"]
 
 
@@ -202,9 +203,12 @@ def test_definite_errors_stop_their_table_only(pipeline):
     assert "onTruncate is Error" in properties[ERROR_PROPERTY]
     assert properties[RESNAPSHOT_PROPERTY] == "true"
     status = Staging(pipeline.staging).read_apply_status()
+    assert status is not None
     assert status["tables"][0]["state"] == "failed" and status["tables"][0]["resnapshotRequired"]
     seen = mirror_progress.read(pipeline.ingestion, [MAIN, KEYLESS])
-    assert "onTruncate is Error" in seen[MAIN].error and seen[MAIN].resnapshot_required
+    main_error = seen[MAIN].error
+    assert main_error is not None
+    assert "onTruncate is Error" in main_error and seen[MAIN].resnapshot_required
     assert seen[KEYLESS].error is None
 
     # the error stays in force on the next pass; the other tables keep going
@@ -253,7 +257,9 @@ def test_never_mode_creates_empty_mirrors_and_a_missing_toast_value_is_a_definit
         conn.execute(f'UPDATE {MAIN} SET "select" = \'z\' WHERE id = 1')  # row not mirrored
     pipeline.seal()
     outcome = {t.source: t for t in pipeline.apply().tables}
-    assert outcome[MAIN].state == "failed" and "REPLICA IDENTITY FULL" in outcome[MAIN].error
+    main_error = outcome[MAIN].error
+    assert main_error is not None
+    assert outcome[MAIN].state == "failed" and "REPLICA IDENTITY FULL" in main_error
     assert outcome[KEYLESS].state == "applied"
     names, rows = _source(pipeline, KEYLESS, "a")
     changed = [r for r in rows if r[1].startswith("c")]

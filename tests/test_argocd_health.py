@@ -74,7 +74,9 @@ def test_each_fixture_is_a_status_the_operator_can_write(case):
 
 def test_every_waiting_reason_is_one_the_operator_writes():
     script = chart.HEALTH_LUA.read_text()
-    table = re.search(r"local WAITING = \{(.*?)\n\}", script, re.S).group(1)
+    found = re.search(r"local WAITING = \{(.*?)\n\}", script, re.S)
+    assert found, "the health script has no WAITING table"
+    table = found.group(1)
     waiting = set(re.findall(r"^\s*(\w+) = true", table, re.M))
     assert waiting and waiting <= operator_reasons()
     assert not waiting & set(status.DEFINITE), "a definite error is never waited out"

@@ -38,7 +38,9 @@ def _create(objects, document):
 def _rejection(call) -> dict:
     with pytest.raises(ApiException) as caught:
         call()
-    return {**json.loads(caught.value.body), "http": caught.value.status}
+    body = caught.value.body
+    assert body is not None, "the rejection carries no body"
+    return {**json.loads(body), "http": caught.value.status}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

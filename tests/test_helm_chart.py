@@ -67,7 +67,7 @@ def test_the_chart_crds_are_valid():
     assert names == {"postgresingestions.lakeslot.io", "kopfpeerings.kopf.dev", "clusterkopfpeerings.kopf.dev"}
 
 
-@pytest.mark.parametrize("values, key", [
+@pytest.mark.parametrize(("values", "key"), [
     ({"watchNamespace": ["shop"]}, "watchNamespace"),
     ({"replicaCount": 0}, "/replicaCount"),
     ({"watchNamespaces": ["Shop_Ns"]}, "/watchNamespaces/0"),

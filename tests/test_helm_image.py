@@ -43,10 +43,14 @@ def test_versions_are_the_ones_the_code_expects():
     assert arg_default("SPARK_VERSION") == SparkSpec().spark_version
     assert arg_default("ICEBERG_VERSION") == iceberg_jars.ICEBERG_VERSION
     (download,) = [r for r in instructions("RUN") if "repo1.maven.org" in r]
-    jar = re.search(r'jar="([^"]+)"', download).group(1)
+    jar_match = re.search(r'jar="([^"]+)"', download)
+    assert jar_match, download
+    jar = jar_match.group(1)
     assert jar.replace("${ICEBERG_VERSION}", iceberg_jars.ICEBERG_VERSION) == iceberg_jars.RUNTIME_JAR
     assert any('"pyspark==${SPARK_VERSION}"' in r for r in instructions("RUN", FINAL_STAGE))
-    python = re.match(r"python:(\d+\.\d+)-", arg_default("PYTHON_IMAGE")).group(1)
+    python_match = re.match(r"python:(\d+\.\d+)-", arg_default("PYTHON_IMAGE"))
+    assert python_match, arg_default("PYTHON_IMAGE")
+    python = python_match.group(1)
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     assert f">={python}" in requires
 

@@ -25,6 +25,7 @@ import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import kubernetes.client
 import pytest
@@ -33,14 +34,14 @@ import yaml
 from lakeslot.api.models import GROUP, PLURAL, VERSION
 from tests.support import chart
 from tests.support import operator_env as env
-from tests.support.kube_emulator import KubeEmulator
+from tests.support.kube_emulator import KubeEmulator, write_kubeconfig
 from tests.support.rbac import RecordingProxy, allowed, grants, is_discovery, kopf_calls, request_attributes
 from tests.support.waiting import wait_for
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ingestion.yaml"
 NAMESPACE = "shop"
 POD_NAME = "lakeslot-7d9c5-x2x4q"
-MODES = {
+MODES: dict[str, dict[str, Any]] = {
     "clusterwide": {},
     "namespaced-peering": {"watchNamespaces": [NAMESPACE, "team-b"], "replicaCount": 2},
 }
@@ -92,7 +93,8 @@ def install(api, manifests: list[dict]) -> None:
     objects the chart renders (the other rendered kinds do nothing on the emulator)."""
     extensions = kubernetes.client.ApiextensionsV1Api(api)
     for crd in [*chart.chart_crds(), env.SPARK_CRD]:
-        extensions.create_custom_resource_definition(crd)
+        # The client's types ask for a V1CustomResourceDefinition; it sends a dict body as is.
+        extensions.create_custom_resource_definition(crd)  # type: ignore[arg-type]
     custom = kubernetes.client.CustomObjectsApi(api)
     for peering in chart.of_kind(manifests, "KopfPeering"):
         custom.create_namespaced_custom_object("kopf.dev", "v1", peering["metadata"]["namespace"],
@@ -102,16 +104,19 @@ def install(api, manifests: list[dict]) -> None:
 
 
 def ingestion(api, name: str) -> dict | None:
-    items = kubernetes.client.CustomObjectsApi(api).list_namespaced_custom_object(
-        GROUP, VERSION, NAMESPACE, PLURAL)["items"]
-    return next((i for i in items if i["metadata"]["name"] == name), None)
+    listing = kubernetes.client.CustomObjectsApi(api).list_namespaced_custom_object(
+        GROUP, VERSION, NAMESPACE, PLURAL)
+    assert isinstance(listing, dict), listing
+    return next((i for i in listing["items"] if i["metadata"]["name"] == name), None)
 
 
 def reconciled(api, name: str) -> dict | None:
     resource = ingestion(api, name)
     slot_ready = resource and env.condition(resource, "SlotReady")
-    apps = kubernetes.client.CustomObjectsApi(api).list_namespaced_custom_object(
-        env.SPARK_GROUP, env.SPARK_VERSION, NAMESPACE, env.SPARK_PLURAL)["items"]
+    listing = kubernetes.client.CustomObjectsApi(api).list_namespaced_custom_object(
+        env.SPARK_GROUP, env.SPARK_VERSION, NAMESPACE, env.SPARK_PLURAL)
+    assert isinstance(listing, dict), listing
+    apps = listing["items"]
     deployments = kubernetes.client.AppsV1Api(api).list_namespaced_deployment(NAMESPACE).items
     if slot_ready and slot_ready["status"] == "True" and apps and deployments:
         return resource
@@ -133,8 +138,8 @@ def test_the_operator_started_as_the_chart_says_reconciles_within_its_rbac(
 
     with kube.api_client() as api, RecordingProxy(kube.url) as proxy:
         install(api, manifests)
-        # A kubeconfig for the proxy (write_kubeconfig needs only ``.url``).
-        kubeconfig = KubeEmulator.write_kubeconfig(proxy, tmp_path / "kubeconfig")
+        # A kubeconfig for the proxy.
+        kubeconfig = write_kubeconfig(proxy.url, tmp_path / "kubeconfig")
         executable = shutil.which(container["command"][0], path=str(Path(sys.executable).parent))
         with log.open("wb") as output:
             process = subprocess.Popen([executable, *container["args"]], stdout=output,
@@ -145,12 +150,14 @@ def test_the_operator_started_as_the_chart_says_reconciles_within_its_rbac(
                 f"http://127.0.0.1:{values['livenessPort']}{probe['path']}"), "the liveness endpoint")
             assert process.poll() is None, log.read_text()
 
-            kubernetes.client.CoreV1Api(api).create_namespaced_secret(NAMESPACE, {
+            # The client's types ask for a V1Secret; it sends a dict body as is.
+            kubernetes.client.CoreV1Api(api).create_namespaced_secret(NAMESPACE, {  # type: ignore[arg-type]
                 "metadata": {"name": document["spec"]["source"]["passwordSecretRef"]["name"]},
                 "stringData": {"password": pgdb.cluster.password}})
             kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
                 GROUP, VERSION, NAMESPACE, PLURAL, document)
             resource = wait_for(lambda: reconciled(api, name), "slot, reader Deployment and snapshot")
+            assert resource is not None  # wait_for returns only a truthy value
             assert chart.argocd_health(resource)["status"] == "Progressing"
             wait_for(lambda: kubernetes.client.CoreV1Api(api).list_namespaced_event(NAMESPACE).items,
                      "events posted by the operator")

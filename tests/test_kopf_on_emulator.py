@@ -21,7 +21,7 @@ from tests.support.waiting import wait_for
 GROUP, VERSION, PLURAL = 'emulator.test', 'v1', 'gadgets'
 DEADLINE = 30.0  # seconds; generous because other test runs share the machine
 
-GADGET_CRD = {
+GADGET_CRD: dict[str, Any] = {
     'apiVersion': 'apiextensions.k8s.io/v1',
     'kind': 'CustomResourceDefinition',
     'metadata': {'name': f'{PLURAL}.{GROUP}'},
@@ -54,7 +54,9 @@ GADGET_CRD = {
 @pytest.fixture
 def client(kube):
     with kube.api_client() as api_client:
-        kubernetes.client.ApiextensionsV1Api(api_client).create_custom_resource_definition(GADGET_CRD)
+        # The client's types ask for a V1CustomResourceDefinition; it sends a dict body as is.
+        kubernetes.client.ApiextensionsV1Api(api_client).create_custom_resource_definition(
+            GADGET_CRD)  # type: ignore[arg-type]
         yield kubernetes.client.CustomObjectsApi(api_client)
 
 
@@ -64,11 +66,13 @@ def gadget(name: str, **spec: Any) -> dict[str, Any]:
 
 def read_gadget(client: kubernetes.client.CustomObjectsApi, name: str) -> dict[str, Any] | None:
     try:
-        return client.get_namespaced_custom_object(GROUP, VERSION, 'default', PLURAL, name)
+        obj = client.get_namespaced_custom_object(GROUP, VERSION, 'default', PLURAL, name)
     except ApiException as e:
         if e.status == 404:
             return None
         raise
+    assert isinstance(obj, dict), obj
+    return obj
 
 
 def ready_gadget(client: kubernetes.client.CustomObjectsApi, name: str) -> dict[str, Any] | None:
@@ -96,6 +100,7 @@ def test_operator_reconciles_and_finalizes(kube, client):
         client.create_namespaced_custom_object(GROUP, VERSION, 'default', PLURAL, gadget('g1', size=3))
 
         reconciled = wait_for(lambda: ready_gadget(client, 'g1'), 'the on.create handler to set the status')
+        assert reconciled is not None  # wait_for returns only a truthy value
         assert reconciled['status']['observedSize'] == 3
         assert reconciled['spec']['colour'] == 'red'  # defaulted by the emulator's schema handling
         assert reconciled['metadata']['finalizers'], 'kopf adds its finalizer for the on.delete handler'
@@ -117,6 +122,7 @@ def test_emulator_rejects_invalid_custom_resource_naming_the_field(client):
 
     error = raised.value
     assert error.status == 422
+    assert error.body is not None
     body = json.loads(error.body)
     assert body['kind'] == 'Status' and body['reason'] == 'Invalid'
     assert body['message'] == ('Gadget.emulator.test "g2" is invalid: spec.size: Invalid value: 70: '
@@ -129,7 +135,8 @@ def test_emulator_rejects_invalid_custom_resource_naming_the_field(client):
 def test_operator_restricted_to_a_namespace_with_peering(kube, client):
     crds = kubernetes.client.ApiextensionsV1Api(client.api_client)
     for crd in kopf_peering_crds():
-        crds.create_custom_resource_definition(crd)
+        # The client's types ask for a V1CustomResourceDefinition; it sends a dict body as is.
+        crds.create_custom_resource_definition(crd)  # type: ignore[arg-type]
     client.create_namespaced_custom_object('kopf.dev', 'v1', 'team', 'kopfpeerings', {
         'apiVersion': 'kopf.dev/v1', 'kind': 'KopfPeering', 'metadata': {'name': 'lakeslot'}})
     registry = kopf.OperatorRegistry()
@@ -149,4 +156,5 @@ def test_operator_restricted_to_a_namespace_with_peering(kube, client):
         assert len(peering) == 1, 'one operator (this one) is in the peering'
 
     outside = read_gadget(client, 'outside')
+    assert outside is not None
     assert 'status' not in outside and 'finalizers' not in outside['metadata']

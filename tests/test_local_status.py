@@ -18,7 +18,7 @@ def _status(path, db, state_dir, password=None) -> dict:
     env = {**os.environ, "LAKESLOT_SOURCE_PASSWORD": password or db.cluster.password}
     result = subprocess.run([ls.LAKESLOT, "status", "-f", str(path), "--state-dir",
                              str(state_dir), "-o", "json"], capture_output=True, text=True,
-                            env=env, timeout=120)
+                            env=env, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     assert (password or db.cluster.password) not in result.stdout + result.stderr
     return json.loads(result.stdout)
@@ -82,12 +82,18 @@ def test_activity_without_a_run(pgdb, tmp_path):
     assert not activity.run_active and not activity.reader_running
 
 
+def _problem(activity: observe.Activity) -> str:
+    problem = observe._reader_problem(activity)
+    assert problem is not None, f"no reader problem for {activity}"
+    return problem
+
+
 def test_the_reader_problem_says_whether_a_run_stopped_cleanly_or_none_ran():
     stopped = observe.Activity(run_active=False, reader_outcome={"state": "stopped", "lsn": "0/16B3748"})
-    assert "run has stopped" in observe._reader_problem(stopped)
-    assert "0/16B3748" in observe._reader_problem(stopped)
-    assert "no local run is active" in observe._reader_problem(observe.Activity(run_active=False))
+    assert "run has stopped" in _problem(stopped)
+    assert "0/16B3748" in _problem(stopped)
+    assert "no local run is active" in _problem(observe.Activity(run_active=False))
     definite = observe.Activity(run_active=False, reader_outcome={
         "state": "failed", "definite": True, "reason": "SlotLost", "message": "gone"})
-    assert "definite error (SlotLost): gone" in observe._reader_problem(definite)
+    assert "definite error (SlotLost): gone" in _problem(definite)
     assert observe._reader_problem(observe.Activity(run_active=True, reader_running=True)) is None

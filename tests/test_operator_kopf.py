@@ -89,8 +89,11 @@ def test_unreachable_source_blocks_cleanup_until_the_skip_annotation(kube, api, 
             return resource if ready and ready["reason"] == "CleanupBlocked" else None
 
         resource = wait_for(blocked, "the CleanupBlocked condition")
+        assert resource is not None  # wait_for returns only a truthy value
         assert resource["status"]["phase"] == "Deleting"
-        assert SKIP_CLEANUP_ANNOTATION in env.condition(resource, "Ready")["message"]
+        ready = env.condition(resource, "Ready")
+        assert ready is not None
+        assert SKIP_CLEANUP_ANNOTATION in ready["message"]
         assert "rotated-wrongly" not in str(resource)
         kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
             *CUSTOM, "orders", {"metadata": {"annotations": {SKIP_CLEANUP_ANNOTATION: "true"}}})
@@ -127,8 +130,9 @@ def test_fifty_ingestions_reconcile(kube, api, pg_cluster_factory, spark_warehou
                                      cluster.password)
             wait_for(lambda: all(_status_ready(api, n) for n in names), "50 ingestions", 180)
         with db.connect() as conn:
-            assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE database = 'fifty'"
-                                ).fetchone()[0] == 50
+            slots = conn.execute("SELECT count(*) FROM pg_replication_slots WHERE database = 'fifty'"
+                                 ).fetchone()
+        assert slots is not None and slots[0] == 50
         assert len(env.deployments(api)) == 50
     finally:
         cluster.drop_database("fifty")

@@ -19,6 +19,7 @@ import pytest
 
 from lakeslot import lsn as lsnlib
 from lakeslot.source import connection, slot
+from lakeslot.source.slot import SlotHealth
 from lakeslot.source.tables import TableName
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context, reconcile
@@ -45,6 +46,7 @@ def _document(name, source, spark_warehouse, tmp_path, **spec):
 def _reconcile(api, name):
     """One reconcile, with its status written back like the kopf handler does."""
     body = env.get_ingestion(api, name)
+    assert body is not None, f"ingestion {name} does not exist"
     outcome = reconcile(body, Context(kube=Kube(api)))
     kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
         *CUSTOM, name, {"status": outcome.status})
@@ -55,6 +57,12 @@ def _source_conn(db):
     return db.connect()
 
 
+def _health(conn, name: str) -> SlotHealth:
+    health = slot.health(conn, name)
+    assert health is not None, f"slot {name} does not exist"
+    return health
+
+
 def test_create_then_snapshot_then_stream(api, source, spark, spark_warehouse, tmp_path):
     db, tables = source
     document = _document("orders", source, spark_warehouse, tmp_path)
@@ -62,17 +70,17 @@ def test_create_then_snapshot_then_stream(api, source, spark, spark_warehouse, t
 
     resource, events = _reconcile(api, "orders")
     status = resource["status"]
-    assert env.condition(resource, "SourceReady")["status"] == "True"
-    assert env.condition(resource, "SlotReady")["status"] == "True"
-    assert env.condition(resource, "SnapshotComplete")["reason"] == "Snapshotting"
-    assert env.condition(resource, "Ready")["status"] == "False"
+    assert env.required_condition(resource, "SourceReady")["status"] == "True"
+    assert env.required_condition(resource, "SlotReady")["status"] == "True"
+    assert env.required_condition(resource, "SnapshotComplete")["reason"] == "Snapshotting"
+    assert env.required_condition(resource, "Ready")["status"] == "False"
     assert status["phase"] == "Snapshotting"
     assert status["observedGeneration"] == resource["metadata"]["generation"]
     slot_name = status["slot"]["name"]
     assert slot_name == "lakeslot_default_orders" == status["publicationName"]
     assert {e.reason for e in events} >= {"SlotCreated", "SnapshotStarted", "TableAdded"}
     with db.connect() as conn:
-        assert slot.health(conn, slot_name).plugin == "pgoutput"
+        assert _health(conn, slot_name).plugin == "pgoutput"
         published = {TableName(*r) for r in conn.execute(
             "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
             (slot_name,))}
@@ -97,22 +105,23 @@ def test_create_then_snapshot_then_stream(api, source, spark, spark_warehouse, t
 
     # The (simulated) snapshot job commits every table and the spark-operator reports success.
     with db.connect() as conn:
-        snapshot_lsn = slot.health(conn, slot_name).confirmed_flush_lsn
+        snapshot_lsn = _health(conn, slot_name).confirmed_flush_lsn
+    assert snapshot_lsn is not None
     env.commit_snapshot(spark, document, tables, snapshot_lsn)
     env.set_spark_state(api, snapshot_name, "COMPLETED")
     resource, _ = _reconcile(api, "orders")
-    assert env.condition(resource, "SnapshotComplete")["status"] == "True"
+    assert env.required_condition(resource, "SnapshotComplete")["status"] == "True"
     assert {t["state"] for t in resource["status"]["tables"]} == {"Streaming"}
     assert {t["appliedLsn"] for t in resource["status"]["tables"]} == {lsnlib.format(snapshot_lsn)}
     apply_args = env.job_arguments(env.spark_applications(api)["orders-apply"])
     assert sorted(apply_args.tables) == sorted(tables) and not apply_args.once  # long-running
-    assert env.condition(resource, "Streaming")["reason"] == "ReaderNotReady"
+    assert env.required_condition(resource, "Streaming")["reason"] == "ReaderNotReady"
 
     # Reader pod and apply job running (simulated controllers) → Ready.
     env.reader_pod_running(api, "orders", "orders-reader-7d9f-x1")
     env.set_spark_state(api, "orders-apply", "RUNNING")
     resource, events = _reconcile(api, "orders")
-    assert env.condition(resource, "Ready")["status"] == "True", resource["status"]["conditions"]
+    assert env.required_condition(resource, "Ready")["status"] == "True", resource["status"]["conditions"]
     assert resource["status"]["phase"] == "Streaming"
     assert resource["status"]["reader"]["pod"] == "orders-reader-7d9f-x1"
     assert resource["status"]["tableCount"] == len(tables)
@@ -128,7 +137,7 @@ def test_a_broken_table_fails_alone_and_a_missing_secret_is_a_condition(api, pgd
                                       staging=(tmp_path / "s").as_uri())
     kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(*CUSTOM[:3], CUSTOM[3], document)
     resource, _ = _reconcile(api, "mixed")
-    ready = env.condition(resource, "SourceReady")
+    ready = env.required_condition(resource, "SourceReady")
     assert (ready["status"], ready["reason"]) == ("False", "SecretNotFound")
     assert "Secret default/mixed-pg does not exist" in ready["message"]
     assert env.deployments(api) == {}
@@ -139,7 +148,7 @@ def test_a_broken_table_fails_alone_and_a_missing_secret_is_a_condition(api, pgd
     assert rows["keyless"]["state"] == "Failed"
     assert 'ALTER TABLE "public"."keyless" ADD PRIMARY KEY' in rows["keyless"]["message"]
     assert rows["good"]["state"] == "Snapshotting"
-    assert env.condition(resource, "Degraded")["reason"] == "TablesFailed"
+    assert env.required_condition(resource, "Degraded")["reason"] == "TablesFailed"
     with pgdb.connect() as conn:  # the keyless table stayed out of the publication
         assert conn.execute("SELECT tablename FROM pg_publication_tables").fetchall() == [("good",)]
 
@@ -150,11 +159,12 @@ def test_an_unreachable_source_and_an_invalid_spec_are_conditions(api, pgdb, spa
     document["spec"]["source"]["port"] = 1  # nothing listens there
     env.create_ingestion(api, document, "whatever")
     resource, _ = _reconcile(api, "far")
-    failed = env.condition(resource, "SourceReady")
+    failed = env.required_condition(resource, "SourceReady")
     assert (failed["status"], failed["reason"]) == ("False", "ConnectionFailed")
     assert "127.0.0.1" in failed["message"] and "whatever" not in json.dumps(resource)
 
     body = env.get_ingestion(api, "far")
+    assert body is not None
     body["spec"]["source"]["sslMode"] = "sometimes"  # as if stored before validation was tightened
     outcome = reconcile(body, Context(kube=Kube(api)))
     invalid = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
@@ -175,10 +185,11 @@ def test_a_stale_slot_holder_is_evicted(api, source, spark_warehouse, tmp_path):
          "--no-loop", "-o", "proto_version=1", "-o", f"publication_names={slot_name}",
          "-f", "/dev/null"],
         env={**os.environ, "PGPASSWORD": db.cluster.password}, stderr=subprocess.PIPE)
+    assert zombie.stderr is not None  # stderr=PIPE
     try:
         with db.connect() as conn:
             deadline = time.monotonic() + 30
-            while not slot.health(conn, slot_name).active:
+            while not _health(conn, slot_name).active:
                 assert time.monotonic() < deadline and zombie.poll() is None, zombie.stderr.read()
                 time.sleep(0.1)
         resource, events = _reconcile(api, "orders")
@@ -262,7 +273,7 @@ def test_a_failed_snapshot_is_reported_and_retried_after_backoff(api, source, sp
     name = resource["status"]["snapshot"]["application"]
     env.set_spark_state(api, name, "FAILED", "driver OOM")
     resource, _ = _reconcile(api, "orders")
-    failed = env.condition(resource, "SnapshotComplete")
+    failed = env.required_condition(resource, "SnapshotComplete")
     assert (failed["reason"], resource["status"]["snapshot"]["attempts"]) == ("SnapshotFailed", 1)
     assert "driver OOM" in failed["message"]
     assert name in env.spark_applications(api)  # kept until the backoff is over
@@ -289,7 +300,7 @@ def test_a_lost_slot_is_recreated_staging_emptied_and_every_table_snapshotted_ag
         env.commit_snapshot(spark, document, tables, 100)
         env.set_spark_state(api, resource["status"]["snapshot"]["application"], "COMPLETED")
         resource, _ = _reconcile(api, "lost")
-        assert env.condition(resource, "SnapshotComplete")["status"] == "True"
+        assert env.required_condition(resource, "SnapshotComplete")["status"] == "True"
         staged = tmp_path / "staging" / "0000000000000064-00000000000000C8.parquet"
         staged.parent.mkdir()
         staged.write_bytes(b"changes of the slot that is about to be lost")
@@ -306,7 +317,7 @@ def test_a_lost_slot_is_recreated_staging_emptied_and_every_table_snapshotted_ag
         kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
             *CUSTOM, "lost", {"spec": {"staging": {"uri": (blocked / "staging").as_uri()}}})
         resource, events = _reconcile(api, "lost")
-        unreachable = env.condition(resource, "SlotReady")
+        unreachable = env.required_condition(resource, "SlotReady")
         assert (unreachable["status"], unreachable["reason"]) == ("False", "StagingUnreachable")
         assert "delete the segments there by hand" in unreachable["message"]
         assert staged.exists() and not any(e.reason == "SlotRecreated" for e in events)
@@ -317,17 +328,17 @@ def test_a_lost_slot_is_recreated_staging_emptied_and_every_table_snapshotted_ag
         below = resource["status"]["resnapshotBelowLsn"]
         assert any(e.reason == "SlotRecreated" and below in e.message for e in events)
         assert not staged.exists()
-        assert env.condition(resource, "SlotReady")["status"] == "True"
+        assert env.required_condition(resource, "SlotReady")["status"] == "True"
         application = resource["status"]["snapshot"]["application"]
         arguments = env.job_arguments(env.spark_applications(api)[application])
         assert tuple(arguments.tables) == tuple(tables)
         assert arguments.min_snapshot_lsn == lsnlib.parse(below)
-        assert env.condition(resource, "SnapshotComplete")["reason"] == "Snapshotting"
+        assert env.required_condition(resource, "SnapshotComplete")["reason"] == "Snapshotting"
 
         env.commit_snapshot(spark, document, tables, lsnlib.parse(below) + 10)
         env.set_spark_state(api, application, "COMPLETED")
         resource, _ = _reconcile(api, "lost")
-        assert env.condition(resource, "SnapshotComplete")["status"] == "True"
+        assert env.required_condition(resource, "SnapshotComplete")["status"] == "True"
         assert "resnapshotBelowLsn" not in resource["status"]
     finally:
         with connection.connect(connection_settings(db), "lakeslot-test") as conn:

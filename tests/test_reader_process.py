@@ -30,10 +30,13 @@ from tests.support.reader_support import (
     APP_NAME,
     LAKESLOT,
     config,
+    confirmed_flush,
     current_lsn,
     holder,
+    new_tuple,
     prepare,
     read_until,
+    slot_health,
     spawn,
     staged,
 )
@@ -67,7 +70,7 @@ def test_sigkill_mid_transaction_then_restart_leaves_no_gap_or_duplicate(pgdb, t
             wait_for(lambda: holder(conn) == APP_NAME, "the reader to hold the slot")
             conn.execute("INSERT INTO t VALUES (0, 'before')")
             sealed = current_lsn(conn)
-            wait_for(lambda: slot.health(conn, "s").confirmed_flush_lsn >= sealed,
+            wait_for(lambda: confirmed_flush(conn) >= sealed,
                      "the first transaction to be sealed and confirmed")
             conn.execute("INSERT INTO t SELECT g, repeat(md5(g::text), 16)"
                          " FROM generate_series(1, 60000) g")
@@ -80,9 +83,9 @@ def test_sigkill_mid_transaction_then_restart_leaves_no_gap_or_duplicate(pgdb, t
             assert first.wait(timeout=30) == -signal.SIGKILL
         finally:
             first.kill()
-        before_restart = {n.filename for n in Staging(staging).list()}
-        assert slot.health(conn, "s").confirmed_flush_lsn <= max(
-            segments.SegmentName.parse(n).end for n in before_restart)
+        sealed_before_restart = Staging(staging).list()
+        before_restart = {n.filename for n in sealed_before_restart}
+        assert confirmed_flush(conn) <= max(n.end for n in sealed_before_restart)
         conn.execute("INSERT INTO t VALUES (60001, 'after')")
         end = current_lsn(conn)
         second = spawn(pgdb, staging, log, "--stop-at-lsn", lsn_text.format(end))
@@ -90,7 +93,7 @@ def test_sigkill_mid_transaction_then_restart_leaves_no_gap_or_duplicate(pgdb, t
 
     names, rows = staged(staging)  # asserts that the segments chain: no gap, no overlap
     assert before_restart <= {n.filename for n in names}
-    ids = [int(r.new["id"]) for r in rows if r.op == "I"]
+    ids = [int(new_tuple(r)["id"]) for r in rows if r.op == "I"]
     assert ids == list(range(60002))  # every change once, in commit order
     assert _temporaries(directory) == []  # the killed reader's file was cleaned up
 
@@ -158,7 +161,7 @@ def test_slot_advanced_past_staged_data_or_dropped_is_a_definite_error(pgdb, tmp
         process = spawn(pgdb, staging, log, "--status-file", str(status))
         assert process.wait(timeout=120) == EXIT_DEFINITE
         assert _status(status)["reason"] == "SlotMissing"
-    assert [r.new["id"] for r in staged(staging)[1] if r.op == "I"] == ["1"]
+    assert [new_tuple(r)["id"] for r in staged(staging)[1] if r.op == "I"] == ["1"]
 
 
 def test_sigterm_seals_confirms_and_exits_cleanly(pgdb, tmp_path):
@@ -183,7 +186,7 @@ def test_sigterm_seals_confirms_and_exits_cleanly(pgdb, tmp_path):
             with urllib.request.urlopen(f"{url}/healthz") as response:
                 assert response.status == 200
             # Nothing is sealed yet, so nothing is confirmed, and the feedback reports exactly that.
-            assert slot.health(conn, "s").confirmed_flush_lsn == start
+            assert slot_health(conn).confirmed_flush_lsn == start
             sent = conn.execute("SELECT (write_lsn - '0/0')::int8, (flush_lsn - '0/0')::int8,"
                                 " (replay_lsn - '0/0')::int8 FROM pg_stat_replication"
                                 " WHERE application_name = %s", (APP_NAME,)).fetchone()
@@ -196,10 +199,10 @@ def test_sigterm_seals_confirms_and_exits_cleanly(pgdb, tmp_path):
         durable = lsn_text.parse(outcome["lsn"])
         assert (outcome["state"], outcome["reason"]) == ("stopped", "Stopped")
         assert durable >= end
-        wait_for(lambda: slot.health(conn, "s").confirmed_flush_lsn == durable,
+        wait_for(lambda: slot_health(conn).confirmed_flush_lsn == durable,
                  "the final feedback to confirm the sealed position")
     names, rows = staged(directory.as_uri())
-    assert [r.new["id"] for r in rows if r.op == "I"] == [str(i) for i in range(10)]
+    assert [new_tuple(r)["id"] for r in rows if r.op == "I"] == [str(i) for i in range(10)]
     assert names[-1].end == durable and _temporaries(directory) == []
 
 
@@ -217,7 +220,7 @@ def test_persistent_transient_errors_exit_1_with_json_logs_and_status(tmp_path):
         [LAKESLOT, "reader", "--ingestion", "tests/unreachable", "--slot", "s", "--publication", "p",
          "--staging", (tmp_path / "staging").as_uri(), "--host", "127.0.0.1",
          "--port", str(free_port()), "--max-retry-seconds", "1", "--status-file", str(status)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, check=False,
         env={**os.environ, reader.PASSWORD_ENV: "never-logged"})
     assert result.returncode == EXIT_FAILED
     outcome = _status(status)
@@ -230,7 +233,8 @@ def test_persistent_transient_errors_exit_1_with_json_logs_and_status(tmp_path):
 
 
 def test_bad_arguments_exit_2():
-    result = subprocess.run([LAKESLOT, "reader", "--slot", "s"], capture_output=True, text=True)
+    result = subprocess.run([LAKESLOT, "reader", "--slot", "s"], capture_output=True, text=True,
+                            check=False)
     assert result.returncode == 2 and "--ingestion" in result.stderr
 
 
@@ -269,13 +273,13 @@ def test_a_slot_that_lost_its_wal_is_a_definite_error(pg_cluster_factory, versio
         with db.connect() as conn:
             _setup(conn)
             for _ in range(20):  # no reader runs: the slot falls behind until its WAL is gone
-                if slot.health(conn, "s").wal_status == "lost":
+                if slot_health(conn).wal_status == "lost":
                     break
                 conn.execute("INSERT INTO t SELECT g, repeat('x', 1000)"
                              " FROM generate_series(1, 3000) g ON CONFLICT (id) DO NOTHING")
                 conn.execute("SELECT pg_switch_wal()")
                 conn.execute("CHECKPOINT")
-            assert slot.health(conn, "s").wal_status == "lost"
+            assert slot_health(conn).wal_status == "lost"
             process = spawn(db, (tmp_path / "staging").as_uri(), tmp_path / "reader.log",
                             "--status-file", str(status))
             assert process.wait(timeout=120) == EXIT_DEFINITE

@@ -6,6 +6,7 @@ WAL from a copy of the slot, or against what PostgreSQL's replica identity rules
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 
@@ -14,17 +15,20 @@ from psycopg import sql
 
 from lakeslot.reader import stream
 from lakeslot.reader.metrics import Metrics
-from lakeslot.source import slot
 from lakeslot.source.tables import TableName
 from lakeslot.staging import format as segments
 from lakeslot.staging.store import Staging
 from tests.support.odd_names import ODD_COLUMNS, create_odd_tables
 from tests.support.reader_support import (
+    confirmed_flush,
     copy_slot,
     current_lsn,
     decoded_by_test_decoding,
+    new_tuple,
     prepare,
     read_until,
+    relation_of,
+    slot_health,
     staged,
     start_in_background,
     transactions,
@@ -107,8 +111,11 @@ def test_segments_reproduce_every_change_in_commit_order(pgdb, tmp_path, monkeyp
     assert sum(len(changes) for _, changes in expected) > 300
     # Whole transactions, in commit order, each row numbered within its transaction.
     commits = [r for r in rows if r.op == "C"]
-    assert [c.end_lsn for c in commits] == sorted(c.end_lsn for c in commits)
-    assert all(c.commit_lsn < c.end_lsn and c.commit_time is not None and c.xid for c in commits)
+    ends = [c.end_lsn for c in commits if c.end_lsn is not None]
+    assert len(ends) == len(commits), "every commit has its end_lsn"
+    assert ends == sorted(ends)
+    assert all(c.commit_lsn < end and c.commit_time is not None and c.xid
+               for c, end in zip(commits, ends, strict=True))
     by_txn: dict[int, list[int]] = {}
     for r in rows:
         by_txn.setdefault(r.commit_lsn, []).append(r.seq)
@@ -137,7 +144,8 @@ def _stage(pgdb, tmp_path, statements: list[str]) -> list[segments.Row]:
     assert sample("lakeslot_reader_transactions_total") == ops["C"] > 0
     assert sample("lakeslot_reader_segments_sealed_total") == len(names) > 1
     assert sample("lakeslot_reader_durable_lsn") == names[-1].end == durable
-    assert sample("lakeslot_reader_received_lsn") >= durable
+    received = sample("lakeslot_reader_received_lsn")
+    assert received is not None and received >= durable
     return rows
 
 
@@ -153,7 +161,7 @@ def test_replica_identity_default_full_and_index(pgdb, tmp_path):
         "UPDATE t_index SET b = 11 WHERE a = 1",
         "DELETE FROM t_index WHERE a = 1",
     ])
-    changes = {}
+    changes: dict[str, list[tuple[str, dict | None, dict | None]]] = {}
     for r in rows:
         if r.relation is not None and r.op in "UD":
             changes.setdefault(r.relation.table, []).append((r.op, r.old, r.new))
@@ -192,14 +200,14 @@ def test_unchanged_toast_values_are_marked(pgdb, tmp_path):
         read_until(pgdb, _staging(tmp_path), current_lsn(conn))
 
     _, rows = staged(_staging(tmp_path))
-    updates = {r.relation.table: r for r in rows if r.op == "U"}
-    inserts = {r.relation.table: r for r in rows if r.op == "I"}
-    assert inserts["t_default"].new["v"] == big
+    updates = {relation_of(r).table: r for r in rows if r.op == "U"}
+    inserts = {relation_of(r).table: r for r in rows if r.op == "I"}
+    assert new_tuple(inserts["t_default"])["v"] == big
     assert updates["t_default"].new == {"id": "1", "v": segments.UNCHANGED_TOAST, "n": "2"}
     assert updates["t_default"].old is None
     # REPLICA IDENTITY FULL: the old tuple carries the value, the new one still does not.
     assert updates["t_full"].old == {"id": "1", "v": big, "n": "1"}
-    assert updates["t_full"].new["v"] is segments.UNCHANGED_TOAST
+    assert new_tuple(updates["t_full"])["v"] is segments.UNCHANGED_TOAST
     table = Staging(_staging(tmp_path))
     kinds = [r["new_kinds"] for name in table.list()
              for r in table.read(name).table.to_pylist() if r["op"] == "U"]
@@ -238,17 +246,17 @@ def test_truncate_and_column_changes_yield_new_relation_descriptions(pgdb, tmp_p
 def test_idle_database_with_unpublished_writes_advances_the_slot(pgdb, tmp_path):
     with pgdb.connect() as conn:
         prepare(conn, _create(conn))
-        start = slot.health(conn, "s").confirmed_flush_lsn
+        start = confirmed_flush(conn)
         background = start_in_background(pgdb, _staging(tmp_path), segment_max_seconds=0.2)
         try:
             for i in range(20):
                 conn.execute("INSERT INTO t_unpublished VALUES (%s, 'x')", (i,))
             target = current_lsn(conn)
-            wait_for(lambda: slot.health(conn, "s").confirmed_flush_lsn >= target,
+            wait_for(lambda: confirmed_flush(conn) >= target,
                      "confirmed_flush_lsn to pass the unpublished writes")
         finally:
             durable = background.finish()
-        assert slot.health(conn, "s").confirmed_flush_lsn == durable > start
+        assert confirmed_flush(conn) == durable > start
 
     names, rows = staged(_staging(tmp_path))
     assert rows == []  # nothing published happened, yet staging records the progress
@@ -281,10 +289,13 @@ def test_a_terminated_backend_is_transient_and_nothing_is_lost_or_repeated(pgdb,
     with pgdb.connect() as conn:
         prepare(conn, _create(conn))
         background = start_in_background(pgdb, _staging(tmp_path), segment_max_seconds=0.2)
-        terminated = None
+        terminated: int | None = None
 
         def holds_again() -> bool:  # a new session, not the terminated one letting go
-            return slot.health(conn, "s").active_pid not in (None, terminated)
+            return slot_health(conn).active_pid not in (None, terminated)
+
+        def confirmed_up_to(lsn: int) -> bool:
+            return confirmed_flush(conn) >= lsn
 
         try:
             for i in range(3):
@@ -292,7 +303,7 @@ def test_a_terminated_backend_is_transient_and_nothing_is_lost_or_repeated(pgdb,
                 conn.execute("INSERT INTO t_default SELECT g, 'x', %s FROM generate_series(1, 50) g"
                              " ON CONFLICT (id) DO UPDATE SET n = excluded.n", (i,))
                 target = current_lsn(conn)
-                wait_for(lambda target=target: slot.health(conn, "s").confirmed_flush_lsn >= target,
+                wait_for(functools.partial(confirmed_up_to, target),
                          "the changes to be sealed and confirmed")
                 terminated = conn.execute(
                     "SELECT active_pid FROM pg_replication_slots"
@@ -300,10 +311,11 @@ def test_a_terminated_backend_is_transient_and_nothing_is_lost_or_repeated(pgdb,
             wait_for(holds_again, "the reader to reconnect")
         finally:
             background.finish()
-        assert background.metrics.registry.get_sample_value("lakeslot_reader_reconnects_total") >= 3
+        reconnects = background.metrics.registry.get_sample_value("lakeslot_reader_reconnects_total")
+        assert reconnects is not None and reconnects >= 3
 
     _, rows = staged(_staging(tmp_path))
-    assert [(r.op, r.new["n"]) for r in rows if r.op != "C"] == (
+    assert [(r.op, new_tuple(r)["n"]) for r in rows if r.op != "C"] == (
         [("I", "0")] * 50 + [("U", "1")] * 50 + [("U", "2")] * 50)
 
 
@@ -335,7 +347,7 @@ def test_types_origins_and_text_form_do_not_depend_on_the_database_defaults(pgdb
     assert inserts[0].new == {"id": "1", "m": "happy", "p": "7", "a": "{1,NULL,3}",
                               "ms": "{sad}", "j": '{"k": [1, 2]}',
                               "ts": "2024-01-02 03:04:05.5+00", "d": "2024-12-31"}
-    types = {c.name: (c.type_schema, c.type_name) for c in inserts[0].relation.columns}
+    types = {c.name: (c.type_schema, c.type_name) for c in relation_of(inserts[0]).columns}
     assert types == {"id": ("pg_catalog", "int4"), "m": ("public", "mood"),
                      "p": ("pg_catalog", "int4"), "a": ("pg_catalog", "_int4"),
                      "ms": ("public", "_mood"), "j": ("pg_catalog", "jsonb"),

@@ -198,7 +198,7 @@ def test_a_killed_task_is_retried_without_duplicates(spark, spark_warehouse, ice
         _accounts(conn, 2000)
         expected = source_rows(conn, ACCOUNTS)
     blocker = pgdb.connect(autocommit=False)
-    outcome = {}
+    outcome: dict[str, snapshot_job.JobResult] = {}
 
     def on_exported(snapshot) -> None:
         # After the slot exists (its creation waits for transactions holding an xid, as this lock
@@ -242,7 +242,9 @@ def test_skip_resnapshot_and_resume_after_a_failed_table(spark, spark_warehouse,
     first = snapshot_job.copy(spark, job)  # good commits, bad fails definitively: the job "crashes"
     states = {t.source: t.state for t in first.tables}
     assert states == {good: "committed", bad: "failed"} and not first.ok
-    assert "'d'" in first.tables[1].error and "(id)=(1)" in first.tables[1].error
+    bad_error = first.tables[1].error
+    assert bad_error is not None
+    assert "'d'" in bad_error and "(id)=(1)" in bad_error
     assert not mirror_exists(spark, iceberg_namespace, bad)  # nothing half-written
     assert snapshot_slots(pgdb) == []
 
@@ -265,8 +267,10 @@ def test_skip_resnapshot_and_resume_after_a_failed_table(spark, spark_warehouse,
     assert {t.state for t in again.tables} == {"skipped"}
 
     # A recreated slot invalidates snapshots taken below its creation LSN, whatever their generation.
+    assert resnapshot.snapshot_lsn is not None
     cut = snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, [good, bad], resnapshot_generation=1,
                                            min_snapshot_lsn=resnapshot.snapshot_lsn + 1))
+    assert cut.snapshot_lsn is not None
     assert {t.state for t in cut.tables} == {"committed"} and cut.snapshot_lsn > resnapshot.snapshot_lsn
 
 
@@ -298,11 +302,18 @@ def test_definite_errors_fail_their_table_with_the_fix_and_release_the_slot(
                                                               password="reader-secret"))
     result = snapshot_job.copy(spark, job, snapshot_job.Hooks(on_exported=on_exported))
     outcome = {t.source.name: (t.state, t.error) for t in result.tables}
+
+    def failure(name: str) -> str:
+        """The error of table ``name``, which must have failed."""
+        state, error = outcome[name]
+        assert state == "failed" and error is not None, outcome[name]
+        return error
+
     assert outcome["ok"] == ("committed", None)
-    assert outcome["dropped"][0] == "failed" and "dropped or altered during the snapshot" in outcome["dropped"][1]
-    assert outcome["rewritten"][0] == "failed" and "rewritten during the snapshot" in outcome["rewritten"][1]
-    assert outcome["secured"][0] == "failed" and "BYPASSRLS" in outcome["secured"][1]
-    assert outcome["weird"][0] == "failed" and "unsupported type regtype" in outcome["weird"][1]
+    assert "dropped or altered during the snapshot" in failure("dropped")
+    assert "rewritten during the snapshot" in failure("rewritten")
+    assert "BYPASSRLS" in failure("secured")
+    assert "unsupported type regtype" in failure("weird")
     assert snapshot_slots(pgdb) == []
 
 

@@ -37,20 +37,23 @@ def test_snapshot_shows_exactly_what_committed_up_to_its_lsn(pgdb):
                 assert follower.execute("SELECT current_setting('transaction_isolation')").fetchone() == (
                     "repeatable read",)
         assert snapshot_slots(pgdb) == []
-        with pgdb.connect() as late, pytest.raises(psycopg.Error, match="snapshot"):
-            for statement in leader.import_statements(snapshot.name):
-                late.execute(statement)
+        begin, import_snapshot = leader.import_statements(snapshot.name)
+        with pgdb.connect() as late:
+            late.execute(begin)
+            with pytest.raises(psycopg.Error, match="snapshot"):
+                late.execute(import_snapshot)
 
 
 def test_slot_is_gone_after_an_exception(pgdb):
-    with pytest.raises(RuntimeError, match="boom"):
-        with leader.exported_snapshot(connection_settings(pgdb), "lakeslot-test"):
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError, match="boom"), leader.exported_snapshot(connection_settings(pgdb),
+                                                                           "lakeslot-test"):
+        raise RuntimeError("boom")
     assert snapshot_slots(pgdb) == []
 
 
 def test_slot_is_gone_after_the_leader_process_is_killed(pgdb, tmp_path):
     settings = connection_settings(pgdb)
+    assert settings.password is not None
     ready = tmp_path / "ready"
     script = textwrap.dedent(f"""
         import json, pathlib, time
@@ -77,5 +80,5 @@ def test_slot_is_gone_after_the_leader_process_is_killed(pgdb, tmp_path):
 
 def test_import_statements_refuse_anything_but_a_snapshot_id():
     assert leader.import_statements("00000003-0000001A-1")[1] == "SET TRANSACTION SNAPSHOT '00000003-0000001A-1'"
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="not an exported snapshot identifier"):
         leader.import_statements("x'; DROP TABLE t; --")

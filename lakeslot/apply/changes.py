@@ -181,9 +181,8 @@ def reduce(table: TableName, key_columns: Sequence[str], changes: Iterable[Chang
     relations: list[Relation] = []
     truncated = False
     for change in changes:
-        if not relations or relations[-1] != change.relation:
-            if change.relation not in relations:
-                relations.append(change.relation)
+        if (not relations or relations[-1] != change.relation) and change.relation not in relations:
+            relations.append(change.relation)
         if change.op == "T":
             finals.clear()
             truncated = True
@@ -191,6 +190,7 @@ def reduce(table: TableName, key_columns: Sequence[str], changes: Iterable[Chang
             continue
         if change.op == "I":
             key = _key(table, key_columns, change.new, change, "insert")
+            assert change.new is not None  # _key raised otherwise
             image = Image(dict(change.new))
             finals[key] = Final(key, image, change.lsn)
         elif change.op == "U":
@@ -203,6 +203,7 @@ def reduce(table: TableName, key_columns: Sequence[str], changes: Iterable[Chang
             finals[key] = Final(key, image, change.lsn)
         elif change.op == "D":
             key = _key(table, key_columns, change.old, change, "delete")
+            assert change.old is not None  # _key raised otherwise
             finals[key] = Final(key, None, change.lsn)
             image = Image({c: v for c, v in change.old.items() if v is not NOT_IN_KEY})
         else:
@@ -216,6 +217,7 @@ def _updated(table: TableName, change: Change, previous: Final | None, old_key: 
     """The image an update leaves, its unchanged TOAST values resolved as far as the batch can."""
     values: dict[str, object] = {}
     source = None
+    assert change.new is not None  # reduce took the key from it (_key raises on no tuple)
     for column, value in change.new.items():
         if value is not UNCHANGED_TOAST:
             values[column] = value

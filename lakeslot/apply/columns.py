@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from pyiceberg.types import DecimalType, IcebergType, ListType, PrimitiveType
+from pyiceberg.types import DecimalType, IcebergType, ListType
 
 from lakeslot import typemap
 from lakeslot.staging.relations import Column, Relation
@@ -40,7 +40,8 @@ _PG_OF_ICEBERG = {
 _WIDER = {("int", "long"), ("float", "double")}
 
 
-def _pg_of(iceberg: PrimitiveType) -> typemap.PgType:
+def _pg_of(iceberg: IcebergType) -> typemap.PgType:
+    """The PostgreSQL type parsing into a primitive ``iceberg`` (KeyError for any other type)."""
     if isinstance(iceberg, DecimalType):
         return typemap.PgType("numeric", typmod=((iceberg.precision << 16) | iceberg.scale) + 4)
     return typemap.PgType(_PG_OF_ICEBERG[str(iceberg)])
@@ -142,12 +143,14 @@ class RelationTypes:
         return self._cache[cache_key]
 
 
-def plan_schema(mirror: Mapping[str, IcebergType], relations: Sequence[Mapping[str, object]]
-                ) -> SchemaPlan:
+def plan_schema(mirror: Mapping[str, IcebergType],
+                relations: Sequence[Mapping[str, IcebergType | str]]) -> SchemaPlan:
     """What the descriptions ``relations`` (column → Iceberg type or reason, in order) ask of a
     mirror with columns ``mirror`` (``_lakeslot_lsn`` excluded)."""
     current = dict(mirror)
-    add, promote, incompatible = [], [], []
+    add: list[tuple[str, IcebergType]] = []
+    promote: list[tuple[str, IcebergType]] = []
+    incompatible: list[str] = []
     seen: set[str] = set()
     for relation in relations:
         for name, iceberg in relation.items():

@@ -26,7 +26,8 @@ A pass (:meth:`Applier.run_pass`):
    Retention: sealed segments wholly at or below every table's position and older than
    ``spec.staging.retentionSeconds`` are deleted (never the furthest segment, where the reader
    resumes; nothing while a table waits for its snapshot).
-5. The status document ``<staging>/apply-status.json`` is rewritten (:meth:`lakeslot.staging.store.Staging.write_apply_status`).
+5. The status document ``<staging>/apply-status.json`` is rewritten
+   (:meth:`lakeslot.staging.store.Staging.write_apply_status`).
 
 Exactly once: the only state is in Iceberg (each table's position, committed atomically with its
 data) and in the immutable segments. A crash anywhere — between table commits, during a MERGE,
@@ -55,12 +56,14 @@ simulate a crash at that point.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn, TypeVar
 
 import psycopg
 from py4j.protocol import Py4JError
@@ -85,6 +88,7 @@ EXPIRE_INTERVAL_S = 3600.0
 POINTS = ("batch-read", "after-evolve", "after-changelog", "before-merge", "after-merge",
           "after-tables", "after-retention")
 TRANSIENT = (Py4JError, OSError, psycopg.OperationalError)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -202,22 +206,23 @@ class Applier:
         outcomes: dict[TableName, TableOutcome] = {}
         states: dict[TableName, TableState] = {}
         for table in self.job.tables:
-            prepared = self._attempt(table, lambda t=table: self._prepare(t))
+            prepared = self._attempt(table, functools.partial(self._prepare, table))
             if isinstance(prepared, TableState):
                 states[table] = prepared
             else:
                 outcomes[table] = prepared
         staged = self.staging.list()
         for table, state in list(states.items()):
-            if staged and state.lsn > 0 and state.lsn + 1 < staged[0].start:
-                outcomes[table] = self._attempt(table, lambda t=table, s=state: _cut_off(
-                    t, s.lsn, staged[0].start))
+            position = _position(state)
+            if staged and position > 0 and position + 1 < staged[0].start:
+                outcomes[table] = self._attempt(table, functools.partial(
+                    _cut_off, table, position, staged[0].start))
                 del states[table]
-        batch = changes.read_batch(self.staging, {t: s.lsn for t, s in states.items()},
+        batch = changes.read_batch(self.staging, {t: _position(s) for t, s in states.items()},
                                    max_segments=self.max_segments)
         self.hooks("batch-read")
         for table, state in states.items():
-            outcomes[table] = self._attempt(table, lambda t=table, s=state: self._apply(t, s, batch))
+            outcomes[table] = self._attempt(table, functools.partial(self._apply, table, state, batch))
         self.hooks("after-tables")
         ordered = tuple(outcomes[t] for t in self.job.tables)
         self._expire(ordered)
@@ -227,7 +232,7 @@ class Applier:
         self._write_status(result)
         return result
 
-    def _attempt(self, table: TableName, action: Callable[[], object]):
+    def _attempt(self, table: TableName, action: Callable[[], T]) -> T | TableOutcome:
         """``action`` with retries for transient errors; definite errors are recorded."""
         target = self.job.names.mirror_table(table)
         for attempt in range(self.max_attempts):
@@ -267,6 +272,7 @@ class Applier:
                                     error="waiting for the snapshot of the table")
             self._create(table, target)
             state = self.tables.load(target)
+            assert state is not None  # _create just created it
         if state.lsn is None:
             return TableOutcome(table, target, "waiting", None,
                                 error="the mirror table has no lakeslot.lsn yet (no snapshot)")
@@ -299,7 +305,7 @@ class Applier:
 
     def _apply(self, table: TableName, state: TableState, batch: changes.Batch) -> TableOutcome:
         target = self.job.names.mirror_table(table)
-        if batch.end is None or batch.end - 1 <= state.lsn:
+        if batch.end is None or batch.end - 1 <= _position(state):
             return TableOutcome(table, target, "current", state.lsn)
         lsn = batch.end - 1
         found = batch.changes[table]
@@ -362,7 +368,9 @@ class Applier:
             self.tables.evolve(target, list(schema.add), list(schema.promote),
                                self._missing_values(table, [name for name, _ in schema.add]))
             self.hooks("after-evolve", table)
-            state = self.tables.load(target)
+            evolved = self.tables.load(target)
+            assert evolved is not None  # evolve just committed to it
+            state = evolved
         return self._backfill(target, state)
 
     def _missing_values(self, table: TableName, added: list[str]) -> dict[str, str]:
@@ -392,10 +400,12 @@ class Applier:
         qualified = self.tables.qualified(target)
         statement, view = merge.backfill_sql(self.spark, state, self.spark.table(qualified).schema,
                                              qualified, state.backfill)
-        self.tables.commit_sql(target, statement, state.lsn)
+        self.tables.commit_sql(target, statement, _position(state))
         self.spark.catalog.dropTempView(view)
         self.tables.set_properties(target, {}, remove=(BACKFILL_PROPERTY,))
-        return self.tables.load(target)
+        backfilled = self.tables.load(target)
+        assert backfilled is not None  # it was just committed to
+        return backfilled
 
     def _changelog(self, table: TableName, target: str, state: TableState,
                    reduction: changes.Reduction, lsn: int) -> None:
@@ -406,13 +416,14 @@ class Applier:
         if log_state is None:
             self.tables.create(name, changelog_schema(state.schema),
                                table_properties(self.spec.sink.table_properties),
-                               state.lsn)
+                               _position(state))
             log_state = self.tables.load(name)
+            assert log_state is not None  # just created
         wanted, present = state.data_columns(), log_state.data_columns()
         self.tables.evolve(name, [(n, t) for n, t in wanted.items() if n not in present],
                            [(n, t) for n, t in wanted.items()
                             if n in present and not columns.same_type(present[n], t)])
-        position = max(log_state.lsn or 0, state.lsn)
+        position = max(log_state.lsn or 0, _position(state))
         if position >= lsn:
             return
         events = [merge.Record((), e.image, e.lsn, e.op, e.seq) for e in reduction.events
@@ -450,7 +461,7 @@ class Applier:
     def _retention(self, outcomes: tuple[TableOutcome, ...]) -> int:
         if any(o.lsn is None for o in outcomes):
             return 0  # a table waits for its snapshot: every staged change may still be needed
-        floor = min((o.lsn for o in outcomes), default=None)
+        floor = min((o.lsn for o in outcomes if o.lsn is not None), default=None)
         names = self.staging.list()
         if floor is None or not names:
             return 0
@@ -480,7 +491,14 @@ class Applier:
         self.staging.write_apply_status(document)
 
 
-def _cut_off(table: TableName, position: int, first: int) -> None:
+def _position(state: TableState) -> int:
+    """The position of a table :meth:`Applier._prepare` accepted: it returns only tables that
+    have one, and evolving or backfilling a table keeps it."""
+    assert state.lsn is not None
+    return state.lsn
+
+
+def _cut_off(table: TableName, position: int, first: int) -> NoReturn:
     raise TableError(
         f"{table}: the mirror reflects {lsn_text.format(position)} but staging starts at "
         f"{lsn_text.format(first)}: the changes in between are gone (the slot was recreated after "

@@ -100,7 +100,7 @@ def create_source(spark, table: str, state: TableState, spark_schema: StructType
 
     parsed = [_parse(table, parsers[i], [text(r, i) for r in records]) for i in range(len(names))]
     sources = [_parse(table, parsers[i],
-                      [r.image.source[j] if r.image is not None and r.image.keeps else None
+                      [r.image.source[j] if r.image is not None and r.image.source is not None else None
                        for r in records]) for j, i in enumerate(key)]
     flags = [[r.image is not None and r.image.values.get(names[i]) is KEEP for r in records]
              for i in keeps]

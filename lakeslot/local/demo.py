@@ -43,7 +43,7 @@ from lakeslot import lsn as lsnlib
 from lakeslot import pgcluster, workloads
 from lakeslot.local import config, observe, run, verify
 from lakeslot.local.display import human_bytes
-from lakeslot.source.connection import ConnectionSettings
+from lakeslot.source.connection import ConnectionSettings, one_row
 from lakeslot.source.tables import TableName
 
 DATABASE = "demo"
@@ -174,12 +174,12 @@ class Workload:
         if self.error is not None:
             raise self.error
         with self.cluster.connect(DATABASE) as conn:
-            return conn.execute("SELECT count(*) FROM pgbench_history").fetchone()[0]
+            return one_row(conn.execute("SELECT count(*) FROM pgbench_history"))[0]
 
 
 def _current_lsn(cluster: pgcluster.Cluster) -> int:
     with cluster.connect(DATABASE) as conn:
-        return conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8").fetchone()[0]
+        return one_row(conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8"))[0]
 
 
 def main(directory: Path, *, scale: int = 10, out=None) -> int:

@@ -31,11 +31,12 @@ LOG_EVERY_S = 15.0
 def human_bytes(n: int | None) -> str:
     if n is None:
         return "-"
+    size: float = n
     for unit in ("B", "kB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
+        if abs(size) < 1000 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return str(size)
 
 
 def _ago(when: datetime | None) -> str:

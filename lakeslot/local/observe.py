@@ -58,8 +58,9 @@ def activity(local: Local) -> Activity:
         outcome = json.loads(local.path("reader-status.json").read_text())
     except (OSError, ValueError):
         outcome = {}
-    reader_pid = info.get("readerPid")
-    return Activity(active, info.get("pod"), active and bool(reader_pid) and _alive(reader_pid),
+    reader_pid: int | None = info.get("readerPid")
+    reader_running = bool(active and reader_pid and _alive(reader_pid))
+    return Activity(active, info.get("pod"), reader_running,
                     outcome, None if active else "no local run is active")
 
 

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from lakeslot import control
 from lakeslot import lsn as lsnlib
@@ -55,6 +55,9 @@ from lakeslot.local.config import Local
 from lakeslot.local.display import Display
 from lakeslot.source import connection
 from lakeslot.source.tables import TableName
+
+if TYPE_CHECKING:  # pyspark is imported only once a run needs Spark
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("lakeslot.local")
 
@@ -74,7 +77,7 @@ class Options:
     once: bool = False
     interval: float = 2.0  # seconds between supervision ticks (status refresh)
     master: str = "local[*]"
-    spark: object | None = None  # an existing SparkSession (kept running at the end)
+    spark: SparkSession | None = None  # an existing session (kept running at the end)
     out: TextIO | None = None  # where progress goes; default stderr
     interactive: bool | None = None  # redraw in place; default: out is a terminal
 
@@ -103,7 +106,7 @@ def configure_logging(local: Local, *, interactive: bool) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def spark_session(local: Local, tables: list[TableName], *, master: str = "local[*]"):
+def spark_session(local: Local, tables: list[TableName], *, master: str = "local[*]") -> SparkSession:
     """The Spark session of a local run: ``sink.catalog`` with its Secret-backed properties,
     Spark's own log in ``spark.log`` of the state directory (the JVM inherits the stderr it is
     started with: it is pointed there while the JVM starts, so Spark's logging never mixes with
@@ -184,7 +187,7 @@ class _Session:
         self.reader_done = threading.Event()  # --once: everything up to the target is sealed
         self.target: int | None = None
         self.caught_up = False
-        self.spark = None
+        self.spark: SparkSession | None = None
         self.workers: dict[str, _Worker] = {}
         self.apply_stop = threading.Event()
         self.display = Display(local, options.out, interactive=options.interactive)
@@ -244,7 +247,7 @@ class _Session:
         log.info("reader started (pid %d)%s", self.reader.pid,
                  f", stopping at {lsnlib.format(self.target)}" if self.target is not None else "")
 
-    def _spark_session(self, tables: list[TableName]):
+    def _spark_session(self, tables: list[TableName]) -> SparkSession:
         return spark_session(self.local, tables, master=self.options.master)
 
     def _snapshot(self, tables: list[TableName], below: int) -> None:
@@ -256,6 +259,7 @@ class _Session:
             self.spark, job_input, progress=progress, min_snapshot_lsn=below))
         self._supervise(lambda: not worker.alive)
         if worker.alive:  # stopping: cancel its Spark jobs until it gives up
+            assert self.spark is not None  # execute() starts the session before the snapshot
             while worker.alive:
                 self.spark.sparkContext.cancelAllJobs()
                 worker.join(1.0)
@@ -323,11 +327,14 @@ class _Session:
 
     def _start(self, name: str, target: Callable[[], object]) -> _Worker:
         spark = self.spark
+        assert spark is not None  # execute() starts the session before any job
 
         def in_session() -> object:
             # SQL conf (the Iceberg catalog) is the JVM thread's active session's: a new
             # thread has none until it is set.
-            spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+            jvm = spark._jvm
+            assert jvm is not None  # set for as long as the session runs
+            jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
             return target()
 
         worker = _Worker(name, in_session)
@@ -344,6 +351,7 @@ class _Session:
 
     def _check_reader(self) -> None:
         reader = self.reader
+        assert reader is not None  # execute() starts the reader before anything is supervised
         code = reader.poll()
         if code is None:
             return

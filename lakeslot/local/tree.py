@@ -6,6 +6,7 @@ Failure mode: a process that exits while the tree is read is simply not listed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -57,10 +58,8 @@ def wait_gone(pids: set[int], timeout: float) -> set[int]:
     left = alive(pids)
     for signum in (signal.SIGTERM, signal.SIGKILL):
         for pid in alive(left):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
         end = time.monotonic() + 5
         while alive(left) and time.monotonic() < end:
             time.sleep(0.1)

@@ -212,7 +212,12 @@ class TableState:
 
     @property
     def key(self) -> list[str]:
-        return [self.schema.find_column_name(i) for i in self.schema.identifier_field_ids]
+        key = []
+        for field_id in self.schema.identifier_field_ids:
+            name = self.schema.find_column_name(field_id)
+            assert name is not None  # Iceberg only accepts identifier fields that are in the schema
+            key.append(name)
+        return key
 
     def data_columns(self) -> dict[str, IcebergType]:
         """Columns other than lakeslot's own, in order."""
@@ -268,7 +273,9 @@ class Tables(Catalog):
         (column → PostgreSQL text value) is recorded in the same commit, as
         :data:`BACKFILL_PROPERTY`: the value every existing row has in the source."""
         loaded = self._table(table)
-        state = self.load(table).data_columns()
+        current = self.load(table)
+        assert current is not None  # _table just loaded it (it raises for a missing table)
+        state = current.data_columns()
         add = [(n, t) for n, t in add if n not in state]
         promote = [(n, t) for n, t in promote if str(state.get(n)) != str(t)]
         if not add and not promote:

@@ -40,7 +40,8 @@ CATALOG_IMPLEMENTATIONS: dict[str, dict[str, str]] = {
 
 
 def warehouse_uri(warehouse: str | Path) -> str:
-    """A URI for the warehouse: URIs (``s3a://…``, ``file:/…``) unchanged, local paths made absolute ``file://`` URIs."""
+    """A URI for the warehouse: URIs (``s3a://…``, ``file:/…``) unchanged, local paths made
+    absolute ``file://`` URIs."""
     if isinstance(warehouse, str) and ":/" in warehouse:
         return warehouse
     return Path(warehouse).resolve().as_uri()

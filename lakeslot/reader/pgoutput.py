@@ -191,6 +191,8 @@ class RelationCache:
         self.relations[relation.oid] = relation
 
     def _named(self, column: Column) -> Column:
+        schema: str | None
+        name: str | None
         if column.type_oid in self._types:
             t = self._types[column.type_oid]
             schema, name = t.schema, t.name

@@ -135,6 +135,9 @@ def check_resume(staging: Staging, health: slot.SlotHealth,
     and timeline; the slot's confirmed_flush_lsn when staging is empty."""
     last = staging.resume_point()
     if last is None:
+        # check_source found the slot; a logical slot has a confirmed_flush_lsn once created
+        # (NULL only for physical slots and while pg_create_logical_replication_slot runs).
+        assert health.confirmed_flush_lsn is not None
         return health.confirmed_flush_lsn
     recorded = staging.metadata(last).source
     if recorded.system_id != source.system_id:
@@ -156,6 +159,8 @@ def check_not_ahead(health: slot.SlotHealth | None, resume: int) -> None:
     the resume point."""
     if health is None:
         raise DefiniteError("SlotMissing", "the replication slot vanished after the start")
+    # We hold the slot, so it is a created logical slot: it has a confirmed_flush_lsn.
+    assert health.confirmed_flush_lsn is not None
     if health.confirmed_flush_lsn > resume:
         raise DefiniteError(
             "SlotAhead",
@@ -229,9 +234,9 @@ class Session:
         c = self.config
         interval = c.feedback_interval
         if interval is None:
-            timeout_ms = meta.execute(
+            timeout_ms = connection.one_row(meta.execute(
                 "SELECT setting::int FROM pg_settings WHERE name = 'wal_sender_timeout'"
-            ).fetchone()[0]
+            ))[0]
             interval = feedback_interval(timeout_ms)
         return StreamSettings(interval, c.segment_max_bytes, c.segment_max_seconds, c.stop_at,
                               c.health_interval)

@@ -204,28 +204,31 @@ class SegmentWriter:
         self._writer: pq.ParquetWriter | None = None
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self._open()
-        self._writer.write_batch(batch)
+        self._open().write_batch(batch)
         self.rows += batch.num_rows
 
-    def _open(self) -> None:
+    def _open(self) -> pq.ParquetWriter:
+        """The open writer, opening it (and its temporary file) on first use."""
         if self._writer is None:
             self._temp, filesystem = self.staging.temporary(self.start)
             self._writer = pq.ParquetWriter(
                 self._temp, SCHEMA, filesystem=filesystem, compression="zstd",
                 use_dictionary=_DICTIONARY_COLUMNS, write_statistics=_STATISTICS_COLUMNS)
+        return self._writer
 
     def seal(self, end: int) -> SegmentName:
         """Finish the file and make it visible as ``<start>-<end>.parquet``."""
         if end < self.start:
             raise ValueError(f"a segment cannot end ({end:X}) before it starts ({self.start:X})")
-        self._open()
+        writer = self._open()
+        temp = self._temp
+        assert temp is not None  # _open sets the temporary file together with the writer
         name = SegmentName(self.start, end)
-        self._writer.add_key_value_metadata({METADATA_KEY: metadata_document(
+        writer.add_key_value_metadata({METADATA_KEY: metadata_document(
             self.start, end, self.source, self.relations.relations)})
-        self._writer.close()
+        writer.close()
         self._writer = None
-        self.staging.publish(self._temp, name)
+        self.staging.publish(temp, name)
         self._temp = None
         return name
 

@@ -8,8 +8,9 @@ Roles and modules:
   minus one is the snapshot LSN ``s``) and exports the snapshot. That transaction stays open until
   every table has committed (the leader commits last); the slot dies with it.
 - :mod:`.plan`: in a session importing the snapshot, reads what the catalog said *as of s* (columns,
-  types and key through :mod:`lakeslot.source.columns`, leaf partitions, ``relfilenode``) and splits each heap into ctid page ranges by
-  ``pg_class.relpages`` (an estimate: the last range of every heap is open-ended).
+  types and key through :mod:`lakeslot.source.columns`, leaf partitions, ``relfilenode``) and
+  splits each heap into ctid page ranges by ``pg_class.relpages`` (an estimate: the last range of
+  every heap is open-ended).
 - :mod:`.follower` (Spark tasks, one range per task): imports the snapshot, reads its range through
   the ADBC driver (binary COPY → Arrow), converts with :mod:`lakeslot.typemap` and writes Parquet
   data files for the mirror table. It returns the files; it never commits.

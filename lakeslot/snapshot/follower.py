@@ -43,7 +43,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -73,9 +73,9 @@ PASSWORD_VARIABLES = (PASSWORD_ENV, "PGPASSWORD")  # ours first, then libpq's
 MiB = 1 << 20
 
 
-def password_from_env(environ: dict[str, str] | None = None) -> str | None:
-    environ = os.environ if environ is None else environ
-    return next((environ[k] for k in PASSWORD_VARIABLES if environ.get(k)), None)
+def password_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    return next((env[k] for k in PASSWORD_VARIABLES if env.get(k)), None)
 
 
 class DefiniteError(RuntimeError):
@@ -95,7 +95,7 @@ class RangeTask:
     columns: tuple[typemap.ColumnMapping, ...]
     schema: pa.Schema  # the Parquet schema, with the mirror table's field ids
     location: str  # data file prefix, from the table's location provider
-    write: WriteOptions = WriteOptions()
+    write: WriteOptions = field(default_factory=WriteOptions)
     statement_timeout_ms: int = 0
 
 
@@ -273,7 +273,8 @@ class _DataFiles:
         self.cpu = 0.0  # CPU seconds of the writer thread
         self._pending: list[pa.RecordBatch] = []
         self._pending_bytes = 0
-        self._stream = self._writer = None
+        self._stream: pa.NativeFile | None = None  # the open file and its writer, or both None
+        self._writer: pq.ParquetWriter | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parquet")
         self._writing: Future | None = None
 
@@ -308,6 +309,7 @@ class _DataFiles:
         for offset in range(0, table.num_rows, rows):
             if self._writer is None:
                 self._open_file()
+            assert self._writer is not None and self._stream is not None  # _open_file opened both
             self._writer.write_table(table.slice(offset, rows), row_group_size=rows)
             if self._stream.tell() >= options.target_file_bytes:
                 self._close_file()
@@ -326,6 +328,7 @@ class _DataFiles:
 
     def _close_file(self) -> None:
         if self._writer is not None:
+            assert self._stream is not None  # set together with the writer
             self._writer.close()
             self._stream.close()
             self._stream = self._writer = None

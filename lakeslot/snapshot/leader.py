@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import psycopg
 
 from lakeslot import lsn
-from lakeslot.source.connection import ConnectionSettings, connect
+from lakeslot.source.connection import ConnectionSettings, connect, one_row
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,9 @@ def exported_snapshot(settings: ConnectionSettings, app_name: str) -> Iterator[S
         for name, value in KEEPALIVES.items():
             conn.execute(f"SET {name} = {value}")
         conn.execute("BEGIN READ ONLY ISOLATION LEVEL REPEATABLE READ")
-        consistent_point = conn.execute(
-            f'CREATE_REPLICATION_SLOT "{slot}" TEMPORARY LOGICAL pgoutput USE_SNAPSHOT'
-        ).fetchone()[1]
-        name = conn.execute("SELECT pg_export_snapshot()").fetchone()[0]
+        consistent_point = one_row(conn.execute(
+            f'CREATE_REPLICATION_SLOT "{slot}" TEMPORARY LOGICAL pgoutput USE_SNAPSHOT'))[1]
+        name = one_row(conn.execute("SELECT pg_export_snapshot()"))[0]
         snapshot = Snapshot(name, lsn.parse(consistent_point) - 1, slot, conn.info.server_version)
         log.info("exported snapshot %s at LSN %s (temporary slot %s)", name,
                  lsn.format(snapshot.lsn), slot)

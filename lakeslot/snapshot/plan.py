@@ -30,6 +30,7 @@ from psycopg import sql
 
 from lakeslot import typemap
 from lakeslot.source import columns
+from lakeslot.source.connection import one_row
 from lakeslot.source.tables import TableName, existing
 
 TID_RANGE_SCAN_VERSION = 140000
@@ -97,7 +98,7 @@ def page_ranges(pages: int, pages_per_range: int, tid_range_scan: bool = True) -
 def inspect(conn: psycopg.Connection, requests: Sequence[TableRequest], *,
             target_range_bytes: int) -> list[TablePlan | TableFailure]:
     """Plan every request; ``conn`` must be inside a transaction that imported the snapshot."""
-    block_size = int(conn.execute("SELECT current_setting('block_size')").fetchone()[0])
+    block_size = int(one_row(conn.execute("SELECT current_setting('block_size')"))[0])
     pages_per_range = max(1, target_range_bytes // block_size)
     tid_range_scan = conn.info.server_version >= TID_RANGE_SCAN_VERSION
     oids = existing(conn, [r.source for r in requests])

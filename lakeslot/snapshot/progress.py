@@ -70,7 +70,8 @@ class TableProgress:
 class Progress:
     def __init__(self, location: str | None, tables: list[tuple[TableName, str]]) -> None:
         self._location, self._lock = location, threading.Lock()
-        self.job, self.state, self.error = uuid.uuid4().hex[:12], "running", None
+        self.job, self.state = uuid.uuid4().hex[:12], "running"
+        self.error: str | None = None
         self.snapshot_lsn: int | None = None
         self.started = _now()
         self.tables = {source: TableProgress(source, target) for source, target in tables}

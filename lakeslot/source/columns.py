@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import psycopg
 
 from lakeslot import typemap
+from lakeslot.source.connection import one_row
 from lakeslot.source.preflight import replica_identity_key
 
 
@@ -44,11 +45,13 @@ class TypeCache:
     """``pg_type`` rows by OID, read once per connection; resolves domains and arrays."""
 
     def __init__(self, conn: psycopg.Connection) -> None:
-        self._conn, self._types = conn, {}
+        self._conn = conn
+        self._types: dict[int, PgTypeRow] = {}
 
     def get(self, oid: int) -> PgTypeRow:
         if oid not in self._types:
-            row = self._conn.execute(
+            (name, typtype, basetype, typtypmod, elem, category, delimiter, output_schema,
+             output_name) = one_row(self._conn.execute(
                 """SELECT CASE WHEN tn.nspname = 'pg_catalog' THEN t.typname
                                ELSE tn.nspname || '.' || t.typname END,
                           t.typtype, t.typbasetype::int8, t.typtypmod, t.typelem::int8,
@@ -56,8 +59,9 @@ class TypeCache:
                      FROM pg_type t JOIN pg_namespace tn ON tn.oid = t.typnamespace
                      JOIN pg_proc p ON p.oid = t.typoutput
                      JOIN pg_namespace pn ON pn.oid = p.pronamespace
-                    WHERE t.oid = %s::oid""", (oid,)).fetchone()
-            self._types[oid] = PgTypeRow(*row[:7], output=(row[7], row[8]))
+                    WHERE t.oid = %s::oid""", (oid,)))
+            self._types[oid] = PgTypeRow(name, typtype, basetype, typtypmod, elem, category, delimiter,
+                                         output=(output_schema, output_name))
         return self._types[oid]
 
     def _resolve(self, oid: int, typmod: int) -> tuple[PgTypeRow, int]:

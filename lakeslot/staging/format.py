@@ -143,7 +143,8 @@ def chain(segments: list[SegmentName], after: int) -> list[SegmentName]:
     chosen one: a consumer skips rows whose ``commit_lsn`` is below the previous segment's end.
     Raises :class:`GapError` when a later segment exists but nothing covers the position."""
     ordered = sorted(segments)
-    result, position, i = [], after, 0
+    result: list[SegmentName] = []
+    position, i = after, 0
     while True:
         best = None
         while i < len(ordered) and ordered[i].start <= position:
@@ -219,6 +220,8 @@ class Segment:
 def _tuple(relation: Relation | None, kinds: str | None, values: list | None) -> dict | None:
     if kinds is None:
         return None
+    # Only I/U/D rows carry kinds, and those always have a relation and the values list.
+    assert relation is not None and values is not None
     return {c.name: (v if k == "t" else _MARKERS[k])
             for c, k, v in zip(relation.columns, kinds, values, strict=True)}
 

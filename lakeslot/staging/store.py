@@ -22,6 +22,7 @@ calls it once it holds the slot, when no other legitimate writer can exist).
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import os
@@ -111,7 +112,8 @@ class Staging:
             self.discard(path)
         return len(leftovers)
 
-    def change_counts(self, name: SegmentName) -> list[tuple[str, str, int, int]]:
+    # builtins.list: inside the class body, ``list`` is the method above.
+    def change_counts(self, name: SegmentName) -> builtins.list[tuple[str, str, int, int]]:
         """``(schema, table, commit_lsn, changes)`` of one sealed segment, reading only the
         columns needed."""
         table = pq.read_table(self._file(name.filename),

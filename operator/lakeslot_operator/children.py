@@ -168,33 +168,33 @@ def _spark_application(ingestion: PostgresIngestion, uid: str, config: OperatorC
                        driver, executor, restart: dict, ttl: int | None) -> dict:
     spark = ingestion.spec.spark
     role_labels = labels(ingestion, component)
-    app = {
+    spec: dict[str, object] = {
+        "type": "Python",
+        "pythonVersion": "3",
+        "mode": "cluster",
+        "image": spark.image or config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "mainApplicationFile": main_file,
+        "arguments": arguments,
+        "sparkVersion": spark.spark_version,
+        "restartPolicy": restart,
+        "sparkConf": {**iceberg_conf(ingestion.spec.sink.catalog), **_secret_conf(ingestion),
+                      **spark.spark_conf},
+        "driver": {"cores": driver.cores, "memory": driver.memory, "labels": role_labels,
+                   "serviceAccount": spark.service_account or config.spark_service_account},
+        "executor": {"cores": executor.cores, "memory": executor.memory,
+                     "instances": executor.instances, "labels": role_labels},
+    }
+    if spark.jars:
+        spec["deps"] = {"jars": list(spark.jars)}
+    if ttl is not None:
+        spec["timeToLiveSeconds"] = ttl
+    return {
         "apiVersion": SPARK_API_VERSION,
         "kind": "SparkApplication",
         "metadata": _metadata(ingestion, uid, name, component),
-        "spec": {
-            "type": "Python",
-            "pythonVersion": "3",
-            "mode": "cluster",
-            "image": spark.image or config.image,
-            "imagePullPolicy": config.image_pull_policy,
-            "mainApplicationFile": main_file,
-            "arguments": arguments,
-            "sparkVersion": spark.spark_version,
-            "restartPolicy": restart,
-            "sparkConf": {**iceberg_conf(ingestion.spec.sink.catalog), **_secret_conf(ingestion),
-                          **spark.spark_conf},
-            "driver": {"cores": driver.cores, "memory": driver.memory, "labels": role_labels,
-                       "serviceAccount": spark.service_account or config.spark_service_account},
-            "executor": {"cores": executor.cores, "memory": executor.memory,
-                         "instances": executor.instances, "labels": role_labels},
-        },
+        "spec": spec,
     }
-    if spark.jars:
-        app["spec"]["deps"] = {"jars": list(spark.jars)}
-    if ttl is not None:
-        app["spec"]["timeToLiveSeconds"] = ttl
-    return app
 
 
 def snapshot_name(ingestion: PostgresIngestion, generation: str) -> str:

@@ -18,6 +18,7 @@ import base64
 import hashlib
 import json
 from collections.abc import Mapping
+from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -36,6 +37,12 @@ def desired_hash(obj: Mapping) -> str:
 
 def _absent(e: ApiException) -> bool:
     return e.status == 404
+
+
+def _deployment(obj: dict) -> client.V1Deployment:
+    """The client's model of a Deployment manifest: what the client makes of a dict body anyway
+    (its methods validate their arguments), so the request it sends is the same."""
+    return client.V1Deployment.model_validate(obj)
 
 
 class Kube:
@@ -83,7 +90,9 @@ class Kube:
 
     def get_spark_application(self, namespace: str, name: str) -> dict | None:
         try:
-            return self.custom.get_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], name)
+            # The custom objects API is untyped: it returns the object's JSON, a dict.
+            return cast(dict[str, Any],
+                        self.custom.get_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], name))
         except ApiException as e:
             if _absent(e):
                 return None
@@ -111,7 +120,7 @@ class Kube:
             if spark:
                 self.custom.create_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], obj)
             else:
-                self.apps.create_namespaced_deployment(namespace, obj)
+                self.apps.create_namespaced_deployment(namespace, _deployment(obj))
             return True
         if (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == digest:
             return False
@@ -119,7 +128,7 @@ class Kube:
         if spark:
             self.custom.replace_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], name, obj)
         else:
-            self.apps.replace_namespaced_deployment(name, namespace, obj)
+            self.apps.replace_namespaced_deployment(name, namespace, _deployment(obj))
         return True
 
     def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
@@ -144,8 +153,11 @@ class Kube:
         """Delete every Deployment and SparkApplication carrying ``labels``."""
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
         for deployment in self.apps.list_namespaced_deployment(namespace, label_selector=selector).items:
-            self.apps.delete_namespaced_deployment(deployment.metadata.name, namespace)
-        apps = self.custom.list_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2],
-                                                          label_selector=selector)
+            metadata = deployment.metadata
+            assert metadata is not None and metadata.name is not None  # the API server names every object
+            self.apps.delete_namespaced_deployment(metadata.name, namespace)
+        # The custom objects API is untyped: it returns the list's JSON, a dict.
+        apps = cast(dict[str, Any], self.custom.list_namespaced_custom_object(
+            *SPARK[:2], namespace, SPARK[2], label_selector=selector))
         for app in apps.get("items", []):
             self.delete_spark_application(namespace, app["metadata"]["name"])

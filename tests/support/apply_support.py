@@ -7,6 +7,7 @@ import datetime as dt
 import decimal
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from psycopg import sql
 
@@ -17,16 +18,20 @@ from lakeslot.source.tables import TableName
 from lakeslot.staging.store import Staging
 from spark_jobs import apply as apply_entry
 from spark_jobs import snapshot as snapshot_entry
+from tests.support.fixtures_pg import Database
 from tests.support.operator_env import ingestion_document
 from tests.support.reader_support import current_lsn, prepare, read_until
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 
 @dataclass
 class Pipeline:
     """One ingestion under test: source ``pgdb``, staging directory, mirrors in ``namespace``."""
 
-    spark: object
-    pgdb: object
+    spark: SparkSession
+    pgdb: Database
     staging: str
     namespace: str  # catalog.ns, as the iceberg_namespace fixture gives it
     tables: list[TableName]

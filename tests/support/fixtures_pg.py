@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psycopg
@@ -78,7 +79,7 @@ class Database:
 
 
 @pytest.fixture
-def pgdb(pg) -> Database:
+def pgdb(pg) -> Iterator[Database]:
     name = f"t_{uuid.uuid4().hex[:12]}"
     pg.create_database(name)
     yield Database(pg, name)

@@ -1851,16 +1851,22 @@ class KubeEmulator:
         return kubernetes.client.ApiClient(configuration)
 
     def write_kubeconfig(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.write_text(yaml.safe_dump({
-            'apiVersion': 'v1', 'kind': 'Config', 'preferences': {},
-            'clusters': [{'name': 'kube-emulator', 'cluster': {'server': self.url}}],
-            'users': [{'name': 'kube-emulator', 'user': {}}],
-            'contexts': [{'name': 'kube-emulator', 'context': {
-                'cluster': 'kube-emulator', 'user': 'kube-emulator', 'namespace': 'default'}}],
-            'current-context': 'kube-emulator',
-        }))
-        return path
+        return write_kubeconfig(self.url, path)
+
+
+def write_kubeconfig(server: str, path: str | Path) -> Path:
+    """A kubeconfig at ``path`` for the API server at ``server`` (the emulator, or a proxy in
+    front of it)."""
+    path = Path(path)
+    path.write_text(yaml.safe_dump({
+        'apiVersion': 'v1', 'kind': 'Config', 'preferences': {},
+        'clusters': [{'name': 'kube-emulator', 'cluster': {'server': server}}],
+        'users': [{'name': 'kube-emulator', 'user': {}}],
+        'contexts': [{'name': 'kube-emulator', 'context': {
+            'cluster': 'kube-emulator', 'user': 'kube-emulator', 'namespace': 'default'}}],
+        'current-context': 'kube-emulator',
+    }))
+    return path
 
 
 # ================================================================================================

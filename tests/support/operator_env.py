@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import base64
 import uuid
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import kubernetes.client
 import pytest
@@ -33,7 +33,7 @@ from lakeslot.source.tables import TableName
 
 NAMESPACE = "default"
 SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
-SPARK_CRD = {
+SPARK_CRD: dict[str, Any] = {
     "apiVersion": "apiextensions.k8s.io/v1",
     "kind": "CustomResourceDefinition",
     "metadata": {"name": f"{SPARK_PLURAL}.{SPARK_GROUP}"},
@@ -52,11 +52,13 @@ def install_crds(api_client: kubernetes.client.ApiClient) -> None:
     extensions = kubernetes.client.ApiextensionsV1Api(api_client)
     with open("crds/postgresingestions.lakeslot.io.yaml") as f:
         extensions.create_custom_resource_definition(yaml.safe_load(f))
-    extensions.create_custom_resource_definition(SPARK_CRD)
+    # The client's types ask for a V1CustomResourceDefinition; it sends a dict body as is.
+    extensions.create_custom_resource_definition(SPARK_CRD)  # type: ignore[arg-type]
 
 
 def create_secret(api_client, name: str, values: dict[str, str]) -> None:
-    kubernetes.client.CoreV1Api(api_client).create_namespaced_secret(NAMESPACE, {
+    # The client's types ask for a V1Secret; it sends a dict body as is.
+    kubernetes.client.CoreV1Api(api_client).create_namespaced_secret(NAMESPACE, {  # type: ignore[arg-type]
         "metadata": {"name": name},
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in values.items()}})
 
@@ -89,7 +91,7 @@ def ingestion_document(name: str, db, tables: list[TableName], *, warehouse: str
                        **spec: object) -> dict:
     """A PostgresIngestion for ``db`` (a ``tests.support.fixtures_pg.Database``), its password
     in the Secret ``<name>-pg``, Iceberg in a hadoop catalog on ``warehouse``."""
-    document = {
+    document: dict[str, Any] = {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "PostgresIngestion",
         "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {
@@ -110,29 +112,37 @@ def ingestion_document(name: str, db, tables: list[TableName], *, warehouse: str
 def create_ingestion(api_client, document: dict, password: str) -> dict:
     """The ingestion and the Secret holding its source password."""
     create_secret(api_client, f"{document['metadata']['name']}-pg", {"password": password})
-    return kubernetes.client.CustomObjectsApi(api_client).create_namespaced_custom_object(
+    created = kubernetes.client.CustomObjectsApi(api_client).create_namespaced_custom_object(
         GROUP, VERSION, NAMESPACE, PLURAL, document)
+    assert isinstance(created, dict), created
+    return created
 
 
 def get_ingestion(api_client, name: str) -> dict | None:
     try:
-        return kubernetes.client.CustomObjectsApi(api_client).get_namespaced_custom_object(
+        resource = kubernetes.client.CustomObjectsApi(api_client).get_namespaced_custom_object(
             GROUP, VERSION, NAMESPACE, PLURAL, name)
     except ApiException as e:
         if e.status == 404:
             return None
         raise
+    assert isinstance(resource, dict), resource
+    return resource
 
 
 def spark_applications(api_client) -> dict[str, dict]:
-    items = kubernetes.client.CustomObjectsApi(api_client).list_namespaced_custom_object(
-        SPARK_GROUP, SPARK_VERSION, NAMESPACE, SPARK_PLURAL)["items"]
-    return {app["metadata"]["name"]: app for app in items}
+    listing = kubernetes.client.CustomObjectsApi(api_client).list_namespaced_custom_object(
+        SPARK_GROUP, SPARK_VERSION, NAMESPACE, SPARK_PLURAL)
+    assert isinstance(listing, dict), listing
+    return {app["metadata"]["name"]: app for app in listing["items"]}
 
 
 def deployments(api_client) -> dict[str, dict]:
-    items = kubernetes.client.AppsV1Api(api_client).list_namespaced_deployment(NAMESPACE).items
-    return {d.metadata.name: api_client.sanitize_for_serialization(d) for d in items}
+    result = {}
+    for d in kubernetes.client.AppsV1Api(api_client).list_namespaced_deployment(NAMESPACE).items:
+        assert d.metadata is not None and d.metadata.name is not None, d
+        result[d.metadata.name] = api_client.sanitize_for_serialization(d)
+    return result
 
 
 def set_spark_state(api_client, name: str, state: str, error: str = "") -> None:
@@ -148,8 +158,11 @@ def reader_pod_running(api_client, ingestion_name: str, pod_name: str) -> None:
     core = kubernetes.client.CoreV1Api(api_client)
     apps = kubernetes.client.AppsV1Api(api_client)
     deployment = apps.read_namespaced_deployment(f"{ingestion_name}-reader", NAMESPACE)
+    assert deployment.spec is not None, deployment
     template = deployment.spec.template
-    core.create_namespaced_pod(NAMESPACE, {
+    assert template.metadata is not None and template.spec is not None, template
+    # The client's types ask for a V1Pod; it sends a dict body as is.
+    core.create_namespaced_pod(NAMESPACE, {  # type: ignore[arg-type]
         "metadata": {"name": pod_name, "labels": template.metadata.labels},
         "spec": {"containers": [{"name": "reader", "image": template.spec.containers[0].image}]}})
     core.patch_namespaced_pod_status(pod_name, NAMESPACE, {"status": {"phase": "Running"}})
@@ -190,4 +203,11 @@ def condition(resource: dict, type_: str) -> dict | None:
         if c["type"] == type_:
             return c
     return None
+
+
+def required_condition(resource: dict, type_: str) -> dict:
+    """The condition ``type_`` of ``resource``; fails the test when its status has none."""
+    found = condition(resource, type_)
+    assert found is not None, f"no {type_} condition in {resource.get('status')}"
+    return found
 

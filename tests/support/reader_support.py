@@ -4,6 +4,8 @@ slot position through ``test_decoding`` (an independent decoder) for comparison.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import re
 import subprocess
@@ -11,6 +13,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from psycopg import sql
 
@@ -20,6 +23,7 @@ from lakeslot.reader.metrics import Metrics
 from lakeslot.source import connection, slot
 from lakeslot.source.tables import TableName
 from lakeslot.staging import format as segments
+from lakeslot.staging.relations import Relation
 from lakeslot.staging.store import Staging
 from tests.support.fixtures_pg import connection_settings
 
@@ -33,12 +37,26 @@ def current_lsn(conn) -> int:
     return conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8").fetchone()[0]
 
 
+def slot_health(conn, slot_name: str = "s") -> slot.SlotHealth:
+    """What PostgreSQL knows about the slot; fails the test when it does not exist."""
+    health = slot.health(conn, slot_name)
+    assert health is not None, f"slot {slot_name} does not exist"
+    return health
+
+
+def confirmed_flush(conn, slot_name: str = "s") -> int:
+    """The slot's confirmed_flush_lsn; fails the test when the slot has none."""
+    lsn = slot_health(conn, slot_name).confirmed_flush_lsn
+    assert lsn is not None, f"slot {slot_name} has no confirmed_flush_lsn"
+    return lsn
+
+
 def prepare(conn, tables: list[TableName], *, slot_name: str = "s", publication: str = "p") -> int:
     """Publication ``publication`` for ``tables`` and the permanent slot; returns its LSN."""
     conn.execute(sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
         sql.Identifier(publication), sql.SQL(", ").join(t.sql() for t in tables)))
     slot.ensure(conn, slot_name)
-    return slot.health(conn, slot_name).confirmed_flush_lsn
+    return confirmed_flush(conn, slot_name)
 
 
 def copy_slot(conn, source: str, target: str, plugin: str = "pgoutput") -> None:
@@ -50,10 +68,9 @@ def copy_slot(conn, source: str, target: str, plugin: str = "pgoutput") -> None:
 def config(pgdb, staging: str, **overrides) -> reader.ReaderConfig:
     settings = connection_settings(pgdb)
     settings = settings.__class__(**{**vars(settings), "extra": {"client_encoding": "UTF8"}})
-    values = dict(ingestion=INGESTION, slot="s", publication="p", staging_uri=staging,
-                  settings=settings, pod=POD, segment_max_seconds=3600.0)
-    values.update(overrides)
-    return reader.ReaderConfig(**values)
+    base = reader.ReaderConfig(ingestion=INGESTION, slot="s", publication="p", staging_uri=staging,
+                               settings=settings, pod=POD, segment_max_seconds=3600.0)
+    return dataclasses.replace(base, **overrides)
 
 
 def read_until(pgdb, staging: str, stop_at: int, metrics: Metrics | None = None,
@@ -61,7 +78,7 @@ def read_until(pgdb, staging: str, stop_at: int, metrics: Metrics | None = None,
     """Run the reader in this process until everything up to ``stop_at`` is sealed."""
     durable = reader.run(config(pgdb, staging, stop_at=stop_at, **overrides),
                          stop=threading.Event(), metrics=metrics or Metrics())
-    assert durable >= stop_at
+    assert durable is not None and durable >= stop_at
     return durable
 
 
@@ -72,7 +89,7 @@ class Background:
     thread: threading.Thread
     stop: threading.Event
     metrics: Metrics
-    result: dict = field(default_factory=dict)
+    result: dict[str, Any] = field(default_factory=dict)
 
     def finish(self, timeout: float = 60.0) -> int:
         self.stop.set()
@@ -84,7 +101,8 @@ class Background:
 
 
 def start_in_background(pgdb, staging: str, **overrides) -> Background:
-    stop, metrics, result = threading.Event(), Metrics(), {}
+    stop, metrics = threading.Event(), Metrics()
+    result: dict[str, Any] = {}  # "durable": int | None, or "error": BaseException
 
     def target():
         try:
@@ -120,11 +138,23 @@ def holder(conn, slot_name: str = "s") -> str | None:
 
 # staged rows ---------------------------------------------------------------------------------
 
+def new_tuple(row: segments.Row) -> dict:
+    """``row.new``; fails the test when the row has no new tuple."""
+    assert row.new is not None, f"{row.op} row without a new tuple: {row}"
+    return row.new
+
+
+def relation_of(row: segments.Row) -> Relation:
+    """``row.relation``; fails the test when the row has no relation."""
+    assert row.relation is not None, f"{row.op} row without a relation: {row}"
+    return row.relation
+
+
 def staged(staging: str) -> tuple[list[segments.SegmentName], list[segments.Row]]:
     """Every sealed segment (checked to chain without gap or overlap) and all their rows."""
     store = Staging(staging)
     names = store.list()
-    for previous, following in zip(names, names[1:], strict=False):
+    for previous, following in itertools.pairwise(names):
         assert following.start == previous.end, f"segments {previous} and {following} do not chain"
     rows = [row for name in names for row in store.read(name).rows()]
     return names, rows
@@ -140,11 +170,16 @@ class Change:
     old: dict | None = None  # only the columns the old tuple really carries
 
 
-def transactions(rows: list[segments.Row]) -> list[tuple[int | None, list]]:
+Message = tuple[str, str | None, bytes | None]  # ("M", prefix, content)
+Transaction = tuple[int | None, list[Change | Message]]
+
+
+def transactions(rows: list[segments.Row]) -> list[Transaction]:
     """``(end_lsn, [Change or ('M', prefix, content)])`` per staged transaction, in order; a
     non-transactional message stands alone as ``(None, [message])``. Old tuples keep only the
     columns they carry and are not NULL (what test_decoding prints)."""
-    result, current = [], []
+    result: list[Transaction] = []
+    current: list[Change | Message] = []
     for row in rows:
         if row.op == "C":
             result.append((row.end_lsn, current))
@@ -156,12 +191,13 @@ def transactions(rows: list[segments.Row]) -> list[tuple[int | None, list]]:
             else:
                 result.append((None, [message]))
         elif row.op == "T":
-            current.append(Change((row.relation.schema, row.relation.table), "T"))
+            relation = relation_of(row)
+            current.append(Change((relation.schema, relation.table), "T"))
         else:
+            relation = relation_of(row)
             old = None if row.old is None else {
                 k: v for k, v in row.old.items() if v is not segments.NOT_IN_KEY and v is not None}
-            current.append(Change((row.relation.schema, row.relation.table), row.op,
-                                  row.new, old))
+            current.append(Change((relation.schema, relation.table), row.op, row.new, old))
     assert current == [], "rows after the last commit"
     return result
 
@@ -184,6 +220,7 @@ def _fields(text: str) -> dict:
         assert m, f"cannot parse test_decoding fields at {text[pos:]!r}"
         name = _unquote(m.group(1))
         pos = text.index("]:", m.end()) + 2
+        value: object  # text, None or segments.UNCHANGED_TOAST
         if text[pos] == "'":
             end = pos + 1
             while True:
@@ -206,14 +243,15 @@ def _fields(text: str) -> dict:
 
 
 def decoded_by_test_decoding(conn, slot_name: str, upto: int,
-                             published: set[tuple[str, str]]) -> list[tuple[int, list]]:
+                             published: set[tuple[str, str]]) -> list[Transaction]:
     """The transactions ``test_decoding`` decodes from ``slot_name`` up to ``upto``, restricted
     to ``published`` tables, as :func:`transactions` returns them (messages included)."""
     rows = conn.execute(
         "SELECT (lsn - '0/0')::int8, data FROM pg_logical_slot_peek_changes(%s, %s::pg_lsn, NULL,"
         " 'include-xids', '0', 'skip-empty-xacts', '1')",
         (slot_name, lsn_text.format(upto))).fetchall()
-    result, current = [], []
+    result: list[Transaction] = []
+    current: list[Change | Message] = []
     for lsn, data in rows:
         if data == "BEGIN":
             current = []
@@ -223,6 +261,7 @@ def decoded_by_test_decoding(conn, slot_name: str, upto: int,
         elif data.startswith("message:"):
             m = re.fullmatch(r"message: transactional: (\d) prefix: (.*), sz: (\d+) content:(.*)",
                              data, re.S)
+            assert m, f"cannot parse test_decoding message {data!r}"
             if m.group(1) == "1":
                 current.append(("M", m.group(2), m.group(4).encode()))
             else:
@@ -236,6 +275,7 @@ def _change(data: str, published: set[tuple[str, str]]) -> list[Change]:
     tables, pos = [], len("table ")
     while True:  # TRUNCATE lists several tables: "table a.b, c.d: TRUNCATE: ..."
         m = _QUALIFIED.match(data, pos)
+        assert m, f"cannot parse test_decoding table name at {data[pos:]!r}"
         tables.append((_unquote(m.group(1)), _unquote(m.group(2))))
         pos = m.end()
         if m.group(3) == ": ":
