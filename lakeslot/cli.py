@@ -87,6 +87,23 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _verify(args: argparse.Namespace) -> int:
+    from lakeslot.local import verify
+
+    local = _local(args, "verify")
+    if local is None:
+        return EXIT_USAGE
+    return verify.command(local, args.tables, output=args.output, timeout=args.timeout,
+                          rounds=args.rounds)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive: {text}")
+    return value
+
+
 def _validate(args: argparse.Namespace) -> int:
     from lakeslot.api import validation
 
@@ -214,6 +231,30 @@ def build_parser() -> argparse.ArgumentParser:
     local_arguments(p)
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     p.set_defaults(func=_status)
+
+    p = sub.add_parser(
+        "verify", help="prove the Iceberg mirror equals the source at one LSN, while both change",
+        description="Takes a source snapshot at a known LSN P, waits (up to --timeout) until the "
+        "running pipeline's mirror reaches P, reads the mirror's first snapshot at or above P "
+        "(time travel, position L) and compares every column of every row whose key no "
+        "transaction in (P, L] changed; changed keys are checked again in later rounds, keys "
+        "still changing are listed as not compared. A pipeline must be running (lakeslot run or "
+        "the operator). " + local_help + " Exit codes: 0 every table equal, 1 a difference found "
+        "or the check could not complete (the output says why), 2 bad input.")
+    p.add_argument("-f", "--filename", required=True, metavar="FILE",
+                   help="YAML file holding one PostgresIngestion")
+    p.add_argument("--env-file", metavar="FILE",
+                   help="KEY=VALUE lines for the secrets (the process environment wins)")
+    p.add_argument("--table", dest="tables", action="append", default=[], metavar="SCHEMA.NAME",
+                   help="check only this table (repeatable; quote parts like psql: "
+                   "'\"My Schema\".\"My Table\"'); default: every selected table")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.add_argument("--timeout", type=_positive, default=300.0, metavar="S",
+                   help="longest wait for the mirror to reach each source snapshot (default %(default)s)")
+    p.add_argument("--rounds", type=int, choices=range(1, 11), default=3, metavar="N",
+                   help="source snapshots at most: changed keys are checked again in the next "
+                   "(1-10, default %(default)s)")
+    p.set_defaults(func=_verify, state_dir=None)
 
     p = sub.add_parser(
         "demo", help="run the whole pipeline against an embedded PostgreSQL with sample data",

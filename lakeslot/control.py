@@ -8,7 +8,8 @@ Steps, each gating the next:
    libpq's first line (never a credential: libpq does not print the password).
 2. **Check the source** (:func:`check_source`, ``SourceReady``) — the selected tables, preflight
    (a server-level finding fails the step; a table's own finding fails only that table, which is
-   ``Failed`` in ``status.tables`` with the fix), publication sync.
+   ``Failed`` in ``status.tables`` with the fix; a note — e.g. generated columns left out of the
+   mirror — is the message of a table that passed), publication sync.
 3. **Ensure the slot** (:func:`ensure_slot`, ``SlotReady``) — created before any snapshot
    (DESIGN.md rule 2); a lost slot follows ``policies.onSlotLost``: ``Error`` stops here,
    ``Resnapshot`` empties staging first (:func:`discard_staging`: the staged changes came from
@@ -105,7 +106,12 @@ def check_source(conn: psycopg.Connection, ingestion: PostgresIngestion, report:
         assert finding.table is not None  # server-level findings returned above
         broken.setdefault(finding.table, []).append(str(finding))
     good = [t for t in tables if t not in broken]
-    table_rows(report, tables, broken)
+    noted: dict[TableName, list[str]] = {}
+    for finding in preflight.notes(findings):
+        assert finding.table is not None  # notes are about a table
+        noted.setdefault(finding.table, []).append(
+            finding.message + (f" — {finding.fix}" if finding.fix else ""))
+    table_rows(report, tables, broken, noted)
     if sync_publication:
         sync = publication.sync(conn, names.publication, good, owner=names.owner)
         if not sync.ok:

@@ -165,9 +165,15 @@ def slot_status(health: slot.SlotHealth) -> SlotStatus:
         retained_bytes=max(health.retained_bytes or 0, 0))
 
 
+NOTE_PREFIX = "note: "
+
+
 def table_rows(report: Report, tables: list[TableName],
-               broken: Mapping[TableName, list[str]]) -> None:
-    """One row per selected table (kept from the previous status), Failed with the fixes."""
+               broken: Mapping[TableName, list[str]],
+               notes: Mapping[TableName, list[str]] | None = None) -> None:
+    """One row per selected table (kept from the previous status), Failed with the fixes;
+    ``notes``: what a table that passed its checks should still say (e.g. columns left out of
+    the mirror), its message (prefixed ``note: ``) unless something else is wrong."""
     previous = {(t.schema_name, t.name): t for t in report.old.tables}
     rows = []
     for table in tables:
@@ -176,8 +182,15 @@ def table_rows(report: Report, tables: list[TableName],
         row = row.model_copy()
         if table in broken:
             row.state, row.message = "Failed", "\n".join(broken[table])
-        elif row.state == "Failed":
+            rows.append(row)
+            continue
+        if row.state == "Failed":
             row.state, row.message = "Pending", ""
+        noted = (notes or {}).get(table)
+        if noted:
+            row.message = "\n".join(NOTE_PREFIX + n for n in noted)
+        elif row.message.startswith(NOTE_PREFIX):
+            row.message = ""
         rows.append(row)
     report.status.tables = rows
     report.status.table_count = len(tables)
@@ -201,6 +214,8 @@ def record_progress(report: Report, progress: Mapping[TableName, MirrorProgress]
             row.applied_lsn = lsnlib.format(p.lsn)
             row.rows_known = p.rows
             applied.append(p.lsn)
+            if p.error is not None:  # the apply job stopped it (the mirror says why)
+                row.state, row.message = "Failed", p.error
         else:
             row.state = "Snapshotting" if table in snapshotting else "Pending"
     status.reader = ReaderStatus(

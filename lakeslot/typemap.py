@@ -57,9 +57,10 @@ allows a negative scale and a scale above the precision).
 
 The rule for a value with no faithful mapping is always the same: it is never altered. The
 conversion raises :class:`UnmappableValue` naming the column, the reason and (where known) the
-value; the caller turns that into a definite error for the table whose fix is to exclude the column
-or to list it in the table's text columns (``as_text``: the column is then kept as its text form,
-which every value has). Key columns become Iceberg identifier fields, which Iceberg requires to be
+value; the caller turns that into a definite error for the table whose fix is to list the column
+in the table's ``spec.source.tables[].textColumns`` (``as_text``: the column is then kept as its
+text form, which every value has, on the snapshot and the apply path alike) or in its
+``excludeColumns``. Key columns become Iceberg identifier fields, which Iceberg requires to be
 non-null primitives other than float/double: a key column of another type is a :class:`MappingError`.
 
 Two ways to read a column, one result (:class:`ColumnMapping`):
@@ -157,6 +158,10 @@ class MappingError(ValueError):
     """A column cannot be mapped at all (unsupported type, unusable key column)."""
 
 
+TEXT_COLUMNS_SETTING = "spec.source.tables[].textColumns"
+EXCLUDE_COLUMNS_SETTING = "spec.source.tables[].excludeColumns"
+
+
 class UnmappableValue(ValueError):
     """A value the column's Iceberg type cannot hold faithfully; ``index`` is its row in the
     converted array."""
@@ -164,8 +169,10 @@ class UnmappableValue(ValueError):
     def __init__(self, reason: str, index: int, value: str | None = None, column: str = "") -> None:
         self.reason, self.index, self.value, self.column = reason, index, value, column
         shown = f" ({value!r})" if value is not None else ""
-        super().__init__(f"column {column!r} holds a value{shown} {reason}; fix: exclude the "
-                         "column, or keep it as PostgreSQL text (text columns)")
+        super().__init__(f"column {column!r} holds a value{shown} {reason}; fix: keep the "
+                         f"column as PostgreSQL text by listing it in {TEXT_COLUMNS_SETTING}, or "
+                         f"leave it out with {EXCLUDE_COLUMNS_SETTING} (either takes effect when "
+                         "the table is snapshotted again)")
 
 
 class ReadMode(enum.Enum):

@@ -120,8 +120,7 @@ class JobInput:
 
     def table_spec(self, table: TableName) -> TableSpec | None:
         """The per-table options the spec lists for ``table`` (None: selected by schema)."""
-        return next((t for t in self.ingestion.spec.source.tables
-                     if (t.schema_name, t.name) == (table.schema, table.name)), None)
+        return self.ingestion.spec.source.table_options(table.schema, table.name)
 
 
 def _ingestion(text: str) -> PostgresIngestion:

@@ -18,6 +18,9 @@ import kubernetes.client
 import pytest
 
 from lakeslot import lsn as lsnlib
+from lakeslot.api.naming import IngestionNames
+from lakeslot.api.validation import parse_resource
+from lakeslot.mirror.contract import ERROR_LSN_PROPERTY, ERROR_PROPERTY, RESNAPSHOT_AUTOMATIC, RESNAPSHOT_PROPERTY
 from lakeslot.source import connection, slot
 from lakeslot.source.slot import SlotHealth
 from lakeslot.source.tables import TableName
@@ -344,3 +347,68 @@ def test_a_lost_slot_is_recreated_staging_emptied_and_every_table_snapshotted_ag
         with connection.connect(connection_settings(db), "lakeslot-test") as conn:
             slot.drop(conn, "lakeslot_default_lost")
         cluster.drop_database(name)
+
+
+def _stop_table(spark, document, table: TableName, lsn: int, *, automatic: bool) -> None:
+    """What the apply job records when it stops a table (simulated: no apply job runs here)."""
+    names = IngestionNames.of(parse_resource(document))
+    quoted = ".".join(f"`{p}`" for p in ("lakeslot", *names.mirror_identifier(table)))
+    spark.sql(f"ALTER TABLE {quoted} SET TBLPROPERTIES ("
+              f"'{ERROR_PROPERTY}' = 'column a was renamed to b', "
+              f"'{ERROR_LSN_PROPERTY}' = '{lsn}', "
+              f"'{RESNAPSHOT_PROPERTY}' = '{RESNAPSHOT_AUTOMATIC if automatic else 'true'}')")
+
+
+def test_a_table_is_copied_again_alone_automatically_on_request_and_within_the_guard(
+        api, source, spark, spark_warehouse, tmp_path):
+    db, tables = source
+    document = _document("again", source, spark_warehouse, tmp_path)
+    env.create_ingestion(api, document, db.cluster.password)
+    resource, _ = _reconcile(api, "again")
+    env.commit_snapshot(spark, document, tables, 100)
+    env.set_spark_state(api, resource["status"]["snapshot"]["application"], "COMPLETED")
+    resource, _ = _reconcile(api, "again")
+    assert env.required_condition(resource, "SnapshotComplete")["status"] == "True"
+    first, second = tables[0], tables[1]
+
+    # the apply job stopped one table for an automatic re-snapshot: it alone is copied again,
+    # from past its position, and the event says why
+    _stop_table(spark, document, first, 100, automatic=True)
+    resource, events = _reconcile(api, "again")
+    name = resource["status"]["snapshot"]["application"]
+    arguments = env.job_arguments(env.spark_applications(api)[name])
+    assert env.job_input(env.spark_applications(api)[name]).tables == (first,)
+    assert arguments.min_snapshot_lsn == 101
+    assert any(e.reason == "TableResnapshot" and "renamed" in e.message and str(first) in e.message
+               for e in events)
+    rows = {(r["schema"], r["name"]): r for r in resource["status"]["tables"]}
+    assert rows[(first.schema, first.name)]["state"] == "Snapshotting"
+    assert rows[(second.schema, second.name)]["state"] == "Streaming"
+
+    # the loop guard: none allowed per hour → the table stops, and its row says why
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        *CUSTOM, "again", {"spec": {"policies": {"maxResnapshotsPerHour": 0}}})
+    resource, _ = _reconcile(api, "again")
+    row = {(r["schema"], r["name"]): r for r in resource["status"]["tables"]}[(first.schema, first.name)]
+    assert row["state"] == "Failed" and "maxResnapshotsPerHour" in row["message"]
+    assert env.required_condition(resource, "Degraded")["reason"] == "TablesFailed"
+
+    # an error that needs a human (not automatic) is shown, never retried by itself
+    _stop_table(spark, document, second, 100, automatic=False)
+    resource, _ = _reconcile(api, "again")
+    row = {(r["schema"], r["name"]): r for r in resource["status"]["tables"]}[(second.schema, second.name)]
+    assert row["state"] == "Failed" and "renamed" in row["message"]
+
+    # the user's request copies it alone, once: recorded with the LSN it must reach
+    spec_tables = [dict(t) for t in document["spec"]["source"]["tables"]]
+    spec_tables[1]["resnapshotGeneration"] = 1
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        *CUSTOM, "again", {"spec": {"source": {"tables": spec_tables}}})
+    resource, events = _reconcile(api, "again")
+    row = {(r["schema"], r["name"]): r for r in resource["status"]["tables"]}[(second.schema, second.name)]
+    assert row["observedResnapshotGeneration"] == 1 and row["resnapshotBelowLsn"] == lsnlib.format(101)
+    name = resource["status"]["snapshot"]["application"]
+    assert second in env.job_input(env.spark_applications(api)[name]).tables
+    assert any(e.reason == "TableResnapshot" and "as requested" in e.message for e in events)
+    resource, events = _reconcile(api, "again")  # asked once: not again
+    assert not any(e.reason == "TableResnapshot" and "as requested" in e.message for e in events)

@@ -32,6 +32,8 @@ class PlanCase:
     wanted: tuple[TableName, ...]
     clear_below: bool = False
     resnapshot: int | None = None
+    again: dict[TableName, int] = field(default_factory=dict)
+    min_snapshot_lsn: int | None = None  # None: the request's below_lsn
 
 
 PLAN_CASES = [
@@ -60,19 +62,30 @@ PLAN_CASES = [
              {A: 100, B: None}, Request(mode="never", below_lsn=150), wanted=(A, B)),
     PlanCase("resnapshot of no table is observed at once", {},
              Request(resnapshot_generation=3, observed_generation=1), wanted=(), resnapshot=3),
+    PlanCase("one table copied again alone, from past its position", {A: 100, B: 200},
+             Request(), wanted=(B,), again={B: 201}, min_snapshot_lsn=201),
+    PlanCase("copied again with a cut-off: the higher LSN bounds the job", {A: 100, B: 200},
+             Request(below_lsn=150), wanted=(A, B), again={B: 201}, min_snapshot_lsn=201),
+    PlanCase("copied again with a first snapshot", {A: None, B: 200}, Request(),
+             wanted=(A, B), again={B: 201}, min_snapshot_lsn=201),
+    PlanCase("mode never still copies a table again", {A: 100, B: 200}, Request(mode="never"),
+             wanted=(A,), again={A: 101}, min_snapshot_lsn=101),
+    PlanCase("a table not selected any more is not copied again", {A: 100}, Request(),
+             wanted=(), again={B: 201}),
 ]
 
 
 @pytest.mark.parametrize("case", PLAN_CASES, ids=lambda case: case.id)
 def test_plan(case):
-    plan = scheduling.plan(list(case.applied), case.applied, case.request)
+    plan = scheduling.plan(list(case.applied), case.applied, case.request, case.again)
+    minimum = case.request.below_lsn if case.min_snapshot_lsn is None else case.min_snapshot_lsn
     assert plan.wanted == case.wanted
     assert plan.idle == (not case.wanted)
     assert (plan.generation is None) == (not case.wanted)
     if case.wanted:
         assert plan.generation == scheduling.generation_of(
-            case.request.resnapshot_generation, case.wanted, case.request.below_lsn)
-    assert plan.min_snapshot_lsn == case.request.below_lsn
+            case.request.resnapshot_generation, case.wanted, minimum)
+    assert plan.min_snapshot_lsn == minimum
     assert plan.clear_below == case.clear_below
     assert plan.resnapshot == case.resnapshot
 

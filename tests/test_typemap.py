@@ -189,7 +189,7 @@ def test_unmappable_values_fail_with_column_and_key_and_are_kept_as_text_on_requ
                                              tmp_path / "a")
     (error,) = [r.error for r in results]
     assert error is not None and "'v'" in error and "(id)=(42)" in error and reason in error
-    assert "text columns" in error  # the way out
+    assert "spec.source.tables[].textColumns" in error  # the way out, named as in the spec
 
     mapping = next(m for m in table_plan.columns if m.name == "v")
     with pytest.raises(typemap.UnmappableValue) as raised:

@@ -121,6 +121,21 @@ class TableSpec(ApiModel):
         "Columns left out of the Iceberg table (for example large or sensitive ones). Key "
         "columns cannot be excluded (checked at preflight, where the columns are known)."
     )
+    text_columns: Annotated[list[Identifier], ListKeys(), Field(max_length=100)] = listing(
+        "Columns kept as PostgreSQL's text form (an Iceberg string column) instead of their mapped "
+        "type: the way out for values the type mapping cannot hold (infinite timestamps, NaN or "
+        "infinite numerics, years outside 1-9999). Changing "
+        "this list of an existing table takes effect at its next re-snapshot; a column also in "
+        "excludeColumns is excluded."
+    )
+    resnapshot_generation: int = Field(
+        0,
+        ge=0,
+        description="Increase this counter to request a new snapshot of this table alone (online: "
+        "the other tables keep streaming, and the mirror is replaced in one commit). The operator "
+        "records the value it acted on in status.tables[].observedResnapshotGeneration.",
+    )
+
 
 
 SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]
@@ -207,6 +222,10 @@ class SourceSpec(ApiModel):
         "(resolved to an explicit table list on every reconcile, so a new table without a usable "
         "replica identity is reported instead of breaking the application's UPDATE and DELETE)."
     )
+
+    def table_options(self, schema: str, name: str) -> TableSpec | None:
+        """The per-table options listed for ``schema.name`` (None: selected by schema)."""
+        return next((t for t in self.tables if (t.schema_name, t.name) == (schema, name)), None)
 
     rules = (
         Rule(
@@ -457,10 +476,22 @@ class PoliciesSpec(ApiModel):
     on_truncate: Literal["Apply", "Error"] = Field(
         "Apply", description="On TRUNCATE of a source table: Apply empties the mirror table; Error stops that table."
     )
-    on_schema_change: Literal["Evolve", "Error"] = Field(
-        "Evolve",
-        description="On a column change in a source table: Evolve alters the Iceberg table "
-        "(added columns, widened types); Error stops that table. Incompatible changes always stop it.",
+    on_schema_change: Literal["Resnapshot", "Evolve", "Error"] = Field(
+        "Resnapshot",
+        description="On a schema change of a source table (DDL, a rewrite, partition maintenance, "
+        "drop and re-create): changes Iceberg can mirror faithfully are applied (added columns, "
+        "a constant default filled in); for anything else Resnapshot copies that table alone "
+        "again, online, while the others keep streaming; Evolve stops the table instead (until "
+        "its resnapshotGeneration is raised); Error stops the table on any schema change.",
+    )
+    max_resnapshots_per_hour: int = Field(
+        3,
+        ge=0,
+        le=60,
+        description="Automatic re-snapshots of one table within an hour, at most (a guard against "
+        "a loop, e.g. a migration that rewrites the table again and again); beyond it the table "
+        "stops with the reason in its status until the hour has passed or its "
+        "resnapshotGeneration is raised. 0: never re-snapshot automatically.",
     )
 
 
@@ -554,6 +585,12 @@ class TableStatus(ApiModel):
     rows_known: int | None = optional("Rows in the mirror table as of appliedLsn.", ge=0)
     rows_staged: int | None = optional("Changes sealed in staging and not yet applied.", ge=0)
     message: str = Field("", description="Why the table is Failed or Pending, and what to do.")
+    observed_resnapshot_generation: int = Field(
+        0, ge=0, description="The spec's per-table resnapshotGeneration the operator last acted on."
+    )
+    resnapshot_below_lsn: Lsn | None = optional(
+        "A requested re-snapshot of this table is served once the mirror's snapshot LSN reaches this."
+    )
 
 
 class ReaderStatus(ApiModel):

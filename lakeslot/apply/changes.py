@@ -50,9 +50,10 @@ TOAST_FIX = ("set REPLICA IDENTITY FULL on the table (the old tuple then carries
 class TableError(Exception):
     """A definite error of one table; the message says why and what to do."""
 
-    def __init__(self, message: str, *, resnapshot: bool = False) -> None:
+    def __init__(self, message: str, *, resnapshot: bool = False, automatic: bool = False) -> None:
         super().__init__(message)
         self.resnapshot = resnapshot  # the way out is a re-snapshot of the table
+        self.automatic = automatic  # ... which lakeslot starts by itself (onSchemaChange: Resnapshot)
 
 
 @dataclass(frozen=True)

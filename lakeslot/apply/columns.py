@@ -8,14 +8,17 @@ Invariants:
   kept as text stays text, a column promoted to ``long`` parses as ``int8``, and one mapping
   decides both paths.
 - A relation description is compared with the mirror by the Iceberg type each column maps to
-  (:func:`relation_types`, the snapshot's mapping; built-in types resolve without the catalog,
-  others — domains, enums, composites — through the source catalog).
+  (:class:`RelationTypes`, the snapshot's mapping; built-in types resolve without the catalog,
+  others — domains, enums, composites — through the source catalog). A column listed in the
+  table's ``textColumns`` maps to ``string`` as in the snapshot, so it never looks like a type
+  change and its values parse as text.
 - Schema evolution (:func:`plan_schema`): a column the mirror lacks is added (optional); a column
   whose Iceberg type widens the mirror's (int→long, float→double, decimal precision up at the same
-  scale: what Iceberg allows) is promoted; a mirror column absent from the description is kept
+  scale: what Iceberg allows) is a promotion — which the apply job still re-snapshots, since the
+  rewrite behind it may have changed values; a mirror column absent from the description is kept
   and written NULL by every later change. Anything else is incompatible.
-- ``onSchemaChange: Error`` turns every change into a definite error; ``Evolve`` evolves what
-  Iceberg allows and marks the table for re-snapshot on anything incompatible.
+- ``onSchemaChange: Error`` turns every change into a definite error; otherwise added columns
+  are added and everything else marks the table for re-snapshot.
 
 Failure mode: :class:`lakeslot.typemap.MappingError` (unsupported type) becomes a definite error of
 the table, marked for re-snapshot with the column excluded or fixed.
@@ -23,7 +26,7 @@ the table, marked for re-snapshot with the column excluded or fixed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pyiceberg.types import DecimalType, IcebergType, ListType
@@ -111,11 +114,20 @@ class SchemaPlan:
         return "; ".join(p for p in parts if p)
 
 
+def _no_text_columns(relation: Relation) -> Collection[str]:
+    return ()
+
+
 @dataclass
 class RelationTypes:
-    """Iceberg types of relation descriptions, each description resolved once."""
+    """Iceberg types of relation descriptions, each description resolved once.
+
+    ``text_columns(relation)``: the columns of that table kept as PostgreSQL text
+    (``spec.source.tables[].textColumns``): they map to ``string`` whatever their type, as the
+    snapshot maps them, so a text column never looks like a type change."""
 
     resolve: Callable[[Column], typemap.PgType]  # a non-built-in type, through the catalog
+    text_columns: Callable[[Relation], Collection[str]] = _no_text_columns
     _cache: dict = field(default_factory=dict)
 
     def of(self, relation: Relation, excluded: Sequence[str]) -> dict[str, IcebergType | str]:
@@ -130,13 +142,14 @@ class RelationTypes:
         cache_key = (relation, tuple(excluded))
         if cache_key not in self._cache:
             types: dict[str, tuple[IcebergType | str, str]] = {}
+            text = set(self.text_columns(relation))
             for column in relation.columns:
                 if column.name in excluded:
                     continue
                 try:
                     pg = builtin_pg_type(column) or self.resolve(column)
-                    types[column.name] = (typemap.map_column(column.name, pg).iceberg(0),
-                                          pg.delimiter)
+                    mapped = typemap.map_column(column.name, pg, as_text=column.name in text)
+                    types[column.name] = (mapped.iceberg(0), pg.delimiter)
                 except typemap.MappingError as e:
                     types[column.name] = (str(e), ",")
             self._cache[cache_key] = types

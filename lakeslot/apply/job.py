@@ -15,9 +15,13 @@ A pass (:meth:`Applier.run_pass`):
 2. Sealed segments are read in LSN order from the lowest position (at most ``max_segments``
    per batch; a capped batch is followed at once by the next). Each table takes the changes above
    its own position (DESIGN.md rule 3: rewind and idempotency in one rule).
-3. Per table: TRUNCATE per ``onTruncate``; schema changes per ``onSchemaChange`` (added columns
-   added, widened types promoted, dropped columns kept and NULL from then on, anything else →
-   marked for re-snapshot); the changelog table (when enabled) is appended first, then the mirror
+3. Per table: first the source facts (:mod:`lakeslot.source.facts`: dropped and re-created,
+   renamed or re-added columns, partitions attached, detached, dropped or truncated — what no
+   row change shows) → marked for re-snapshot; TRUNCATE per ``onTruncate``; schema changes per
+   ``onSchemaChange`` (added columns added, with the value existing rows got from a constant
+   default; dropped columns kept and NULL from then on; a type change, a default PostgreSQL
+   wrote by rewriting the table, or anything incompatible → marked for re-snapshot: DESIGN.md
+   invariant 8, never a silent divergence); the changelog table (when enabled) is appended first, then the mirror
    is MERGEd; each is one commit with ``lakeslot.lsn = batch end - 1``. A table without changes
    gets an empty commit with that position (idle tables advance without rewriting data).
 4. Maintenance: each table committed to has its old snapshots expired at most once an hour, by
@@ -75,11 +79,19 @@ from lakeslot import typemap
 from lakeslot.apply import changes, columns, merge
 from lakeslot.apply.changes import TableError
 from lakeslot.mirror.catalog import Tables, TableState
-from lakeslot.mirror.contract import BACKFILL_PROPERTY, LSN_COLUMN, OP_COLUMN, SEQ_COLUMN, table_properties
+from lakeslot.mirror.contract import (
+    BACKFILL_PROPERTY,
+    LSN_COLUMN,
+    OP_COLUMN,
+    SEQ_COLUMN,
+    SOURCE_FACTS_PROPERTY,
+    table_properties,
+)
+from lakeslot.source import facts
 from lakeslot.source.columns import DescribeError, TypeCache, describe
 from lakeslot.source.connection import application_name, connect
 from lakeslot.source.tables import TableName, existing
-from lakeslot.staging.relations import Column
+from lakeslot.staging.relations import Column, Relation
 from lakeslot.staging.store import Staging
 from lakeslot.workloads import JobInput
 
@@ -174,11 +186,12 @@ class Applier:
         self.max_segments, self.max_attempts = max_segments, max_attempts
         self.tables = Tables(spark, spec.sink.catalog.name, spec.sink.namespace)
         self.staging = Staging(spec.staging.uri)
-        self.types = columns.RelationTypes(self._resolve_type)
+        self.types = columns.RelationTypes(self._resolve_type, self._relation_text_columns)
         self._settings = job.source(environ)
         self._conn: psycopg.Connection | None = None
         self.expire_interval_s = expire_interval_s
         self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
+        self._facts: dict[TableName, facts.TableFacts | None] | None = None  # this pass's
 
     def close(self) -> None:
         if self._conn is not None:
@@ -199,10 +212,19 @@ class Applier:
         options = self.job.table_spec(table)
         return tuple(options.exclude_columns) if options else ()
 
+    def _text_columns(self, table: TableName) -> tuple[str, ...]:
+        """The table's ``textColumns``: kept as text, as the snapshot keeps them."""
+        options = self.job.table_spec(table)
+        return tuple(options.text_columns) if options else ()
+
+    def _relation_text_columns(self, relation: Relation) -> tuple[str, ...]:
+        return self._text_columns(TableName(relation.schema, relation.table))
+
     # a pass ----------------------------------------------------------------------------------
 
     def run_pass(self) -> PassResult:
         self.tables.ensure_namespace(self.spec.sink.namespace)
+        self._facts = None
         outcomes: dict[TableName, TableOutcome] = {}
         states: dict[TableName, TableState] = {}
         for table in self.job.tables:
@@ -239,7 +261,8 @@ class Applier:
             try:
                 return action()
             except (TableError, typemap.MappingError) as e:
-                return self._fail(table, str(e), getattr(e, "resnapshot", True))
+                return self._fail(table, str(e), getattr(e, "resnapshot", True),
+                                  getattr(e, "automatic", False))
             except TRANSIENT as e:
                 error = f"{type(e).__name__}: {_summary(e)}"
                 log.warning("%s: transient error (attempt %d of %d): %s", table, attempt + 1,
@@ -254,12 +277,13 @@ class Applier:
         except TRANSIENT:
             return None
 
-    def _fail(self, table: TableName, message: str, resnapshot: bool) -> TableOutcome:
+    def _fail(self, table: TableName, message: str, resnapshot: bool,
+              automatic: bool = False) -> TableOutcome:
         target = self.job.names.mirror_table(table)
         log.error("%s: stopped: %s", table, message)
         state = self.tables.load(target)
         if state is not None:
-            self.tables.record_error(target, message, state.lsn, resnapshot)
+            self.tables.record_error(target, message, state.lsn, resnapshot, automatic)
         return TableOutcome(table, target, "failed", state.lsn if state else None,
                             error=message, resnapshot=resnapshot)
 
@@ -295,7 +319,8 @@ class Applier:
             raise TableError(f"table {table} does not exist (dropped, renamed, or not a table)")
         try:
             mapped = describe(conn, oid, key_columns=options.key_columns if options else (),
-                              exclude_columns=self._excluded(table))
+                              exclude_columns=self._excluded(table),
+                              text_columns=self._text_columns(table))
         except (typemap.MappingError, DescribeError) as e:
             raise TableError(f"table {table}: {e}") from None
         self.tables.create(target, typemap.mirror_schema(mapped),
@@ -309,6 +334,7 @@ class Applier:
             return TableOutcome(table, target, "current", state.lsn)
         lsn = batch.end - 1
         found = batch.changes[table]
+        self._check_source(table, target, state, found)
         truncate = next((c for c in found if c.op == "T"), None)
         if truncate is not None and self.spec.policies.on_truncate == "Error":
             raise TableError(f"{table} was truncated at {lsn_text.format(truncate.lsn)} and "
@@ -350,6 +376,51 @@ class Applier:
                     f"be recovered: {changes.TOAST_FIX}", resnapshot=True)
         return source
 
+    def _check_source(self, table: TableName, target: str, state: TableState,
+                      found: list[changes.Change]) -> None:
+        """Stop the table for a re-snapshot when its source changed in a way no row change
+        shows (:mod:`lakeslot.source.facts`; DESIGN.md invariant 8): checked on every pass, idle
+        tables included, before any change is applied."""
+        current = self._current_facts().get(table)
+        recorded_text = state.properties.get(SOURCE_FACTS_PROPERTY)
+        if recorded_text is None:  # snapshotted before lakeslot recorded facts: adopt today's
+            if current is not None:
+                self.tables.set_properties(target, {SOURCE_FACTS_PROPERTY: current.to_json()})
+            return
+        recorded = facts.TableFacts.from_json(recorded_text)
+        reason = facts.divergence(recorded, current, state.data_columns())
+        others = sorted({c.relation.oid for c in found} - {recorded.oid})
+        if reason is None and others:
+            reason = (f"changes of another table of that name arrived (OID {others[0]}, the "
+                      f"mirror's is {recorded.oid}): it was dropped and created again")
+        mirrored = state.data_columns()
+        added = [n for n in current.columns if n not in recorded.columns and n not in mirrored] \
+            if current is not None and reason is None else []
+        rewritten = self._missing_values(table, added)[1] if added else []
+        if rewritten:
+            reason = (f"column(s) {rewritten} were added with a default PostgreSQL wrote into "
+                      "every existing row (a volatile default, or the table was rewritten since), "
+                      "which no row change reports")
+        if reason is not None:
+            raise TableError(f"{table}: {reason}; {self._way_out()}", resnapshot=True,
+                             automatic=self._automatic())
+
+    def _current_facts(self) -> dict[TableName, facts.TableFacts | None]:
+        """The source facts of every table, read once per pass."""
+        if self._facts is None:
+            self._facts = facts.read(self._source(), self.job.tables)
+        return self._facts
+
+    def _automatic(self) -> bool:
+        return self.spec.policies.on_schema_change == "Resnapshot"
+
+    def _way_out(self) -> str:
+        policy = self.spec.policies.on_schema_change
+        if policy == "Resnapshot":
+            return "the table is copied again on its own (policies.onSchemaChange: Resnapshot)"
+        return ("raise the table's resnapshotGeneration (spec.source.tables[]) to copy it again "
+                f"(policies.onSchemaChange: {policy})")
+
     def _evolve(self, table: TableName, target: str, state: TableState,
                 reduction: changes.Reduction) -> TableState:
         excluded = self._excluded(table)
@@ -359,39 +430,55 @@ class Applier:
             return self._backfill(target, state)
         if self.spec.policies.on_schema_change == "Error":
             raise TableError(f"{table}: the source table's columns changed "
-                             f"({schema.describe()}) and onSchemaChange is Error; re-snapshot "
-                             "the table", resnapshot=True)
+                             f"({schema.describe()}) and onSchemaChange is Error; "
+                             f"{self._way_out()}", resnapshot=True)
         if schema.incompatible:
-            raise TableError(f"{table}: incompatible schema change ({schema.describe()}); the "
-                             "table needs a re-snapshot", resnapshot=True)
-        if schema.add or schema.promote:
-            self.tables.evolve(target, list(schema.add), list(schema.promote),
-                               self._missing_values(table, [name for name, _ in schema.add]))
+            raise TableError(f"{table}: incompatible schema change ({schema.describe()}); "
+                             f"{self._way_out()}", resnapshot=True, automatic=self._automatic())
+        if schema.promote:
+            raise TableError(
+                f"{table}: a column changed type ({schema.describe()}): ALTER … TYPE rewrites the "
+                "table, and a USING expression may have changed stored values without any row "
+                f"change; {self._way_out()}", resnapshot=True, automatic=self._automatic())
+        if schema.add:
+            added = [name for name, _ in schema.add]
+            values, _ = self._missing_values(table, added)  # rewritten: _check_source
+            current = self._current_facts().get(table)
+            recorded_text = state.properties.get(SOURCE_FACTS_PROPERTY)
+            properties = ({SOURCE_FACTS_PROPERTY: facts.TableFacts.from_json(recorded_text)
+                           .with_columns(current, added).to_json()}
+                          if current is not None and recorded_text is not None else {})
+            self.tables.evolve(target, list(schema.add), backfill=values, properties=properties)
             self.hooks("after-evolve", table)
             evolved = self.tables.load(target)
             assert evolved is not None  # evolve just committed to it
             state = evolved
         return self._backfill(target, state)
 
-    def _missing_values(self, table: TableName, added: list[str]) -> dict[str, str]:
-        """The value (text form) existing rows have in each added column: PostgreSQL's "missing
-        value" of a column added with a non-volatile default (none: NULL)."""
-        if not added:
-            return {}
+    def _missing_values(self, table: TableName, added: list[str]) -> tuple[dict[str, str], list[str]]:
+        """The value (text form) existing rows have in each added column — PostgreSQL's "missing
+        value" of a column added with a non-volatile default, as long as no rewrite stored the
+        values and cleared it (none: NULL) — and the added columns whose existing rows hold a
+        value that is not known that way (a default without a missing value: written by a
+        rewrite; or a generated column)."""
         rows = self._source().execute(
-            "SELECT a.attname, a.attmissingval::text, t.typdelim FROM pg_catalog.pg_attribute a"
+            "SELECT a.attname, a.atthasmissing, a.attmissingval::text, t.typdelim,"
+            " a.atthasdef OR a.attgenerated <> '' FROM pg_catalog.pg_attribute a"
             " JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
             " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
             " JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
             " WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s)"
-            " AND a.atthasmissing AND NOT a.attisdropped",
+            " AND NOT a.attisdropped",
             (table.schema, table.name, added)).fetchall()
-        values = {}
-        for name, array, delimiter in rows:
-            [value] = typemap.parse_array(array, delimiter)
-            if value is not None:
-                values[name] = value
-        return values
+        values, rewritten = {}, []
+        for name, has_missing, array, delimiter, has_default in rows:
+            if has_missing:
+                [value] = typemap.parse_array(array, delimiter)
+                if value is not None:
+                    values[name] = value
+            elif has_default:
+                rewritten.append(name)
+        return values, rewritten
 
     def _backfill(self, target: str, state: TableState) -> TableState:
         """Give existing rows the value of columns added with a default, recorded by evolve."""

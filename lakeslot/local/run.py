@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TextIO
 
-from lakeslot import control
+from lakeslot import control, resnapshot
 from lakeslot import lsn as lsnlib
 from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestionStatus
@@ -284,7 +284,7 @@ class _Session:
         if not self.options.once:
             worker = self._start("apply", lambda: apply_job.run(
                 self.spark, job_input, once=False, stop=self.apply_stop, hooks=hooks))
-            self._supervise(lambda: not worker.alive)
+            self._supervise(lambda: not worker.alive, tick=lambda: self._resnapshot(tables))
             if not self.stop.is_set():
                 worker.outcome()
                 raise RunFailed(EXIT_FAILED, "the apply job ended although no stop was requested")
@@ -300,9 +300,15 @@ class _Session:
                 self.apply_stop.wait(ONCE_POLL_S)
             return None
 
-        worker = self._start("apply", until_caught_up)
-        self._supervise(lambda: not worker.alive)
-        result = None if worker.alive else worker.outcome()
+        while True:  # caught up, unless a table must be copied again: then once more
+            worker = self._start("apply", until_caught_up)
+            self._supervise(worker.finished)
+            result = None if worker.alive else worker.outcome()
+            copying = None if self.stop.is_set() else self._resnapshot(tables)
+            if copying is None:
+                break
+            self._supervise(copying.finished)
+            copying.outcome()
         failed = [t for t in result.tables if t.state in ("failed", "retrying")] if result else []
         if failed:
             raise RunFailed(
@@ -341,13 +347,57 @@ class _Session:
         self.workers[name] = worker
         return worker
 
-    def _supervise(self, done: Callable[[], bool]) -> None:
-        """Tick until ``done()`` or stopped: watch the reader, refresh the status."""
+    def _supervise(self, done: Callable[[], bool], tick: Callable[[], object] | None = None) -> None:
+        """Tick until ``done()`` or stopped: watch the reader, refresh the status, ``tick()``."""
         while not self.stop.is_set() and not done():
             self._check_reader()
+            if tick is not None:
+                tick()
             self._refresh()
             self.stop.wait(self.options.interval)
         self._refresh()
+
+    def _resnapshot(self, tables: list[TableName]) -> _Worker | None:
+        """Start copying again, online, the tables :func:`lakeslot.resnapshot.decide` wants
+        (unless a copy is running); the worker, or None when nothing is to be copied."""
+        from lakeslot.mirror import progress as mirror_progress
+        from lakeslot.snapshot import job as snapshot_job
+
+        running = self.workers.get("snapshot")
+        if running is not None and running.alive:
+            return None
+        spec = self.local.ingestion.spec
+        progress = mirror_progress.read(self.local.ingestion, tables,
+                                        secrets=self.job.catalog_secrets(self.local.environ))
+        generations = state.resnapshot_generations(self.local.state_dir)
+        requested = {t: (progress[t].lsn or 0) + 1 for t in tables
+                     if (options := self.job.table_spec(t)) is not None
+                     and options.resnapshot_generation > generations.get(str(t), 0)}
+        decision = resnapshot.decide(progress, spec.policies, requested)
+        for table, why in decision.held.items():
+            log.warning("%s: %s", table, why)
+        if not decision.copy:
+            return None
+        for table in decision.copy:
+            why = "requested (resnapshotGeneration)" if table in decision.requested \
+                else progress[table].error or "marked for a re-snapshot"
+            log.warning("TableResnapshot: copying %s again, online: %s", table, why)
+        wanted = sorted(decision.copy)
+
+        def copy() -> object:
+            result = snapshot_job.run(self.spark, self.local.with_tables(wanted),
+                                      progress=str(self.local.path("snapshot-progress.json")),
+                                      min_snapshot_lsn=decision.min_snapshot_lsn)
+            done = {t.source for t in result.tables if t.state in ("committed", "skipped")}
+            state.record_resnapshot_generations(self.local.state_dir, {
+                str(t): options.resnapshot_generation for t in decision.requested & done
+                if (options := self.job.table_spec(t)) is not None})
+            for table in result.tables:
+                if table.error:
+                    log.warning("re-snapshot of %s failed: %s", table.source, table.error)
+            return result
+
+        return self._start("snapshot", copy)
 
     def _check_reader(self) -> None:
         reader = self.reader
@@ -447,6 +497,9 @@ class _Worker:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def finished(self) -> bool:
+        return not self._thread.is_alive()
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)

@@ -92,6 +92,21 @@ def resnapshot_below(state_dir: Path, recorded: int = 0) -> int:
     return max(recorded, kept)
 
 
+def resnapshot_generations(state_dir: Path) -> dict[str, int]:
+    """Per table (``schema.table`` as printed), the resnapshotGeneration a run last acted on."""
+    try:
+        return {str(k): int(v) for k, v in
+                json.loads((state_dir / "resnapshot-generations.json").read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def record_resnapshot_generations(state_dir: Path, acted_on: dict[str, int]) -> None:
+    if acted_on:
+        _write_atomically(state_dir / "resnapshot-generations.json",
+                          json.dumps({**resnapshot_generations(state_dir), **acted_on}))
+
+
 def read_run(state_dir: Path) -> dict:
     try:
         return json.loads((state_dir / "run.json").read_text())

@@ -52,7 +52,9 @@ from lakeslot.mirror.contract import (
     GENERATION_PROPERTY,
     LSN_PROPERTY,
     OWN_COLUMNS,
+    RESNAPSHOT_AUTOMATIC,
     RESNAPSHOT_PROPERTY,
+    RESNAPSHOT_SUMMARY,
     SNAPSHOT_LSN_PROPERTY,
     apply_error,
 )
@@ -163,8 +165,10 @@ class MirrorWrite:
             target_file_bytes=int(props.get("write.target-file-size-bytes")
                                   or default.target_file_bytes))
 
-    def commit(self, files: list[str], lsn: int) -> None:
-        """Append ``files`` (metrics read from their footers) and commit, tagged ``lakeslot.lsn``."""
+    def commit(self, files: list[str], lsn: int, *, resnapshot: bool = False) -> None:
+        """Append ``files`` (metrics read from their footers) and commit, tagged ``lakeslot.lsn``
+        (and ``lakeslot.resnapshot`` when this replaces a table that had been snapshotted: what
+        the re-snapshot loop guard counts)."""
         iceberg = self._jvm.org.apache.iceberg
         io, spec = self._table.io(), self._table.spec()
         config = iceberg.MetricsConfig.forTable(self._table)
@@ -175,6 +179,8 @@ class MirrorWrite:
                 iceberg.DataFiles.builder(spec).withInputFile(data).withFormat("PARQUET")
                 .withMetrics(iceberg.parquet.ParquetUtil.fileMetrics(data, config)).build())
         append.set(LSN_PROPERTY, str(lsn))
+        if resnapshot:
+            append.set(RESNAPSHOT_SUMMARY, "true")
         append.commit()
         self._txn.commitTransaction()
 
@@ -199,7 +205,7 @@ class TableState:
 
     @property
     def resnapshot_required(self) -> bool:
-        return self.properties.get(RESNAPSHOT_PROPERTY) == "true"
+        return self.properties.get(RESNAPSHOT_PROPERTY) in ("true", RESNAPSHOT_AUTOMATIC)
 
     @property
     def stale_error(self) -> bool:
@@ -267,17 +273,19 @@ class Tables(Catalog):
         return int(value) if value is not None else None
 
     def evolve(self, table: str, add: list[tuple[str, IcebergType]],
-               promote: list[tuple[str, IcebergType]],
-               backfill: dict[str, str] | None = None) -> None:
-        """Add optional columns and promote types; what is already done is skipped. ``backfill``
-        (column → PostgreSQL text value) is recorded in the same commit, as
-        :data:`BACKFILL_PROPERTY`: the value every existing row has in the source."""
+               promote: list[tuple[str, IcebergType]] | None = None,
+               backfill: dict[str, str] | None = None,
+               properties: dict[str, str] | None = None) -> None:
+        """Add optional columns and promote types (a changelog following its re-snapshotted
+        mirror); what is already done is skipped. ``backfill`` (column → PostgreSQL text value:
+        what every existing row has in the source) is recorded in the same commit, as
+        :data:`BACKFILL_PROPERTY`, and so are ``properties``."""
         loaded = self._table(table)
         current = self.load(table)
         assert current is not None  # _table just loaded it (it raises for a missing table)
         state = current.data_columns()
         add = [(n, t) for n, t in add if n not in state]
-        promote = [(n, t) for n, t in promote if str(state.get(n)) != str(t)]
+        promote = [(n, t) for n, t in promote or [] if str(state.get(n)) != str(t)]
         if not add and not promote:
             return
         transaction = loaded.newTransaction()
@@ -289,8 +297,12 @@ class Tables(Catalog):
         update.commit()
         added = {name for name, _ in add}
         backfill = {k: v for k, v in (backfill or {}).items() if k in added}
-        if backfill:
-            transaction.updateProperties().set(BACKFILL_PROPERTY, json.dumps(backfill)).commit()
+        values = {**(properties or {}), **({BACKFILL_PROPERTY: json.dumps(backfill)} if backfill else {})}
+        if values:
+            update_properties = transaction.updateProperties()
+            for key, value in values.items():
+                update_properties.set(key, value)
+            update_properties.commit()
         transaction.commitTransaction()
 
     def _java_type(self, iceberg: IcebergType):
@@ -308,10 +320,11 @@ class Tables(Catalog):
             update.remove(key)
         update.commit()
 
-    def record_error(self, table: str, message: str, lsn: int | None, resnapshot: bool) -> None:
+    def record_error(self, table: str, message: str, lsn: int | None, resnapshot: bool,
+                     automatic: bool = False) -> None:
         values = {ERROR_PROPERTY: message, ERROR_LSN_PROPERTY: str(lsn)}
         if resnapshot:
-            values[RESNAPSHOT_PROPERTY] = "true"
+            values[RESNAPSHOT_PROPERTY] = RESNAPSHOT_AUTOMATIC if automatic else "true"
         self.set_properties(table, values, () if resnapshot else (RESNAPSHOT_PROPERTY,))
 
     def clear_error(self, table: str) -> None:

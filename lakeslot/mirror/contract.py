@@ -6,7 +6,9 @@ Invariants:
   the table equals the source table as of that LSN (DESIGN.md invariant 1).
 - Table properties (they survive compaction and snapshot expiry, a summary property does not):
   :data:`GENERATION_PROPERTY` and :data:`SNAPSHOT_LSN_PROPERTY` are set by the snapshot in the
-  same commit as the data; :data:`BACKFILL_PROPERTY` by the apply job in the commit that adds a
+  same commit as the data, and so is :data:`SOURCE_FACTS_PROPERTY` (the source table's OID,
+  columns' attnums and partitions as of the snapshot, updated when the apply job adds columns);
+  :data:`BACKFILL_PROPERTY` by the apply job in the commit that adds a
   column with a default; the error properties by the apply job when it stops a table — the error
   is in force only while the table's position equals :data:`ERROR_LSN_PROPERTY`
   (:func:`apply_error`), so a re-snapshot, which moves the position, lifts it.
@@ -20,16 +22,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-# snapshot summary property
+# snapshot summary properties
 LSN_PROPERTY = "lakeslot.lsn"
+RESNAPSHOT_SUMMARY = "lakeslot.resnapshot"  # "true" on the commit that replaced a snapshotted table
 
 # table properties
 SNAPSHOT_LSN_PROPERTY = "lakeslot.snapshot-lsn"
 GENERATION_PROPERTY = "lakeslot.snapshot-generation"
 BACKFILL_PROPERTY = "lakeslot.backfill"
+SOURCE_FACTS_PROPERTY = "lakeslot.source-facts"  # lakeslot.source.facts.TableFacts as JSON
 ERROR_PROPERTY = "lakeslot.apply-error"
 ERROR_LSN_PROPERTY = "lakeslot.apply-error-lsn"
-RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"
+RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"  # "true", or RESNAPSHOT_AUTOMATIC
+RESNAPSHOT_AUTOMATIC = "automatic"  # lakeslot copies the table again by itself (onSchemaChange)
 
 # columns
 LSN_COLUMN = "_lakeslot_lsn"

@@ -11,7 +11,9 @@ with pyiceberg (no Spark, no JVM), through :func:`lakeslot.mirror.catalogs.load_
   ``lakeslot.lsn`` (no data rewritten), so its progress moves with the others.
 - A table the apply job stopped carries its definite error in table properties, in force while
   the table's position is the one it stopped at (:func:`lakeslot.mirror.contract.apply_error`):
-  ``error`` and ``resnapshot_required`` report it.
+  ``error`` and ``resnapshot_required`` report it (``resnapshot_automatic``: lakeslot copies the
+  table again by itself; ``resnapshots_last_hour`` counts the re-snapshot commits, for the loop
+  guard of :mod:`lakeslot.resnapshot`).
 
 Failure modes: an unreachable catalog or warehouse raises (the caller reports it as a
 condition); a corrupt ``lakeslot.lsn`` raises ``ValueError`` rather than being guessed.
@@ -19,6 +21,7 @@ condition); a corrupt ``lakeslot.lsn`` raises ``ValueError`` rather than being g
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -27,7 +30,14 @@ from pyiceberg.table import Table
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import IngestionNames
 from lakeslot.mirror import catalogs
-from lakeslot.mirror.contract import LSN_PROPERTY, RESNAPSHOT_PROPERTY, SNAPSHOT_LSN_PROPERTY, apply_error
+from lakeslot.mirror.contract import (
+    LSN_PROPERTY,
+    RESNAPSHOT_AUTOMATIC,
+    RESNAPSHOT_PROPERTY,
+    RESNAPSHOT_SUMMARY,
+    SNAPSHOT_LSN_PROPERTY,
+    apply_error,
+)
 from lakeslot.source.tables import TableName
 
 
@@ -39,9 +49,11 @@ class MirrorProgress:
     error: str | None = None  # the apply job stopped the table (definite error), and why
     resnapshot_required: bool = False  # the way out of ``error`` is a re-snapshot
     snapshot_lsn: int | None = None  # lakeslot.snapshot-lsn: where the table's snapshot was taken
+    resnapshot_automatic: bool = False  # ... which lakeslot starts by itself
+    resnapshots_last_hour: int = 0  # re-snapshots committed within the hour before reading
 
 
-def progress_of(table: Table | None) -> MirrorProgress:
+def progress_of(table: Table | None, now_ms: int | None = None) -> MirrorProgress:
     snapshot = table.current_snapshot() if table is not None else None
     if table is None or snapshot is None:
         return MirrorProgress(None, None, None)
@@ -51,9 +63,14 @@ def progress_of(table: Table | None) -> MirrorProgress:
     position = int(lsn) if lsn is not None else None
     error = apply_error(table.properties, position)
     taken = table.properties.get(SNAPSHOT_LSN_PROPERTY)
+    way_out = table.properties.get(RESNAPSHOT_PROPERTY) if error is not None else None
+    hour_ago = (now_ms if now_ms is not None else int(time.time() * 1000)) - 3_600_000
+    recent = sum(1 for s in table.snapshots() if s.timestamp_ms >= hour_ago
+                 and s.summary is not None and s.summary.get(RESNAPSHOT_SUMMARY) == "true")
     return MirrorProgress(position, int(rows) if rows is not None else None, snapshot.timestamp_ms,
-                          error, error is not None and table.properties.get(RESNAPSHOT_PROPERTY) == "true",
-                          int(taken) if taken is not None else None)
+                          error, way_out in ("true", RESNAPSHOT_AUTOMATIC),
+                          int(taken) if taken is not None else None,
+                          way_out == RESNAPSHOT_AUTOMATIC, recent)
 
 
 def read(ingestion: PostgresIngestion, tables: Iterable[TableName], *,

@@ -10,7 +10,8 @@ Roles and modules:
 - :mod:`.plan`: in a session importing the snapshot, reads what the catalog said *as of s* (columns,
   types and key through :mod:`lakeslot.source.columns`, leaf partitions, ``relfilenode``) and
   splits each heap into ctid page ranges by ``pg_class.relpages`` (an estimate: the last range of
-  every heap is open-ended).
+  every heap is open-ended); :mod:`.keys` checks configured key columns on the snapshot's rows
+  (unique, never NULL) before anything is copied.
 - :mod:`.follower` (Spark tasks, one range per task): imports the snapshot, reads its range through
   the ADBC driver (binary COPY → Arrow), converts with :mod:`lakeslot.typemap` and writes Parquet
   data files for the mirror table. It returns the files; it never commits.

@@ -55,10 +55,11 @@ from dataclasses import dataclass, field
 from py4j.protocol import Py4JJavaError
 
 from lakeslot import typemap
-from lakeslot.mirror.catalog import Catalog, MirrorWrite
-from lakeslot.mirror.contract import GENERATION_PROPERTY, SNAPSHOT_LSN_PROPERTY, table_properties
+from lakeslot.mirror.catalog import Catalog, MirrorState, MirrorWrite
+from lakeslot.mirror.contract import GENERATION_PROPERTY, SNAPSHOT_LSN_PROPERTY, SOURCE_FACTS_PROPERTY, table_properties
 from lakeslot.snapshot import follower, leader, plan
 from lakeslot.snapshot.progress import Progress
+from lakeslot.source import facts
 from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings, application_name, connect
 from lakeslot.source.tables import TableName
 from lakeslot.workloads import JobInput
@@ -90,8 +91,8 @@ class SnapshotJob:
     def of(cls, job: JobInput, *, progress: str | None = None, max_attempts: int = 3,
            min_snapshot_lsn: int = 0, environ: Mapping[str, str] | None = None) -> SnapshotJob:
         """The snapshot of ``job.tables`` that the ingestion asks for: targets and owner from
-        ``job.names``, settings from ``spec.snapshot`` and ``spec.sink``, per-table key and
-        excluded columns from ``spec.source.tables``, the password and CA file from ``environ``
+        ``job.names``, settings from ``spec.snapshot`` and ``spec.sink``, per-table key, excluded
+        and text columns from ``spec.source.tables``, the password and CA file from ``environ``
         (default ``os.environ``). ValueError when there is nothing to do or ``max_attempts`` < 1."""
         if not job.tables:
             raise ValueError("no table given: nothing to snapshot")
@@ -101,9 +102,11 @@ class SnapshotJob:
 
         def request(table: TableName) -> plan.TableRequest:
             options = job.table_spec(table)
+            if options is None:
+                return plan.TableRequest(table, job.names.mirror_table(table))
             return plan.TableRequest(table, job.names.mirror_table(table),
-                                     tuple(options.key_columns) if options else (),
-                                     tuple(options.exclude_columns) if options else ())
+                                     tuple(options.key_columns), tuple(options.exclude_columns),
+                                     tuple(options.text_columns))
 
         return cls(
             source=job.source(environ), tables=tuple(request(t) for t in job.tables),
@@ -177,7 +180,7 @@ def copy(spark, job: SnapshotJob, hooks: Hooks | None = None) -> JobResult:
 
 
 def _to_copy(catalog: Catalog, job: SnapshotJob,
-             progress: Progress) -> list[tuple[plan.TableRequest, bool]]:
+             progress: Progress) -> list[tuple[plan.TableRequest, MirrorState]]:
     todo = []
     for request in job.tables:
         state = catalog.state(job.namespace, request.target)
@@ -189,12 +192,12 @@ def _to_copy(catalog: Catalog, job: SnapshotJob,
                 f"Iceberg table {job.namespace}.{request.target} exists with data that lakeslot "
                 "did not write; drop it or choose another table name"))
         else:
-            todo.append((request, state.exists))
+            todo.append((request, state))
     return todo
 
 
 def _snapshot(spark, job: SnapshotJob, catalog: Catalog,
-              todo: list[tuple[plan.TableRequest, bool]], progress: Progress, hooks: Hooks,
+              todo: list[tuple[plan.TableRequest, MirrorState]], progress: Progress, hooks: Hooks,
               cpu: dict[str, float]) -> None:
     sc = spark.sparkContext
     if sc.master.startswith("local") and job.source.password:
@@ -205,28 +208,33 @@ def _snapshot(spark, job: SnapshotJob, catalog: Catalog,
         progress.write()
         if hooks.on_exported:
             hooks.on_exported(snapshot)
-        plans = _plan(job, snapshot, [request for request, _ in todo])
+        plans, table_facts = _plan(job, snapshot, [request for request, _ in todo])
         runs = []
-        for number, ((request, replace), table_plan) in enumerate(zip(todo, plans, strict=True)):
-            if isinstance(table_plan, plan.TableFailure):
-                progress.table(request.source, state="failed", error=table_plan.message)
+        for number, ((request, state), table_plan) in enumerate(zip(todo, plans, strict=True)):
+            recorded = table_facts.get(request.source)
+            if isinstance(table_plan, plan.TableFailure) or recorded is None:
+                error = (table_plan.message if isinstance(table_plan, plan.TableFailure)
+                         else f"table {request.source} does not exist as of the snapshot")
+                progress.table(request.source, state="failed", error=error)
                 continue
-            runs.append(_TableRun.begin(job, catalog, snapshot, table_plan, replace, number,
-                                        progress, cpu))
+            runs.append(_TableRun.begin(job, catalog, snapshot, table_plan, state, recorded,
+                                        number, progress, cpu))
         _copy(spark, job, runs, progress.job)
         if hooks.before_release:
             hooks.before_release(snapshot)
 
 
-def _plan(job: SnapshotJob, snapshot: leader.Snapshot,
-          requests: list[plan.TableRequest]) -> list[plan.TablePlan | plan.TableFailure]:
+def _plan(job: SnapshotJob, snapshot: leader.Snapshot, requests: list[plan.TableRequest]
+          ) -> tuple[list[plan.TablePlan | plan.TableFailure], dict[TableName, facts.TableFacts | None]]:
+    """The plans, and the source facts each mirror records, both as of the snapshot."""
     app = application_name("snapshot-plan", job.ingestion)
     with connect(job.source, app, long_running=True) as conn:
         for statement in leader.import_statements(snapshot.name):
             conn.execute(statement)
         plans = plan.inspect(conn, requests, target_range_bytes=job.target_range_bytes)
+        table_facts = facts.read(conn, [r.source for r in requests])
         conn.execute("COMMIT")
-    return plans
+    return plans, table_facts
 
 
 class _TableRun:
@@ -234,8 +242,9 @@ class _TableRun:
 
     def __init__(self, table_plan: plan.TablePlan, write: MirrorWrite,
                  tasks: list[follower.RangeTask], lsn: int, progress: Progress,
-                 cpu: dict[str, float]) -> None:
+                 cpu: dict[str, float], *, resnapshot: bool) -> None:
         self.plan, self.write, self.tasks, self.lsn = table_plan, write, tasks, lsn
+        self.resnapshot = resnapshot  # it replaces a snapshotted table
         self.progress, self.cpu = progress, cpu
         self.files: list[str] = []
         self.rows = self.done = 0
@@ -244,14 +253,15 @@ class _TableRun:
 
     @classmethod
     def begin(cls, job: SnapshotJob, catalog: Catalog, snapshot: leader.Snapshot,
-              table_plan: plan.TablePlan, replace: bool, number: int, progress: Progress,
-              cpu: dict[str, float]) -> _TableRun:
+              table_plan: plan.TablePlan, state: MirrorState, recorded: facts.TableFacts,
+              number: int, progress: Progress, cpu: dict[str, float]) -> _TableRun:
         request = table_plan.request
         properties = {**table_properties(job.table_properties),
                       GENERATION_PROPERTY: str(job.resnapshot_generation),
-                      SNAPSHOT_LSN_PROPERTY: str(snapshot.lsn)}
+                      SNAPSHOT_LSN_PROPERTY: str(snapshot.lsn),
+                      SOURCE_FACTS_PROPERTY: recorded.to_json()}
         write = catalog.begin(job.namespace, request.target,
-                              typemap.mirror_schema(table_plan.columns), properties, replace)
+                              typemap.mirror_schema(table_plan.columns), properties, state.exists)
         schema = typemap.arrow_schema(write.schema(), table_plan.columns)
         options = write.write_options()
         settings = follower.without_password(job.source)
@@ -262,7 +272,8 @@ class _TableRun:
             location=write.data_location(f"lakeslot-{progress.job}-t{number}-r{i:05d}"),
             write=options, statement_timeout_ms=job.statement_timeout_seconds * 1000)
             for i, (heap, r) in enumerate(table_plan.ranges)]
-        run = cls(table_plan, write, tasks, snapshot.lsn, progress, cpu)
+        run = cls(table_plan, write, tasks, snapshot.lsn, progress, cpu,
+                  resnapshot=state.generation is not None)
         progress.table(request.source, state="copying", rows_estimated=table_plan.rows_estimate,
                        ranges_total=len(tasks))
         if not tasks:  # a partitioned table without partitions
@@ -286,7 +297,7 @@ class _TableRun:
 
     def _commit(self) -> None:
         try:
-            self.write.commit(self.files, self.lsn)
+            self.write.commit(self.files, self.lsn, resnapshot=self.resnapshot)
         except Py4JJavaError as e:
             self._fail_locked(f"committing to Iceberg failed: {_failure_summary(e)}")
             return

@@ -12,11 +12,14 @@ Invariants:
   range: such a heap is one range with no predicate (one reader per heap).
 - A partitioned table is read through its leaf partitions (each its own heap and ranges), into one
   mirror table, as logical replication publishes it through the root.
+- Configured key columns (``keyColumns``) are checked on the snapshot's rows (:mod:`.keys`): a
+  duplicate key value or a NULL in a key column fails the table before anything is copied.
 
 Failure modes (a :class:`TableFailure`, a definite error for that table only): the table does not
 exist (dropped before the snapshot), a listed key/excluded/text column does not exist, the table
 has no key, a column type is unsupported or cannot be a key (:class:`lakeslot.typemap.MappingError`),
-a leaf partition is not an ordinary table (a foreign table cannot be read by ctid).
+the configured key columns do not identify the rows (:class:`.keys.KeyColumnsError`), a leaf
+partition is not an ordinary table (a foreign table cannot be read by ctid).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import psycopg
 from psycopg import sql
 
 from lakeslot import typemap
+from lakeslot.snapshot import keys
 from lakeslot.source import columns
 from lakeslot.source.connection import one_row
 from lakeslot.source.tables import TableName, existing
@@ -115,7 +119,9 @@ def inspect(conn: psycopg.Connection, requests: Sequence[TableRequest], *,
                                       exclude_columns=request.exclude_columns,
                                       text_columns=request.text_columns, types=types)
             heaps, rows = _heaps(conn, request, oid)
-        except (typemap.MappingError, columns.DescribeError) as e:
+            if request.key_columns:
+                keys.check(conn, request.source, oid, request.key_columns)
+        except (typemap.MappingError, columns.DescribeError, keys.KeyColumnsError) as e:
             plans.append(TableFailure(request, f"table {request.source}: {e}"))
             continue
         ranges = tuple((heap, r) for heap in heaps

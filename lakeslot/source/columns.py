@@ -6,11 +6,17 @@ way, so they agree on every column.
 
 Invariants: types are read from ``pg_type`` through domains to their base type, keeping the
 innermost explicit type modifier; arrays map element-wise with the element type's delimiter;
-the key is ``keyColumns`` when configured, else the replica identity (primary key or index).
+the key is ``keyColumns`` when configured, else the replica identity (primary key or index);
+a ``textColumns`` column maps to ``string`` (its text form) whatever its type. A mirror holds
+exactly the columns logical replication sends on this server: generated columns that pgoutput
+does not publish (stored ones before PostgreSQL 18, virtual ones always; see
+:func:`lakeslot.source.preflight.unpublished_generated_columns`) are left out like excluded
+columns, so the snapshot never copies a value the stream would then turn into NULL.
 
 Failure modes: :class:`DescribeError` (no key, a listed column that does not exist, a key column
-excluded) and :class:`lakeslot.typemap.MappingError` (an unsupported type, or one that cannot be
-a key) — definite errors for that table only, with the message to show.
+excluded or a generated column the stream does not carry) and
+:class:`lakeslot.typemap.MappingError` (an unsupported type, or one that cannot be a key) —
+definite errors for that table only, with the message to show.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import psycopg
 
 from lakeslot import typemap
 from lakeslot.source.connection import one_row
-from lakeslot.source.preflight import replica_identity_key
+from lakeslot.source.preflight import replica_identity_key, unpublished_generated_columns
 
 
 class DescribeError(ValueError):
@@ -85,8 +91,9 @@ class TypeCache:
 def describe(conn: psycopg.Connection, oid: int, *, key_columns: Sequence[str] = (),
              exclude_columns: Sequence[str] = (), text_columns: Sequence[str] = (),
              types: TypeCache | None = None) -> tuple[typemap.ColumnMapping, ...]:
-    """The mirror columns of table ``oid``: every column not excluded, mapped by
-    :mod:`lakeslot.typemap`, the key flagged (``key_columns``, else the replica identity)."""
+    """The mirror columns of table ``oid``: every column not excluded (by ``exclude_columns``,
+    or as a generated column the stream does not carry), mapped by :mod:`lakeslot.typemap`
+    (``text_columns`` as text), the key flagged (``key_columns``, else the replica identity)."""
     types = types or TypeCache(conn)
     rows = conn.execute(
         """SELECT attname, atttypid::int8, atttypmod FROM pg_attribute
@@ -105,7 +112,15 @@ def describe(conn: psycopg.Connection, oid: int, *, key_columns: Sequence[str] =
     excluded_keys = [c for c in key if c in exclude_columns]
     if excluded_keys:
         raise DescribeError(f"key columns {excluded_keys} cannot be excluded")
+    unpublished = unpublished_generated_columns(conn, oid)
+    generated_keys = [c for c in key if c in unpublished]
+    if generated_keys:
+        raise DescribeError(
+            f"key columns {generated_keys} are generated columns, which PostgreSQL "
+            f"{conn.info.server_version // 10000} does not send in logical replication; choose "
+            "other key columns")
+    left_out = set(exclude_columns) | set(unpublished)
     return tuple(
         typemap.map_column(name, types.pg_type(typid, typmod), key=name in key,
                            as_text=name in text_columns)
-        for name, typid, typmod in rows if name not in exclude_columns)
+        for name, typid, typmod in rows if name not in left_out)

@@ -18,8 +18,17 @@ Replica identity rules (what the mirror's key will be):
 - REPLICA IDENTITY FULL → the primary key if there is one, else the configured key columns
   (required then: without them the mirror cannot tell rows apart);
 - configured key columns are accepted only with FULL (otherwise updates and deletes would not
-  carry them);
+  carry them); whether their values are unique (and never NULL) is checked on the data when the
+  table is snapshotted (:mod:`lakeslot.snapshot.keys`);
 - DEFAULT without a primary key, or NOTHING → not usable.
+
+Generated columns (:func:`unpublished_generated_columns`): pgoutput publishes a *stored*
+generated column only from PostgreSQL 18 on (lakeslot's publication sets
+``publish_generated_columns = stored``), and a *virtual* one (18) never. Such a column is left out
+of the mirror by snapshot and apply alike (:func:`lakeslot.source.columns.describe`), never
+mirrored as NULL; the table passes with a note (:attr:`Finding.note`, shown as the table's
+message) saying how to get it (upgrade to 18, or make it stored). A key column among them fails
+the table.
 """
 
 from __future__ import annotations
@@ -35,17 +44,22 @@ from lakeslot.source.connection import one_row, render_sql
 from lakeslot.source.tables import TableName, existing, quote_ident
 
 MIN_SERVER_VERSION = 130000
+PUBLISH_GENERATED_VERSION = 180000  # publish_generated_columns = stored
 # Managed services grant replication through a role instead of the REPLICATION attribute.
 REPLICATION_ROLES = ("rds_replication",)
 
 
 @dataclass(frozen=True)
 class Finding:
+    """One check's outcome. ``note``: it passes, but the user should know (e.g. a column left
+    out of the mirror): shown as the table's status message."""
+
     check: str
     ok: bool
     message: str
     fix: str = ""
     table: TableName | None = None
+    note: bool = False
 
     def __str__(self) -> str:
         where = f"{self.table}: " if self.table else ""
@@ -54,6 +68,10 @@ class Finding:
 
 def failures(findings: Sequence[Finding]) -> list[Finding]:
     return [f for f in findings if not f.ok]
+
+
+def notes(findings: Sequence[Finding]) -> list[Finding]:
+    return [f for f in findings if f.ok and f.note]
 
 
 def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
@@ -166,6 +184,7 @@ def _table_checks(conn: psycopg.Connection, table: TableName, oid: int, key_colu
                   excluded: list[str], manage_publication: bool) -> list[Finding]:
     checks = [_select_privilege(conn, table, oid), _replica_identity(conn, table, oid, key_columns),
               _excluded_columns(conn, table, oid, key_columns, excluded),
+              _generated_columns(conn, table, oid, key_columns, excluded),
               _row_level_security(conn, table, oid), *_column_types(conn, table, oid, excluded)]
     if manage_publication:
         checks.append(_ownership(conn, table, oid))
@@ -277,6 +296,59 @@ def _excluded_columns(conn: psycopg.Connection, table: TableName, oid: int,
                        "needs them to tell rows apart", "remove them from excludeColumns", table)
     return Finding(check, True, f"excluding {excluded}" if excluded else "no column excluded",
                    table=table)
+
+
+def generated_columns(conn: psycopg.Connection, oid: int) -> dict[str, str]:
+    """The generated columns of table ``oid``: name → ``s`` (stored) or ``v`` (virtual)."""
+    return dict(conn.execute(
+        "SELECT attname, attgenerated::text FROM pg_catalog.pg_attribute WHERE attrelid = %s::oid"
+        " AND attnum > 0 AND NOT attisdropped AND attgenerated <> ''", (oid,)).fetchall())
+
+
+def publishes_generated(server_version: int, kind: str) -> bool:
+    """Whether pgoutput sends a generated column of ``kind`` (``s``/``v``) on that server (with
+    ``publish_generated_columns = stored``, which lakeslot's publication sets)."""
+    return kind == "s" and server_version >= PUBLISH_GENERATED_VERSION
+
+
+def unpublished_generated_columns(conn: psycopg.Connection, oid: int) -> dict[str, str]:
+    """The generated columns of table ``oid`` that logical replication does not send on this
+    server (name → kind): the mirror leaves them out."""
+    version = conn.info.server_version
+    return {name: kind for name, kind in generated_columns(conn, oid).items()
+            if not publishes_generated(version, kind)}
+
+
+def _generated_columns(conn: psycopg.Connection, table: TableName, oid: int,
+                       key_columns: list[str], excluded: list[str]) -> Finding:
+    check = "generated_columns"
+    left_out = {n: k for n, k in unpublished_generated_columns(conn, oid).items()
+                if n not in excluded}
+    if not left_out:
+        return Finding(check, True, "no generated column left out", table=table)
+    major = conn.info.server_version // 10000
+    key = key_columns or replica_identity_key(conn, oid)[1]
+    keys = [c for c in key if c in left_out]
+    if keys:
+        return Finding(check, False, f"key columns {keys} are generated columns, which "
+                       f"PostgreSQL {major} does not send in logical replication",
+                       "choose other key columns" + ("" if major >= 18 else
+                                                     " (or upgrade to PostgreSQL 18)"), table)
+    stored = [n for n, k in left_out.items() if k == "s"]
+    virtual = [n for n, k in left_out.items() if k == "v"]
+    parts, fixes = [], []
+    if stored:
+        parts.append(f"stored generated columns {stored} are left out of the mirror: PostgreSQL "
+                     f"{major} does not send them in logical replication (18 does)")
+        fixes.append("upgrade to PostgreSQL 18, where lakeslot's publication sets "
+                     "publish_generated_columns = stored, then re-snapshot the table")
+    if virtual:
+        parts.append(f"virtual generated columns {virtual} are left out of the mirror: "
+                     "logical replication never sends them")
+        fixes.append("compute them in queries over the mirror, or re-create them as "
+                     "GENERATED ALWAYS AS (…) STORED and re-snapshot the table")
+    return Finding(check, True, "; ".join(parts), "; ".join(fixes) + " (to silence this, list "
+                   "them in excludeColumns)", table, note=True)
 
 
 def _row_level_security(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:

@@ -16,6 +16,12 @@ Invariants:
 - Managed publications publish insert, update, delete and truncate, and publish changes of
   partitions through their partitioned root (``publish_via_partition_root``), so a partitioned
   table is one mirror table.
+- On PostgreSQL ≥ 18 a managed publication sets ``publish_generated_columns = stored`` (on
+  creation, and on sync when an existing one of ours lacks it), so stored generated columns stream
+  like any other column; :func:`lakeslot.source.columns.describe` mirrors them only there. A
+  publication we do not own that lacks it while a table has a stored generated column is
+  reported with the ``ALTER PUBLICATION`` to run (otherwise the snapshot would copy values the
+  stream then leaves out).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import psycopg
 from psycopg import errors, sql
 
 from lakeslot.source.connection import render_sql
-from lakeslot.source.preflight import replica_identity_key
+from lakeslot.source.preflight import PUBLISH_GENERATED_VERSION, generated_columns, replica_identity_key
 from lakeslot.source.tables import TableName, existing, quote_ident
 
 MARKER = "managed by lakeslot: "
@@ -53,17 +59,29 @@ class _Publication:
     comment: str | None
     all_tables: bool
     publishes: tuple[str, ...]
+    generated: str | None = None  # pubgencols (PostgreSQL ≥ 18): 's' stored, 'n' none
 
 
 def _lookup(conn: psycopg.Connection, name: str) -> _Publication | None:
-    row = conn.execute(
-        """SELECT obj_description(oid, 'pg_publication'), puballtables,
+    generated = sql.SQL("pubgencols::text" if _generated_option(conn) else "NULL::text")
+    row = conn.execute(sql.SQL(
+        """SELECT obj_description(oid, 'pg_publication'), puballtables, {},
                   pubinsert, pubupdate, pubdelete, pubtruncate
-             FROM pg_publication WHERE pubname = %s""", (name,)).fetchone()
+             FROM pg_publication WHERE pubname = %s""").format(generated), (name,)).fetchone()
     if row is None:
         return None
-    publishes = tuple(op for op, on in zip(PUBLISH, row[2:], strict=True) if on)
-    return _Publication(row[0], row[1], publishes)
+    publishes = tuple(op for op, on in zip(PUBLISH, row[3:], strict=True) if on)
+    return _Publication(row[0], row[1], publishes, row[2])
+
+
+def _generated_option(conn: psycopg.Connection) -> bool:
+    """Whether the server has ``publish_generated_columns`` (PostgreSQL ≥ 18)."""
+    return conn.info.server_version >= PUBLISH_GENERATED_VERSION
+
+
+def _publish_generated(name: str) -> sql.Composed:
+    return sql.SQL("ALTER PUBLICATION {} SET (publish_generated_columns = stored)").format(
+        sql.Identifier(name))
 
 
 def members(conn: psycopg.Connection, name: str) -> set[TableName]:
@@ -106,6 +124,8 @@ def _create(conn: psycopg.Connection, name: str, owner: str) -> bool:
     options = sql.SQL("publish = {}").format(sql.Literal(", ".join(PUBLISH)))
     if conn.info.server_version >= 130000:
         options = sql.SQL("{}, publish_via_partition_root = true").format(options)
+    if _generated_option(conn):
+        options = sql.SQL("{}, publish_generated_columns = stored").format(options)
     try:
         with conn.transaction():
             conn.execute(sql.SQL("CREATE PUBLICATION {} WITH ({})").format(
@@ -127,6 +147,8 @@ def _manage(conn: psycopg.Connection, name: str, publication: _Publication,
     if publication.publishes != PUBLISH:
         _attempt(conn, report, sql.SQL("ALTER PUBLICATION {} SET (publish = {})").format(
             ident, sql.Literal(", ".join(PUBLISH))))
+    if _generated_option(conn) and publication.generated != "s":
+        _attempt(conn, report, _publish_generated(name))
     current = members(conn, name)
     oids = existing(conn, tables)
     for table in tables:
@@ -155,6 +177,15 @@ def _verify(conn: psycopg.Connection, name: str, publication: _Publication,
             f"publication {quote_ident(name)} publishes only {', '.join(publication.publishes)}: "
             + render_sql(conn, "ALTER PUBLICATION {} SET (publish = {});", ident,
                       sql.Literal(", ".join(PUBLISH))))
+    if _generated_option(conn) and publication.generated != "s":
+        with_generated = [t for t, oid in existing(conn, tables).items()
+                          if "s" in generated_columns(conn, oid).values()]
+        if with_generated:
+            report.errors.append(
+                f"publication {quote_ident(name)} (not managed by lakeslot) does not publish "
+                f"stored generated columns, which {', '.join(map(str, with_generated))} have: "
+                + render_sql(conn, "ALTER PUBLICATION {} SET (publish_generated_columns = "
+                             "stored);", ident))
     if publication.all_tables:
         return
     missing = [t for t in tables if t not in members(conn, name)]

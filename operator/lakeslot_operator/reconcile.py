@@ -47,7 +47,8 @@ from pathlib import Path
 import psycopg
 import pydantic
 
-from lakeslot import control, workloads
+from lakeslot import control, resnapshot, workloads
+from lakeslot import lsn as lsnlib
 from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SourceSpec
 from lakeslot.api.naming import IngestionNames
@@ -175,7 +176,8 @@ class _Reconciler:
         record its state, the condition and the event."""
         status = self.r.status
         plan = scheduling.plan(tables, {t: progress[t].lsn for t in tables},
-                               scheduling.Request.of(self.ing.spec.snapshot, status))
+                               scheduling.Request.of(self.ing.spec.snapshot, status),
+                               self._again(tables, progress))
         if plan.clear_below:
             status.resnapshot_below_lsn = None
         if plan.generation is None:
@@ -196,6 +198,41 @@ class _Reconciler:
         if step.delete:
             self.ctx.kube.delete_spark_application(self.ns, name)  # resubmitted next time
         self._record(step)
+
+    def _again(self, tables: list[TableName], progress: dict[TableName, MirrorProgress]
+               ) -> dict[TableName, int]:
+        """The tables to copy again alone (:mod:`lakeslot.resnapshot`): record each new per-table
+        request with the LSN it must reach, tell each re-snapshot once, and say in the table's
+        row why the loop guard holds one back."""
+        rows = {TableName(r.schema_name, r.name): r for r in self.r.status.tables}
+        requested: dict[TableName, int] = {}
+        for table in tables:
+            options = self.ing.spec.source.table_options(table.schema, table.name)
+            row, p = rows.get(table), progress[table]
+            if row is None or options is None or p.lsn is None:
+                continue
+            if options.resnapshot_generation > row.observed_resnapshot_generation:
+                row.observed_resnapshot_generation = options.resnapshot_generation
+                row.resnapshot_below_lsn = lsnlib.format(p.lsn + 1)
+                self.r.tell("Normal", "TableResnapshot",
+                            f"{table}: copying it again as requested (resnapshotGeneration "
+                            f"{options.resnapshot_generation})")
+            if row.resnapshot_below_lsn is not None:
+                below = lsnlib.parse(row.resnapshot_below_lsn)
+                if (p.snapshot_lsn or 0) >= below:
+                    row.resnapshot_below_lsn = None
+                else:
+                    requested[table] = below
+        decision = resnapshot.decide(progress, self.ing.spec.policies, requested)
+        previous = set(self.r.old.snapshot.tables) if self.r.old.snapshot else set()
+        for table in decision.copy:
+            if table not in decision.requested and str(table) not in previous:
+                self.r.tell("Warning", "TableResnapshot",
+                            f"{table}: copying it again, online: {progress[table].error}")
+        for table, why in decision.held.items():
+            if (row := rows.get(table)) is not None:
+                row.state, row.message = "Failed", why
+        return decision.copy
 
     def _record(self, step: scheduling.Step) -> None:
         status = self.r.status

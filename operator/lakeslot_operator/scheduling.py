@@ -10,8 +10,11 @@ Invariants:
 - A table is wanted when its mirror has no ``lakeslot.lsn`` yet (never snapshotted) or one below
   ``status.resnapshotBelowLsn`` (cut off: the slot was lost and recreated there, so the mirror
   misses changes); every table is wanted while ``spec.snapshot.resnapshotGeneration`` is above
-  ``status.observedResnapshotGeneration``. ``snapshot.mode: never`` wants no table of its own
-  accord; a re-snapshot request or a cut-off still copies.
+  ``status.observedResnapshotGeneration``; and a table :mod:`lakeslot.resnapshot` wants copied
+  again alone (``again``: the user's per-table request, or the apply job's automatic
+  re-snapshot), with the job's ``min_snapshot_lsn`` raised to the LSN its new snapshot must reach.
+  ``snapshot.mode: never`` wants no table of its own accord; a re-snapshot request or a cut-off
+  still copies.
 - The generation ``g<resnapshotGeneration>-<digest>`` (the digest covers the wanted tables and
   the cut-off LSN) names the SparkApplication: the same wish gives the same name, so a retried
   reconcile finds the job it submitted; a different wish gives a new name, so a re-snapshot
@@ -114,19 +117,23 @@ def generation_of(resnapshot_generation: int, wanted: Sequence[TableName], below
 
 
 def plan(tables: Sequence[TableName], applied: Mapping[TableName, int | None],
-         request: Request) -> Plan:
+         request: Request, again: Mapping[TableName, int] | None = None) -> Plan:
     """The tables to copy given each mirror's ``lakeslot.lsn`` (``applied``; None: no snapshot
-    yet) and the ``request`` (see the module docstring)."""
+    yet) and the ``request`` (see the module docstring); ``again``: tables to copy again alone
+    (:func:`lakeslot.resnapshot.decide`), each with the LSN its new snapshot must reach."""
     resnapshot = request.resnapshot_generation > request.observed_generation
     below = request.below_lsn
     cut_off = [t for t in tables if (lsn := applied[t]) is not None and lsn < below]
+    again = {t: lsn for t, lsn in (again or {}).items() if t in tables}
     wanted = tuple(sorted(tables if resnapshot else
-                          [t for t in tables if applied[t] is None or t in cut_off]))
-    idle = not wanted or (request.mode == "never" and not resnapshot and not cut_off)
+                          {t for t in tables if applied[t] is None or t in cut_off} | set(again)))
+    idle = not wanted or (request.mode == "never" and not resnapshot and not cut_off and not again)
+    min_snapshot_lsn = max([below, *again.values()])
     return Plan(
         wanted=() if idle else wanted,
-        generation=None if idle else generation_of(request.resnapshot_generation, wanted, below),
-        min_snapshot_lsn=below,
+        generation=None if idle else generation_of(request.resnapshot_generation, wanted,
+                                                   min_snapshot_lsn),
+        min_snapshot_lsn=min_snapshot_lsn,
         clear_below=bool(below) and not cut_off,
         resnapshot=request.resnapshot_generation if resnapshot else None)
 

@@ -1,0 +1,104 @@
+"""Configured key columns checked on the data: they must identify every row of the snapshot.
+
+The mirror keys its rows by ``keyColumns`` (Iceberg identifier fields, the MERGE condition of the
+apply job). If two source rows share a key value, or a key column holds NULL, the mirror collapses
+rows or updates the wrong one — silently. So a table with configured key columns is checked when
+it is snapshotted (and re-snapshotted), in the transaction that imported the exported snapshot,
+i.e. on exactly the rows being copied.
+
+Invariants:
+
+- No check is run when the database already guarantees it: a valid unique index, neither partial
+  nor on expressions, whose key columns are all among ``keyColumns``, with every ``keyColumns``
+  column NOT NULL (a validated constraint: PostgreSQL 18's ``NOT NULL … NOT VALID`` does not
+  count). Tables keyed by their replica identity (primary key or identity index) are never
+  checked: PostgreSQL guarantees those.
+- Otherwise one query finds a counterexample or proves there is none::
+
+      SELECT k, n, count(*) FROM (SELECT ROW(<key>)::text AS k, <any key column IS NULL> AS n
+                                    FROM <table>) s
+       GROUP BY k, n HAVING count(*) > 1 OR n LIMIT 1
+
+  grouping by the key's text form (every type has one, so types without an equality operator
+  such as ``json`` work too; distinct values have distinct text forms, which is also how the
+  mirror tells them apart). It reads the whole table once, inside PostgreSQL (rows never leave
+  the server). Identifiers are quoted with ``psycopg.sql``.
+
+Failure modes: :class:`KeyColumnsError` — a duplicate key (naming the key value and how many rows share
+it) or a NULL in a key column (naming the row's key) — is a definite error of that table with the
+fix: choose columns that are unique and never NULL, or add a primary key or unique index (on NOT
+NULL columns) and use it as the replica identity. Errors of the query itself propagate
+(:class:`psycopg.Error`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import psycopg
+from psycopg import sql
+
+from lakeslot.source.connection import one_row, render_sql
+from lakeslot.source.tables import TableName, quote_ident
+
+MAX_SHOWN = 200  # characters of a key value quoted in a message
+
+
+class KeyColumnsError(ValueError):
+    """The configured key columns do not identify the rows; the message says which and what to do."""
+
+
+def guaranteed(conn: psycopg.Connection, oid: int, key: Sequence[str]) -> bool:
+    """Whether PostgreSQL guarantees that ``key`` is unique and never NULL in table ``oid``."""
+    return bool(one_row(conn.execute(
+        """SELECT NOT EXISTS (
+                      SELECT 1 FROM pg_catalog.pg_attribute a
+                       WHERE a.attrelid = %(oid)s::oid AND a.attname = ANY(%(key)s::text[])
+                         AND (NOT a.attnotnull OR EXISTS (
+                              SELECT 1 FROM pg_catalog.pg_constraint c
+                               WHERE c.conrelid = a.attrelid AND c.contype = 'n'
+                                 AND NOT c.convalidated AND a.attnum = ANY(c.conkey))))
+                  AND EXISTS (
+                      SELECT 1 FROM pg_catalog.pg_index i
+                       WHERE i.indrelid = %(oid)s::oid AND i.indisunique AND i.indisvalid
+                         AND i.indpred IS NULL AND i.indexprs IS NULL
+                         AND (SELECT array_agg(a.attname::text)
+                                FROM unnest(i.indkey) WITH ORDINALITY AS k(attnum, n)
+                                JOIN pg_catalog.pg_attribute a
+                                  ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                               WHERE k.n <= i.indnkeyatts) <@ %(key)s::text[])""",
+        {"oid": oid, "key": list(key)}))[0])
+
+
+def check(conn: psycopg.Connection, table: TableName, oid: int, key: Sequence[str]) -> None:
+    """Raise :class:`KeyColumnsError` when ``key`` does not identify every row of ``table`` (``conn``
+    inside the snapshot's transaction); nothing when PostgreSQL already guarantees it."""
+    if guaranteed(conn, oid, key):
+        return
+    columns = [sql.Identifier(c) for c in key]
+    kind = one_row(conn.execute("SELECT relkind::text FROM pg_catalog.pg_class WHERE oid = %s::oid",
+                                (oid,)))[0]
+    source = table.sql() if kind == "p" else sql.SQL("ONLY {}").format(table.sql())
+    row = conn.execute(sql.SQL(
+        "SELECT k, n, count(*) FROM (SELECT ROW({columns})::text AS k, {nulls} AS n FROM {source}) s"
+        " GROUP BY k, n HAVING count(*) > 1 OR n LIMIT 1").format(
+            columns=sql.SQL(", ").join(columns),
+            nulls=sql.SQL(" OR ").join(sql.SQL("{} IS NULL").format(c) for c in columns),
+            source=source)).fetchone()
+    if row is None:
+        return
+    value, has_null, count = row
+    shown = value if len(value) <= MAX_SHOWN else value[:MAX_SHOWN] + "…"
+    names = ", ".join(quote_ident(c) for c in key)
+    if has_null:
+        what = (f"a row has a NULL in key columns ({names}) = {shown}, and a NULL cannot "
+                "identify a row (updates and deletes could not find it in the mirror)")
+    else:
+        what = (f"keyColumns ({names}) are not unique: {count} rows have ({names}) = {shown}, "
+                "and the mirror would collapse them into one or update the wrong one")
+    fix = ("choose keyColumns that are unique and never NULL, or give the table a primary key ("
+           + render_sql(conn, "ALTER TABLE {} ADD PRIMARY KEY (…);", table.sql())
+           + ") or a unique index on NOT NULL columns as its replica identity ("
+           + render_sql(conn, "ALTER TABLE {} REPLICA IDENTITY USING INDEX <index>;", table.sql())
+           + ") and remove keyColumns; then snapshot the table again")
+    raise KeyColumnsError(f"{what}; fix: {fix}")

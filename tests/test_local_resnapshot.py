@@ -1,0 +1,57 @@
+"""``lakeslot run`` copies a table again on its own, alone and online, when a migration changed
+it in a way the stream does not show (policies.onSchemaChange: Resnapshot, the default), and a
+``--once`` run still ends caught up with every table equal to its source. Real processes: real
+PostgreSQL 15 and 18, the reader as a child process, Spark ``local[*]`` + Iceberg."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from lakeslot.local import config, verify
+from lakeslot.mirror import progress as mirror_progress
+from lakeslot.source.tables import TableName
+from tests.support import local_support as ls
+from tests.support.fixtures_pg import connection_settings
+
+RUN_DEADLINE_S = 420
+RENAMED, STEADY = TableName("public", "renamed"), TableName("public", "steady")
+
+
+def _run_once(path, db, state_dir, log) -> str:
+    process = ls.spawn_run(path, db, state_dir, log, "--once")
+    try:
+        code = process.wait(RUN_DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        pytest.fail(f"lakeslot run did not finish; its log:\n{log.read_text()[-3000:]}")
+    assert code == 0, log.read_text()[-3000:]
+    return log.read_text()
+
+
+@pytest.mark.slow
+def test_a_renamed_column_is_copied_again_by_the_run_and_the_mirror_equals_the_source(
+        pgdb, tmp_path):
+    with pgdb.connect() as conn:
+        conn.execute("CREATE TABLE renamed (id int PRIMARY KEY, a text)")
+        conn.execute("CREATE TABLE steady (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO renamed SELECT g, 'r' || g FROM generate_series(1, 500) g")
+        conn.execute("INSERT INTO steady SELECT g, 's' || g FROM generate_series(1, 500) g")
+    path, state_dir, log = tmp_path / "ingestion.yaml", tmp_path / "state", tmp_path / "run.log"
+    ls.write_ingestion(path, pgdb, [RENAMED, STEADY], tmp_path)
+    _run_once(path, pgdb, state_dir, log)
+
+    with pgdb.connect() as conn:
+        conn.execute("ALTER TABLE renamed RENAME COLUMN a TO b")
+        conn.execute("UPDATE renamed SET b = 'after' WHERE id <= 10")
+        conn.execute("UPDATE steady SET v = 'after' WHERE id <= 10")
+    text = _run_once(path, pgdb, state_dir, log)
+    assert "TableResnapshot: copying public.renamed again" in text and "renamed to 'b'" in text
+
+    ingestion = config.load_ingestion(str(path))
+    checks = verify.compare(ingestion, connection_settings(pgdb), [RENAMED, STEADY])
+    assert [c for c in checks if not c.equal] == [], verify.render(checks)
+    progress = mirror_progress.read(ingestion, [RENAMED, STEADY])
+    assert progress[RENAMED].resnapshots_last_hour == 1 and progress[RENAMED].error is None
+    assert progress[STEADY].resnapshots_last_hour == 0
