@@ -170,10 +170,15 @@ def run(local: Local, options: Options) -> Result:
         lock.release()
 
 
-def _on_signals(stop: threading.Event) -> dict:
-    def handler(signum, _frame):
+def _stopper(stop: threading.Event) -> Callable[[int, object], None]:
+    def handler(signum: int, _frame: object) -> None:
         log.info("received %s: stopping", signal.Signals(signum).name)
         stop.set()
+    return handler
+
+
+def _on_signals(stop: threading.Event) -> dict:
+    handler = _stopper(stop)
     return {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
 
 
@@ -205,6 +210,10 @@ class _Session:
         tables, below = self._control()
         self._start_reader()
         self.spark = self.options.spark or self._spark_session(tables)
+        if self.options.spark is None and threading.current_thread() is threading.main_thread():
+            # PySpark's SparkContext takes SIGINT for itself (cancel jobs, KeyboardInterrupt in
+            # whatever the main thread does): Ctrl-C must stop the run in order instead.
+            signal.signal(signal.SIGINT, _stopper(self.stop))
         if self.stop.is_set():
             return
         self._phase("snapshot", lambda: self._snapshot(tables, below))
