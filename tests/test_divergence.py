@@ -9,6 +9,8 @@ are table-driven below; the scenario runs the real reader, snapshot and apply jo
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 from psycopg import sql
 
@@ -162,6 +164,48 @@ def _assert_mirror_equals_source(pipeline: Pipeline, warehouse, table: TableName
     assert mirrored == expected, table
 
 
+class _OnlineWatch:
+    """While a table is copied again: an application keeps inserting into it (and into
+    PLAIN), and a pyiceberg reader keeps reading the mirror. The copy is online when no read
+    ever sees fewer rows than the source had before (``floor``: inserts only, so the source
+    never had fewer) — never an empty or half-copied mirror."""
+
+    def __init__(self, pipeline: Pipeline, warehouse, table: TableName, floor: int) -> None:
+        self.pipeline, self.warehouse, self.table, self.floor = pipeline, warehouse, table, floor
+        self.stop = threading.Event()
+        self.counts: list[int] = []
+        self.inserted = 0
+        self.threads = [threading.Thread(target=self._read, daemon=True),
+                        threading.Thread(target=self._write, daemon=True)]
+
+    def _read(self) -> None:
+        ident = self.pipeline.job_input().names.mirror_identifier(self.table)
+        while not self.stop.is_set():
+            loaded = load_hadoop_table(self.warehouse.as_uri(), ident)
+            assert loaded is not None
+            self.counts.append(loaded.scan(selected_fields=("id",)).to_arrow().num_rows)
+
+    def _write(self) -> None:
+        with self.pipeline.pgdb.connect() as conn:
+            while not self.stop.wait(0.05):
+                self.inserted += 1
+                conn.execute(sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(self.table.sql()),
+                             (100_000 + self.inserted,))
+                conn.execute("INSERT INTO plain VALUES (%s, 'during')", (100_000 + self.inserted,))
+
+    def __enter__(self) -> _OnlineWatch:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(60)
+        assert self.counts and self.inserted, "the watch saw nothing"
+        assert min(self.counts) >= self.floor, self.counts
+
+
 @pytest.mark.slow
 def test_migrations_the_stream_does_not_show_are_copied_again_and_then_equal(
         spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, monkeypatch):
@@ -194,9 +238,10 @@ def test_migrations_the_stream_does_not_show_are_copied_again_and_then_equal(
     assert set(decision.copy) == set(DIVERGING) and not decision.held
     assert all(progress[t].resnapshot_automatic for t in DIVERGING)
     job_input = pipeline.job_input()
-    copied = snapshot_job.run(
-        spark, type(job_input)(job_input.ingestion, tuple(sorted(decision.copy))),
-        min_snapshot_lsn=decision.min_snapshot_lsn)
+    with _OnlineWatch(pipeline, spark_warehouse, RENAMED, floor=50):
+        copied = snapshot_job.run(
+            spark, type(job_input)(job_input.ingestion, tuple(sorted(decision.copy))),
+            min_snapshot_lsn=decision.min_snapshot_lsn)
     assert {t.source: t.state for t in copied.tables} == dict.fromkeys(DIVERGING, "committed")
 
     with pgdb.connect() as conn:  # the application goes on; so does every table
