@@ -365,8 +365,14 @@ class Applier:
         excluded = self._excluded(table)
         for relation in reduction.relations:  # the latest description of a column wins
             delimiters.update(self.types.delimiters(relation, excluded))
+        # a change described without a mirror column came before the column was added (or after
+        # it was dropped): the row holds the column's "missing value" in the source (else NULL)
+        described = [{c.name for c in r.columns} for r in reduction.relations]
+        not_carried = [n for n in state.data_columns() if any(n not in d for d in described)]
+        absent = self._missing_values(table, not_carried)[0] if not_carried else {}
         source = merge.create_source(self.spark, str(table), state,
-                                     self.spark.table(qualified).schema, records, delimiters)
+                                     self.spark.table(qualified).schema, records, delimiters,
+                                     absent)
         if source.resolves:
             missing = self.spark.sql(merge.missing_sql(source, qualified)).collect()
             if missing:

@@ -82,9 +82,12 @@ def _parse(table: str, parser: typemap.ColumnMapping, texts: list) -> list:
 
 
 def create_source(spark, table: str, state: TableState, spark_schema: StructType,
-                  records: Sequence[Record], delimiters: Mapping[str, str]) -> Source:
+                  records: Sequence[Record], delimiters: Mapping[str, str],
+                  absent: Mapping[str, str] | None = None) -> Source:
     """Register ``records`` as a temporary view shaped for :func:`resolved_sql`
-    (``delimiters``: each array column's element delimiter in the source's text form)."""
+    (``delimiters``: each array column's element delimiter in the source's text form;
+    ``absent``: the value, as text, of a column an image does not carry — its change came before
+    the column was added, so the row holds the column's default — else NULL)."""
     data = state.data_columns()
     names = list(data)
     key = [names.index(k) for k in state.key]
@@ -95,7 +98,9 @@ def create_source(spark, table: str, state: TableState, spark_schema: StructType
     def text(record: Record, i: int):
         if record.image is None:
             return record.key[key.index(i)] if i in key else None
-        value = record.image.values.get(names[i])
+        if names[i] not in record.image.values:
+            return (absent or {}).get(names[i])
+        value = record.image.values[names[i]]
         return None if value is KEEP else value
 
     parsed = [_parse(table, parsers[i], [text(r, i) for r in records]) for i in range(len(names))]
