@@ -24,6 +24,7 @@ from lakeslot.source import facts, slot
 from lakeslot.source.facts import TableFacts
 from lakeslot.source.tables import TableName
 from tests.support.apply_support import Pipeline, normal
+from tests.support.local_support import BackgroundWriter
 
 # -- the pure decisions -------------------------------------------------------------------------
 
@@ -164,6 +165,18 @@ def _assert_mirror_equals_source(pipeline: Pipeline, warehouse, table: TableName
     assert mirrored == expected, table
 
 
+class _Inserts(BackgroundWriter):
+    """The application during a re-snapshot: new keys into ``table`` and into PLAIN."""
+
+    def __init__(self, db, table: TableName) -> None:
+        self.table = table
+        super().__init__(db, seed=1, pause=0.05)
+
+    def write(self, conn, rng, next_id: int) -> None:
+        conn.execute(sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(self.table.sql()), (next_id,))
+        conn.execute("INSERT INTO plain VALUES (%s, 'during')", (next_id,))
+
+
 class _OnlineWatch:
     """While a table is copied again: an application keeps inserting into it (and into
     PLAIN), and a pyiceberg reader keeps reading the mirror. The copy is online when no read
@@ -174,9 +187,7 @@ class _OnlineWatch:
         self.pipeline, self.warehouse, self.table, self.floor = pipeline, warehouse, table, floor
         self.stop = threading.Event()
         self.counts: list[int] = []
-        self.inserted = 0
-        self.threads = [threading.Thread(target=self._read, daemon=True),
-                        threading.Thread(target=self._write, daemon=True)]
+        self.reader = threading.Thread(target=self._read, daemon=True)
 
     def _read(self) -> None:
         ident = self.pipeline.job_input().names.mirror_identifier(self.table)
@@ -185,24 +196,16 @@ class _OnlineWatch:
             assert loaded is not None
             self.counts.append(loaded.scan(selected_fields=("id",)).to_arrow().num_rows)
 
-    def _write(self) -> None:
-        with self.pipeline.pgdb.connect() as conn:
-            while not self.stop.wait(0.05):
-                self.inserted += 1
-                conn.execute(sql.SQL("INSERT INTO {} (id) VALUES (%s)").format(self.table.sql()),
-                             (100_000 + self.inserted,))
-                conn.execute("INSERT INTO plain VALUES (%s, 'during')", (100_000 + self.inserted,))
-
     def __enter__(self) -> _OnlineWatch:
-        for thread in self.threads:
-            thread.start()
+        self.inserts = _Inserts(self.pipeline.pgdb, self.table)
+        self.reader.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self.stop.set()
-        for thread in self.threads:
-            thread.join(60)
-        assert self.counts and self.inserted, "the watch saw nothing"
+        self.reader.join(60)
+        inserted = self.inserts.stop()
+        assert self.counts and inserted, "the watch saw nothing"
         assert min(self.counts) >= self.floor, self.counts
 
 

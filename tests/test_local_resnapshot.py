@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
+import yaml
 
 from lakeslot.local import config, verify
 from lakeslot.mirror import progress as mirror_progress
@@ -55,3 +56,19 @@ def test_a_renamed_column_is_copied_again_by_the_run_and_the_mirror_equals_the_s
     progress = mirror_progress.read(ingestion, [RENAMED, STEADY])
     assert progress[RENAMED].resnapshots_last_hour == 1 and progress[RENAMED].error is None
     assert progress[STEADY].resnapshots_last_hour == 0
+
+    # the user's request copies one table again, once: a later run does not repeat it
+    document = yaml.safe_load(path.read_text())
+    for entry in document["spec"]["source"]["tables"]:
+        if entry["name"] == STEADY.name:
+            entry["resnapshotGeneration"] = 1
+    path.write_text(yaml.safe_dump(document, allow_unicode=True))
+    text = _run_once(path, pgdb, state_dir, log)
+    assert text.count("TableResnapshot: copying public.steady again") == 1
+    assert "requested (resnapshotGeneration)" in text
+    _run_once(path, pgdb, state_dir, log)
+    assert log.read_text().count("TableResnapshot: copying public.steady again") == 1
+    progress = mirror_progress.read(ingestion, [RENAMED, STEADY])
+    assert progress[STEADY].resnapshots_last_hour == 1
+    checks = verify.compare(ingestion, connection_settings(pgdb), [RENAMED, STEADY])
+    assert [c for c in checks if not c.equal] == [], verify.render(checks)

@@ -70,48 +70,28 @@ def source(pgdb):
     return pgdb, [accounts, ODD, LEDGER]
 
 
-class Writer:
+class Writer(ls.BackgroundWriter):
     """Hammers the tables until stopped: every transaction updates the hot key 1 of accounts (it
     is in flight in every round), updates a random row of each table, inserts a new key and
     deletes a random one (ledger: only keys up to LEDGER_WRITTEN)."""
 
     def __init__(self, db) -> None:
-        self.db, self.stopping, self.transactions = db, threading.Event(), 0
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
+        super().__init__(db, seed=15, pause=0.02)
 
-    def _run(self) -> None:
-        rng, next_id = random.Random(15), 10_000_000
-        try:
-            with self.db.connect() as conn:
-                while not self.stopping.wait(0.02):
-                    with conn.transaction():
-                        conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
-                        conn.execute("INSERT INTO accounts (id, balance) VALUES (%s, 1)", (next_id,))
-                        conn.execute("UPDATE accounts SET balance = %s, note = %s WHERE id = %s",
-                                     (rng.randint(0, 10**6), f"n{next_id}", rng.randint(2, ACCOUNT_ROWS)))
-                        conn.execute("DELETE FROM accounts WHERE id = %s",
-                                     (rng.randint(2, ACCOUNT_ROWS),))
-                        conn.execute(sql.SQL('UPDATE {} SET "user" = %s WHERE id = %s').format(
-                            ODD.sql()), (f"w{next_id} ✓", rng.randint(1, ODD_ROWS)))
-                        conn.execute(sql.SQL('INSERT INTO {} (id, "user") VALUES (%s, %s)').format(
-                            ODD.sql()), (next_id, "new"))
-                        conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(ODD.sql()),
-                                     (rng.randint(1, ODD_ROWS),))
-                        conn.execute("UPDATE ledger SET amount = amount + 0.01 WHERE id = %s",
-                                     (rng.randint(1, LEDGER_WRITTEN),))
-                    next_id += 1
-                    self.transactions += 1
-        except BaseException as e:  # noqa: BLE001 - re-raised by stop()
-            self.error = e
-
-    def stop(self) -> int:
-        self.stopping.set()
-        self.thread.join(60)
-        if self.error is not None:
-            raise self.error
-        return self.transactions
+    def write(self, conn, rng: random.Random, next_id: int) -> None:
+        conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+        conn.execute("INSERT INTO accounts (id, balance) VALUES (%s, 1)", (next_id,))
+        conn.execute("UPDATE accounts SET balance = %s, note = %s WHERE id = %s",
+                     (rng.randint(0, 10**6), f"n{next_id}", rng.randint(2, ACCOUNT_ROWS)))
+        conn.execute("DELETE FROM accounts WHERE id = %s", (rng.randint(2, ACCOUNT_ROWS),))
+        conn.execute(sql.SQL('UPDATE {} SET "user" = %s WHERE id = %s').format(ODD.sql()),
+                     (f"w{next_id} ✓", rng.randint(1, ODD_ROWS)))
+        conn.execute(sql.SQL('INSERT INTO {} (id, "user") VALUES (%s, %s)').format(ODD.sql()),
+                     (next_id, "new"))
+        conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(ODD.sql()),
+                     (rng.randint(1, ODD_ROWS),))
+        conn.execute("UPDATE ledger SET amount = amount + 0.01 WHERE id = %s",
+                     (rng.randint(1, LEDGER_WRITTEN),))
 
 
 def _write_ingestion(path: Path, db, tables: list[TableName], tmp_path: Path,

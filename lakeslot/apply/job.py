@@ -192,6 +192,8 @@ class Applier:
         self.expire_interval_s = expire_interval_s
         self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
         self._facts: dict[TableName, facts.TableFacts | None] | None = None  # this pass's
+        # this pass's: column → (missing value, written by a rewrite) — see _missing_values
+        self._defaults: dict[TableName, dict[str, tuple[str | None, bool]]] = {}
 
     def close(self) -> None:
         if self._conn is not None:
@@ -224,7 +226,7 @@ class Applier:
 
     def run_pass(self) -> PassResult:
         self.tables.ensure_namespace(self.spec.sink.namespace)
-        self._facts = None
+        self._facts, self._defaults = None, {}
         outcomes: dict[TableName, TableOutcome] = {}
         states: dict[TableName, TableState] = {}
         for table in self.job.tables:
@@ -467,24 +469,23 @@ class Applier:
         values and cleared it (none: NULL) — and the added columns whose existing rows hold a
         value that is not known that way (a default without a missing value: written by a
         rewrite; or a generated column)."""
-        rows = self._source().execute(
-            "SELECT a.attname, a.atthasmissing, a.attmissingval::text, t.typdelim,"
-            " a.atthasdef OR a.attgenerated <> '' FROM pg_catalog.pg_attribute a"
-            " JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
-            " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
-            " JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
-            " WHERE n.nspname = %s AND c.relname = %s AND a.attname = ANY(%s)"
-            " AND NOT a.attisdropped",
-            (table.schema, table.name, added)).fetchall()
-        values, rewritten = {}, []
-        for name, has_missing, array, delimiter, has_default in rows:
-            if has_missing:
-                [value] = typemap.parse_array(array, delimiter)
-                if value is not None:
-                    values[name] = value
-            elif has_default:
-                rewritten.append(name)
-        return values, rewritten
+        if table not in self._defaults:  # every column of the table, read once per pass
+            rows = self._source().execute(
+                "SELECT a.attname, a.atthasmissing, a.attmissingval::text, t.typdelim,"
+                " a.atthasdef OR a.attgenerated <> '' FROM pg_catalog.pg_attribute a"
+                " JOIN pg_catalog.pg_class c ON c.oid = a.attrelid"
+                " JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace"
+                " JOIN pg_catalog.pg_type t ON t.oid = a.atttypid"
+                " WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0"
+                " AND NOT a.attisdropped",
+                (table.schema, table.name)).fetchall()
+            self._defaults[table] = {
+                name: (typemap.parse_array(array, delimiter)[0] if has_missing else None,
+                       not has_missing and has_default)
+                for name, has_missing, array, delimiter, has_default in rows}
+        known = self._defaults[table]
+        values = {n: value for n in added if n in known and (value := known[n][0]) is not None}
+        return values, [n for n in added if n in known and known[n][1]]
 
     def _backfill(self, target: str, state: TableState) -> TableState:
         """Give existing rows the value of columns added with a default, recorded by evolve."""

@@ -202,6 +202,8 @@ class _Session:
         self.processes_before = tree.descendants(os.getpid())
         self.last_status: PostgresIngestionStatus | None = None
         self._batch_started: float | None = None
+        self.apply_passes = 0  # passes the apply job finished (a table is marked only by a pass)
+        self._resnapshot_decided_at = -1  # apply_passes when _resnapshot last read the mirrors
         self.apply_seconds: float | None = None  # the last apply pass: batch read → committed
 
     # the steps ---------------------------------------------------------------------------
@@ -325,11 +327,13 @@ class _Session:
                 "not caught up: " + "; ".join(f"{t.source} {t.state}: {t.error}" for t in failed))
 
     def _apply_point(self, name: str, table) -> None:
-        """Times each apply pass from reading its batch to the last table's commit."""
+        """Counts the apply passes and times each from reading its batch to the last table's commit."""
         if name == "batch-read":
             self._batch_started = time.monotonic()
-        elif name == "after-tables" and self._batch_started is not None:
-            self.apply_seconds = time.monotonic() - self._batch_started
+        elif name == "after-tables":
+            self.apply_passes += 1
+            if self._batch_started is not None:
+                self.apply_seconds = time.monotonic() - self._batch_started
 
     # supervision -------------------------------------------------------------------------
 
@@ -368,13 +372,16 @@ class _Session:
 
     def _resnapshot(self, tables: list[TableName]) -> _Worker | None:
         """Start copying again, online, the tables :func:`lakeslot.resnapshot.decide` wants
-        (unless a copy is running); the worker, or None when nothing is to be copied."""
+        (unless a copy is running); the worker, or None when nothing is to be copied. The mirrors
+        are read once per finished apply pass, not on every supervision tick: only a pass marks
+        a table (and a request is read from the spec once, at the first call)."""
         from lakeslot.mirror import progress as mirror_progress
         from lakeslot.snapshot import job as snapshot_job
 
         running = self.workers.get("snapshot")
-        if running is not None and running.alive:
+        if (running is not None and running.alive) or self.apply_passes == self._resnapshot_decided_at:
             return None
+        self._resnapshot_decided_at = self.apply_passes
         spec = self.local.ingestion.spec
         progress = mirror_progress.read(self.local.ingestion, tables,
                                         secrets=self.job.catalog_secrets(self.local.environ))

@@ -53,7 +53,7 @@ class MirrorProgress:
     resnapshots_last_hour: int = 0  # re-snapshots committed within the hour before reading
 
 
-def progress_of(table: Table | None, now_ms: int | None = None) -> MirrorProgress:
+def progress_of(table: Table | None) -> MirrorProgress:
     snapshot = table.current_snapshot() if table is not None else None
     if table is None or snapshot is None:
         return MirrorProgress(None, None, None)
@@ -64,7 +64,7 @@ def progress_of(table: Table | None, now_ms: int | None = None) -> MirrorProgres
     error = apply_error(table.properties, position)
     taken = table.properties.get(SNAPSHOT_LSN_PROPERTY)
     way_out = table.properties.get(RESNAPSHOT_PROPERTY) if error is not None else None
-    hour_ago = (now_ms if now_ms is not None else int(time.time() * 1000)) - 3_600_000
+    hour_ago = int(time.time() * 1000) - 3_600_000
     recent = sum(1 for s in table.snapshots() if s.timestamp_ms >= hour_ago
                  and s.summary is not None and s.summary.get(RESNAPSHOT_SUMMARY) == "true")
     return MirrorProgress(position, int(rows) if rows is not None else None, snapshot.timestamp_ms,

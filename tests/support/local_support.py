@@ -59,31 +59,28 @@ def spawn_run(path: Path, db, state_dir: Path, log: Path, *args: str) -> subproc
         return subprocess.Popen(argv, env=env, stdout=out, stderr=out)
 
 
-class Workload:
-    """Inserts, updates and deletes on ``tables`` (``id`` the key) in a thread until stopped."""
+class BackgroundWriter:
+    """One transaction (:meth:`write`, with a seeded random and a fresh key from 10,000,000 up)
+    every ``pause`` seconds, in a thread, until :meth:`stop`, which re-raises its error."""
 
-    def __init__(self, db, tables: list[TableName], columns: dict[TableName, str]) -> None:
-        self.db, self.tables, self.columns = db, tables, columns
+    def __init__(self, db, *, seed: int, pause: float) -> None:
+        self.db, self.seed, self.pause = db, seed, pause
         self.stopping = threading.Event()
         self.transactions = 0
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
+    def write(self, conn, rng: random.Random, next_id: int) -> None:
+        raise NotImplementedError
+
     def _run(self) -> None:
-        rng, next_id = random.Random(5), 10_000_000
+        rng, next_id = random.Random(self.seed), 10_000_000
         try:
             with self.db.connect() as conn:
-                while not self.stopping.wait(0.01):
+                while not self.stopping.wait(self.pause):
                     with conn.transaction():
-                        for table in self.tables:
-                            column = sql.Identifier(self.columns[table])
-                            conn.execute(sql.SQL("INSERT INTO {} (id, {}) VALUES (%s, %s)").format(
-                                table.sql(), column), (next_id, _value(table, rng)))
-                            conn.execute(sql.SQL("UPDATE {} SET {} = %s WHERE id = %s").format(
-                                table.sql(), column), (_value(table, rng), rng.randint(1, 2000)))
-                            conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(
-                                table.sql()), (rng.randint(1, 2000),))
+                        self.write(conn, rng, next_id)
                     next_id += 1
                     self.transactions += 1
         except BaseException as e:  # noqa: BLE001 - re-raised by stop()
@@ -95,6 +92,24 @@ class Workload:
         if self.error is not None:
             raise self.error
         return self.transactions
+
+
+class Workload(BackgroundWriter):
+    """Inserts, updates and deletes on ``tables`` (``id`` the key) in a thread until stopped."""
+
+    def __init__(self, db, tables: list[TableName], columns: dict[TableName, str]) -> None:
+        self.tables, self.columns = tables, columns
+        super().__init__(db, seed=5, pause=0.01)
+
+    def write(self, conn, rng: random.Random, next_id: int) -> None:
+        for table in self.tables:
+            column = sql.Identifier(self.columns[table])
+            conn.execute(sql.SQL("INSERT INTO {} (id, {}) VALUES (%s, %s)").format(
+                table.sql(), column), (next_id, _value(table, rng)))
+            conn.execute(sql.SQL("UPDATE {} SET {} = %s WHERE id = %s").format(
+                table.sql(), column), (_value(table, rng), rng.randint(1, 2000)))
+            conn.execute(sql.SQL("DELETE FROM {} WHERE id = %s").format(
+                table.sql()), (rng.randint(1, 2000),))
 
 
 def _value(table: TableName, rng: random.Random):
