@@ -40,7 +40,7 @@ def test_the_library_never_imports_an_entry_point():
 
 
 @pytest.mark.parametrize("consumer", ["apply", "status.py", "local", "snapshot", "control.py",
-                                      "mirror"])
+                                      "mirror", "verify"])
 def test_consumers_of_staging_do_not_reach_into_the_reader(consumer):
     offenders = {str(p.relative_to(ROOT)): sorted(i for i in imports(p)
                                                   if i.startswith("lakeslot.reader"))
@@ -53,6 +53,7 @@ def test_consumers_of_staging_do_not_reach_into_the_reader(consumer):
     ("mirror", ("lakeslot.snapshot", "lakeslot.apply", "lakeslot.local")),
     ("apply", ("lakeslot.snapshot",)),
     ("snapshot", ("lakeslot.apply",)),
+    ("verify", ("lakeslot.apply", "lakeslot.local", "lakeslot_operator")),
 ])
 def test_shared_rooms_and_jobs_import_no_producer_internals(room, forbidden):
     offenders = {str(p.relative_to(ROOT)): sorted(i for i in imports(p) if i.startswith(forbidden))

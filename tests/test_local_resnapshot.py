@@ -10,9 +10,10 @@ import subprocess
 import pytest
 import yaml
 
-from lakeslot.local import config, verify
+from lakeslot.local import config
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.source.tables import TableName
+from lakeslot.verify import checksums
 from tests.support import local_support as ls
 from tests.support.fixtures_pg import connection_settings
 
@@ -51,8 +52,8 @@ def test_a_renamed_column_is_copied_again_by_the_run_and_the_mirror_equals_the_s
     assert "TableResnapshot: copying public.renamed again" in text and "renamed to 'b'" in text
 
     ingestion = config.load_ingestion(str(path))
-    checks = verify.compare(ingestion, connection_settings(pgdb), [RENAMED, STEADY])
-    assert [c for c in checks if not c.equal] == [], verify.render(checks)
+    checks = checksums.compare(ingestion, connection_settings(pgdb), [RENAMED, STEADY])
+    assert [c for c in checks if not c.equal] == [], checksums.render(checks)
     progress = mirror_progress.read(ingestion, [RENAMED, STEADY])
     assert progress[RENAMED].resnapshots_last_hour == 1 and progress[RENAMED].error is None
     assert progress[STEADY].resnapshots_last_hour == 0
@@ -70,5 +71,5 @@ def test_a_renamed_column_is_copied_again_by_the_run_and_the_mirror_equals_the_s
     assert log.read_text().count("TableResnapshot: copying public.steady again") == 1
     progress = mirror_progress.read(ingestion, [RENAMED, STEADY])
     assert progress[STEADY].resnapshots_last_hour == 1
-    checks = verify.compare(ingestion, connection_settings(pgdb), [RENAMED, STEADY])
-    assert [c for c in checks if not c.equal] == [], verify.render(checks)
+    checks = checksums.compare(ingestion, connection_settings(pgdb), [RENAMED, STEADY])
+    assert [c for c in checks if not c.equal] == [], checksums.render(checks)

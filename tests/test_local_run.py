@@ -1,6 +1,6 @@
 """``lakeslot run`` end to end, as real processes: real PostgreSQL 15 and 18, the reader as a
 child process, Spark ``local[*]`` + Iceberg, a concurrent write workload. Equality is checked
-over every column of every row (:mod:`lakeslot.local.verify`); nothing is simulated."""
+over every column of every row (:mod:`lakeslot.verify.checksums`); nothing is simulated."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import subprocess
 import pytest
 from psycopg import sql
 
-from lakeslot.local import observe, state, verify
+from lakeslot.local import observe, state
 from lakeslot.local.tree import alive, descendants
 from lakeslot.source.tables import TableName
+from lakeslot.verify import checksums
 from tests.support import local_support as ls
 from tests.support.fixtures_pg import connection_settings
 from tests.support.odd_names import ODD_TABLES, create_odd_tables
@@ -56,8 +57,8 @@ def _assert_equal(document_path, db, tables) -> None:
     from lakeslot.local import config
 
     ingestion = config.load_ingestion(str(document_path))
-    checks = verify.compare(ingestion, connection_settings(db), tables)
-    assert [c for c in checks if not c.equal] == [], verify.render(checks)
+    checks = checksums.compare(ingestion, connection_settings(db), tables)
+    assert [c for c in checks if not c.equal] == [], checksums.render(checks)
     assert all(c.source_rows > 0 for c in checks)
 
 

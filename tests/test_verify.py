@@ -24,7 +24,7 @@ import yaml
 from psycopg import sql
 
 from lakeslot import cli, typemap, workloads
-from lakeslot.local import run, state, verify
+from lakeslot.local import run, state
 from lakeslot.mirror import progress
 from lakeslot.mirror.contract import LSN_PROPERTY
 from lakeslot.source.tables import TableName
@@ -39,6 +39,8 @@ from lakeslot.staging.format import (
     metadata_document,
 )
 from lakeslot.staging.relations import Column, Relation
+from lakeslot.verify import diff, exact, inflight, report
+from lakeslot.verify.request import parse_table
 from tests.support import local_support as ls
 from tests.support import operator_env
 from tests.support.odd_names import ODD_TABLES, create_odd_tables
@@ -273,14 +275,14 @@ def test_bad_input_exits_2_with_the_reason(pgdb, tmp_path, monkeypatch, capsys):
 
 
 def test_table_arguments_parse_like_postgresql():
-    assert verify.parse_table("public.accounts") == TableName("public", "accounts")
-    assert verify.parse_table("Public.Accounts") == TableName("public", "accounts")
-    assert verify.parse_table(ODD_ARG) == ODD
-    assert verify.parse_table('public."say ""hi"""') == TableName("public", 'say "hi"')
-    assert verify.parse_table('"a.b".c') == TableName("a.b", "c")
+    assert parse_table("public.accounts") == TableName("public", "accounts")
+    assert parse_table("Public.Accounts") == TableName("public", "accounts")
+    assert parse_table(ODD_ARG) == ODD
+    assert parse_table('public."say ""hi"""') == TableName("public", 'say "hi"')
+    assert parse_table('"a.b".c') == TableName("a.b", "c")
     for bad in ("accounts", "a.b.c", "a.", '"a.b', ".b", ""):
         with pytest.raises(ValueError, match=r"SCHEMA\.NAME"):
-            verify.parse_table(bad)
+            parse_table(bad)
 
 
 # the pure parts ------------------------------------------------------------------------------
@@ -315,17 +317,17 @@ def test_changed_keys_come_from_new_and_old_tuples():
         {"lsn": 13, "op": "D", "old_kinds": "t-", "old": ["5", None]},
         {"lsn": 14, "op": "I", "new_kinds": "tt", "new": ["9", "other table"], "relation": 1},
     ])
-    found = verify.changed_keys(iter([Segment(segment.metadata, segment.table.slice(0, 4))]),
-                                _columns())
+    found = inflight.changed_keys(iter([Segment(segment.metadata, segment.table.slice(0, 4))]),
+                                  _columns())
     assert found.whole is None
     assert sorted(k.values for k in found.keys.values()) == [(1,), (2,), (3,), (4,), (5,)]
     assert found.keys[repr((4,))].texts == ("4",)
 
     truncated = _segment([{"lsn": 10, "op": "I", "new_kinds": "tt", "new": ["1", "a"]},
                           {"lsn": 11, "op": "T"}])
-    assert verify.changed_keys(iter([truncated]), _columns()).whole == "truncated at 0/B"
+    assert inflight.changed_keys(iter([truncated]), _columns()).whole == "truncated at 0/B"
     keyless = _segment([{"lsn": 10, "op": "D", "old_kinds": "-t", "old": [None, "x"]}])
-    assert "does not carry its key" in (verify.changed_keys(iter([keyless]), _columns()).whole or "")
+    assert "does not carry its key" in (inflight.changed_keys(iter([keyless]), _columns()).whole or "")
 
 
 def _rows(pairs: list[tuple[int, str | None]]) -> pa.Table:
@@ -334,58 +336,58 @@ def _rows(pairs: list[tuple[int, str | None]]) -> pa.Table:
 
 
 def test_the_comparison_reports_missing_extra_differing_and_skips_keys_in_flight():
-    source = verify._side(_rows([(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e"), (7, "x")]), ["id"])
-    mirror = verify._side(_rows([(1, "a"), (2, "B"), (4, "d"), (6, "f"), (5, "E"), (7, "x"), (7, "x")]),
-                          ["id"])
-    diff = verify._diff(source, mirror, in_flight={repr((5,))}, scope=None)
-    assert (diff.missing_count, diff.extra_count, diff.differing_count) == (1, 2, 1)
-    assert [source.rows["id"][i].as_py() for i in diff.missing] == [3]
-    assert sorted(mirror.rows["id"][i].as_py() for i in diff.extra) == [6, 7]  # 7: twice
+    source = diff.side(_rows([(1, "a"), (2, "b"), (3, "c"), (4, "d"), (5, "e"), (7, "x")]), ["id"])
+    mirror = diff.side(_rows([(1, "a"), (2, "B"), (4, "d"), (6, "f"), (5, "E"), (7, "x"), (7, "x")]),
+                       ["id"])
+    found = diff.diff(source, mirror, in_flight={repr((5,))}, scope=None)
+    assert (found.missing_count, found.extra_count, found.differing_count) == (1, 2, 1)
+    assert [source.rows["id"][i].as_py() for i in found.missing] == [3]
+    assert sorted(mirror.rows["id"][i].as_py() for i in found.extra) == [6, 7]  # 7: twice
     assert [(source.rows["id"][a].as_py(), mirror.rows["id"][b].as_py())
-            for a, b in diff.differing] == [(2, 2)]
-    assert diff.compared == 6  # 1, 2, 3, 4, 6, 7 (5 is in flight)
-    entry = verify._differing_entry(source.rows, mirror.rows, diff.differing[0], ["id"])
+            for a, b in found.differing] == [(2, 2)]
+    assert found.compared == 6  # 1, 2, 3, 4, 6, 7 (5 is in flight)
+    entry = diff.differing_entry(source.rows, mirror.rows, found.differing[0], ["id"])
     assert entry == {"key": {"id": 2}, "columns": {"v": ["b", "B"]}}
 
-    scoped = verify._diff(source, mirror, in_flight=set(), scope={repr((5,)), repr((8,))})
+    scoped = diff.diff(source, mirror, in_flight=set(), scope={repr((5,)), repr((8,))})
     assert (scoped.compared, scoped.differing_count, scoped.missing_count) == (1, 1, 0)
 
 
 def test_output_lists_keys_with_counts_and_says_why():
-    table = verify.TableResult(TableName("public", "t"), 10, 9, compared=9)
+    table = report.TableResult(TableName("public", "t"), 10, 9, compared=9)
     table.missing.add([{"id": i} for i in range(30)])
     table.differing.add([{"key": {"id": 2}, "columns": {"v": ["b", "B"]}}])
     table.not_compared.add([{"id": 5}])
-    table.rounds.append(verify.Round(1, 0x100, 0x180, 9, 1))
-    behind = verify.TableResult(TableName("s p", "T"), problem="the mirror is behind: at 0/1")
-    result = verify.Verification([table, behind])
+    table.rounds.append(report.Round(1, 0x100, 0x180, 9, 1))
+    behind = report.TableResult(TableName("s p", "T"), problem="the mirror is behind: at 0/1")
+    result = report.Verification([table, behind])
     assert result.exit_code == 1
-    document = verify.to_document(result)
+    document = report.to_document(result)
     first, second = document["tables"]
-    assert first["missing"]["count"] == 30 and len(first["missing"]["keys"]) == verify.LISTED_KEYS
+    assert first["missing"]["count"] == 30 and len(first["missing"]["keys"]) == diff.LISTED_KEYS
     assert first["notCompared"] == {"count": 1, "keys": [{"id": 5}], "reason": "changing continuously"}
     assert second["result"] == "incomplete" and second["table"] == '"s p"."T"'
-    text = "\n".join(verify.render_text(result))
+    text = "\n".join(report.render_text(result))
     assert "missing (in the source, not in the mirror): 30 (first 20): id=0; id=1" in text
     assert 'id=2: v: source "b" ≠ mirror "B"' in text
     assert "not compared (changing continuously): 1: id=5" in text
     assert "the mirror is behind" in text
     assert text.endswith("1 table(s) differ, 1 could not be checked")
-    assert verify.Verification([verify.TableResult(TableName("a", "b"))]).exit_code == 0
+    assert report.Verification([report.TableResult(TableName("a", "b"))]).exit_code == 0
 
 
 def test_what_the_last_round_leaves_in_flight():
-    keys = verify._TableState(verify.TableResult(TableName("public", "t")), key_names=["id"],
-                              pending={repr((5,)): verify.ChangedKey((5,), ("5",))})
-    keys.result.rounds.append(verify.Round(2, 0x200, 0x280, 0, None, "staging does not cover it"))
-    verify._left_over(keys)
+    keys = exact._TableState(report.TableResult(TableName("public", "t")), key_names=["id"],
+                             pending={repr((5,)): inflight.ChangedKey((5,), ("5",))})
+    keys.result.rounds.append(report.Round(2, 0x200, 0x280, 0, None, "staging does not cover it"))
+    exact._left_over(keys)
     assert keys.result.result == "equal"  # listed, not counted as a difference
-    assert verify.to_document(verify.Verification([keys.result]))["tables"][0]["notCompared"] == {
+    assert report.to_document(report.Verification([keys.result]))["tables"][0]["notCompared"] == {
         "count": 1, "keys": [{"id": 5}], "reason": "staging does not cover it"}
 
-    whole = verify._TableState(verify.TableResult(TableName("public", "t")), pending=None,
-                               pending_reason="truncated at 0/2A0")
-    verify._left_over(whole)
+    whole = exact._TableState(report.TableResult(TableName("public", "t")), pending=None,
+                              pending_reason="truncated at 0/2A0")
+    exact._left_over(whole)
     assert whole.result.result == "incomplete"
     assert whole.result.problem == "not compared after the last round: truncated at 0/2A0"
 
@@ -405,7 +407,7 @@ def test_segment_cache_keeps_what_retention_deletes_and_notices_gaps(tmp_path):
     staging = tmp_path / "staging"
     staging.mkdir()
     _seal(staging, 0x10, 0x20, [{"lsn": 0x11, "op": "I", "new_kinds": "tt", "new": ["1", "old"]}])
-    with verify.SegmentCache(staging.as_uri(), interval=0.01) as cache:
+    with inflight.SegmentCache(staging.as_uri(), interval=0.01) as cache:
         cache.need_above(0x1F)
         first = _seal(staging, 0x20, 0x30, [
             {"lsn": 0x21, "op": "I", "new_kinds": "tt", "new": ["2", "a"]},
@@ -418,7 +420,7 @@ def test_segment_cache_keeps_what_retention_deletes_and_notices_gaps(tmp_path):
             (staging / name.filename).unlink()
         segments = cache.changes(TableName("public", "t"), 0x1F, 0x31)
         assert not isinstance(segments, str)
-        assert sorted(k.values for k in verify.changed_keys(segments, _columns()).keys.values()) \
+        assert sorted(k.values for k in inflight.changed_keys(segments, _columns()).keys.values()) \
             == [(2,), (3,)]  # 8 is another table's, 4 committed after 0x31
         assert "does not cover" in str(cache.changes(TableName("public", "t"), 0x1F, 0x45))
         cache.need_above(0x3F)

@@ -8,6 +8,6 @@ status``, ``lakeslot demo``).
 - ``state``: the run lock (one run per ingestion) and what the active run started.
 - ``observe``: the status model computed from the source, staging, Iceberg and the state directory.
 - ``display``: live progress on a terminal, log lines otherwise.
-- ``verify``: row counts and full-content checksums, source against Iceberg.
+- ``verify``: the command line of ``lakeslot verify`` (the checks are :mod:`lakeslot.verify`).
 - ``demo``: the README's demo on an embedded PostgreSQL.
 """

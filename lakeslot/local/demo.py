@@ -12,7 +12,7 @@
 4. ``lakeslot run --once`` in this process: preflight, publication, slot, snapshot, reader,
    apply, up to the source's LSN at the start of streaming. Then the workload stops and a second
    ``--once`` run resumes where the first ended and catches up with everything the workload did.
-5. Verification (:mod:`.verify`): per table, row counts and full-content checksums of the
+5. Verification (:mod:`lakeslot.verify.checksums`): per table, row counts and full-content checksums of the
    source and of the Iceberg mirror; the lag; snapshot and streaming throughput.
 
 The warehouse, staging and state stay in ``--directory`` (PostgreSQL does not: it is a throwaway
@@ -41,10 +41,10 @@ from psycopg import sql
 
 from lakeslot import lsn as lsnlib
 from lakeslot import pgcluster, workloads
-from lakeslot.local import config, observe, run, verify
-from lakeslot.local.display import human_bytes
+from lakeslot.local import config, observe, run
 from lakeslot.source.connection import ConnectionSettings, one_row
 from lakeslot.source.tables import TableName
+from lakeslot.verify import checksums
 
 DATABASE = "demo"
 ODD_SCHEMA = 'Demo "Schema"'
@@ -238,12 +238,12 @@ def main(directory: Path, *, scale: int = 10, out=None) -> int:
             run.stop_spark(spark)
         settings = ConnectionSettings("127.0.0.1", cluster.port, DATABASE, cluster.superuser,
                                       cluster.password, sslmode="disable")
-        checks = verify.compare(local.ingestion, settings, tables,
+        checks = checksums.compare(local.ingestion, settings, tables,
                                 secrets=local.job.catalog_secrets(local.environ))
         status = second.status
     say("")
     say("Verification: source (PostgreSQL) against the Iceberg mirror, every column of every row")
-    for line in verify.render(checks):
+    for line in checksums.render(checks):
         say("  " + line)
     snapshot_rows = sum(t["rowsStaged"] for t in snapshot_document["tables"]) \
         if snapshot_document else 0
@@ -252,11 +252,11 @@ def main(directory: Path, *, scale: int = 10, out=None) -> int:
     stream_s = first.timings.get("apply", 0.0) + second.timings.get("apply", 0.0)
     say("")
     if status is not None:
-        say(f"Lag after catch-up: {human_bytes(status.lag_bytes)} of WAL "
+        say(f"Lag after catch-up: {lsnlib.human_bytes(status.lag_bytes)} of WAL "
             f"(applied {status.apply.applied_lsn if status.apply else '-'})")
     say(f"Snapshot: {snapshot_rows:,} rows in {snapshot_s:.1f} s "
         f"({snapshot_rows / max(snapshot_s, 1e-9):,.0f} rows/s, Spark start excluded)")
-    say(f"Streaming: {human_bytes(streamed)} of WAL from the workload "
+    say(f"Streaming: {lsnlib.human_bytes(streamed)} of WAL from the workload "
         f"({lsnlib.format(start_lsn)} → {lsnlib.format(end_lsn)}), applied in "
         f"{stream_s:.1f} s of apply passes")
     say(f"Wall time: {time.monotonic() - started:.0f} s")

@@ -28,17 +28,6 @@ log = logging.getLogger("lakeslot.local")
 LOG_EVERY_S = 15.0
 
 
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    size: float = n
-    for unit in ("B", "kB", "MB", "GB"):
-        if abs(size) < 1000 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1000
-    return str(size)
-
-
 def _ago(when: datetime | None) -> str:
     if when is None:
         return "-"
@@ -57,9 +46,9 @@ def frame(local: Local, status: PostgresIngestionStatus, elapsed: float,
         f"{f' ({ready.reason})' if ready and ready.status != 'True' else ''}   "
         f"{elapsed:,.0f} s" + (f"   --once up to {lsnlib.format(target)}" if target is not None else ""),
         f"durable {reader.durable_lsn if reader and reader.durable_lsn else '-'} "
-        f"(reader lag {human_bytes(reader.lag_bytes if reader else None)})   "
+        f"(reader lag {lsnlib.human_bytes(reader.lag_bytes if reader else None)})   "
         f"applied {apply.applied_lsn if apply and apply.applied_lsn else '-'} "
-        f"(lag {human_bytes(status.lag_bytes)})   "
+        f"(lag {lsnlib.human_bytes(status.lag_bytes)})   "
         f"last commit {_ago(apply.last_commit_time if apply else None)}"
         + (f" (apply pass {apply_seconds:.1f} s)" if apply_seconds is not None else ""),
     ]

@@ -1,0 +1,31 @@
+"""Is the mirror equal to the source? Two checks, both over every replicated column of every row.
+
+The expected content of a mirror table is the source table's rows, every replicated column,
+each value converted by the one type mapping (:mod:`lakeslot.typemap`) from its PostgreSQL text
+form — exactly the path a streamed change takes. The source is read in a session with lakeslot's
+settings (UTC, ISO dates, full float precision); the mirror is read with pyiceberg (no Spark,
+none of the apply job's code) and cast to the same Arrow types.
+
+- :mod:`.exact` — **the exact check** (``lakeslot verify``): equality at one LSN while the
+  source is being written and the pipeline runs, in rounds.
+- :mod:`.checksums` — **the quiet-source check** (the demo and tests, after a run caught up and
+  stopped): row counts and full-content checksums.
+
+What they are built from:
+
+- :mod:`.source` — the source side: rows as the mirror should hold them, all or by key; the
+  table's catalog fingerprint.
+- :mod:`.mirror` — the mirror side: the first Iceberg snapshot at or above an LSN (waiting for
+  it), its rows; the current rows.
+- :mod:`.inflight` — staging: local copies of the segments that appear while a check runs, and
+  the keys their changes touched in an LSN range.
+- :mod:`.diff` — the row comparison by key (missing, extra, differing; keys held by several rows).
+- :mod:`.report` — the result of the exact check: per table the counts and the first keys, and
+  its text and JSON forms.
+- :mod:`.request` — what a check is asked to do: table names as PostgreSQL reads them.
+
+Scope: the exact check reads any ``sink.catalog`` pyiceberg can read
+(:func:`lakeslot.mirror.catalogs.load_table`); the quiet-source check reads hadoop catalogs only.
+Nothing here imports local mode (:mod:`lakeslot.local`) or the operator: the command line glue
+(:mod:`lakeslot.local.verify`) calls in.
+"""
