@@ -88,13 +88,31 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from lakeslot.local import verify
+    from lakeslot.local import config, verify
 
-    local = _local(args, "verify")
-    if local is None:
+    try:
+        ingestion = args.ingestion_json or config.load_ingestion(args.filename)
+        environ = config.environment(ingestion, args.env_file)
+    except config.ConfigError as e:
+        print(f"lakeslot verify: {e}", file=sys.stderr)
         return EXIT_USAGE
-    return verify.command(local, args.tables, output=args.output, timeout=args.timeout,
-                          rounds=args.rounds)
+    return verify.command(ingestion, environ, args.tables, output=args.output,
+                          timeout=args.timeout, rounds=args.rounds, result_token=args.result_token)
+
+
+def _ingestion_json(text: str):
+    from lakeslot import workloads
+
+    return workloads.ingestion_from_json(text)
+
+
+def _token(text: str) -> str:
+    from lakeslot.verify.request import check_token
+
+    try:
+        return check_token(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _positive(text: str) -> float:
@@ -241,8 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
         "still changing are listed as not compared. A pipeline must be running (lakeslot run or "
         "the operator). " + local_help + " Exit codes: 0 every table equal, 1 a difference found "
         "or the check could not complete (the output says why), 2 bad input.")
-    p.add_argument("-f", "--filename", required=True, metavar="FILE",
-                   help="YAML file holding one PostgresIngestion")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("-f", "--filename", metavar="FILE",
+                        help="YAML file holding one PostgresIngestion")
+    source.add_argument("--ingestion-json", type=_ingestion_json, metavar="JSON",
+                        help="the PostgresIngestion (metadata and spec) as JSON, as the operator's "
+                        "verification Job passes it")
     p.add_argument("--env-file", metavar="FILE",
                    help="KEY=VALUE lines for the secrets (the process environment wins)")
     p.add_argument("--table", dest="tables", action="append", default=[], metavar="SCHEMA.NAME",
@@ -254,7 +276,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, choices=range(1, 11), default=3, metavar="N",
                    help="source snapshots at most: changed keys are checked again in the next "
                    "(1-10, default %(default)s)")
-    p.set_defaults(func=_verify, state_dir=None)
+    p.add_argument("--result-token", type=_token, metavar="TOKEN",
+                   help="also write the outcome to STAGING/verify/TOKEN.json, whatever it is (the "
+                   "operator's verification Job: TOKEN is the lakeslot.io/verify annotation)")
+    p.set_defaults(func=_verify)
 
     p = sub.add_parser(
         "demo", help="run the whole pipeline against an embedded PostgreSQL with sample data",

@@ -5,6 +5,8 @@ processes, in-process calls).
 Contract:
 
 - The reader is ``lakeslot reader`` with explicit flags (it needs no Spark and no catalog).
+- The operator's verification Job is ``lakeslot verify --ingestion-json`` with the tables as a
+  person names them and the request token its result document answers (:func:`verify_command`).
 - The Spark jobs take ``--ingestion-json``: the ingestion resource (metadata name/namespace
   and spec) as JSON, from which they derive everything with the same models and naming
   functions as the operator, so operator and jobs can never disagree about a name — plus the
@@ -82,6 +84,13 @@ def apply_arguments(ingestion: PostgresIngestion, tables: Iterable[TableName]) -
     return ["--ingestion-json", ingestion_json(ingestion), *_table_args(tables)]
 
 
+def verify_command(ingestion: PostgresIngestion, tables: Iterable[TableName], token: str) -> list[str]:
+    """``lakeslot verify`` of ``tables`` (none: every selected table), writing its outcome to
+    staging for the request ``token``; secrets come from the environment, as for the jobs."""
+    return ["lakeslot", "verify", "--ingestion-json", ingestion_json(ingestion),
+            *[arg for t in tables for arg in ("--table", str(t))], "--result-token", token]
+
+
 def catalog_secret_env(key: str) -> str:
     """The environment variable carrying the Secret-backed catalog property ``key``."""
     return "LAKESLOT_CATALOG_" + re.sub(r"[^A-Z0-9]", "_", key.upper())
@@ -123,7 +132,8 @@ class JobInput:
         return self.ingestion.spec.source.table_options(table.schema, table.name)
 
 
-def _ingestion(text: str) -> PostgresIngestion:
+def ingestion_from_json(text: str) -> PostgresIngestion:
+    """The value of ``--ingestion-json`` (argparse's ``ArgumentTypeError`` saying what is wrong)."""
     try:
         return parse_resource(json.loads(text))
     except json.JSONDecodeError as e:
@@ -143,7 +153,7 @@ def _table(text: str) -> TableName:
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags every Spark job takes (see :func:`snapshot_arguments`, :func:`apply_arguments`)."""
-    parser.add_argument("--ingestion-json", required=True, type=_ingestion, metavar="JSON",
+    parser.add_argument("--ingestion-json", required=True, type=ingestion_from_json, metavar="JSON",
                         help="the PostgresIngestion (metadata and spec) as JSON")
     parser.add_argument("--table", dest="tables", action="append", type=_table, default=[],
                         metavar='["SCHEMA","NAME"]', help="a table to handle (repeatable)")

@@ -24,6 +24,7 @@ from lakeslot_operator import children
 from tests.api_cases import base_document
 from tests.support import chart
 from tests.support.kube_emulator import to_json_schema
+from tests.support.pod_security import assert_restricted
 
 # The chart's kubeVersion floor (CEL validation in the CRD) and the newest schemas offline.
 KUBE_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
@@ -93,19 +94,9 @@ def test_values_yaml_defaults_render_the_documented_install():
 def test_the_operator_pod_meets_the_restricted_pod_security_standard(name):
     """The checks of Kubernetes' "restricted" profile (Pod Security Standards), on the pod spec."""
     pod = chart.one(chart.render(chart.VALUE_SETS[name]), "Deployment")["spec"]["template"]["spec"]
-    assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
-    assert all(set(volume) - {"name"} <= {"emptyDir", "configMap", "secret", "projected",
-                                          "downwardAPI", "persistentVolumeClaim", "ephemeral", "csi"}
-               for volume in pod.get("volumes", []))
+    assert_restricted(pod)
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
     assert pod["securityContext"]["seccompProfile"]["type"] in ("RuntimeDefault", "Localhost")
-    for container in pod["containers"] + pod.get("initContainers", []):
-        security = container["securityContext"]
-        assert security["allowPrivilegeEscalation"] is False
-        assert not security.get("privileged")
-        assert security["capabilities"]["drop"] == ["ALL"] and not security["capabilities"].get("add")
-        assert all("hostPort" not in port for port in container.get("ports", []))
-        assert security.get("runAsUser", pod["securityContext"]["runAsUser"]) != 0
 
 
 @pytest.mark.parametrize("name", VALUE_SET_NAMES)

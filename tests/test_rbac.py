@@ -29,6 +29,7 @@ def test_kube_calls_are_derived():
         *[(verb, "apps", "deployments") for verb in ("get", "list", "create", "update", "patch", "delete")],
         *[(verb, "sparkoperator.k8s.io", "sparkapplications")
           for verb in ("get", "list", "create", "update", "delete")],
+        *[(verb, "batch", "jobs") for verb in ("get", "create", "delete")],
     }
 
 

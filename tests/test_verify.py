@@ -5,17 +5,11 @@ the row comparison, the output) on made-up data."""
 
 from __future__ import annotations
 
-import functools
-import io
 import json
 import os
 import random
-import signal
 import subprocess
-import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -24,11 +18,7 @@ import yaml
 from psycopg import sql
 
 from lakeslot import cli, typemap, workloads
-from lakeslot.local import run, state
-from lakeslot.mirror import progress
-from lakeslot.mirror.contract import LSN_PROPERTY
 from lakeslot.source.tables import TableName
-from lakeslot.spark_session import with_commit_properties
 from lakeslot.staging.format import (
     METADATA_KEY,
     SCHEMA,
@@ -53,7 +43,6 @@ LEDGER = TableName("public", "ledger")
 ACCOUNT_ROWS, ODD_ROWS, LEDGER_ROWS = 5_000, 2_000, 3_000
 LEDGER_WRITTEN = 2_000  # the writer changes ledger keys up to here; the planted ones are above
 PLANTED_MISSING, PLANTED_CHANGED, PLANTED_COPY, PLANTED_EXTRA = 2_001, 2_002, 2_003, -5
-T = TypeVar("T")
 
 
 # end to end ----------------------------------------------------------------------------------
@@ -132,47 +121,10 @@ def _tables(document: dict) -> dict[str, dict]:
     return {t["table"]: t for t in document["tables"]}
 
 
-def _run(local, spark, *, once: bool, during: Callable[[], T] | None = None) -> tuple[run.Result, T | None]:
-    """``lakeslot run`` in this process, on the tests' Spark session (no JVM to start). With
-    ``during``: streaming while ``during`` runs in a thread, then stopped with SIGTERM as a user
-    would stop it (a stand-in handler absorbs a signal that comes after the run ended)."""
-    outcome: dict[str, Any] = {}
-
-    def background() -> None:
-        try:
-            wait_for(lambda: state.run_active(local.state_dir), "the run to start")
-            assert during is not None
-            outcome["value"] = during()
-        except BaseException as e:  # noqa: BLE001 - re-raised below, in the test's thread
-            outcome["error"] = e
-        finally:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)
-    thread = threading.Thread(target=background, daemon=True) if during else None
-    try:
-        if thread is not None:
-            thread.start()
-        result = run.run(local, run.Options(once=once, spark=spark, out=io.StringIO(),
-                                            interactive=False))
-        if thread is not None:
-            thread.join(VERIFY_DEADLINE_S)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    if "error" in outcome:
-        raise outcome["error"]
-    assert result.code == 0, result.message
-    return result, outcome.get("value")
-
-
 def _plant(spark, local, table: TableName) -> None:
-    """Damage the mirror as a bug would, with Spark SQL in one commit that keeps the table's
-    position (so the pipeline takes it for its own): a row deleted, a value changed, a row added."""
-    namespace, name = local.job.names.mirror_identifier(table)
-    target = f"lakeslot.`{namespace}`.`{name}`"
-    position = progress.read(local.ingestion, [table])[table].lsn
-    assert position is not None
-    statement = f"""
+    """Damage the mirror as a bug would: a row deleted, a value changed, a row added."""
+    target = ls.mirror_name(local, table)
+    ls.commit_as_pipeline(spark, local, table, f"""
         MERGE INTO {target} t
         USING (SELECT CASE id WHEN {PLANTED_COPY} THEN {PLANTED_EXTRA} ELSE id END AS new_id, *
                  FROM {target} WHERE id IN ({PLANTED_MISSING}, {PLANTED_CHANGED}, {PLANTED_COPY})) s
@@ -180,13 +132,7 @@ def _plant(spark, local, table: TableName) -> None:
         WHEN MATCHED AND s.id = {PLANTED_MISSING} THEN DELETE
         WHEN MATCHED THEN UPDATE SET amount = -7
         WHEN NOT MATCHED THEN INSERT (id, amount, memo, at, _lakeslot_lsn)
-            VALUES (s.new_id, s.amount, s.memo, s.at, s._lakeslot_lsn)"""
-    with_commit_properties(spark, {LSN_PROPERTY: str(position)},
-                           functools.partial(_collect, spark, statement))
-
-
-def _collect(spark, statement: str) -> list:
-    return spark.sql(statement).collect()
+            VALUES (s.new_id, s.amount, s.memo, s.at, s._lakeslot_lsn)""")
 
 
 @pytest.mark.slow
@@ -197,7 +143,7 @@ def test_exact_under_write_load_and_planted_differences_are_found(source, tmp_pa
     _write_ingestion(path, db, tables, tmp_path, spark_warehouse)
     local = ls.local(path, db, state_dir)
     monkeypatch.setenv(workloads.PASSWORD_ENV, db.cluster.password)  # run.run exports it
-    first, _ = _run(local, spark, once=True)
+    first, _ = ls.run_in_process(local, spark, once=True)
     assert first.caught_up
     _plant(spark, local, LEDGER)
 
@@ -210,7 +156,7 @@ def test_exact_under_write_load_and_planted_differences_are_found(source, tmp_pa
         return _finish(hammered), _finish(everything)
 
     writer = Writer(db)
-    _, checks = _run(local, spark, once=False, during=both_checks)
+    _, checks = ls.run_in_process(local, spark, once=False, during=both_checks)
     assert checks is not None
     (code, out, err), (code_all, out_all, err_all) = checks
 
@@ -423,5 +369,6 @@ def test_segment_cache_keeps_what_retention_deletes_and_notices_gaps(tmp_path):
         assert sorted(k.values for k in inflight.changed_keys(segments, _columns()).keys.values()) \
             == [(2,), (3,)]  # 8 is another table's, 4 committed after 0x31
         assert "does not cover" in str(cache.changes(TableName("public", "t"), 0x1F, 0x45))
+        assert cache.changes(TableName("public", "t"), 0x45, 0x45) == []  # the mirror exactly at P
         cache.need_above(0x3F)
         assert cache.copies.list() == []

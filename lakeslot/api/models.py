@@ -531,6 +531,10 @@ CONDITION_TYPES = {
     "Streaming": "The reader receives changes and the apply job commits them.",
     "Degraded": "Something needs attention while data may still flow (a failed table, WAL retention "
     "growing, transient errors being retried); the reason says what.",
+    "Verified": "The last verification requested with the lakeslot.io/verify annotation: True when "
+    "every table it checked equals its source at one LSN; False when rows differ (Diverged) or "
+    "the check could not settle (NotCompared, Failed, InvalidRequest); Unknown while it runs. "
+    "Absent until a verification is requested; not part of Ready.",
 }
 
 Phase = Literal["Pending", "Snapshotting", "Streaming", "Suspended", "Failed", "Deleting"]
@@ -623,6 +627,55 @@ class SnapshotStatus(ApiModel):
     finished_at: KubeTime | None = optional("When the last attempt finished (COMPLETED or FAILED).")
 
 
+VerificationState = Literal["Verifying", "Equal", "Diverged", "NotCompared", "Failed", "InvalidRequest"]
+
+
+class TableVerification(ApiModel):
+    """One table's result in a verification."""
+
+    schema_name: str = Field(alias="schema", description="Schema of the source table.")
+    name: str = Field(description="Name of the source table.")
+    result: Literal["equal", "different", "incomplete"] = Field(
+        description="equal, different (rows differ, or the mirror lacks source columns) or "
+        "incomplete (the check could not settle it: see message)."
+    )
+    rows_compared: int = Field(0, ge=0, description="Keys compared and settled, over every round.")
+    missing: int = Field(0, ge=0, description="Rows in the source that the mirror lacks.")
+    extra: int = Field(0, ge=0, description="Rows in the mirror that the source lacks.")
+    differing: int = Field(0, ge=0, description="Rows held by both whose values differ.")
+    not_compared: int = Field(
+        0, ge=0, description="Keys still changing after the last round: not compared, not counted as differences."
+    )
+    keys: Annotated[list[str], Field(max_length=10)] = listing(
+        "The first keys that differ, for example `missing id=7` or `differing id=9 (amount)`; the "
+        "result document in staging lists more, with values."
+    )
+    message: str = Field("", description="Why the table is incomplete, or which source columns the mirror lacks.")
+
+
+class VerificationStatus(ApiModel):
+    """The last verification requested with the lakeslot.io/verify annotation."""
+
+    token: str = Field(description="The lakeslot.io/verify annotation value this verification answers.")
+    state: VerificationState = Field(
+        description="Verifying, Equal, Diverged, NotCompared, Failed or InvalidRequest (the reason of "
+        "the Verified condition)."
+    )
+    tables: Annotated[list[str], ListKeys()] = listing(
+        "The tables requested with lakeslot.io/verify-tables (schema.table, quoted like psql); "
+        "empty: every selected table."
+    )
+    job: str | None = optional("Name of the verification Job.")
+    started_at: KubeTime | None = optional("When the operator created the Job.")
+    finished_at: KubeTime | None = optional("When the check finished.")
+    lsn: Lsn | None = optional(
+        "The LSN the tables were compared at: the source snapshot of the first round (keys changing "
+        "then were compared again at later snapshots)."
+    )
+    message: str = Field("", description="The outcome and what to do (the Verified condition's message).")
+    results: Annotated[list[TableVerification], ListKeys(("schema", "name"))] = listing("Per-table results.")
+
+
 class PostgresIngestionStatus(ApiModel):
     """The observed state, written by the operator only."""
 
@@ -652,6 +705,9 @@ class PostgresIngestionStatus(ApiModel):
     resnapshot_below_lsn: Lsn | None = optional(
         "Set when a lost slot was recreated (policies.onSlotLost: Resnapshot): the new slot's "
         "creation LSN. Every table whose mirror is below it is copied again; cleared when none is."
+    )
+    verification: VerificationStatus | None = optional(
+        "The last verification (requested with the lakeslot.io/verify annotation; see the Verified condition)."
     )
 
 

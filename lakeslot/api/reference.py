@@ -2,7 +2,7 @@
 
 It walks the same structural schema the CRD carries, so the README cannot disagree with the API
 server: every field (path, what it accepts, default, description), the status fields, the
-conditions, every validation rule and the derived names. ``lakeslot crd --write`` puts it
+conditions, the annotations users set, every validation rule and the derived names. ``lakeslot crd --write`` puts it
 between the README markers; a test fails when the README region is stale.
 
 :func:`expectation` (what a schema node accepts, as a noun phrase) also writes the "fix" of
@@ -15,6 +15,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from lakeslot.api.annotations import ANNOTATIONS
 from lakeslot.api.crd import PRINTER_COLUMNS, openapi_schema
 from lakeslot.api.models import API_VERSION, CONDITION_TYPES, KIND, SHORT_NAMES
 from lakeslot.api.naming import HASH_DIGITS, default_replication_name
@@ -132,6 +133,12 @@ def _conditions_table() -> str:
     return "\n".join(lines)
 
 
+def _annotations_table() -> str:
+    lines = ["| Annotation | Meaning |", "| --- | --- |"]
+    lines += [f"| `{name}` | {_cell(meaning)} |" for name, meaning in ANNOTATIONS.items()]
+    return "\n".join(lines)
+
+
 def _columns_table() -> str:
     lines = ["| Column | Source |", "| --- | --- |"]
     lines += [f"| {column['name']} | `{_cell(column['jsonPath'])}` |" for column in PRINTER_COLUMNS]
@@ -171,6 +178,8 @@ def reference_markdown() -> str:
         "### Spec\n\n" + _field_table(spec, "spec"),
         "### Status\n\nWritten by the operator only (status subresource).\n\n" + _field_table(status, "status"),
         "### Conditions\n\n" + _conditions_table(),
+        "### Annotations\n\nRequests to the operator, set with `kubectl annotate pgi <name> <annotation>=<value>`; "
+        "they change neither the spec nor its generation.\n\n" + _annotations_table(),
         "### Printer columns\n\n" + _columns_table(),
         "### Validation rules\n\nEnforced by the API server (CEL) and by `lakeslot validate` alike; "
         "rules marked *on update* compare with the stored object.\n\n" + _rules_table(spec, "spec"),

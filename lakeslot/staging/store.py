@@ -4,6 +4,9 @@ job's status document next to them.
 Staging is a URI (``file:///path``, a plain path, ``s3://bucket/prefix``…) opened with
 ``pyarrow.fs`` (:func:`lakeslot.filesystems.filesystem`). The reader writes through :class:`Staging` (temporary file,
 then an atomic seal), the apply job reads and deletes (retention), status and local mode read.
+Next to the segments live two kinds of JSON documents: the apply job's status
+(:data:`APPLY_STATUS_FILE`) and the results of verifications the operator requested
+(``verify/<token>.json``, written by the verification Job, read by the operator).
 
 Invariants:
 
@@ -12,7 +15,11 @@ Invariants:
   for object stores). A segment name is visible only once its content is complete; a zombie's
   identical segment is simply replaced (DESIGN.md rule 5).
 - Sealed segments are immutable: a consumer may cache what it read of one by name.
-- The apply status document (:data:`APPLY_STATUS_FILE`) is rewritten whole, never appended.
+- Documents (the apply status, verification results) are written whole, never appended: a
+  reader sees the previous document or the new one (renamed into place on a local filesystem,
+  one PUT on an object store).
+- A reader that opens staging with ``create=False`` (the operator reading a verification result)
+  writes nothing, not even the directory.
 
 Failure modes: filesystem errors surface as ``OSError`` (the reader retries: nothing was
 confirmed to PostgreSQL for an unsealed segment; the apply job retries the pass). Leftover
@@ -38,17 +45,19 @@ from lakeslot.staging.format import CHANGE_OPS, Segment, SegmentMetadata, Segmen
 
 TEMP_PREFIX = ".tmp-"
 APPLY_STATUS_FILE = "apply-status.json"
+VERIFY_RESULTS = "verify"  # the directory of the verification results, one per request token
 
 
 class Staging:
     """Sealed segments at a URI: list, read, write (see the module docstring)."""
 
-    def __init__(self, uri: str) -> None:
+    def __init__(self, uri: str, *, create: bool = True) -> None:
         self.uri = uri
         self.fs, self.path = filesystem(uri)
         self.path = self.path.rstrip("/")
         self._local = isinstance(self.fs, pafs.LocalFileSystem)
-        self.fs.create_dir(self.path, recursive=True)
+        if create:
+            self.fs.create_dir(self.path, recursive=True)
 
     def _file(self, filename: str) -> str:
         return f"{self.path}/{filename}"
@@ -123,24 +132,43 @@ class Staging:
         return list(zip(*(grouped[c].to_pylist()
                           for c in ("schema", "table", "commit_lsn", "op_count")), strict=True))
 
-    # the apply job's status document ----------------------------------------------------------
+    # documents: the apply job's status, verification results ------------------------------
 
-    def write_apply_status(self, document: dict) -> None:
-        """Rewrite ``<staging>/apply-status.json`` whole (renamed into place on a local
-        filesystem; one PUT on an object store)."""
+    def _write_document(self, filename: str, document: dict) -> None:
+        """Rewrite ``<staging>/<filename>`` whole (renamed into place on a local filesystem;
+        one PUT on an object store)."""
         data = json.dumps(document, indent=1).encode()
-        temp = self._file(f".apply-status-{uuid.uuid4().hex[:8]}.json")
+        directory, _, name = self._file(filename).rpartition("/")
+        if directory != self.path:
+            self.fs.create_dir(directory, recursive=True)
+        temp = f"{directory}/.{name}-{uuid.uuid4().hex[:8]}.tmp"
         with self.fs.open_output_stream(temp) as f:
             f.write(data)
-        self.fs.move(temp, self._file(APPLY_STATUS_FILE))
+        self.fs.move(temp, self._file(filename))
 
-    def read_apply_status(self) -> dict | None:
-        """The last status document of the apply job, or None before its first pass."""
-        path = self._file(APPLY_STATUS_FILE)
+    def _read_document(self, filename: str) -> dict | None:
+        path = self._file(filename)
         if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
             return None
         with self.fs.open_input_stream(path) as f:
             return json.loads(f.read())
+
+    def write_apply_status(self, document: dict) -> None:
+        """Rewrite ``<staging>/apply-status.json`` whole."""
+        self._write_document(APPLY_STATUS_FILE, document)
+
+    def read_apply_status(self) -> dict | None:
+        """The last status document of the apply job, or None before its first pass."""
+        return self._read_document(APPLY_STATUS_FILE)
+
+    def write_verify_result(self, token: str, document: dict) -> None:
+        """Rewrite ``<staging>/verify/<token>.json`` whole (``token``: a checked request token,
+        :func:`lakeslot.verify.request.check_token`)."""
+        self._write_document(f"{VERIFY_RESULTS}/{token}.json", document)
+
+    def read_verify_result(self, token: str) -> dict | None:
+        """The result of the verification requested with ``token``, or None before it finished."""
+        return self._read_document(f"{VERIFY_RESULTS}/{token}.json")
 
 
 def _fsync(path: str) -> None:

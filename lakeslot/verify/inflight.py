@@ -108,7 +108,10 @@ class SegmentCache:
 
     def changes(self, table: TableName, low: int, high: int) -> list[Segment] | str:
         """The segments with the changes of ``table`` committed in ``(low, high]``, each
-        holding only those rows; or why staging does not cover that range."""
+        holding only those rows; or why staging does not cover that range. An empty range (the
+        mirror exactly at the snapshot: ``high == low``) holds no change and needs no segment."""
+        if high <= low:
+            return []
         self.poll()
         with self._lock:
             copied = set(self._copied)

@@ -1,5 +1,5 @@
 """The result of the exact check, and its two forms: text for people (``lakeslot verify``) and a
-JSON document for machines (``lakeslot verify -o json``).
+JSON document for machines (``lakeslot verify -o json``, and the operator's verification result).
 
 Invariants:
 
@@ -15,7 +15,11 @@ Invariants:
   what it settled and what it left in flight, so a result says at which LSNs it holds.
 - The JSON document (:func:`to_document`) has camelCase keys, LSNs in PostgreSQL's text form and
   plain JSON values (:func:`lakeslot.verify.diff.plain`); its fields are a contract with its
-  readers (users' scripts).
+  readers (users' scripts, the operator).
+- A verification the operator requested ends with a result document in staging
+  (:func:`result_document`): the token it answers, when it ran, its exit code, and the result or
+  the error that kept it from one — written whatever the outcome, so the operator never waits
+  for a check that has ended.
 
 Failure modes: none (pure formatting).
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from lakeslot import lsn as lsnlib
 from lakeslot.exits import EXIT_FAILED, EXIT_OK
@@ -123,13 +128,29 @@ def to_document(verification: Verification) -> dict:
     }
 
 
+def result_document(token: str, *, started_at: datetime, finished_at: datetime, exit_code: int,
+                    verification: Verification | None = None, error: str | None = None) -> dict:
+    """What a verification Job leaves in staging for the operator
+    (:meth:`lakeslot.staging.store.Staging.write_verify_result`): the request ``token`` it
+    answers, when it ran (RFC 3339, UTC), its exit code (:mod:`lakeslot.exits`) and the result
+    (:func:`to_document`) or the ``error`` that kept it from one."""
+    return {"token": token, "startedAt": _time(started_at), "finishedAt": _time(finished_at),
+            "exitCode": exit_code, "error": error,
+            "result": to_document(verification) if verification is not None else None}
+
+
+def _time(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _not_compared_reason(t: TableResult) -> str | None:
     if not t.not_compared.count:
         return None
     return t.not_compared_reason or "changing continuously"
 
 
-def _key_text(key: dict) -> str:
+def key_text(key: dict) -> str:
+    """A listed key for people: ``id=7, region="eu"``."""
     return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in key.items())
 
 
@@ -165,14 +186,14 @@ def render_text(verification: Verification) -> list[str]:
             if k.count:
                 more = f" (first {len(k.listed)})" if k.count > len(k.listed) else ""
                 details.append(f"  {title}: {k.count:,}{more}: "
-                               + "; ".join(_key_text(key) for key in k.listed))
+                               + "; ".join(key_text(key) for key in k.listed))
         if t.differing.count:
             more = f" (first {len(t.differing.listed)})" if t.differing.count > len(t.differing.listed) else ""
             details.append(f"  differing: {t.differing.count:,}{more}:")
             for entry in t.differing.listed:
                 changes = ", ".join(f"{c}: source {_short(v[0])} ≠ mirror {_short(v[1])}"
                                     for c, v in entry["columns"].items())
-                details.append(f"    {_key_text(entry['key'])}: {changes}")
+                details.append(f"    {key_text(entry['key'])}: {changes}")
         if details and (t.result != "equal" or t.not_compared.count):
             lines += [f"{t.table}:", *details]
     summary = sum(t.result == "different" for t in verification.tables), \

@@ -23,6 +23,15 @@ Invariants:
 - SparkApplications use ``restartPolicy: OnFailure`` (``Always`` would rerun a finished
   snapshot; FACTS.md) and a ``timeToLiveSeconds`` so finished apps are cleaned up after the
   operator recorded their outcome.
+- The verification Job (``lakeslot verify`` for one request token, named after it) runs once:
+  ``backoffLimit: 0`` and ``restartPolicy: Never`` (a failed check is reported, not retried:
+  a new token asks again), ``activeDeadlineSeconds`` bounds it (a pod that never starts, e.g.
+  a missing Secret key, ends as failed), ``ttlSecondsAfterFinished`` removes it after the
+  operator read its result from staging. Its credentials arrive like the reader's, by
+  reference, plus the catalog's Secret-backed properties (it reads the mirror with pyiceberg).
+- Pods meet the ``restricted`` Pod Security Standard: non-root user 10001, no privilege
+  escalation, every capability dropped, read-only root file system (``/tmp`` is an emptyDir),
+  ``RuntimeDefault`` seccomp, no service account token.
 """
 
 from __future__ import annotations
@@ -31,10 +40,11 @@ import hashlib
 import posixpath
 from dataclasses import dataclass
 
+from lakeslot.api.annotations import VERIFY
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import namespace_of
 from lakeslot.spark_conf import iceberg_conf
-from lakeslot.workloads import CA_FILE, PASSWORD_ENV, READER_METRICS_PORT, catalog_secret_env
+from lakeslot.workloads import CA_FILE, CA_FILE_ENV, PASSWORD_ENV, READER_METRICS_PORT, catalog_secret_env
 
 GROUP = "lakeslot.io"
 INGESTION_LABEL = f"{GROUP}/ingestion"
@@ -42,6 +52,8 @@ COMPONENT_LABEL = "app.kubernetes.io/component"
 SPARK_API_VERSION = "sparkoperator.k8s.io/v1beta2"
 CA_MOUNT = posixpath.dirname(CA_FILE)
 SNAPSHOT_TTL_SECONDS = 3600
+VERIFY_TTL_SECONDS = 3600
+VERIFY_DEADLINE_SECONDS = 6 * 3600
 
 
 @dataclass(frozen=True)
@@ -84,23 +96,50 @@ def child_name(ingestion: PostgresIngestion, suffix: str) -> str:
     return f"{name[:54].rstrip('-')}-{digest}"
 
 
+# pods ------------------------------------------------------------------------------------
+
+def _secret_env(ingestion: PostgresIngestion, *, catalog: bool) -> list[dict]:
+    """Environment variables from the user's Secrets, by reference: the source password,
+    (``catalog``) the catalog's Secret-backed properties, and ``spec.secretEnv``."""
+    spec = ingestion.spec
+    refs = {PASSWORD_ENV: spec.source.password_secret_ref} if spec.source.password_secret_ref else {}
+    if catalog:
+        refs.update((catalog_secret_env(key), ref)
+                    for key, ref in spec.sink.catalog.secret_properties.items())
+    refs.update((e.name, e.secret_key_ref) for e in spec.secret_env)
+    return [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+            for name, ref in refs.items()]
+
+
+def _source_ca(ingestion: PostgresIngestion) -> tuple[list[dict], list[dict]]:
+    """The CA Secret's key as a volume, and its mount at :data:`CA_MOUNT` (none without
+    ``caSecretRef``)."""
+    ref = ingestion.spec.source.ca_secret_ref
+    if ref is None:
+        return [], []
+    return ([{"name": "source-ca", "secret": {
+                "secretName": ref.name, "items": [{"key": ref.key, "path": posixpath.basename(CA_FILE)}]}}],
+            [{"name": "source-ca", "mountPath": CA_MOUNT, "readOnly": True}])
+
+
+def _container_security() -> dict:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _pod_security() -> dict:
+    return {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001}
+
+
 # reader ----------------------------------------------------------------------------------
 
 def reader_deployment(ingestion: PostgresIngestion, uid: str, config: OperatorConfig,
                       command: list[str], *, replicas: int) -> dict:
     spec = ingestion.spec
-    source = spec.source
-    env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
-    secrets = {PASSWORD_ENV: source.password_secret_ref} if source.password_secret_ref else {}
-    secrets.update((e.name, e.secret_key_ref) for e in spec.secret_env)
-    env += [{"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-            for name, ref in secrets.items()]
-    volumes, mounts = [], []
-    if source.ca_secret_ref is not None:
-        volumes.append({"name": "source-ca", "secret": {
-            "secretName": source.ca_secret_ref.name,
-            "items": [{"key": source.ca_secret_ref.key, "path": posixpath.basename(CA_FILE)}]}})
-        mounts.append({"name": "source-ca", "mountPath": CA_MOUNT, "readOnly": True})
+    env = [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+           *_secret_env(ingestion, catalog=False)]
+    volumes, mounts = _source_ca(ingestion)
     pod_labels = labels(ingestion, "reader")
     container = {
         "name": "reader",
@@ -114,9 +153,7 @@ def reader_deployment(ingestion: PostgresIngestion, uid: str, config: OperatorCo
                           "periodSeconds": 20, "failureThreshold": 6},
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
                            "periodSeconds": 10},
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": _container_security(),
         "volumeMounts": [*mounts, {"name": "tmp", "mountPath": "/tmp"}],
     }
     return {
@@ -133,8 +170,56 @@ def reader_deployment(ingestion: PostgresIngestion, uid: str, config: OperatorCo
                 "spec": {
                     "automountServiceAccountToken": False,
                     "terminationGracePeriodSeconds": 60,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001,
-                                        "fsGroup": 10001},
+                    "securityContext": _pod_security(),
+                    "containers": [container],
+                    "volumes": [*volumes, {"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+# verification ----------------------------------------------------------------------------
+
+def verify_name(ingestion: PostgresIngestion, token: str) -> str:
+    """The Job of one verification request: a new token, a new Job."""
+    return child_name(ingestion, f"verify-{hashlib.sha256(token.encode()).hexdigest()[:10]}")
+
+
+def verify_job(ingestion: PostgresIngestion, uid: str, config: OperatorConfig,
+               command: list[str], *, token: str) -> dict:
+    """The Job running ``command`` (``lakeslot verify`` for the request ``token``) once; the image
+    and credentials of the reader, plus the catalog's Secret-backed properties."""
+    spec = ingestion.spec
+    env = _secret_env(ingestion, catalog=True)
+    if spec.source.ca_secret_ref is not None:
+        env.append({"name": CA_FILE_ENV, "value": CA_FILE})  # a path: the file is the Secret
+    volumes, mounts = _source_ca(ingestion)
+    metadata = _metadata(ingestion, uid, verify_name(ingestion, token), "verify")
+    metadata["annotations"] = {VERIFY: token}
+    container = {
+        "name": "verify",
+        "image": spec.reader.image or config.image,
+        "imagePullPolicy": config.image_pull_policy,
+        "command": command,
+        "env": env,
+        "securityContext": _container_security(),
+        "volumeMounts": [*mounts, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": metadata,
+        "spec": {
+            "backoffLimit": 0,
+            "activeDeadlineSeconds": VERIFY_DEADLINE_SECONDS,
+            "ttlSecondsAfterFinished": VERIFY_TTL_SECONDS,
+            "template": {
+                "metadata": {"labels": labels(ingestion, "verify")},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,
+                    "securityContext": _pod_security(),
                     "containers": [container],
                     "volumes": [*volumes, {"name": "tmp", "emptyDir": {}}],
                 },

@@ -29,14 +29,14 @@ import psycopg
 import pydantic
 
 from lakeslot.api import conditions as cond
-from lakeslot.api.models import GROUP, PostgresIngestion, PostgresIngestionStatus
+from lakeslot.api.annotations import SKIP_SOURCE_CLEANUP as SKIP_CLEANUP_ANNOTATION
+from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus
 from lakeslot.api.naming import IngestionNames, namespace_of
 from lakeslot.api.validation import parse_resource
 from lakeslot.source import cleanup, connection
 from lakeslot_operator import children
 from lakeslot_operator.reconcile import Context, source_settings
 
-SKIP_CLEANUP_ANNOTATION = f"{GROUP}/skip-source-cleanup"
 RETRY_BASE_S = 10
 RETRY_MAX_S = 300
 

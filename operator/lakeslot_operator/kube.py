@@ -9,6 +9,8 @@ Invariants:
 - A changed child is replaced whole (PUT with its resourceVersion), so fields removed from the
   desired object are removed from the live one; a concurrent change makes the PUT fail with
   409 and kopf retries the reconcile.
+- Jobs (the verification's) are created once and never replaced (:meth:`Kube.create_job`): a
+  Job's name says what it runs; deleting one deletes its pods too.
 - Secrets are read only to hand a value to libpq; values are never logged or returned in errors.
 """
 
@@ -49,6 +51,7 @@ class Kube:
     def __init__(self, api_client: client.ApiClient):
         self.core = client.CoreV1Api(api_client)
         self.apps = client.AppsV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self._api_client = api_client
 
@@ -98,6 +101,14 @@ class Kube:
                 return None
             raise
 
+    def get_job(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self._plain(self.batch.read_namespaced_job(name, namespace))
+        except ApiException as e:
+            if _absent(e):
+                return None
+            raise
+
     def spark_application_state(self, namespace: str, name: str) -> str | None:
         app = self.get_spark_application(namespace, name)
         if app is None:
@@ -138,6 +149,23 @@ class Kube:
             self.apps.patch_namespaced_deployment(name, namespace, {
                 "metadata": {"annotations": {HASH_ANNOTATION: None}},
                 "spec": {"replicas": replicas}})
+        except ApiException as e:
+            if not _absent(e):
+                raise
+
+    def create_job(self, obj: dict) -> None:
+        """Create the Job ``obj`` unless a Job of its name exists: a Job is never rewritten (its
+        pod template is immutable, and its name says what it runs)."""
+        try:
+            self.batch.create_namespaced_job(obj["metadata"]["namespace"], client.V1Job.model_validate(obj))
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        """Delete a Job and, in the background, its pods (absent: nothing to delete)."""
+        try:
+            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
         except ApiException as e:
             if not _absent(e):
                 raise

@@ -30,6 +30,10 @@ messages:
    ``observedGeneration``; ``Degraded``, ``Ready`` and the phase from the rest
    (:func:`lakeslot.status.summary`).
 
+Before the steps, whatever the spec's state: a verification requested with the
+``lakeslot.io/verify`` annotation is served (:mod:`lakeslot_operator.verification`: its Job,
+the ``Verified`` condition, ``status.verification``).
+
 Failure modes: PostgreSQL unreachable or a catalog error → the relevant condition is False with
 the error text (never a password: libpq's messages do not contain it) and the timer retries;
 Kubernetes API errors propagate to kopf, which retries with backoff.
@@ -57,7 +61,7 @@ from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.progress import MirrorProgress
 from lakeslot.source import connection, slot
 from lakeslot.source.tables import TableName
-from lakeslot_operator import children, scheduling
+from lakeslot_operator import children, scheduling, verification
 from lakeslot_operator.kube import Kube
 
 OPERATOR_CONNECT_TIMEOUT_S = "10"
@@ -111,6 +115,7 @@ class _Reconciler:
     # the steps -----------------------------------------------------------------------------
 
     def run(self) -> None:
+        verification.serve(self.ing, self.uid, self.ctx.kube, self.ctx.config, self.r)
         spec = self.ing.spec
         if spec.suspend:
             self._suspend()

@@ -319,6 +319,7 @@ BUILTIN_RESOURCES: tuple[ResourceType, ...] = (
         'regarding.kind', 'regarding.namespace', 'regarding.name', 'regarding.uid',
         'reason', 'type', 'reportingController')),
     _builtin('apps/v1', 'deployments', 'Deployment', short=('deploy',), status=True, categories=('all',)),
+    _builtin('batch/v1', 'jobs', 'Job', status=True, categories=('all',)),
     _builtin('rbac.authorization.k8s.io/v1', 'roles', 'Role'),
     _builtin('rbac.authorization.k8s.io/v1', 'rolebindings', 'RoleBinding'),
     _builtin('rbac.authorization.k8s.io/v1', 'clusterroles', 'ClusterRole', namespaced=False),

@@ -1,27 +1,38 @@
 """Helpers for the local-mode tests: an ingestion file for a test database, ``lakeslot run`` as a
-real process (password in its environment only), a concurrent write workload, and the process
-tree and slots to check that nothing is left behind."""
+real process (password in its environment only) or in the test's process (on its Spark session),
+a concurrent write workload, damage to a mirror as a bug would do it, and the process tree and
+slots to check that nothing is left behind."""
 
 from __future__ import annotations
 
+import functools
+import io
 import os
 import random
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import yaml
 from psycopg import sql
 
 from lakeslot import workloads
-from lakeslot.local import config
+from lakeslot.local import config, run, state
+from lakeslot.mirror import progress
+from lakeslot.mirror.contract import LSN_PROPERTY
 from lakeslot.source.tables import TableName
+from lakeslot.spark_session import with_commit_properties
 from tests.support import operator_env
+from tests.support.waiting import wait_for
 
 LAKESLOT = str(Path(sys.executable).with_name("lakeslot"))
 ACCOUNTS = TableName("public", "accounts")
+RUN_DEADLINE_S = 300
+T = TypeVar("T")
 
 
 def create_accounts(conn, rows: int) -> TableName:
@@ -57,6 +68,59 @@ def spawn_run(path: Path, db, state_dir: Path, log: Path, *args: str) -> subproc
     assert db.cluster.password not in " ".join(argv)
     with open(log, "ab") as out:
         return subprocess.Popen(argv, env=env, stdout=out, stderr=out)
+
+
+def run_in_process(local: config.Local, spark, *, once: bool,
+                   during: Callable[[], T] | None = None) -> tuple[run.Result, T | None]:
+    """``lakeslot run`` in this process, on the tests' Spark session (no JVM to start). With
+    ``during``: streaming while ``during`` runs in a thread, then stopped with SIGTERM as a user
+    would stop it (a stand-in handler absorbs a signal that comes after the run ended)."""
+    outcome: dict[str, Any] = {}
+
+    def background() -> None:
+        try:
+            wait_for(lambda: state.run_active(local.state_dir), "the run to start")
+            assert during is not None
+            outcome["value"] = during()
+        except BaseException as e:  # noqa: BLE001 - re-raised below, in the test's thread
+            outcome["error"] = e
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    thread = threading.Thread(target=background, daemon=True) if during else None
+    try:
+        if thread is not None:
+            thread.start()
+        result = run.run(local, run.Options(once=once, spark=spark, out=io.StringIO(),
+                                            interactive=False))
+        if thread is not None:
+            thread.join(RUN_DEADLINE_S)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if "error" in outcome:
+        raise outcome["error"]
+    assert result.code == 0, result.message
+    return result, outcome.get("value")
+
+
+def mirror_name(local: config.Local, table: TableName) -> str:
+    """The mirror of ``table`` in Spark SQL (catalog ``lakeslot``)."""
+    namespace, name = local.job.names.mirror_identifier(table)
+    return f"lakeslot.`{namespace}`.`{name}`"
+
+
+def commit_as_pipeline(spark, local: config.Local, table: TableName, statement: str) -> None:
+    """Run ``statement`` (Spark SQL on the mirror of ``table``) in one commit that keeps the
+    table's ``lakeslot.lsn``, so the pipeline takes it for its own: how a bug would damage it."""
+    position = progress.read(local.ingestion, [table])[table].lsn
+    assert position is not None
+    with_commit_properties(spark, {LSN_PROPERTY: str(position)},
+                           functools.partial(_collect, spark, statement))
+
+
+def _collect(spark, statement: str) -> list:
+    return spark.sql(statement).collect()
 
 
 class BackgroundWriter:

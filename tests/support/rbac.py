@@ -20,7 +20,7 @@ How the operator's calls are derived:
 
 - lakeslot's own calls: every Kubernetes call the operator makes goes through
   ``lakeslot_operator.kube.Kube`` (module invariant). Its source is parsed: each
-  ``self.core|apps.<verb>_namespaced_<kind>[_status]`` and
+  ``self.core|apps|batch.<verb>_namespaced_<kind>[_status]`` and
   ``self.custom.<verb>_namespaced_custom_object[_status]`` call becomes a permission, the verb
   from the method (read/get → get, replace → update, ...), the resource from the kind (plurals as
   the API server names them, from the emulator's table of built-in kinds) or, for custom objects,
@@ -77,7 +77,7 @@ class Grant:
     resource: str
 
 
-API_GROUPS = {"CoreV1Api": "", "AppsV1Api": "apps"}
+API_GROUPS = {"CoreV1Api": "", "AppsV1Api": "apps", "BatchV1Api": "batch"}
 CLIENT_VERBS = {"read": "get", "get": "get", "list": "list", "create": "create",
                 "replace": "update", "patch": "patch", "delete": "delete"}
 

@@ -86,7 +86,8 @@ compares these rules with the API calls in operator/lakeslot_operator/kube.py pl
 - kopf: watch the PostgresIngestions, patch them (finalizer, progress annotations) and their
   status, post events;
 - lakeslot: read the Secrets an ingestion references, list the reader pods (stale slot holders),
-  manage the reader Deployments and the SparkApplications.
+  manage the reader Deployments and the SparkApplications, run the verification Jobs (create
+  one per request, read its state, delete one a newer request supersedes).
 */}}
 {{- define "lakeslot.namespacedRules" -}}
 - apiGroups: [lakeslot.io]
@@ -110,6 +111,9 @@ compares these rules with the API calls in operator/lakeslot_operator/kube.py pl
 - apiGroups: [sparkoperator.k8s.io]
   resources: [sparkapplications]
   verbs: [get, list, create, update, delete]
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, create, delete]
 {{- end }}
 
 {{/* kopf follows CRDs appearing and disappearing (cluster-scoped objects). */}}
