@@ -9,7 +9,11 @@ Steps, each gating the next:
 2. **Check the source** (:func:`check_source`, ``SourceReady``) — the selected tables, preflight
    (a server-level finding fails the step; a table's own finding fails only that table, which is
    ``Failed`` in ``status.tables`` with the fix; a note — e.g. generated columns left out of the
-   mirror — is the message of a table that passed), publication sync.
+   mirror — is the message of a table that passed), publication sync. A table that joins the
+   publication is copied from a snapshot taken after it joined (its row's
+   ``resnapshotBelowLsn``): the rows it got before, or while it was out, are in no stream. A
+   table of the previous status that is no longer selected (dropped, renamed, moved, taken out
+   of the spec) stays in ``status.tables`` as ``Removed``; its mirror is kept, never deleted.
 3. **Ensure the slot** (:func:`ensure_slot`, ``SlotReady``) — created before any snapshot
    (DESIGN.md rule 2); a lost slot follows ``policies.onSlotLost``: ``Error`` stops here,
    ``Resnapshot`` empties staging first (:func:`discard_staging`: the staged changes came from
@@ -17,6 +21,11 @@ Steps, each gating the next:
    recreates the slot and records ``status.resnapshotBelowLsn``; every holder other than the
    legitimate reader is terminated (stale-holder eviction, an event each).
 4. **Read the current WAL LSN** — the end of the lag measure and ``--once``'s target.
+
+The selection (``spec.source.schemas`` and listed tables) is resolved by every call of
+:func:`check_source` — every reconcile of the operator. ``lakeslot run`` takes the steps at start,
+then, while it streams, asks :func:`selection_fingerprint` (one catalog query) and takes
+:func:`check_source` again only when its answer changed.
 
 Read-only mode (``lakeslot status``) changes nothing: no publication sync, no slot creation or
 eviction; a missing slot is ``SlotReady: SlotMissing`` and the steps go on.
@@ -33,10 +42,10 @@ from dataclasses import dataclass
 import psycopg
 
 from lakeslot import lsn as lsnlib
-from lakeslot.api.models import PostgresIngestion
+from lakeslot.api.models import PostgresIngestion, SourceSpec
 from lakeslot.api.naming import IngestionNames
 from lakeslot.source import connection, preflight, publication, slot
-from lakeslot.source.tables import TableName, selected
+from lakeslot.source.tables import TableName, quote_ident, selected
 from lakeslot.staging.store import Staging
 from lakeslot.status import Report, first_line, slot_condition, table_rows
 
@@ -111,17 +120,24 @@ def check_source(conn: psycopg.Connection, ingestion: PostgresIngestion, report:
         assert finding.table is not None  # notes are about a table
         noted.setdefault(finding.table, []).append(
             finding.message + (f" — {finding.fix}" if finding.fix else ""))
-    table_rows(report, tables, broken, noted)
+    removed = _departed(report, source, tables, names)
+    table_rows(report, tables, broken, noted, removed)
+    for table, why in removed.items():
+        report.tell("Normal", "TableRemoved", f"{table}: {why}")
     if sync_publication:
         sync = publication.sync(conn, names.publication, good, owner=names.owner)
         if not sync.ok:
             report.condition("SourceReady", False, "PublicationOutOfSync", "\n".join(sync.errors))
             return None
+        _joined(report, sync.added, current_lsn(conn) if sync.added else 0)
         for table in sync.added:
-            report.tell("Normal", "TableAdded", f"{table} added to publication {names.publication}")
+            report.tell("Normal", "TableAdded", (
+                f"{table} added to publication {names.publication}: it is copied (again, if it "
+                "has a mirror) from a snapshot taken after this point, alone and online"))
         for table in sync.removed:
-            report.tell("Normal", "TableRemoved",
-                        f"{table} removed from publication {names.publication}; its mirror is kept")
+            if table not in removed:
+                report.tell("Normal", "TableRemoved",
+                            f"{table} removed from publication {names.publication}; its mirror is kept")
     if not good:
         report.condition("SourceReady", False, "NoUsableTable",
                          "every selected table failed its checks (see status.tables)")
@@ -129,6 +145,63 @@ def check_source(conn: psycopg.Connection, ingestion: PostgresIngestion, report:
     report.condition("SourceReady", True, "PreflightPassed",
                      f"{len(good)} table(s) ready" + (f", {len(broken)} failed" if broken else ""))
     return good
+
+
+def _departed(report: Report, source: SourceSpec, tables: list[TableName],
+              names: IngestionNames) -> dict[TableName, str]:
+    """The tables of the previous status that are no longer selected, each with why and what
+    becomes of its mirror (kept, never deleted by lakeslot: DESIGN.md, deletion)."""
+    selected = set(tables)
+    departed = {}
+    for row in report.old.tables:
+        table = TableName(row.schema_name, row.name)
+        if row.state == "Removed" or table in selected:
+            continue
+        why = (f"no longer in schema {quote_ident(table.schema)} (dropped, renamed or moved to "
+               "another schema)" if table.schema in source.schemas
+               else "no longer selected by spec.source (tables or schemas)")
+        mirror = ".".join(names.mirror_identifier(table))
+        departed[table] = (
+            f"{why}: not replicated any more. Its mirror {mirror} is kept as it was at "
+            f"{row.applied_lsn or 'its last commit'} and never deleted by lakeslot "
+            "(drop it in the catalog if it is not wanted); a table of that name selected again "
+            "is copied afresh")
+    return departed
+
+
+def _joined(report: Report, added: list[TableName], lsn: int) -> None:
+    """Tables that joined the publication at ``lsn`` (now) hold rows their stream never carried
+    (written before they joined, or while they were out of it): each is copied from a snapshot
+    at or after ``lsn`` — new ones by the ordinary snapshot, those with a mirror by a re-snapshot
+    of that table alone (``status.tables[].resnapshotBelowLsn``, served like a user's request,
+    see :mod:`lakeslot.resnapshot`)."""
+    rows = {TableName(r.schema_name, r.name): r for r in report.status.tables}
+    for table in added:
+        row = rows.get(table)
+        if row is not None:
+            below = max(lsn, lsnlib.parse(row.resnapshot_below_lsn) if row.resnapshot_below_lsn
+                        else 0)
+            row.resnapshot_below_lsn = lsnlib.format(below)
+
+
+def selection_fingerprint(conn: psycopg.Connection, source: SourceSpec) -> tuple:
+    """One catalog query whose answer changes whenever :func:`check_source` may find another
+    selection: a table created, dropped, renamed, re-created or moved in or out of
+    ``source.schemas``, a listed table appearing or disappearing, or a table's replica identity
+    (``REPLICA IDENTITY``, its primary key or identity index) changing. ``lakeslot run`` asks
+    it while streaming and runs :func:`check_source` again only when the answer changed."""
+    rows = conn.execute(
+        """SELECT n.nspname, c.relname, c.oid::int8, c.relreplident::text,
+                  EXISTS (SELECT FROM pg_index i WHERE i.indrelid = c.oid
+                             AND (i.indisprimary OR i.indisreplident))
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE c.relkind IN ('r', 'p')
+              AND ((n.nspname = ANY(%s) AND NOT c.relispartition)
+                   OR (n.nspname, c.relname) IN (SELECT * FROM unnest(%s::text[], %s::text[])))
+            ORDER BY 1, 2""",
+        (list(source.schemas), [t.schema_name for t in source.tables],
+         [t.name for t in source.tables])).fetchall()
+    return tuple(rows)
 
 
 def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: Report, *,

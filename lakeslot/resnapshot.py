@@ -7,7 +7,9 @@ A table is copied again when
   acted on (the operator's ``status.tables[].observedResnapshotGeneration``); the request is
   recorded with the LSN the new snapshot must reach (the table's position when the request was
   seen), and it is served once the mirror's ``lakeslot.snapshot-lsn`` reaches it — so a
-  reconcile that runs while the copy completes does not ask again; or
+  reconcile that runs while the copy completes does not ask again; the same request, with the
+  LSN it joined at, is made for a table that joined the publication again with a mirror
+  (:func:`lakeslot.control.check_source`: what changed while it was out is in no stream); or
 - the apply job stopped it with an error whose way out is a re-snapshot it may start by itself
   (``policies.onSchemaChange: Resnapshot``: DDL, a rewrite, partition maintenance, a drop and
   re-create — see :mod:`lakeslot.apply.job`), and fewer than

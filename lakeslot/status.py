@@ -166,19 +166,25 @@ def slot_status(health: slot.SlotHealth) -> SlotStatus:
 
 
 NOTE_PREFIX = "note: "
+REMOVED_ROWS = 20  # rows of tables no longer selected (state Removed) kept, the latest
 
 
 def table_rows(report: Report, tables: list[TableName],
                broken: Mapping[TableName, list[str]],
-               notes: Mapping[TableName, list[str]] | None = None) -> None:
+               notes: Mapping[TableName, list[str]] | None = None,
+               removed: Mapping[TableName, str] | None = None) -> None:
     """One row per selected table (kept from the previous status), Failed with the fixes;
     ``notes``: what a table that passed its checks should still say (e.g. columns left out of
-    the mirror), its message (prefixed ``note: ``) unless something else is wrong."""
+    the mirror), its message (prefixed ``note: ``) unless something else is wrong. ``removed``:
+    tables of the previous status that are no longer selected, each with why — their rows stay,
+    ``Removed`` (with the mirror's last known position), after the selected ones; of all Removed
+    rows the latest :data:`REMOVED_ROWS` are kept, and a table selected again starts afresh."""
     previous = {(t.schema_name, t.name): t for t in report.old.tables}
     rows = []
     for table in tables:
-        row = previous.get((table.schema, table.name)) or TableStatus(
-            schema_name=table.schema, name=table.name, state="Pending")
+        row = previous.get((table.schema, table.name))
+        if row is None or row.state == "Removed":
+            row = TableStatus(schema_name=table.schema, name=table.name, state="Pending")
         row = row.model_copy()
         if table in broken:
             row.state, row.message = "Failed", "\n".join(broken[table])
@@ -192,7 +198,16 @@ def table_rows(report: Report, tables: list[TableName],
         elif row.message.startswith(NOTE_PREFIX):
             row.message = ""
         rows.append(row)
-    report.status.tables = rows
+    selected = set(tables)
+    gone = [r for r in report.old.tables if r.state == "Removed"
+            and TableName(r.schema_name, r.name) not in selected]
+    for table, why in (removed or {}).items():
+        row = previous.get((table.schema, table.name))
+        if row is not None and row.state != "Removed" and table not in selected:
+            gone.append(row.model_copy(update={"state": "Removed", "message": why,
+                                               "rows_staged": None,
+                                               "resnapshot_below_lsn": None}))
+    report.status.tables = rows + gone[-REMOVED_ROWS:]
     report.status.table_count = len(tables)
 
 

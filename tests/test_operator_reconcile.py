@@ -249,15 +249,25 @@ def test_adding_a_table_snapshots_only_it_and_resnapshot_takes_all(api, source, 
     assert env.job_input(env.spark_applications(api)[second]).tables == (new,)
     assert any(e.reason == "TableAdded" and "New Table" in e.message for e in events)
 
-    # Remove a table: out of the publication, its mirror kept (nothing drops Iceberg tables).
+    # Remove a table: out of the publication, its mirror kept (nothing drops Iceberg tables); its
+    # row says so.
     kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
         *CUSTOM, "orders", {"spec": {"source": {"tables": spec_tables[1:]}}})
     resource, events = _reconcile(api, "orders")
     assert any(e.reason == "TableRemoved" for e in events)
-    assert str(tables[0]) not in {f"{t['schema']}.{t['name']}" for t in resource["status"]["tables"]}
+    rows = {(t["schema"], t["name"]): t for t in resource["status"]["tables"]}
+    assert rows[tuple(tables[0])]["state"] == "Removed"
+    assert "is kept" in rows[tuple(tables[0])]["message"]
+    assert resource["status"]["tableCount"] == len(spec_tables) - 1
 
+    # One snapshot at a time: the re-snapshot of every table waits for the one copying New Table.
     kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
         *CUSTOM, "orders", {"spec": {"snapshot": {"resnapshotGeneration": 1}}})
+    resource, _ = _reconcile(api, "orders")
+    assert resource["status"]["snapshot"]["application"] == second
+    assert "waiting for it to finish" in env.required_condition(resource, "SnapshotComplete")["message"]
+    assert not [n for n in env.spark_applications(api) if n.startswith("orders-snapshot-g1-")]
+    env.set_spark_state(api, second, "COMPLETED")
     resource, _ = _reconcile(api, "orders")
     third = resource["status"]["snapshot"]["application"]
     assert third.startswith("orders-snapshot-g1-")
@@ -412,3 +422,79 @@ def test_a_table_is_copied_again_alone_automatically_on_request_and_within_the_g
     assert any(e.reason == "TableResnapshot" and "as requested" in e.message for e in events)
     resource, events = _reconcile(api, "again")  # asked once: not again
     assert not any(e.reason == "TableResnapshot" and "as requested" in e.message for e in events)
+
+
+def test_schemas_a_table_created_joins_a_keyless_one_fails_alone_a_dropped_one_is_removed(
+        api, pgdb, spark, spark_warehouse, tmp_path):
+    orders, fresh = TableName("app", "orders"), TableName("app", "fresh")
+    keyless = TableName("app", "keyless")
+    with pgdb.connect() as conn:
+        conn.execute("CREATE SCHEMA app")
+        conn.execute("CREATE TABLE app.orders (id int PRIMARY KEY)")
+    document = env.ingestion_document("shop", pgdb, [], warehouse=spark_warehouse.as_uri(),
+                                      staging=(tmp_path / "staging").as_uri())
+    document["spec"]["source"]["schemas"] = ["app"]
+    env.create_ingestion(api, document, pgdb.cluster.password)
+    resource, _ = _reconcile(api, "shop")
+    first = resource["status"]["snapshot"]["application"]
+    env.commit_snapshot(spark, document, [orders], 100)
+    env.set_spark_state(api, first, "COMPLETED")
+    _reconcile(api, "shop")
+
+    def published() -> set[TableName]:
+        with pgdb.connect() as conn:
+            return {TableName(*r) for r in conn.execute(
+                "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+                (resource["status"]["publicationName"],))}
+
+    def rows(resource) -> dict[TableName, dict]:
+        return {TableName(t["schema"], t["name"]): t for t in resource["status"]["tables"]}
+
+    # While streaming: a table is created in the schema (with rows), and one without a key.
+    with pgdb.connect() as conn:
+        conn.execute("CREATE TABLE app.fresh (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO app.fresh SELECT g, 'v' FROM generate_series(1, 10) g")
+        conn.execute("CREATE TABLE app.keyless (a int)")
+    resource, events = _reconcile(api, "shop")
+    assert published() == {orders, fresh}  # never the keyless one: its UPDATEs would fail
+    assert any(e.reason == "TableAdded" and "app.fresh" in e.message for e in events)
+    assert rows(resource)[fresh]["state"] == "Snapshotting"
+    assert rows(resource)[keyless]["state"] == "Failed"
+    assert "no primary key" in rows(resource)[keyless]["message"]
+    assert rows(resource)[orders]["state"] == "Streaming"
+    assert "1 failed" in env.required_condition(resource, "SourceReady")["message"]
+    second = resource["status"]["snapshot"]["application"]
+    assert env.job_input(env.spark_applications(api)[second]).tables == (fresh,)
+    assert sorted(env.job_input(env.spark_applications(api)["shop-apply"]).tables) == [fresh, orders]
+    with pgdb.connect() as conn:
+        conn.execute("UPDATE app.keyless SET a = 1")  # the application is not broken
+
+    env.commit_snapshot(spark, document, [fresh], 200)
+    env.set_spark_state(api, second, "COMPLETED")
+    resource, _ = _reconcile(api, "shop")
+    assert rows(resource)[fresh]["state"] == "Streaming"
+    assert rows(resource)[fresh].get("resnapshotBelowLsn") is None
+
+    # Dropped: out of the apply job, its row Removed, its mirror kept.
+    with pgdb.connect() as conn:
+        conn.execute("DROP TABLE app.fresh")
+    resource, events = _reconcile(api, "shop")
+    assert rows(resource)[fresh]["state"] == "Removed"
+    assert "no longer in schema app" in rows(resource)[fresh]["message"]
+    assert any(e.reason == "TableRemoved" and "app.fresh" in e.message for e in events)
+    assert env.job_input(env.spark_applications(api)["shop-apply"]).tables == (orders,)
+    assert resource["status"]["tableCount"] == 2  # orders, keyless
+    assert published() == {orders}
+
+    # Created again under that name: its old mirror missed everything in between, so it is
+    # copied again, from a snapshot taken after it joined the publication.
+    with pgdb.connect() as conn:
+        conn.execute("CREATE TABLE app.fresh (id int PRIMARY KEY, v text)")
+    resource, events = _reconcile(api, "shop")
+    assert published() == {orders, fresh}
+    below = rows(resource)[fresh]["resnapshotBelowLsn"]
+    third = resource["status"]["snapshot"]["application"]
+    assert third not in (first, second)
+    arguments = env.job_arguments(env.spark_applications(api)[third])
+    assert env.job_input(env.spark_applications(api)[third]).tables == (fresh,)
+    assert arguments.min_snapshot_lsn == lsnlib.parse(below)

@@ -292,3 +292,31 @@ def test_backoff_over(attempts, finished, over):
 ], ids=["no-status", "empty-status", "running", "failed"])
 def test_the_reported_state(app, expected):
     assert Application.of(app) == expected
+
+
+# hold: one snapshot at a time -------------------------------------------------------------------
+
+def _running(state: str | None, tables=(A,), generation: str = "g0-aaaaaaaa") -> SnapshotStatus:
+    return SnapshotStatus(application=f"orders-snapshot-{generation}", generation=generation,
+                          tables=[str(t) for t in tables], state=state)
+
+
+@pytest.mark.parametrize(("previous", "held"), [
+    (None, False),
+    (_running("SUBMITTED"), True),
+    (_running("RUNNING"), True),
+    (_running(None), False),  # never submitted: nothing runs
+    (_running("COMPLETED"), False),
+    (_running("FAILED"), False),  # its retry is the new plan's business
+    (_running("RUNNING", generation="g0-bbbbbbbb"), False),  # the plan's own generation
+])
+def test_a_new_wish_waits_for_the_snapshot_in_flight(previous, held):
+    plan = Plan(wanted=(A, C), generation="g0-bbbbbbbb", min_snapshot_lsn=7, clear_below=True,
+                resnapshot=1)
+    waiting = scheduling.hold(previous, plan, [A, B, C])
+    if not held:
+        assert waiting is None
+        return
+    assert waiting == Plan(wanted=(A,), generation="g0-aaaaaaaa", min_snapshot_lsn=7,
+                           clear_below=True, resnapshot=None)  # serves no request
+    assert scheduling.hold(previous, Plan((), None, 0, False, None), [A]) is None  # idle: none

@@ -218,9 +218,13 @@ class SourceSpec(ApiModel):
         "table that `schemas` selects."
     )
     schemas: Annotated[list[Identifier], ListKeys(), Field(max_length=100)] = listing(
-        "Whole schemas to replicate: every table in them, including tables created later "
-        "(resolved to an explicit table list on every reconcile, so a new table without a usable "
-        "replica identity is reported instead of breaking the application's UPDATE and DELETE)."
+        "Whole schemas to replicate: every table in them, including tables created later. "
+        "Resolved to an explicit table list on every reconcile (lakeslot run: at start, then "
+        "whenever one catalog query every 10 s sees the tables or their replica identities "
+        "change); a new table joins the publication and is copied alone, online, from a snapshot "
+        "taken after it joined, while the others keep streaming. A new table without a usable "
+        "replica identity is reported (Failed) instead of breaking the application's UPDATE and "
+        "DELETE; a dropped one becomes Removed, its mirror kept."
     )
 
     def table_options(self, schema: str, name: str) -> TableSpec | None:
@@ -538,7 +542,7 @@ CONDITION_TYPES = {
 }
 
 Phase = Literal["Pending", "Snapshotting", "Streaming", "Suspended", "Failed", "Deleting"]
-TableState = Literal["Pending", "Snapshotting", "Streaming", "Failed"]
+TableState = Literal["Pending", "Snapshotting", "Streaming", "Failed", "Removed"]
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 
@@ -583,7 +587,11 @@ class TableStatus(ApiModel):
 
     schema_name: str = Field(alias="schema", description="Schema of the source table.")
     name: str = Field(description="Name of the source table.")
-    state: TableState = Field(description="Pending, Snapshotting, Streaming or Failed.")
+    state: TableState = Field(
+        description="Pending, Snapshotting, Streaming, Failed, or Removed: no longer selected (dropped, "
+        "renamed or moved out of the selected schemas, or taken out of the spec), no longer "
+        "replicated; its mirror is kept as of appliedLsn (the latest 20 such rows are kept)."
+    )
     snapshot_lsn: Lsn | None = optional("LSN of the snapshot the mirror table started from.")
     applied_lsn: Lsn | None = optional("LSN the mirror table reflects (its last commit's lakeslot.lsn).")
     rows_known: int | None = optional("Rows in the mirror table as of appliedLsn.", ge=0)

@@ -5,7 +5,8 @@ operator (:mod:`lakeslot.status` builds the model): the source database (preflig
 the slot's health and ``confirmed_flush_lsn`` = the reader's durable LSN; the current WAL LSN),
 each mirror table's ``lakeslot.lsn`` in Iceberg, the sealed segments in staging (changes not yet
 applied per table), and the state directory (is a run active — the run lock —, the snapshot's
-progress document, the reader's status file).
+progress document, the reader's status file, the selection the run last recorded: a table no
+longer selected since is ``Removed``).
 
 Invariants: observing changes nothing (no publication sync, no slot creation, no eviction); the
 password is used to connect and appears nowhere in the result.
@@ -111,8 +112,9 @@ def snapshot_document(local: Local) -> dict | None:
 def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | None = None,
             now: datetime | None = None) -> PostgresIngestionStatus:
     ing, job = local.ingestion, local.job
-    report = st.Report(PostgresIngestionStatus(), getattr(ing.metadata, "generation", None) or 0,
-                       now or datetime.now(UTC))
+    # the selection the run last recorded: a table no longer selected since is shown Removed
+    report = st.Report(PostgresIngestionStatus(tables=state.read_tables(local.state_dir)),
+                       getattr(ing.metadata, "generation", None) or 0, now or datetime.now(UTC))
     report.status.publication_name = job.names.publication
     source = control.take_control(job.source(local.environ), ing, report, component="status",
                                   reader=None, read_only=True)
@@ -191,7 +193,8 @@ def _apply_errors(report: st.Report, staging_uri: str) -> None:
     outcomes = {TableName(t["schema"], t["name"]): t for t in document.get("tables", [])}
     for row in report.status.tables:
         outcome = outcomes.get(TableName(row.schema_name, row.name))
-        if outcome is None or outcome["state"] not in ("failed", "retrying"):
+        if outcome is None or outcome["state"] not in ("failed", "retrying") \
+                or row.state == "Removed":
             continue
         if outcome["state"] == "failed":
             row.state = "Failed"

@@ -12,6 +12,27 @@ snapshot, DESIGN.md rule 2; a holder other than this run's reader is evicted), t
 3. the apply job (:mod:`lakeslot.apply.job`) in the same session, MERGEing sealed segments into the
    mirror tables, until stopped.
 
+While it streams, the selection is watched: every ``Options.selection_interval`` seconds (10)
+one catalog query (:func:`lakeslot.control.selection_fingerprint`) on a connection of its own
+tells whether the tables of ``spec.source.schemas`` (or the listed ones), or their replica
+identities, changed; only then are the source steps (preflight, publication sync) taken again.
+
+- A table that joins (created in a selected schema, or now usable) is added to the publication,
+  the apply job is restarted with it (it waits for its snapshot, which holds staging's retention),
+  and then it is copied alone, online, with the re-snapshot machinery (:mod:`lakeslot.resnapshot`,
+  the snapshot job for that subset) from a snapshot taken after it joined: the rows written
+  before it joined are in no stream. The other tables keep streaming. A copy that fails is retried
+  after a backoff (30 s, doubled per failure, at most an hour); meanwhile the table is Pending.
+  A table that joins with a mirror already there (re-created, or selected again) is copied again
+  the same way (its ``resnapshotBelowLsn``), as is any table the run's start found added.
+- A table without a usable replica identity is ``Failed`` in the status with its fix, as at
+  start, and left out of the publication; once fixed it joins.
+- A table that is dropped (or renamed, moved, taken out of the spec) leaves the apply job, which
+  is restarted without it; its row says ``Removed`` and its mirror is kept as it was (never
+  deleted by lakeslot).
+
+``--once`` resolves the selection only at start.
+
 Stopping: SIGINT (Ctrl-C) or SIGTERM sets one stop event. The reader gets SIGTERM (it confirms
 only what is sealed, then releases the slot); the apply job finishes the commit it is making or
 stops before starting the next; a running snapshot's Spark jobs are cancelled (its temporary slot
@@ -33,6 +54,7 @@ reader kept failing), retrying later may help; 2 bad input (file, secrets; nothi
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -48,7 +70,7 @@ from typing import TYPE_CHECKING, TextIO
 from lakeslot import control, resnapshot
 from lakeslot import lsn as lsnlib
 from lakeslot import status as st
-from lakeslot.api.models import PostgresIngestionStatus
+from lakeslot.api.models import PostgresIngestionStatus, TableStatus
 from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
 from lakeslot.local import observe, reader_process, state, tree
 from lakeslot.local.config import Local
@@ -57,6 +79,7 @@ from lakeslot.source import connection
 from lakeslot.source.tables import TableName
 
 if TYPE_CHECKING:  # pyspark is imported only once a run needs Spark
+    import psycopg
     from pyspark.sql import SparkSession
 
 log = logging.getLogger("lakeslot.local")
@@ -64,6 +87,8 @@ log = logging.getLogger("lakeslot.local")
 READER_RESTARTS = 5  # consecutive reader failures (each after its own 300 s of retries) → give up
 ONCE_POLL_S = 1.0
 STOP_TIMEOUT_S = 60.0
+COPY_BACKOFF_S = 30.0  # a joined table whose copy failed is tried again after this, doubled
+COPY_BACKOFF_MAX_S = 3600.0
 
 
 class RunFailed(Exception):
@@ -76,6 +101,7 @@ class RunFailed(Exception):
 class Options:
     once: bool = False
     interval: float = 2.0  # seconds between supervision ticks (status refresh)
+    selection_interval: float = 10.0  # seconds between checks of the selection while streaming
     master: str = "local[*]"
     spark: SparkSession | None = None  # an existing session (kept running at the end)
     out: TextIO | None = None  # where progress goes; default stderr
@@ -205,6 +231,18 @@ class _Session:
         self.apply_passes = 0  # passes the apply job finished (a table is marked only by a pass)
         self._resnapshot_decided_at = -1  # apply_passes when _resnapshot last read the mirrors
         self.apply_seconds: float | None = None  # the last apply pass: batch read → committed
+        # the selection (see the module docstring)
+        self.tables: list[TableName] = []  # selected and usable
+        self.rows: list[TableStatus] = []  # status.tables as the source steps last left them
+        self.mirrored: set[TableName] = set()  # tables known to have a mirror (a snapshot)
+        self.joined: set[TableName] = set()  # joined while streaming, without a mirror yet
+        self.copy_failures: dict[TableName, tuple[int, float]] = {}  # failures, last (monotonic)
+        self.apply_tables: tuple[TableName, ...] = ()  # the running apply job's tables
+        self.copying: tuple[TableName, ...] = ()  # the running copy's tables
+        self._copied: dict[TableName, str] = {}  # the last copy's outcome per table (its thread)
+        self._fingerprint: tuple | None = None
+        self._checked_at = time.monotonic()
+        self._watch: psycopg.Connection | None = None
 
     # the steps ---------------------------------------------------------------------------
 
@@ -229,24 +267,23 @@ class _Session:
         self.caught_up = self.options.once and not self.stop.is_set()
 
     def _control(self) -> tuple[list[TableName], int]:
-        report = st.Report(PostgresIngestionStatus(), 0, datetime.now(UTC))
+        report = st.Report(PostgresIngestionStatus(tables=state.read_tables(self.local.state_dir)),
+                           0, datetime.now(UTC))
         job = self.job
+        if not self.options.once:  # before the steps: a table created meanwhile is seen later
+            self._fingerprint = self._selection_fingerprint()
         source = control.take_control(
             job.source(self.local.environ), self.local.ingestion, report, component="local",
             reader=connection.application_name("reader", job.names.owner, self.pod))
-        for event in report.events:
-            log.log(logging.WARNING if event.type == "Warning" else logging.INFO, "%s: %s",
-                    event.reason, event.message)
+        self._log(report)
         failed = [c for c in report.status.conditions if c.status == "False"]
         if source is None:
             code = (EXIT_FAILED if any(c.reason == "ConnectionFailed" for c in failed)
                     else EXIT_DEFINITE)
             raise RunFailed(code, "\n".join(f"{c.type}: {c.reason}: {c.message}" for c in failed))
         tables = source.tables
+        self._adopt(report, tables, streaming=False)
         self.target = source.current_lsn if self.options.once else None
-        for row in report.status.tables:
-            if row.state == "Failed":
-                log.warning("%s.%s is skipped: %s", row.schema_name, row.name, row.message)
         below = report.status.resnapshot_below_lsn
         return tables, state.resnapshot_below(self.local.state_dir,
                                               lsnlib.parse(below) if below else 0)
@@ -285,6 +322,8 @@ class _Session:
 
         progress = mirror_progress.read(self.local.ingestion, tables,
                                         secrets=self.job.catalog_secrets(self.local.environ))
+        self.mirrored = {t for t in tables if progress[t].lsn is not None}
+        self._hold(self._joined_below(progress), progress)
         return [t for t in tables if progress[t].lsn is not None]
 
     def _apply(self, tables: list[TableName]) -> None:
@@ -292,13 +331,9 @@ class _Session:
 
         job_input = self.local.with_tables(tables)
         hooks = apply_job.Hooks(point=self._apply_point)
+        self.apply_tables = tuple(tables)
         if not self.options.once:
-            worker = self._start("apply", lambda: apply_job.run(
-                self.spark, job_input, once=False, stop=self.apply_stop, hooks=hooks))
-            self._supervise(lambda: not worker.alive, tick=lambda: self._resnapshot(tables))
-            if not self.stop.is_set():
-                worker.outcome()
-                raise RunFailed(EXIT_FAILED, "the apply job ended although no stop was requested")
+            self._stream(hooks)
             return
 
         def until_caught_up():
@@ -315,7 +350,7 @@ class _Session:
             worker = self._start("apply", until_caught_up)
             self._supervise(worker.finished)
             result = None if worker.alive else worker.outcome()
-            copying = None if self.stop.is_set() else self._resnapshot(tables)
+            copying = None if self.stop.is_set() else self._resnapshot()
             if copying is None:
                 break
             self._supervise(copying.finished)
@@ -325,6 +360,48 @@ class _Session:
             raise RunFailed(
                 EXIT_DEFINITE if all(t.state == "failed" for t in failed) else EXIT_FAILED,
                 "not caught up: " + "; ".join(f"{t.source} {t.state}: {t.error}" for t in failed))
+
+    def _stream(self, hooks) -> None:
+        """The apply job until stopped, restarted whenever the tables it must handle change
+        (:meth:`_apply_list`): the pass it is in finishes first, commits included."""
+        from lakeslot.apply import job as apply_job
+
+        while not self.stop.is_set():
+            tables = self._apply_list()
+            stop = threading.Event()
+            self.apply_stop, self.apply_tables = stop, tables
+            worker = self._start("apply", functools.partial(
+                apply_job.run, self.spark, self.local.with_tables(list(tables)), once=False,
+                stop=stop, hooks=hooks))
+            # (the lambda is called only within this iteration)
+            self._supervise(lambda: not worker.alive or self._apply_list() != tables,  # noqa: B023
+                            tick=self._tick)
+            if self.stop.is_set():
+                return
+            if not worker.alive:
+                worker.outcome()
+                raise RunFailed(EXIT_FAILED, "the apply job ended although no stop was requested")
+            now = self._apply_list()
+            changes = [f"{sign} {', '.join(map(str, sorted(which)))}" for sign, which in
+                       (("+", set(now) - set(tables)), ("-", set(tables) - set(now))) if which]
+            log.info("the apply job's tables change (%s): restarting it after its current pass",
+                     "; ".join(changes))
+            stop.set()
+            self._supervise(worker.finished)
+            if not worker.alive:
+                worker.outcome()
+
+    def _apply_list(self) -> tuple[TableName, ...]:
+        """The tables the apply job handles now: the selected ones with a mirror, those being
+        copied, and those that joined and are due for a copy (waiting for it, they keep staging's
+        retention from deleting changes the copy will need)."""
+        return tuple(t for t in self.tables if t in self.mirrored or t in self.copying
+                     or (t in self.joined and self._copy_due(t)))
+
+    def _copy_due(self, table: TableName) -> bool:
+        failures, at = self.copy_failures.get(table, (0, 0.0))
+        delay = min(COPY_BACKOFF_S * 2 ** max(failures - 1, 0), COPY_BACKOFF_MAX_S)
+        return not failures or time.monotonic() >= at + delay
 
     def _apply_point(self, name: str, table) -> None:
         """Counts the apply passes and times each from reading its batch to the last table's commit."""
@@ -370,40 +447,71 @@ class _Session:
             self.stop.wait(self.options.interval)
         self._refresh()
 
-    def _resnapshot(self, tables: list[TableName]) -> _Worker | None:
-        """Start copying again, online, the tables :func:`lakeslot.resnapshot.decide` wants
-        (unless a copy is running); the worker, or None when nothing is to be copied. The mirrors
-        are read once per finished apply pass, not on every supervision tick: only a pass marks
-        a table (and a request is read from the spec once, at the first call)."""
+    def _tick(self) -> None:
+        self._watch_selection()
+        self._resnapshot()
+
+    def _resnapshot(self) -> _Worker | None:
+        """Start copying, online, the tables :func:`lakeslot.resnapshot.decide` wants again and
+        the joined tables without a mirror that the apply job already waits for (unless a copy
+        is running); the worker, or None when nothing is to be copied. The mirrors are read once
+        per finished apply pass, not on every supervision tick: only a pass marks a table, and
+        a restarted apply job makes a pass at once (a request is read from the spec once, at
+        the first call)."""
         from lakeslot.mirror import progress as mirror_progress
         from lakeslot.snapshot import job as snapshot_job
 
         running = self.workers.get("snapshot")
-        if (running is not None and running.alive) or self.apply_passes == self._resnapshot_decided_at:
+        if running is not None and running.alive:
+            return None
+        if self.copying:
+            self._copy_finished()
+        if self.apply_passes == self._resnapshot_decided_at:
             return None
         self._resnapshot_decided_at = self.apply_passes
-        spec = self.local.ingestion.spec
+        spec, tables = self.local.ingestion.spec, self.tables
         progress = mirror_progress.read(self.local.ingestion, tables,
                                         secrets=self.job.catalog_secrets(self.local.environ))
+        self.mirrored = {t for t in tables if progress[t].lsn is not None}
+        self.joined -= self.mirrored
         generations = state.resnapshot_generations(self.local.state_dir)
         requested = {t: (progress[t].lsn or 0) + 1 for t in tables
                      if (options := self.job.table_spec(t)) is not None
                      and options.resnapshot_generation > generations.get(str(t), 0)}
+        rejoined = self._joined_below(progress)
+        for table, below in rejoined.items():
+            requested[table] = max(requested.get(table, 0), below)
         decision = resnapshot.decide(progress, spec.policies, requested)
         for table, why in decision.held.items():
             log.warning("%s: %s", table, why)
-        if not decision.copy:
+        new = {t for t in self.joined if self._copy_due(t)}
+        # Only tables the running apply job waits for: it keeps staging's retention from
+        # deleting the changes after the copy's snapshot. The others (a table that joined with
+        # a mirror, seen just now) are copied after the restart that adds them, at its first pass.
+        wanted = sorted(t for t in {*decision.copy, *new} if t in self.apply_tables)
+        if not wanted:
             return None
-        for table in decision.copy:
+        for table in (t for t in decision.copy if t in wanted):
             why = "requested (resnapshotGeneration)" if table in decision.requested \
                 else progress[table].error or "marked for a re-snapshot"
+            if table in decision.requested and table in rejoined:
+                why = "it joined the publication (its mirror missed what happened meanwhile)"
             log.warning("TableResnapshot: copying %s again, online: %s", table, why)
-        wanted = sorted(decision.copy)
+        for table in sorted(new & set(wanted)):
+            log.info("TableAdded: copying %s, online: it joined the publication", table)
+        self.copying = tuple(wanted)
+        self._copied = {}
+        min_snapshot_lsn = max((decision.copy.get(t, 0) for t in wanted), default=0)
 
         def copy() -> object:
-            result = snapshot_job.run(self.spark, self.local.with_tables(wanted),
-                                      progress=str(self.local.path("snapshot-progress.json")),
-                                      min_snapshot_lsn=decision.min_snapshot_lsn)
+            try:
+                result = snapshot_job.run(self.spark, self.local.with_tables(wanted),
+                                          progress=str(self.local.path("snapshot-progress.json")),
+                                          min_snapshot_lsn=min_snapshot_lsn)
+            except Exception as e:
+                self._copied = dict.fromkeys(wanted, f"{type(e).__name__}: {st.first_line(e)}")
+                raise
+            self._copied = {t.source: t.error or t.state for t in result.tables}
             done = {t.source for t in result.tables if t.state in ("committed", "skipped")}
             state.record_resnapshot_generations(self.local.state_dir, {
                 str(t): options.resnapshot_generation for t in decision.requested & done
@@ -414,6 +522,151 @@ class _Session:
             return result
 
         return self._start("snapshot", copy)
+
+    def _copy_finished(self) -> None:
+        """The copy's tables that did not commit wait for their backoff (a joined table leaves the
+        apply job meanwhile); a finished copy lets the next apply pass decide again."""
+        for table in self.copying:
+            if self._copied.get(table) not in ("committed", "skipped"):
+                failures, _ = self.copy_failures.get(table, (0, 0.0))
+                self.copy_failures[table] = (failures + 1, time.monotonic())
+            else:
+                self.copy_failures.pop(table, None)
+        self.copying = ()
+
+    def _hold(self, rejoined: dict[TableName, int], progress) -> None:
+        """Stop each table that joined the publication again with a mirror, before an apply job
+        that handles it starts, until its copy moves its position: a definite error at its
+        position, which the copy lifts (DESIGN.md invariant 8: its mirror misses what changed
+        while it was out, so changes must not be applied on top of it meanwhile)."""
+        from lakeslot.mirror.catalog import Tables
+
+        sink = self.local.ingestion.spec.sink
+        mirrors = Tables(self.spark, sink.catalog.name, sink.namespace)
+        for table, below in sorted(rejoined.items()):
+            if progress[table].error is not None:  # stopped already: its error holds it
+                continue
+            mirrors.record_error(self.job.names.mirror_table(table), (
+                f"{table} joined the publication again at {lsnlib.format(below)}: what changed "
+                "while it was out of it is in no stream, so its mirror is copied again (alone, "
+                "online) before it streams on"), progress[table].lsn, resnapshot=True)
+
+    def _joined_below(self, progress) -> dict[TableName, int]:
+        """Tables that joined the publication with a mirror (re-created, or selected again), each
+        with the LSN its copy must reach (``resnapshotBelowLsn``). Served ones are cleared, and so
+        are those without a mirror: no copy runs while this is called, so theirs starts later,
+        after they joined."""
+        below: dict[TableName, int] = {}
+        served = False
+        for row in self.rows:
+            table = TableName(row.schema_name, row.name)
+            if row.resnapshot_below_lsn is None or table not in progress:
+                continue
+            lsn = lsnlib.parse(row.resnapshot_below_lsn)
+            if progress[table].lsn is None or (progress[table].snapshot_lsn or 0) >= lsn:
+                row.resnapshot_below_lsn, served = None, True
+            else:
+                below[table] = lsn
+        if served:
+            state.write_tables(self.local.state_dir, self.rows)
+        return below
+
+    # the selection -------------------------------------------------------------------------
+
+    def _selection_fingerprint(self) -> tuple | None:
+        """:func:`lakeslot.control.selection_fingerprint` on the run's own connection, opened
+        once and again after a failure; None when the source cannot answer now."""
+        import psycopg
+
+        try:
+            if self._watch is None or self._watch.closed:
+                self._watch = connection.connect(
+                    self.job.source(self.local.environ),
+                    connection.application_name("local", self.job.names.owner))
+            return control.selection_fingerprint(self._watch, self.local.ingestion.spec.source)
+        except psycopg.Error as e:
+            log.warning("cannot check the selection now (again in %.0f s): %s",
+                        self.options.selection_interval, st.first_line(e))
+            if self._watch is not None:
+                self._watch.close()
+            self._watch = None
+            return None
+
+    def _watch_selection(self) -> None:
+        """Every ``selection_interval`` seconds: the source steps again when the selection's
+        fingerprint changed (see the module docstring)."""
+        import psycopg
+
+        if time.monotonic() - self._checked_at < self.options.selection_interval:
+            return
+        self._checked_at = time.monotonic()
+        fingerprint = self._selection_fingerprint()
+        if fingerprint is None or fingerprint == self._fingerprint or self._watch is None:
+            return
+        report = st.Report(PostgresIngestionStatus(
+            tables=self.rows, conditions=self.last_status.conditions if self.last_status else []),
+            0, datetime.now(UTC))
+        try:
+            tables = control.check_source(self._watch, self.local.ingestion, report)
+        except psycopg.Error as e:
+            log.warning("cannot check the selection now (again in %.0f s): %s",
+                        self.options.selection_interval, st.first_line(e))
+            self._watch.close()
+            return
+        self._log(report)
+        if tables is None:  # the condition says why; the tables stream on, checked again later
+            for c in report.status.conditions:
+                if c.status == "False":
+                    log.warning("the selection changed but cannot be taken: %s: %s: %s", c.type,
+                                c.reason, c.message)
+            return
+        self._fingerprint = fingerprint
+        self._adopt(report, tables, streaming=True)
+
+    def _remember_positions(self, status: PostgresIngestionStatus) -> None:
+        """Keep in the rows where each mirror was last seen, so that a table that leaves the
+        selection is reported Removed with its mirror's position."""
+        seen = {(r.schema_name, r.name): r for r in status.tables if r.state != "Removed"}
+        for row in self.rows:
+            if row.state != "Removed" and (now := seen.get((row.schema_name, row.name))) is not None:
+                row.applied_lsn = now.applied_lsn or row.applied_lsn
+                row.snapshot_lsn = now.snapshot_lsn or row.snapshot_lsn
+
+    def _adopt(self, report: st.Report, tables: list[TableName], *, streaming: bool) -> None:
+        """Take the source steps' selection: the usable tables and the rows (kept in the state
+        directory for ``lakeslot status`` and the next run)."""
+        before = set(self.tables)
+        self.rows = report.status.tables
+        state.write_tables(self.local.state_dir, self.rows)
+        for row in self.rows:
+            if row.state == "Failed":
+                log.warning("%s.%s is skipped: %s", row.schema_name, row.name, row.message)
+        if streaming:
+            self._join(set(tables) - before)
+            self.joined &= set(tables)
+            for table in before - set(tables):
+                self.copy_failures.pop(table, None)
+        self.tables = list(tables)
+
+    def _join(self, joined: set[TableName]) -> None:
+        """Tables that joined while streaming: those without a mirror wait for their first copy;
+        those with one (created again, or selected again) are stopped until their copy, before
+        the apply job that handles them starts (:meth:`_hold`)."""
+        from lakeslot.mirror import progress as mirror_progress
+
+        if not joined:
+            return
+        progress = mirror_progress.read(self.local.ingestion, sorted(joined),
+                                        secrets=self.job.catalog_secrets(self.local.environ))
+        with_mirror = {t for t in joined if progress[t].lsn is not None}
+        self.mirrored |= with_mirror
+        self.joined |= joined - with_mirror
+        self._hold(self._joined_below(progress), progress)
+
+    def _log(self, report: st.Report) -> None:
+        for event in report.events:
+            log.log(logging.WARNING if event.type == "Warning" else logging.INFO, "%s: %s",
+                    event.reason, event.message)
 
     def _check_reader(self) -> None:
         reader = self.reader
@@ -455,6 +708,7 @@ class _Session:
         except Exception as e:  # noqa: BLE001 - the display must never stop the pipeline
             log.warning("cannot compute the status: %s", st.first_line(e))
             return
+        self._remember_positions(self.last_status)
         self.display.show(self.last_status, time.monotonic() - self.started, self.target,
                           apply_seconds=self.apply_seconds)
 
@@ -464,6 +718,8 @@ class _Session:
     def shutdown(self) -> None:
         self.stop.set()
         self.apply_stop.set()
+        if self._watch is not None:
+            self._watch.close()
         if self.reader is not None:
             code = self.reader.stop()
             log.info("reader stopped (exit %s)", code)

@@ -13,6 +13,12 @@ Invariants:
   re-snapshot leaves it for the next one. It only grows, and never needs clearing: the snapshot
   job skips tables already snapshotted at or above it.
 
+- ``tables.json`` keeps the selection as the last run resolved it (``status.tables`` rows): a
+  run compares it with the selection it finds, so a table dropped or taken out of the spec
+  between two runs, or while one streams, is reported ``Removed``; and a table that joined the
+  publication keeps its ``resnapshotBelowLsn`` until its copy reaches it, across runs.
+  ``lakeslot status`` reads it the same way. Deleting it loses only those notes.
+
 Failure mode: a second run of the same ingestion gets :class:`AlreadyRunning` naming the pid of
 the first.
 """
@@ -23,6 +29,8 @@ import fcntl
 import json
 import os
 from pathlib import Path
+
+from lakeslot.api.models import TableStatus
 
 
 class AlreadyRunning(Exception):
@@ -112,3 +120,18 @@ def read_run(state_dir: Path) -> dict:
         return json.loads((state_dir / "run.json").read_text())
     except (OSError, ValueError):
         return {}
+
+
+def read_tables(state_dir: Path) -> list[TableStatus]:
+    """The ``status.tables`` rows the last run recorded (none: an empty list)."""
+    try:
+        documents = json.loads((state_dir / "tables.json").read_text())
+        return [TableStatus.model_validate(d) for d in documents]
+    except (OSError, ValueError, TypeError):
+        return []
+
+
+def write_tables(state_dir: Path, rows: list[TableStatus]) -> None:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    _write_atomically(state_dir / "tables.json", json.dumps(
+        [r.model_dump(mode="json", by_alias=True, exclude_none=True) for r in rows], indent=1) + "\n")

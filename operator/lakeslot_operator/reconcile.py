@@ -41,6 +41,7 @@ Kubernetes API errors propagate to kopf, which retries with backoff.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import tempfile
 from collections.abc import Callable, Mapping
@@ -185,6 +186,15 @@ class _Reconciler:
                                self._again(tables, progress))
         if plan.clear_below:
             status.resnapshot_below_lsn = None
+        held = scheduling.hold(status.snapshot, plan, tables)
+        waiting: list[TableName] = []
+        if held is not None and held.generation is not None:
+            running = self.ctx.kube.get_spark_application(
+                self.ns, children.snapshot_name(self.ing, held.generation))
+            if running is not None and scheduling.Application.of(running).state \
+                    not in scheduling.TERMINAL_SPARK_STATES:
+                waiting = sorted(set(plan.wanted) - set(held.wanted))
+                plan = held
         if plan.generation is None:
             self._record(scheduling.advance(status.snapshot, plan, None, None, self.r.now))
             return
@@ -193,6 +203,9 @@ class _Reconciler:
         step = scheduling.advance(status.snapshot, plan, name,
                                   None if app is None else scheduling.Application.of(app),
                                   self.r.now)
+        if waiting:
+            step = dataclasses.replace(step, message=(
+                f"{step.message}; then {', '.join(map(str, waiting))} (waiting for it to finish)"))
         if step.submit:
             self.ctx.kube.ensure(children.snapshot_application(
                 self.ing, self.uid, self.ctx.config,
@@ -207,16 +220,22 @@ class _Reconciler:
     def _again(self, tables: list[TableName], progress: dict[TableName, MirrorProgress]
                ) -> dict[TableName, int]:
         """The tables to copy again alone (:mod:`lakeslot.resnapshot`): record each new per-table
-        request with the LSN it must reach, tell each re-snapshot once, and say in the table's
-        row why the loop guard holds one back."""
+        request with the LSN it must reach, serve the rows' ``resnapshotBelowLsn`` (a user's
+        request, or a table that joined the publication again with a mirror: see
+        :func:`lakeslot.control.check_source`), tell each re-snapshot once, and say in the
+        table's row why the loop guard holds one back."""
         rows = {TableName(r.schema_name, r.name): r for r in self.r.status.tables}
         requested: dict[TableName, int] = {}
         for table in tables:
             options = self.ing.spec.source.table_options(table.schema, table.name)
             row, p = rows.get(table), progress[table]
-            if row is None or options is None or p.lsn is None:
+            if row is None:
                 continue
-            if options.resnapshot_generation > row.observed_resnapshot_generation:
+            if p.lsn is None:  # copied by the ordinary snapshot, taken from now on: after it
+                if not self._copying(table):  # joined (unless one running already copies it)
+                    row.resnapshot_below_lsn = None
+                continue
+            if options is not None and options.resnapshot_generation > row.observed_resnapshot_generation:
                 row.observed_resnapshot_generation = options.resnapshot_generation
                 row.resnapshot_below_lsn = lsnlib.format(p.lsn + 1)
                 self.r.tell("Normal", "TableResnapshot",
@@ -238,6 +257,12 @@ class _Reconciler:
             if (row := rows.get(table)) is not None:
                 row.state, row.message = "Failed", why
         return decision.copy
+
+    def _copying(self, table: TableName) -> bool:
+        """Whether the recorded snapshot, still in flight, copies ``table``."""
+        running = self.r.status.snapshot
+        return running is not None and running.state not in scheduling.TERMINAL_SPARK_STATES \
+            and str(table) in running.tables
 
     def _record(self, step: scheduling.Step) -> None:
         status = self.r.status

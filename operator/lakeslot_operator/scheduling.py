@@ -24,6 +24,8 @@ Invariants:
   application COMPLETED.
 - ``status.snapshot`` belongs to one generation: a new generation starts a fresh record
   (``attempts`` 0); with nothing to copy only a COMPLETED record is kept.
+- One snapshot at a time: while the recorded one runs (SUBMITTED or RUNNING), a new wish waits
+  for it (:func:`hold`) and is planned when it has finished.
 - An absent application is submitted (state SUBMITTED) unless its last attempt FAILED and the
   backoff is not over. A FAILED application is kept (its record says why) until the backoff is
   over — 30 s, doubled per failed attempt, at most an hour, counted from ``finishedAt`` — and
@@ -136,6 +138,23 @@ def plan(tables: Sequence[TableName], applied: Mapping[TableName, int | None],
         min_snapshot_lsn=min_snapshot_lsn,
         clear_below=bool(below) and not cut_off,
         resnapshot=request.resnapshot_generation if resnapshot else None)
+
+
+def hold(previous: SnapshotStatus | None, plan: Plan, tables: Sequence[TableName]) -> Plan | None:
+    """While the recorded snapshot of another generation is still in flight, the plan waits for
+    it: the plan that follows that snapshot to its end (its tables being copied, no request
+    served by it), or None when there is nothing to wait for. Without it, a table that appears
+    while a snapshot runs (e.g. created in a selected schema) would start a second snapshot of
+    every table not yet committed, next to the first. Whether the application still exists is
+    for the caller to check (an absent one is not waited for)."""
+    if (previous is None or plan.generation is None or previous.generation is None
+            or previous.generation == plan.generation
+            or previous.state is None or previous.state in TERMINAL_SPARK_STATES):
+        return None
+    copying = set(previous.tables)
+    return Plan(wanted=tuple(t for t in tables if str(t) in copying),
+                generation=previous.generation, min_snapshot_lsn=plan.min_snapshot_lsn,
+                clear_below=plan.clear_below, resnapshot=None)
 
 
 def backoff_over(state: SnapshotStatus, now: datetime) -> bool:
