@@ -155,6 +155,15 @@ def _crd(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _ddl_capture_sql(args: argparse.Namespace) -> int:
+    from lakeslot.source import ddl_capture
+
+    statements = (ddl_capture.uninstall_statements() if args.uninstall
+                  else ddl_capture.install_statements(args.grant_to))
+    print(ddl_capture.script(statements), end="")
+    return EXIT_OK
+
+
 def _operator(args: argparse.Namespace) -> int:
     from lakeslot_operator import main
 
@@ -199,6 +208,21 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--write", action="store_true", help="update crds/ and the README reference in the checkout")
     mode.add_argument("--reference", action="store_true", help="print the Markdown field reference instead")
     p.set_defaults(func=_crd)
+
+    p = sub.add_parser(
+        "ddl-capture-sql",
+        help="print the SQL a superuser runs once per database to install lakeslot's DDL capture",
+        description="Print the statements that install (or repair) lakeslot's event trigger, "
+        "which writes every DDL on a table into the WAL at its place among the row changes "
+        "(spec.source.ddlCapture). Run them in psql as a role that may create event triggers.",
+    )
+    p.add_argument("--grant-to", metavar="ROLE",
+                   help="the ingestion's role (spec.source.user), granted read access to the "
+                        "capture key")
+    p.add_argument("--uninstall", action="store_true",
+                   help="print the statements that remove it instead (mirrors then compare the "
+                        "catalog: ddlCapture Catalog)")
+    p.set_defaults(func=_ddl_capture_sql)
 
     p = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
     p.add_argument("--namespace", "-n", action="append", default=[],

@@ -44,7 +44,7 @@ import psycopg
 from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestion, SourceSpec
 from lakeslot.api.naming import IngestionNames
-from lakeslot.source import connection, preflight, publication, slot
+from lakeslot.source import connection, ddl_capture, preflight, publication, slot
 from lakeslot.source.tables import TableName, quote_ident, selected
 from lakeslot.staging.store import Staging
 from lakeslot.status import Report, first_line, slot_condition, table_rows
@@ -142,8 +142,15 @@ def check_source(conn: psycopg.Connection, ingestion: PostgresIngestion, report:
         report.condition("SourceReady", False, "NoUsableTable",
                          "every selected table failed its checks (see status.tables)")
         return None
+    try:
+        capture = ddl_capture.ensure(conn, source.ddl_capture, read_only=not sync_publication)
+    except ddl_capture.CaptureUnavailable as e:
+        report.condition("SourceReady", False, "DdlCaptureUnavailable", str(e))
+        return None
+    report.status.ddl_capture = capture.mode
     report.condition("SourceReady", True, "PreflightPassed",
-                     f"{len(good)} table(s) ready" + (f", {len(broken)} failed" if broken else ""))
+                     f"{len(good)} table(s) ready" + (f", {len(broken)} failed" if broken else "")
+                     + f"; {capture.message}")
     return good
 
 

@@ -231,6 +231,9 @@ def record_progress(report: Report, progress: Mapping[TableName, MirrorProgress]
             applied.append(p.lsn)
             if p.error is not None:  # the apply job stopped it (the mirror says why)
                 row.state, row.message = "Failed", p.error
+            if p.schema_change is not None and p.schema_change != row.last_schema_change:
+                report.tell("Normal", "SchemaChangeApplied", f"{table}: {p.schema_change}")
+                row.last_schema_change = p.schema_change
         else:
             row.state = "Snapshotting" if table in snapshotting else "Pending"
     status.reader = ReaderStatus(

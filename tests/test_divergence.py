@@ -23,7 +23,7 @@ from lakeslot.snapshot import job as snapshot_job
 from lakeslot.source import facts, slot
 from lakeslot.source.facts import TableFacts
 from lakeslot.source.tables import TableName
-from tests.support.apply_support import Pipeline, normal
+from tests.support.apply_support import Pipeline, assert_mirror_equals_source
 from tests.support.local_support import BackgroundWriter
 
 # -- the pure decisions -------------------------------------------------------------------------
@@ -151,20 +151,6 @@ def _create_publication(conn) -> None:
     slot.ensure(conn, "s")
 
 
-def _assert_mirror_equals_source(pipeline: Pipeline, warehouse, table: TableName) -> None:
-    with pipeline.pgdb.connect() as conn:
-        cursor = conn.execute(sql.SQL("SELECT * FROM {}").format(table.sql()))
-        assert cursor.description is not None
-        names = [d.name for d in cursor.description]
-        expected = sorted(tuple(normal(v) for v in row) for row in cursor.fetchall())
-    ident = pipeline.job_input().names.mirror_identifier(table)
-    loaded = load_hadoop_table(warehouse.as_uri(), ident)
-    assert loaded is not None
-    data = loaded.scan(selected_fields=tuple(names)).to_arrow().select(names)
-    mirrored = sorted(tuple(normal(v) for v in row.values()) for row in data.to_pylist())
-    assert mirrored == expected, table
-
-
 class _Inserts(BackgroundWriter):
     """The application during a re-snapshot: new keys into ``table`` and into PLAIN."""
 
@@ -234,7 +220,7 @@ def test_migrations_the_stream_does_not_show_are_copied_again_and_then_equal(
         assert "copied again on its own" in error
     for table in (PLAIN, ADDED):
         assert outcome[table].state == "applied"
-        _assert_mirror_equals_source(pipeline, spark_warehouse, table)
+        assert_mirror_equals_source(pipeline, spark_warehouse, table)
 
     progress = mirror_progress.read(pipeline.ingestion, TABLES)
     decision = resnapshot.decide(progress, pipeline.ingestion.spec.policies)
@@ -256,7 +242,7 @@ def test_migrations_the_stream_does_not_show_are_copied_again_and_then_equal(
     result = pipeline.apply()
     assert result.ok, result.tables
     for table in TABLES:
-        _assert_mirror_equals_source(pipeline, spark_warehouse, table)
+        assert_mirror_equals_source(pipeline, spark_warehouse, table)
     again = mirror_progress.read(pipeline.ingestion, TABLES)
     assert {t for t, p in again.items() if p.resnapshots_last_hour} == set(DIVERGING)
     assert not resnapshot.decide(again, pipeline.ingestion.spec.policies).copy
@@ -282,4 +268,4 @@ def test_rows_from_before_an_added_column_get_its_default_when_both_are_in_one_b
         conn.execute("INSERT INTO plain VALUES (7, 'after', 9)")
     pipeline.seal()
     assert pipeline.apply().ok
-    _assert_mirror_equals_source(pipeline, spark_warehouse, PLAIN)
+    assert_mirror_equals_source(pipeline, spark_warehouse, PLAIN)

@@ -2,18 +2,21 @@
 key value or a NULL in a key column fails that table with the value and the fix, before anything
 is copied; a key PostgreSQL guarantees (a unique index on NOT NULL columns) is not queried; the
 check sees exactly the exported snapshot (a duplicate committed after it does not count). One
-Spark test runs the whole snapshot job: the bad table fails, the other one is mirrored exactly."""
+Spark test runs the whole snapshot job: the bad table fails, the other one is mirrored exactly;
+another streams duplicates into tables whose keys PostgreSQL does not keep unique."""
 
 from __future__ import annotations
 
 import pytest
 
 from lakeslot.snapshot import job as snapshot_job
-from lakeslot.snapshot import keys, plan
+from lakeslot.snapshot import plan
 from lakeslot.snapshot.leader import exported_snapshot, import_statements
 from lakeslot.snapshot.plan import TableRequest
+from lakeslot.source import keys
 from lakeslot.source.connection import connect
 from lakeslot.source.tables import TableName, existing
+from tests.support.apply_support import Pipeline, assert_mirror_equals_source
 from tests.support.fixtures_pg import Database, connection_settings
 from tests.support.snapshot_helpers import make_job, mirror_rows, source_rows, target_name, without_lsn
 
@@ -163,3 +166,46 @@ def test_the_snapshot_job_fails_the_table_with_duplicate_keys_and_copies_the_oth
     assert without_lsn(mirror_rows(spark_warehouse, iceberg_namespace, good, "a")) == expected
     tables = {r.tableName for r in spark.sql(f"SHOW TABLES IN {iceberg_namespace}").collect()}
     assert target_name(good) in tables and target_name(T) not in tables  # nothing of it written
+
+
+# -- while streaming ---------------------------------------------------------------------------
+
+LOOSE, BATCH, STRICT = (TableName("public", n) for n in ("loose", "batch_dup", "strict"))
+
+
+@pytest.mark.slow
+def test_a_duplicate_key_inserted_while_streaming_stops_the_table_and_collapses_nothing(
+        spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, monkeypatch):
+    """keyColumns without a unique index: an insert of a key the mirror holds, and two inserts
+    of one key in a batch, stop their tables with the key and the fix, the mirror as it was;
+    re-inserting a deleted key and a unique index are fine."""
+    monkeypatch.setenv("LAKESLOT_SOURCE_PASSWORD", pgdb.cluster.password)
+    tables = [LOOSE, BATCH, STRICT]
+    with pgdb.connect() as conn:
+        conn.execute("CREATE TABLE loose (code text NOT NULL, v int)")
+        conn.execute("CREATE TABLE batch_dup (code text NOT NULL, v int)")
+        conn.execute("CREATE TABLE strict (code text NOT NULL UNIQUE, v int)")
+        for table in tables:
+            conn.execute(f"ALTER TABLE {table.name} REPLICA IDENTITY FULL")
+            conn.execute(f"INSERT INTO {table.name} SELECT 'k' || g, g FROM generate_series(1, 5) g")
+    options = {t: {"keyColumns": ["code"]} for t in tables}
+    pipeline = Pipeline.create(spark, pgdb, spark_warehouse, iceberg_namespace,
+                               (tmp_path / "staging").as_uri(), tables, options)
+    pipeline.start_slot()
+    pipeline.snapshot()
+    with pgdb.connect() as conn:
+        for table in tables:  # legitimate: delete and insert the same key again, new keys
+            conn.execute(f"DELETE FROM {table.name} WHERE code = 'k1'")
+            conn.execute(f"INSERT INTO {table.name} VALUES ('k1', 10), ('k9', 9)")
+        conn.execute("INSERT INTO loose VALUES ('k2', 20)")  # the mirror holds k2
+        conn.execute("INSERT INTO batch_dup VALUES ('k7', 1), ('k7', 2)")
+    pipeline.seal()
+    outcome = {t.source: t for t in pipeline.apply().tables}
+    assert outcome[STRICT].state == "applied"
+    assert_mirror_equals_source(pipeline, spark_warehouse, STRICT)
+    for table, key in ((LOOSE, "('k2',)"), (BATCH, "('k7',)")):
+        assert outcome[table].state == "failed", outcome[table]
+        error = outcome[table].error or ""
+        assert f"(code) = {key}" in error and FIX in error, error
+        assert sorted(pipeline.mirror_rows(table, ["code", "v"], key="code")) == [
+            (f"k{g}", g) for g in range(1, 6)]  # as snapshotted: nothing applied, nothing lost

@@ -213,6 +213,17 @@ class SourceSpec(ApiModel):
         "63 bytes). Default: derived from namespace and name (see Names). The effective name is "
         "reported in status.slot.name. Cannot be changed or removed once set."
     )
+    ddl_capture: Literal["Auto", "EventTrigger", "Catalog"] = Field(
+        "Auto",
+        description="How schema changes are seen. EventTrigger: lakeslot's event trigger writes "
+        "each DDL into the WAL as a transactional logical message, at its exact place among the "
+        "row changes, so renames, added columns and widened types are applied in place (needs a "
+        "role that may create event triggers, a superuser, once per database; lakeslot "
+        "ddl-capture-sql prints the statements for a DBA). Catalog: the catalog is compared with "
+        "what the mirror recorded on every apply pass; renames and rewrites then re-snapshot the "
+        "table. Auto: EventTrigger where the role may install it, else Catalog; "
+        "status.ddlCapture reports the mode in force.",
+    )
     tables: Annotated[list[TableSpec], ListKeys(("schema", "name")), Field(max_length=1000)] = listing(
         "Tables to replicate, each at most once. An entry here also sets per-table options for a "
         "table that `schemas` selects."
@@ -484,7 +495,8 @@ class PoliciesSpec(ApiModel):
         "Resnapshot",
         description="On a schema change of a source table (DDL, a rewrite, partition maintenance, "
         "drop and re-create): changes Iceberg can mirror faithfully are applied (added columns, "
-        "a constant default filled in); for anything else Resnapshot copies that table alone "
+        "a constant default filled in; with source.ddlCapture EventTrigger also column renames "
+        "and widened types); for anything else Resnapshot copies that table alone "
         "again, online, while the others keep streaming; Evolve stops the table instead (until "
         "its resnapshotGeneration is raised); Error stops the table on any schema change.",
     )
@@ -597,6 +609,10 @@ class TableStatus(ApiModel):
     rows_known: int | None = optional("Rows in the mirror table as of appliedLsn.", ge=0)
     rows_staged: int | None = optional("Changes sealed in staging and not yet applied.", ge=0)
     message: str = Field("", description="Why the table is Failed or Pending, and what to do.")
+    last_schema_change: str | None = optional(
+        "The last schema change applied to the mirror in place (rename, added column, widened "
+        "type), with the DDL and its LSN."
+    )
     observed_resnapshot_generation: int = Field(
         0, ge=0, description="The spec's per-table resnapshotGeneration the operator last acted on."
     )
@@ -695,6 +711,10 @@ class PostgresIngestionStatus(ApiModel):
     conditions: Annotated[list[Condition], ListKeys(("type",))] = listing("Conditions (see Conditions).")
     publication_name: str | None = optional(
         "Effective publication name (spec.source.publicationName or the derived default)."
+    )
+    ddl_capture: Literal["EventTrigger", "Catalog"] | None = optional(
+        "How schema changes are seen now (see spec.source.ddlCapture; the SourceReady message "
+        "says why and what would enable EventTrigger)."
     )
     slot: SlotStatus | None = optional("The replication slot.")
     tables: Annotated[list[TableStatus], ListKeys(("schema", "name"))] = listing("Per-table progress.")

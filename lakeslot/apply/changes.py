@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lakeslot import lsn as lsn_text
+from lakeslot.source.ddl_capture import PREFIX as DDL_PREFIX
 from lakeslot.source.tables import TableName
 from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName, chain
 from lakeslot.staging.relations import Relation
@@ -74,6 +75,8 @@ class Batch:
 
     segments: list[SegmentName]
     changes: dict[TableName, list[Change]] = field(default_factory=dict)
+    # lakeslot's DDL messages (lsn, seq, content) in stream order, above the lowest position
+    messages: list[tuple[int, int, bytes]] = field(default_factory=list)
 
     @property
     def end(self) -> int | None:
@@ -100,7 +103,12 @@ def read_batch(staging: Staging, positions: Mapping[TableName, int], *,
     floor = 0
     for name in chosen:
         for row in staging.read(name).rows():
-            if row.relation is None or row.commit_lsn < floor:
+            if row.commit_lsn < floor:
+                continue
+            if row.relation is None:
+                if (row.op == "M" and row.prefix == DDL_PREFIX and row.transactional
+                        and row.content is not None and row.commit_lsn >= start):
+                    batch.messages.append((row.commit_lsn, row.seq, row.content))
                 continue
             table = TableName(row.relation.schema, row.relation.table)
             if table in positions and row.commit_lsn > positions[table]:
@@ -132,6 +140,16 @@ class Final:
     key: tuple
     image: Image | None
     lsn: int
+    fresh: bool = False  # the batch inserted the key without deleting it first: the mirror
+    # before the batch must not hold it (checked for keys PostgreSQL does not keep unique)
+
+
+class DuplicateKey(Exception):
+    """An insert (or key change) of a key the batch already holds a row for."""
+
+    def __init__(self, key: tuple, lsn: int) -> None:
+        super().__init__(key, lsn)
+        self.key, self.lsn = key, lsn
 
 
 @dataclass(frozen=True)
@@ -175,8 +193,11 @@ def _key(table: TableName, key_columns: Sequence[str], values: Mapping | None, c
     return tuple(key)
 
 
-def reduce(table: TableName, key_columns: Sequence[str], changes: Iterable[Change]) -> Reduction:
-    """The latest change per key of ``changes`` (in commit order), see the module docstring."""
+def reduce(table: TableName, key_columns: Sequence[str], changes: Iterable[Change], *,
+           check_unique: bool = False) -> Reduction:
+    """The latest change per key of ``changes`` (in commit order), see the module docstring.
+    ``check_unique`` (keys PostgreSQL does not keep unique): an insert or key change onto a key
+    the batch holds a row for raises :class:`DuplicateKey`."""
     finals: dict[tuple, Final] = {}
     events: list[Event] = []
     relations: list[Relation] = []
@@ -193,15 +214,25 @@ def reduce(table: TableName, key_columns: Sequence[str], changes: Iterable[Chang
             key = _key(table, key_columns, change.new, change, "insert")
             assert change.new is not None  # _key raised otherwise
             image = Image(dict(change.new))
-            finals[key] = Final(key, image, change.lsn)
+            before = finals.get(key)
+            if check_unique and before is not None and before.image is not None:
+                raise DuplicateKey(key, change.lsn)
+            finals[key] = Final(key, image, change.lsn, fresh=before is None)
         elif change.op == "U":
             key = _key(table, key_columns, change.new, change, "update")
             old_key = (_key(table, key_columns, change.old, change, "update")
                        if change.old is not None else key)
-            image = _updated(table, change, finals.get(old_key), old_key, truncated)
+            previous = finals.get(old_key)
+            image = _updated(table, change, previous, old_key, truncated)
             if old_key != key:
+                before = finals.get(key)
+                if check_unique and before is not None and before.image is not None:
+                    raise DuplicateKey(key, change.lsn)
                 finals[old_key] = Final(old_key, None, change.lsn)
-            finals[key] = Final(key, image, change.lsn)
+                fresh = before is None
+            else:
+                fresh = previous is not None and previous.fresh
+            finals[key] = Final(key, image, change.lsn, fresh)
         elif change.op == "D":
             key = _key(table, key_columns, change.old, change, "delete")
             assert change.old is not None  # _key raised otherwise

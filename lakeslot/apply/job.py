@@ -66,7 +66,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NoReturn, TypeVar
 
 import psycopg
@@ -76,18 +76,19 @@ from pyiceberg.types import LongType, NestedField, StringType
 
 from lakeslot import lsn as lsn_text
 from lakeslot import typemap
-from lakeslot.apply import changes, columns, merge
+from lakeslot.apply import changes, columns, ddl, merge
 from lakeslot.apply.changes import TableError
 from lakeslot.mirror.catalog import Tables, TableState
 from lakeslot.mirror.contract import (
     BACKFILL_PROPERTY,
     LSN_COLUMN,
     OP_COLUMN,
+    SCHEMA_CHANGE_PROPERTY,
     SEQ_COLUMN,
     SOURCE_FACTS_PROPERTY,
     table_properties,
 )
-from lakeslot.source import facts
+from lakeslot.source import ddl_capture, facts, keys
 from lakeslot.source.columns import DescribeError, TypeCache, describe
 from lakeslot.source.connection import application_name, connect
 from lakeslot.source.tables import TableName, existing
@@ -124,11 +125,13 @@ class TableOutcome:
     changes: int = 0
     error: str | None = None
     resnapshot: bool = False
+    ddl: tuple[str, ...] = ()  # schema changes applied in place this pass, with their DDL
 
     def document(self) -> dict:
         return {"schema": self.source.schema, "name": self.source.name, "target": self.target,
                 "state": self.state, "lsn": None if self.lsn is None else lsn_text.format(self.lsn),
-                "changes": self.changes, "error": self.error, "resnapshotRequired": self.resnapshot}
+                "changes": self.changes, "error": self.error, "resnapshotRequired": self.resnapshot,
+                "schemaChanges": list(self.ddl)}
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,10 @@ class Applier:
         self._facts: dict[TableName, facts.TableFacts | None] | None = None  # this pass's
         # this pass's: column → (missing value, written by a rewrite) — see _missing_values
         self._defaults: dict[TableName, dict[str, tuple[str | None, bool]]] = {}
+        # this pass's: lakeslot's event trigger now, and its messages in the batch
+        self._capture: ddl_capture.Capture | None = None
+        self._unique: dict[TableName, bool] = {}  # this pass's: see _check_unique
+        self._events: list[ddl_capture.DdlEvent] = []
 
     def close(self) -> None:
         if self._conn is not None:
@@ -226,7 +233,8 @@ class Applier:
 
     def run_pass(self) -> PassResult:
         self.tables.ensure_namespace(self.spec.sink.namespace)
-        self._facts, self._defaults = None, {}
+        self._facts, self._defaults, self._capture, self._events = None, {}, None, []
+        self._unique = {}
         outcomes: dict[TableName, TableOutcome] = {}
         states: dict[TableName, TableState] = {}
         for table in self.job.tables:
@@ -245,6 +253,7 @@ class Applier:
         batch = changes.read_batch(self.staging, {t: _position(s) for t, s in states.items()},
                                    max_segments=self.max_segments)
         self.hooks("batch-read")
+        self._read_events(batch)
         for table, state in states.items():
             outcomes[table] = self._attempt(table, functools.partial(self._apply, table, state, batch))
         self.hooks("after-tables")
@@ -336,29 +345,45 @@ class Applier:
             return TableOutcome(table, target, "current", state.lsn)
         lsn = batch.end - 1
         found = batch.changes[table]
-        self._check_source(table, target, state, found)
+        plan = self._check_source(table, target, state, found)
+        if plan is not None:
+            state = self._apply_ddl(table, target, state, plan)
+            found = ddl.translate(found, [r for r in plan.facts.renames
+                                          if r[0] > _position(state)])
         truncate = next((c for c in found if c.op == "T"), None)
         if truncate is not None and self.spec.policies.on_truncate == "Error":
             raise TableError(f"{table} was truncated at {lsn_text.format(truncate.lsn)} and "
                              "onTruncate is Error; re-snapshot the table (or set onTruncate: "
                              "Apply before re-snapshotting)", resnapshot=True)
-        reduction = changes.reduce(table, state.key, found)
+        unique = self._check_unique(table, state)
+        try:
+            reduction = changes.reduce(table, state.key, found, check_unique=unique)
+        except changes.DuplicateKey as e:
+            self._duplicate(table, state, e.key, f"at {lsn_text.format(e.lsn)}")
         state = self._evolve(table, target, state, reduction)
         if self.spec.sink.changelog.enabled:
-            self._changelog(table, target, state, reduction, lsn)
+            self._changelog(table, target, state, reduction, lsn, plan)
             self.hooks("after-changelog", table)
+        applied = plan.applied if plan is not None else ()
         if not found:
             self.tables.advance(target, lsn)
-            return TableOutcome(table, target, "advanced", lsn)
-        records = [merge.Record(f.key, f.image, f.lsn, "D" if f.image is None else "U")
+            return TableOutcome(table, target, "advanced", lsn, ddl=applied)
+        records = [merge.Record(f.key, f.image, f.lsn,
+                                "D" if f.image is None else "I" if f.fresh else "U")
                    for f in reduction.finals.values()]
         qualified = self.tables.qualified(target)
         source = self._source_view(table, state, target, records, reduction)
+        if unique and not reduction.truncated and any(r.op == "I" for r in records):
+            held = self.spark.sql(merge.duplicates_sql(source, qualified)).collect()
+            if held:
+                self.spark.catalog.dropTempView(source.view)
+                self._duplicate(table, state, tuple(held[0]), "in this batch, and the mirror "
+                                "already holds a row with that key")
         self.hooks("before-merge", table)
         self.tables.commit_sql(target, merge.merge_sql(source, qualified, reduction.truncated), lsn)
         self.spark.catalog.dropTempView(source.view)
         self.hooks("after-merge", table)
-        return TableOutcome(table, target, "applied", lsn, changes=len(found))
+        return TableOutcome(table, target, "applied", lsn, changes=len(found), ddl=applied)
 
     def _source_view(self, table: TableName, state: TableState, target: str,
                      records: list[merge.Record], reduction: changes.Reduction) -> merge.Source:
@@ -385,17 +410,24 @@ class Applier:
         return source
 
     def _check_source(self, table: TableName, target: str, state: TableState,
-                      found: list[changes.Change]) -> None:
-        """Stop the table for a re-snapshot when its source changed in a way no row change
-        shows (:mod:`lakeslot.source.facts`; DESIGN.md invariant 8): checked on every pass, idle
-        tables included, before any change is applied."""
+                      found: list[changes.Change]) -> ddl.Plan | None:
+        """Stop the table for a re-snapshot when its source changed in a way the mirror cannot
+        follow (DESIGN.md invariant 8), checked on every pass, idle tables included, before any
+        change is applied. With lakeslot's event trigger (the one the recorded facts name still
+        installed): the batch's DDL messages are replayed (:mod:`lakeslot.apply.ddl`) and the plan
+        returned; else the catalog is compared with the recorded facts
+        (:mod:`lakeslot.source.facts`) and None returned."""
         current = self._current_facts().get(table)
         recorded_text = state.properties.get(SOURCE_FACTS_PROPERTY)
         if recorded_text is None:  # snapshotted before lakeslot recorded facts: adopt today's
             if current is not None:
                 self.tables.set_properties(target, {SOURCE_FACTS_PROPERTY: current.to_json()})
-            return
+            return None
         recorded = facts.TableFacts.from_json(recorded_text)
+        capture = self._capture
+        if capture is not None and recorded.capture == capture.trigger and not any(
+                e.event == "error" for e in self._events):
+            return self._replay(table, state, recorded, current)
         reason = facts.divergence(recorded, current, state.data_columns())
         others = sorted({c.relation.oid for c in found} - {recorded.oid})
         if reason is None and others:
@@ -412,6 +444,105 @@ class Applier:
         if reason is not None:
             raise TableError(f"{table}: {reason}; {self._way_out()}", resnapshot=True,
                              automatic=self._automatic())
+        return self._catalog_plan(table, recorded, current, added)
+
+    def _catalog_plan(self, table: TableName, recorded: facts.TableFacts,
+                      current: facts.TableFacts | None, added: list[str]) -> ddl.Plan | None:
+        """Without the trigger, what the catalog shows and nothing diverged: columns added to
+        the source (even with no row change since) are added now, existing rows getting the
+        default PostgreSQL gave them; and when the trigger appeared (or was installed again),
+        the messages describe the table's definition from here on."""
+        if current is None:
+            return None
+        addable = [n for n in added if n not in self._excluded(table)]
+        if addable and self.spec.policies.on_schema_change == "Error":
+            raise TableError(f"{table}: the source table's columns changed (added {addable}) "
+                             f"and onSchemaChange is Error; {self._way_out()}", resnapshot=True)
+        known = recorded.with_columns(current, addable)
+        known = replace(known, capture=current.capture)
+        if known == recorded:
+            return None
+        values = self._missing_values(table, addable)[0] if addable else {}
+        add = tuple(ddl.Added(n, self._iceberg_of(table, ddl_capture.SourceColumn(
+            current.columns[n], n, current.types[n], current.typmods.get(n, -1), None, ",",
+            False)), values.get(n)) for n in addable)
+        return ddl.Plan(known, add=add, applied=tuple(
+            f"column {n!r} added (found in the catalog)" for n in addable))
+
+    def _replay(self, table: TableName, state: TableState, recorded: facts.TableFacts,
+                current: facts.TableFacts | None) -> ddl.Plan:
+        position = _position(state)
+        plan = ddl.replay(table, recorded, [e for e in self._events if e.lsn > position],
+                          state.data_columns(), functools.partial(self._iceberg_of, table),
+                          self._excluded(table), self._text_columns(table))
+        reason = plan.reason or facts.rewritten_partitions(plan.facts, current)
+        if reason is not None:
+            if self.spec.policies.on_schema_change == "Error":
+                raise TableError(f"{table}: {reason}; {self._way_out()}", resnapshot=True)
+            raise TableError(f"{table}: {reason}; {self._way_out()}", resnapshot=True,
+                             automatic=self._automatic())
+        if plan.changes_mirror and self.spec.policies.on_schema_change == "Error":
+            raise TableError(f"{table}: the source table's definition changed "
+                             f"({'; '.join(plan.applied)}) and onSchemaChange is Error; "
+                             f"{self._way_out()}", resnapshot=True)
+        return plan
+
+    def _iceberg_of(self, table: TableName, column: ddl_capture.SourceColumn):
+        pg = TypeCache(self._source()).pg_type(column.type_oid, column.type_modifier)
+        return typemap.map_column(column.name, pg, as_text=column.name in
+                                  self._text_columns(table)).iceberg(0)
+
+    def _apply_ddl(self, table: TableName, target: str, state: TableState,
+                   plan: ddl.Plan) -> TableState:
+        """One schema commit: renames, added columns (their existing rows' value recorded for
+        the backfill), promotions, and the facts as of the last message (so a crash before the
+        MERGE replays nothing twice). Nothing to commit when the facts did not move."""
+        if plan.add:  # the catalog's missing values, then the messages' (exact at the ADD) win
+            self._missing_values(table, [])
+            self._defaults[table].update({a.name: (a.missing, False) for a in plan.add})
+        recorded = state.properties.get(SOURCE_FACTS_PROPERTY)
+        position = _position(state)
+        kept = replace(plan.facts, renames=tuple(r for r in plan.facts.renames if r[0] > position))
+        properties = {SOURCE_FACTS_PROPERTY: kept.to_json()}
+        if plan.applied:
+            properties[SCHEMA_CHANGE_PROPERTY] = "; ".join(plan.applied)
+            log.info("%s: %s", table, "; ".join(plan.applied))
+        if recorded == properties[SOURCE_FACTS_PROPERTY] and not plan.changes_mirror:
+            return state
+        self.tables.evolve(target, [(a.name, a.iceberg) for a in plan.add], list(plan.promote),
+                           backfill={a.name: a.missing for a in plan.add if a.missing is not None},
+                           properties=properties, renames=list(plan.renames))
+        self.hooks("after-evolve", table)
+        evolved = self.tables.load(target)
+        assert evolved is not None  # evolve just committed to it
+        return evolved
+
+    def _read_events(self, batch: changes.Batch) -> None:
+        """lakeslot's event trigger now, and the batch's DDL messages parsed with its key."""
+        if batch.end is None:
+            return
+        self._capture = ddl_capture.state(self._source())
+        if self._capture is None:
+            return
+        key = self._capture.key
+        self._events = [e for lsn, seq, content in batch.messages
+                        if (e := ddl_capture.parse(lsn, seq, content, key)) is not None]
+
+    def _check_unique(self, table: TableName, state: TableState) -> bool:
+        """Whether the table's key is configured (keyColumns) without PostgreSQL keeping it
+        unique: then every insert is checked against the batch and the mirror."""
+        options = self.job.table_spec(table)
+        if options is None or not options.key_columns:
+            return False
+        if table not in self._unique:
+            current = self._current_facts().get(table)
+            self._unique[table] = current is not None and not keys.guaranteed(
+                self._source(), current.oid, state.key)
+        return self._unique[table]
+
+    def _duplicate(self, table: TableName, state: TableState, key: tuple, where: str) -> NoReturn:
+        raise TableError(f"{table}: " + keys.duplicate_error(self._source(), table, state.key,
+                                                             key, where), resnapshot=True)
 
     def _current_facts(self) -> dict[TableName, facts.TableFacts | None]:
         """The source facts of every table, read once per pass."""
@@ -502,7 +633,7 @@ class Applier:
         return backfilled
 
     def _changelog(self, table: TableName, target: str, state: TableState,
-                   reduction: changes.Reduction, lsn: int) -> None:
+                   reduction: changes.Reduction, lsn: int, plan: ddl.Plan | None) -> None:
         """Append the changes above the changelog's position (never below the mirror's: a
         changelog created or left behind by a re-snapshot starts at the mirror's position)."""
         name = target + self.spec.sink.changelog.suffix
@@ -513,6 +644,11 @@ class Applier:
                                _position(state))
             log_state = self.tables.load(name)
             assert log_state is not None  # just created
+        renames = [(old, new) for _, _, old, new in plan.facts.renames] if plan else []
+        if renames:  # the mirror's renames, where the changelog has not followed yet
+            self.tables.evolve(name, [], renames=renames)
+            log_state = self.tables.load(name)
+            assert log_state is not None  # just evolved
         wanted, present = state.data_columns(), log_state.data_columns()
         self.tables.evolve(name, [(n, t) for n, t in wanted.items() if n not in present],
                            [(n, t) for n, t in wanted.items()

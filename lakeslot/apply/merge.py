@@ -13,6 +13,8 @@ Invariants:
   the MERGE (``CASE WHEN k<i> THEN m.<col> ELSE s.c<i> END``); :func:`missing_sql` counts the rows
   whose mirror row is absent, which the caller turns into a definite error before anything is
   written.
+- Op I marks a key the batch inserted without deleting it first (:func:`duplicates_sql` finds
+  one the mirror already holds: keys PostgreSQL does not keep unique); the MERGE treats it as U.
 - The MERGE deletes (op D), updates every column (a column absent from the source description
   becomes NULL) and inserts; ``_lakeslot_lsn`` is the commit LSN of the key's last change. After
   a TRUNCATE, ``WHEN NOT MATCHED BY SOURCE THEN DELETE`` empties the rest of the table in the
@@ -135,6 +137,14 @@ def missing_sql(source: Source, target: str) -> str:
     first = ", ".join(f"s.s{j}" for j in range(len(source.key)))
     return (f"SELECT {first} FROM {source.view} s LEFT ANTI JOIN {target} m "
             f"ON {_join_condition(source, 's')} WHERE s.s0 IS NOT NULL LIMIT 1")
+
+
+def duplicates_sql(source: Source, target: str) -> str:
+    """A key the batch inserts (op I: not deleted first) that the mirror already holds."""
+    keys = ", ".join(f"s.c{i}" for i in source.key)
+    on = " AND ".join(f"m.{quote(source.names[i])} = s.c{i}" for i in source.key)
+    return (f"SELECT {keys} FROM {source.view} s LEFT SEMI JOIN {target} m ON {on} "
+            "WHERE s.op = 'I' LIMIT 1")
 
 
 def resolved_sql(source: Source, target: str) -> str:

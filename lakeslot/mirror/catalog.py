@@ -275,29 +275,41 @@ class Tables(Catalog):
     def evolve(self, table: str, add: list[tuple[str, IcebergType]],
                promote: list[tuple[str, IcebergType]] | None = None,
                backfill: dict[str, str] | None = None,
-               properties: dict[str, str] | None = None) -> None:
-        """Add optional columns and promote types (a changelog following its re-snapshotted
-        mirror); what is already done is skipped. ``backfill`` (column → PostgreSQL text value:
-        what every existing row has in the source) is recorded in the same commit, as
-        :data:`BACKFILL_PROPERTY`, and so are ``properties``."""
+               properties: dict[str, str] | None = None,
+               renames: list[tuple[str, str]] | None = None) -> None:
+        """Rename columns (in order), add optional columns and promote types, in one commit;
+        what is already done is skipped (a rename whose old name is gone). ``backfill`` (column
+        → PostgreSQL text value: what every existing row has in the source) is recorded in the
+        same commit, as :data:`BACKFILL_PROPERTY`, and so are ``properties``."""
         loaded = self._table(table)
         current = self.load(table)
         assert current is not None  # _table just loaded it (it raises for a missing table)
-        state = current.data_columns()
+        state = dict(current.data_columns())
+        todo_renames = []
+        for old, new in renames or []:
+            if old in state and new not in state:
+                state[new] = state.pop(old)
+                todo_renames.append((old, new))
         add = [(n, t) for n, t in add if n not in state]
         promote = [(n, t) for n, t in promote or [] if str(state.get(n)) != str(t)]
-        if not add and not promote:
-            return
-        transaction = loaded.newTransaction()
-        update = transaction.updateSchema()
-        for name, iceberg in add:
-            update.addColumn(name, self._java_type(iceberg))
-        for name, iceberg in promote:
-            update.updateColumn(name, self._java_type(iceberg))
-        update.commit()
+        values = dict(properties or {})
         added = {name for name, _ in add}
         backfill = {k: v for k, v in (backfill or {}).items() if k in added}
-        values = {**(properties or {}), **({BACKFILL_PROPERTY: json.dumps(backfill)} if backfill else {})}
+        if backfill:
+            values[BACKFILL_PROPERTY] = json.dumps(backfill)
+        if not add and not promote and not todo_renames and all(
+                current.properties.get(k) == v for k, v in values.items()):
+            return
+        transaction = loaded.newTransaction()
+        for old, new in todo_renames:  # one update each: a swap goes through a third name
+            transaction.updateSchema().renameColumn(old, new).commit()
+        if add or promote:
+            update = transaction.updateSchema()
+            for name, iceberg in add:
+                update.addColumn(name, self._java_type(iceberg))
+            for name, iceberg in promote:
+                update.updateColumn(name, self._java_type(iceberg))
+            update.commit()
         if values:
             update_properties = transaction.updateProperties()
             for key, value in values.items():

@@ -31,6 +31,7 @@ SNAPSHOT_LSN_PROPERTY = "lakeslot.snapshot-lsn"
 GENERATION_PROPERTY = "lakeslot.snapshot-generation"
 BACKFILL_PROPERTY = "lakeslot.backfill"
 SOURCE_FACTS_PROPERTY = "lakeslot.source-facts"  # lakeslot.source.facts.TableFacts as JSON
+SCHEMA_CHANGE_PROPERTY = "lakeslot.schema-change"  # the last DDL applied in place, and where
 ERROR_PROPERTY = "lakeslot.apply-error"
 ERROR_LSN_PROPERTY = "lakeslot.apply-error-lsn"
 RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"  # "true", or RESNAPSHOT_AUTOMATIC

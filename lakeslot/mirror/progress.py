@@ -35,6 +35,7 @@ from lakeslot.mirror.contract import (
     RESNAPSHOT_AUTOMATIC,
     RESNAPSHOT_PROPERTY,
     RESNAPSHOT_SUMMARY,
+    SCHEMA_CHANGE_PROPERTY,
     SNAPSHOT_LSN_PROPERTY,
     apply_error,
 )
@@ -51,6 +52,7 @@ class MirrorProgress:
     snapshot_lsn: int | None = None  # lakeslot.snapshot-lsn: where the table's snapshot was taken
     resnapshot_automatic: bool = False  # ... which lakeslot starts by itself
     resnapshots_last_hour: int = 0  # re-snapshots committed within the hour before reading
+    schema_change: str | None = None  # the last DDL the apply job applied in place
 
 
 def progress_of(table: Table | None) -> MirrorProgress:
@@ -70,7 +72,8 @@ def progress_of(table: Table | None) -> MirrorProgress:
     return MirrorProgress(position, int(rows) if rows is not None else None, snapshot.timestamp_ms,
                           error, way_out in ("true", RESNAPSHOT_AUTOMATIC),
                           int(taken) if taken is not None else None,
-                          way_out == RESNAPSHOT_AUTOMATIC, recent)
+                          way_out == RESNAPSHOT_AUTOMATIC, recent,
+                          table.properties.get(SCHEMA_CHANGE_PROPERTY))
 
 
 def read(ingestion: PostgresIngestion, tables: Iterable[TableName], *,

@@ -18,7 +18,7 @@ Invariants:
 Failure modes (a :class:`TableFailure`, a definite error for that table only): the table does not
 exist (dropped before the snapshot), a listed key/excluded/text column does not exist, the table
 has no key, a column type is unsupported or cannot be a key (:class:`lakeslot.typemap.MappingError`),
-the configured key columns do not identify the rows (:class:`.keys.KeyColumnsError`), a leaf
+the configured key columns do not identify the rows (:class:`lakeslot.source.keys.KeyColumnsError`), a leaf
 partition is not an ordinary table (a foreign table cannot be read by ctid).
 """
 
@@ -32,8 +32,7 @@ import psycopg
 from psycopg import sql
 
 from lakeslot import typemap
-from lakeslot.snapshot import keys
-from lakeslot.source import columns
+from lakeslot.source import columns, keys
 from lakeslot.source.connection import one_row
 from lakeslot.source.tables import TableName, existing
 

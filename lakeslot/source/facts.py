@@ -25,8 +25,12 @@ describe exactly the copied table; a column dropped without a replacement is not
 (the mirror keeps it, NULL from then on); columns added later are recorded when the apply job
 adds them (:meth:`TableFacts.with_columns`).
 
-Not covered without lakeslot's event trigger: a partition detached, changed and re-attached
-between two apply passes with the same OID and heap.
+With lakeslot's event trigger (:mod:`lakeslot.source.ddl_capture`; ``capture`` records its OID
+when the facts were read) the DDL messages keep the facts current at their exact place in the
+stream (:mod:`lakeslot.apply.ddl`: ``stamp`` is the last message included, ``renames`` those still
+above the mirror's position), and only what no DDL message shows is compared with the catalog
+(:func:`rewritten_partitions`). Without it, a partition detached, changed and re-attached between
+two apply passes with the same OID and heap is not seen.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from dataclasses import dataclass, field, replace
 
 import psycopg
 
+from lakeslot.source import ddl_capture
 from lakeslot.source.tables import TableName, existing
 
 
@@ -46,18 +51,33 @@ class TableFacts:
     columns: Mapping[str, int]  # column name → attnum
     partitions: tuple[tuple[int, int], ...] = ()  # (leaf oid, relfilenode); () unless partitioned
     types: Mapping[str, int] = field(default_factory=dict)  # column name → atttypid
+    typmods: Mapping[str, int] = field(default_factory=dict)  # column name → atttypmod
+    # lakeslot's event trigger (its OID) when these facts were read: the table then follows the
+    # DDL messages (lakeslot.apply.ddl) as long as the same trigger is installed
+    capture: int | None = None
+    # the last DDL message these facts include, and the renames among them above the mirror's
+    # position (lsn, seq, old name, new name): changes before a rename carry the old name
+    stamp: tuple[int, int] = (0, 0)
+    renames: tuple[tuple[int, int, str, str], ...] = ()
 
     def to_json(self) -> str:
         return json.dumps({"oid": self.oid, "columns": dict(self.columns),
                            "partitions": [list(p) for p in self.partitions],
-                           "types": dict(self.types)}, sort_keys=True)
+                           "types": dict(self.types), "typmods": dict(self.typmods),
+                           "capture": self.capture, "stamp": list(self.stamp),
+                           "renames": [list(r) for r in self.renames]}, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> TableFacts:
         document = json.loads(text)
         return cls(int(document["oid"]), {str(k): int(v) for k, v in document["columns"].items()},
                    tuple((int(o), int(f)) for o, f in document["partitions"]),
-                   {str(k): int(v) for k, v in document.get("types", {}).items()})
+                   {str(k): int(v) for k, v in document.get("types", {}).items()},
+                   {str(k): int(v) for k, v in document.get("typmods", {}).items()},
+                   document.get("capture"),
+                   (int(stamp[0]), int(stamp[1])) if (stamp := document.get("stamp")) else (0, 0),
+                   tuple((int(a), int(b), str(o), str(n))
+                         for a, b, o, n in document.get("renames", ())))
 
     def with_columns(self, current: TableFacts, names: Iterable[str]) -> TableFacts:
         """These facts plus the ``attnum`` and type of columns ``names`` as ``current`` has them
@@ -65,7 +85,9 @@ class TableFacts:
         added = [n for n in names if n in current.columns]
         return replace(self, columns={**self.columns, **{n: current.columns[n] for n in added}},
                        types={**self.types, **{n: current.types[n] for n in added
-                                               if n in current.types}})
+                                               if n in current.types}},
+                       typmods={**self.typmods, **{n: current.typmods[n] for n in added
+                                                   if n in current.typmods}})
 
 
 def read(conn: psycopg.Connection, tables: Iterable[TableName]) -> dict[TableName, TableFacts | None]:
@@ -76,12 +98,15 @@ def read(conn: psycopg.Connection, tables: Iterable[TableName]) -> dict[TableNam
         return dict.fromkeys(wanted)
     columns: dict[int, dict[str, int]] = {oid: {} for oid in oids.values()}
     types: dict[int, dict[str, int]] = {oid: {} for oid in oids.values()}
-    for relid, name, attnum, typid in conn.execute(
-            """SELECT attrelid::int8, attname, attnum, atttypid::int8 FROM pg_catalog.pg_attribute
+    typmods: dict[int, dict[str, int]] = {oid: {} for oid in oids.values()}
+    for relid, name, attnum, typid, typmod in conn.execute(
+            """SELECT attrelid::int8, attname, attnum, atttypid::int8, atttypmod
+                 FROM pg_catalog.pg_attribute
                 WHERE attrelid = ANY(%s::oid[]) AND attnum > 0 AND NOT attisdropped""",
             (list(oids.values()),)).fetchall():
         columns[relid][name] = attnum
         types[relid][name] = typid
+        typmods[relid][name] = typmod
     partitions: dict[int, list[tuple[int, int]]] = {}
     for root, leaf, filenode in conn.execute(
             """SELECT r.oid::int8, c.oid::int8, c.relfilenode::int8
@@ -90,7 +115,10 @@ def read(conn: psycopg.Connection, tables: Iterable[TableName]) -> dict[TableNam
                 WHERE r.oid = ANY(%s::oid[]) AND r.relkind = 'p' AND t.isleaf
                 ORDER BY 1, 2""", (list(oids.values()),)).fetchall():
         partitions.setdefault(root, []).append((leaf, filenode))
-    return {t: TableFacts(oid, columns[oid], tuple(partitions.get(oid, ())), types[oid])
+    installed = ddl_capture.state(conn)
+    capture = installed.trigger if installed is not None else None
+    return {t: TableFacts(oid, columns[oid], tuple(partitions.get(oid, ())), types[oid],
+                          typmods[oid], capture)
             if (oid := oids.get(t)) is not None else None for t in wanted}
 
 
@@ -129,3 +157,19 @@ def divergence(recorded: TableFacts, current: TableFacts | None,
         return ("its partitions changed (" + ", ".join(what) + "); rows appeared or vanished "
                 "without changes in the stream")
     return None
+
+
+def rewritten_partitions(recorded: TableFacts, current: TableFacts | None) -> str | None:
+    """With DDL captured by the trigger, what it cannot see: a partition whose heap changed
+    (TRUNCATE of one partition is not published through the root; VACUUM FULL and CLUSTER show
+    here too and cost a needless copy). Only partitions both sides know are compared: attaching,
+    detaching and creating are DDL, whose messages may still be on their way."""
+    if current is None or not recorded.partitions:
+        return None
+    now = dict(current.partitions)
+    changed = [leaf for leaf, filenode in recorded.partitions
+               if leaf in now and now[leaf] != filenode]
+    if not changed:
+        return None
+    return (f"{len(changed)} partition(s) were truncated or rewritten (TRUNCATE of a partition, "
+            "VACUUM FULL, CLUSTER): rows may have vanished without changes in the stream")

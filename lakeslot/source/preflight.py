@@ -19,7 +19,7 @@ Replica identity rules (what the mirror's key will be):
   (required then: without them the mirror cannot tell rows apart);
 - configured key columns are accepted only with FULL (otherwise updates and deletes would not
   carry them); whether their values are unique (and never NULL) is checked on the data when the
-  table is snapshotted (:mod:`lakeslot.snapshot.keys`);
+  table is snapshotted (:mod:`lakeslot.source.keys`);
 - DEFAULT without a primary key, or NOTHING → not usable.
 
 Generated columns (:func:`unpublished_generated_columns`): pgoutput publishes a *stored*

@@ -14,6 +14,7 @@ from psycopg import sql
 from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.apply import job as apply_job
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.source.tables import TableName
 from lakeslot.staging.store import Staging
 from spark_jobs import apply as apply_entry
@@ -133,3 +134,26 @@ def normal(value):
 def lsn_now(pgdb) -> int:
     with pgdb.connect() as conn:
         return current_lsn(conn)
+
+
+def assert_mirror_equals_source(pipeline: Pipeline, warehouse, table: TableName) -> None:
+    """Every column of every row of the source table equals the mirror, read with pyiceberg
+    (independently of the apply code)."""
+    assert_equal_to_source(pipeline.pgdb, warehouse.as_uri(),
+                           pipeline.job_input().names.mirror_identifier(table), table)
+
+
+def assert_equal_to_source(pgdb: Database, warehouse_uri: str, identifier: tuple[str, ...],
+                           table: TableName) -> None:
+    """The same, for the mirror ``identifier`` (namespace levels, name) in a hadoop ``warehouse_uri``."""
+    with pgdb.connect() as conn:
+        cursor = conn.execute(sql.SQL("SELECT * FROM {}").format(table.sql()))
+        assert cursor.description is not None
+        names = [d.name for d in cursor.description]
+        expected = sorted(tuple(normal(v) for v in row) for row in cursor.fetchall())
+    loaded = load_hadoop_table(warehouse_uri, identifier)
+    assert loaded is not None, table
+    data = loaded.scan(selected_fields=tuple(names)).to_arrow().select(names)
+    mirrored = sorted(tuple(normal(v) for v in row.values()) for row in data.to_pylist())
+    assert len(mirrored) == len(expected), (table, len(mirrored), len(expected))
+    assert mirrored == expected, table

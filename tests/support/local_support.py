@@ -44,13 +44,16 @@ def create_accounts(conn, rows: int) -> TableName:
     return ACCOUNTS
 
 
-def write_ingestion(path: Path, db, tables: list[TableName], tmp_path: Path) -> dict:
+def write_ingestion(path: Path, db, tables: list[TableName], tmp_path: Path,
+                    source: dict | None = None) -> dict:
+    """``source``: fields merged into spec.source (camelCase)."""
     document = operator_env.ingestion_document(
         "local-test", db, tables, warehouse=(tmp_path / "warehouse").as_uri(),
         staging=(tmp_path / "staging").as_uri(),
         snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20},
         apply={"triggerIntervalSeconds": 1})
     document["spec"]["staging"]["retentionSeconds"] = 0
+    document["spec"]["source"].update(source or {})
     path.write_text(yaml.safe_dump(document, allow_unicode=True))
     return document
 
@@ -60,10 +63,16 @@ def local(path: Path, db, state_dir: Path) -> config.Local:
                        environ={workloads.PASSWORD_ENV: db.cluster.password})
 
 
-def spawn_run(path: Path, db, state_dir: Path, log: Path, *args: str) -> subprocess.Popen:
-    """``lakeslot run --plain -f path`` with the password in its environment only."""
+def run_env(db) -> dict[str, str]:
+    """The environment of a lakeslot process: the password in it, and only there."""
     env = {**os.environ, workloads.PASSWORD_ENV: db.cluster.password}
     env.pop("PGPASSWORD", None)
+    return env
+
+
+def spawn_run(path: Path, db, state_dir: Path, log: Path, *args: str) -> subprocess.Popen:
+    """``lakeslot run --plain -f path`` with the password in its environment only."""
+    env = run_env(db)
     argv = [LAKESLOT, "run", "--plain", "-f", str(path), "--state-dir", str(state_dir), *args]
     assert db.cluster.password not in " ".join(argv)
     with open(log, "ab") as out:

@@ -4,7 +4,8 @@ The mirror keys its rows by ``keyColumns`` (Iceberg identifier fields, the MERGE
 apply job). If two source rows share a key value, or a key column holds NULL, the mirror collapses
 rows or updates the wrong one — silently. So a table with configured key columns is checked when
 it is snapshotted (and re-snapshotted), in the transaction that imported the exported snapshot,
-i.e. on exactly the rows being copied.
+i.e. on exactly the rows being copied; and while streaming, the apply job checks every insert
+(and key change) of such a table against the batch and the mirror (:func:`duplicate_error`).
 
 Invariants:
 
@@ -96,9 +97,23 @@ def check(conn: psycopg.Connection, table: TableName, oid: int, key: Sequence[st
     else:
         what = (f"keyColumns ({names}) are not unique: {count} rows have ({names}) = {shown}, "
                 "and the mirror would collapse them into one or update the wrong one")
-    fix = ("choose keyColumns that are unique and never NULL, or give the table a primary key ("
-           + render_sql(conn, "ALTER TABLE {} ADD PRIMARY KEY (…);", table.sql())
-           + ") or a unique index on NOT NULL columns as its replica identity ("
-           + render_sql(conn, "ALTER TABLE {} REPLICA IDENTITY USING INDEX <index>;", table.sql())
-           + ") and remove keyColumns; then snapshot the table again")
-    raise KeyColumnsError(f"{what}; fix: {fix}")
+    raise KeyColumnsError(f"{what}; fix: {_fix(conn, table)}")
+
+
+def _fix(conn: psycopg.Connection, table: TableName) -> str:
+    return ("choose keyColumns that are unique and never NULL, or give the table a primary key ("
+            + render_sql(conn, "ALTER TABLE {} ADD PRIMARY KEY (…);", table.sql())
+            + ") or a unique index on NOT NULL columns as its replica identity ("
+            + render_sql(conn, "ALTER TABLE {} REPLICA IDENTITY USING INDEX <index>;", table.sql())
+            + ") and remove keyColumns; then snapshot the table again")
+
+
+def duplicate_error(conn: psycopg.Connection, table: TableName, key: Sequence[str],
+                    value: Sequence[object], where: str) -> str:
+    """The message for a row inserted while streaming whose key another row already has."""
+    names = ", ".join(quote_ident(c) for c in key)
+    shown = repr(tuple(value))
+    shown = shown if len(shown) <= MAX_SHOWN else shown[:MAX_SHOWN] + "…"
+    return (f"keyColumns ({names}) are not unique: a row with ({names}) = {shown} was inserted "
+            f"{where} while another row has that key, and the mirror would collapse them into "
+            f"one; fix: {_fix(conn, table)}")
