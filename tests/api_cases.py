@@ -115,6 +115,37 @@ INVALID_CASES = [
         "spec.source.sslMode",
     ),
     InvalidCase("password-in-options", (("spec.source.options", {"password": "hunter2"}),), "spec.source.options"),
+    # What a real cluster refuses later (lakeslot.api.cluster): Spark's volume for the CA Secret,
+    # spark-operator's denied sparkConf keys, and keys lakeslot sets itself.
+    InvalidCase(
+        "ca-secret-name-with-a-dot",
+        (("spec.source.sslMode", "verify-full"), ("spec.source.caSecretRef", {"name": "shop.ca", "key": "ca.crt"})),
+        "spec.source.caSecretRef.name",
+    ),
+    InvalidCase(
+        "ca-secret-name-too-long-for-a-volume",
+        (("spec.source.sslMode", "verify-full"), ("spec.source.caSecretRef", {"name": "c" * 57, "key": "ca.crt"})),
+        "spec.source.caSecretRef.name",
+    ),
+    InvalidCase("spark-conf-master", (("spec.spark.sparkConf", {"spark.master": "local[2]"}),), "spec.spark.sparkConf"),
+    InvalidCase("spark-conf-image", (("spec.spark.sparkConf", {"spark.kubernetes.container.image": "x"}),),
+                "spec.spark.sparkConf"),
+    InvalidCase("spark-conf-namespace", (("spec.spark.sparkConf", {"spark.kubernetes.namespace": "other"}),),
+                "spec.spark.sparkConf"),
+    InvalidCase("spark-conf-oauth-token",
+                (("spec.spark.sparkConf", {"spark.kubernetes.authenticate.driver.oauthToken": "t"}),),
+                "spec.spark.sparkConf"),
+    InvalidCase("spark-conf-own-catalog",
+                (("spec.spark.sparkConf", {"spark.sql.catalog.lakeslot.warehouse": "s3://elsewhere"}),),
+                "spec.spark.sparkConf"),
+    InvalidCase("spark-conf-secret-wiring",
+                (("spec.spark.sparkConf", {"spark.kubernetes.executor.secrets.other": "/etc/x"}),),
+                "spec.spark.sparkConf"),
+    InvalidCase("spark-conf-lakeslot-env",
+                (("spec.spark.sparkConf", {"spark.executorEnv.LAKESLOT_SOURCE_CA_FILE": "/x"}),),
+                "spec.spark.sparkConf"),
+    InvalidCase("spark-conf-utc", (("spec.spark.sparkConf", {"spark.sql.session.timeZone": "CET"}),),
+                "spec.spark.sparkConf"),
     InvalidCase("secret-env-reserved",
                 (("spec.secretEnv", [{"name": "LAKESLOT_SOURCE_PASSWORD",
                                       "secretKeyRef": {"name": "s", "key": "k"}}]),),
@@ -179,3 +210,17 @@ UPDATE_CASES = [
         "spec.snapshot.resnapshotGeneration",
     ),
 ]
+
+
+# Ingestion names a real cluster refuses in the children (lakeslot.api.cluster): reported at
+# metadata.name by `lakeslot validate`; the API server answers 422 with the same message (a rule of
+# the whole resource, since the CRD schema says nothing about metadata).
+BAD_NAMES = {
+    "dotted": "orders.v2",
+    "leading-digit": "2orders",
+    "too-long": "a" * 41,
+    "long-with-a-dot": "a" * 54 + ".bcdefgh",
+    "longest-label": "a" * 63,
+}
+GOOD_NAMES = ("orders", "a", "a" * 40, "orders-v2")
+

@@ -20,10 +20,11 @@ from lakeslot.api.rules import ApiModel
 from tests.api_cases import EXAMPLES, INVALID_CASES, base_document
 
 # The CEL functions and methods our rules use (all in the emulator and in Kubernetes; no macros).
-CEL_FUNCTIONS = {"has", "size", "bytes", "startsWith"}  # standard CEL, also in the emulator
+CEL_FUNCTIONS = {"has", "size", "bytes", "startsWith", "matches", "all"}  # standard CEL, also in the emulator
 NODE_KEYWORDS = {
     "type", "description", "properties", "required", "items", "additionalProperties", "enum", "default",
-    "pattern", "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "format", "anyOf",
+    "pattern", "minimum", "maximum", "minLength", "maxLength", "minItems", "maxItems", "maxProperties",
+    "format", "anyOf",
     "x-kubernetes-validations", "x-kubernetes-list-type", "x-kubernetes-list-map-keys",
     "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
 }  # fmt: skip

@@ -11,8 +11,9 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 
+from lakeslot.api.cluster import INGESTION_NAME_MAX
 from lakeslot.api.models import GROUP, PLURAL, VERSION
-from tests.api_cases import EXAMPLES, INVALID_CASES, UPDATE_CASES
+from tests.api_cases import BAD_NAMES, EXAMPLES, GOOD_NAMES, INVALID_CASES, UPDATE_CASES, apply_edits, base_document
 
 NAMESPACE = "default"
 
@@ -83,3 +84,17 @@ def test_immutable_and_monotonic_fields_reject_updates(objects, case):
     assert rejection["http"] == 422
     assert case.path in [cause.get("field") for cause in rejection["details"]["causes"]], \
         rejection["message"]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES.values(), ids=list(BAD_NAMES))
+def test_names_that_would_break_the_children_are_refused_at_admission(objects, name):
+    """The rule reads metadata.name from the root (CEL may; the CRD schema leaves metadata to the
+    server), so the server reports it at the resource with the message lakeslot validate gives."""
+    rejection = _rejection(lambda: _create(objects, apply_edits(base_document(), (("metadata.name", name),))))
+    assert rejection["http"] == 422 and rejection["reason"] == "Invalid"
+    assert f"DNS-1035 label of at most {INGESTION_NAME_MAX} characters" in rejection["message"]
+
+
+@pytest.mark.parametrize("name", GOOD_NAMES)
+def test_names_up_to_the_limit_are_accepted(objects, name):
+    assert _create(objects, apply_edits(base_document(), (("metadata.name", name),)))["metadata"]["name"] == name

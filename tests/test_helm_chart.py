@@ -14,13 +14,14 @@ from __future__ import annotations
 import jsonschema
 import kubernetes_validate
 import pytest
-from helm_python import HelmValuesError
+from helm_python import HelmError, HelmValuesError
 
 import lakeslot
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.cli import build_parser
 from lakeslot.workloads import READER_METRICS_PORT
 from lakeslot_operator import children
+from lakeslot_operator.main import operator_config
 from tests.api_cases import base_document
 from tests.support import chart
 from tests.support.kube_emulator import to_json_schema
@@ -55,7 +56,7 @@ def test_every_rendered_manifest_is_valid(name):
             for version in KUBE_VERSIONS:
                 kubernetes_validate.validate(manifest, version, strict=True)
     assert {m["apiVersion"] for m in manifests} - NOT_CORE <= {
-        "v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1"}
+        "v1", "apps/v1", "rbac.authorization.k8s.io/v1", "networking.k8s.io/v1", "policy/v1"}
 
 
 def test_the_chart_crds_are_valid():
@@ -84,10 +85,16 @@ def test_values_schema_rejects_what_would_break_the_install(values, key):
         chart.render(values)
 
 
-def test_values_yaml_defaults_render_the_documented_install():
-    manifests = chart.render({})
+def test_a_default_install_says_what_to_set():
+    """values.yaml alone watches every namespace and cannot know where Spark jobs will run: the
+    install fails naming the values to set, rather than start an operator whose jobs cannot."""
+    with pytest.raises(HelmError, match=r"set spark\.namespaces to the namespaces that will hold"):
+        chart.render({})
+    manifests = chart.render(chart.SERVED)
     assert sorted(m["kind"] for m in manifests) == [
-        "ClusterRole", "ClusterRoleBinding", "Deployment", "ServiceAccount"]
+        "ClusterRole", "ClusterRoleBinding", "Deployment", "Role", "RoleBinding", "ServiceAccount",
+        "ServiceAccount"]
+    assert chart.render(chart.VALUE_SETS["bring-your-own-spark-account"])  # nothing to create: fine
 
 
 @pytest.mark.parametrize("name", VALUE_SET_NAMES)
@@ -124,13 +131,14 @@ def test_the_operator_command_line_is_what_the_values_ask_for(name):
 
 
 def test_image_and_children_defaults_follow_the_release():
-    manifests = chart.render({})
+    manifests = chart.render(chart.SERVED)
     container = chart.operator_container(manifests)
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert lakeslot.__version__ == chart.chart_metadata()["appVersion"]
     assert container["image"] == env["LAKESLOT_IMAGE"] == children.OperatorConfig().image
     assert env["LAKESLOT_IMAGE_PULL_POLICY"] == children.OperatorConfig().image_pull_policy
     assert env["LAKESLOT_SPARK_SERVICE_ACCOUNT"] == children.OperatorConfig().spark_service_account
+    assert operator_config(env) == children.OperatorConfig()  # what the chart sets is the default
     customized = chart.operator_container(chart.render(chart.VALUE_SETS["customized"]))
     assert customized["image"] == "registry.example/lakeslot:dev"
     assert {e["name"]: e.get("value") for e in customized["env"]}["LAKESLOT_IMAGE"] == customized["image"]
@@ -164,6 +172,53 @@ def test_the_network_policy_denies_ingress_and_restricts_egress_only_when_asked(
 
 
 def test_the_notes_say_how_to_upgrade_the_crds():
-    notes = chart.notes({})
+    notes = chart.notes(chart.SERVED)
     assert "helm upgrade` never updates the CRDs" in notes
     assert "kubectl apply --server-side" in notes
+
+
+def test_every_pod_lakeslot_creates_gets_the_image_pull_secrets_and_service_accounts():
+    """The chart's imagePullSecrets and reader service account reach the operator's configuration
+    (lakeslot_operator.main reads the environment the Deployment sets), and from there every pod
+    the operator builds: the reader, the verification Job and both SparkApplications."""
+    values = {**chart.VALUE_SETS["customized"], "reader": {"serviceAccount": {"name": "reader-wi"}}}
+    env = {e["name"]: e["value"] for e in chart.operator_container(chart.render(values))["env"] if "value" in e}
+    config = operator_config(env)
+    assert config.image_pull_secrets == ("registry", "mirror")
+    assert config.reader_service_account == "reader-wi"
+    ingestion = PostgresIngestion.model_validate(base_document())
+    reader = children.reader_deployment(ingestion, "uid", config, ["lakeslot"], replicas=1)
+    job = children.verify_job(ingestion, "uid", config, ["lakeslot"], token="t")
+    for pod in (reader["spec"]["template"]["spec"], job["spec"]["template"]["spec"]):
+        assert pod["imagePullSecrets"] == [{"name": "registry"}, {"name": "mirror"}]
+        assert pod["serviceAccountName"] == "reader-wi"
+    for app in (children.apply_application(ingestion, "uid", config, []),
+                children.snapshot_application(ingestion, "uid", config, [], generation="g0-1")):
+        assert app["spec"]["imagePullSecrets"] == ["registry", "mirror"]
+
+
+def test_service_accounts_carry_their_workload_identity_annotations():
+    values = chart.VALUE_SETS["workload-identity"]
+    accounts = {(sa["metadata"]["namespace"], sa["metadata"]["name"]): sa
+                for sa in chart.of_kind(chart.render(values), "ServiceAccount")}
+    spark = accounts[("shop", values["spark"]["serviceAccount"].get("name", "lakeslot-spark"))]
+    assert spark["metadata"]["annotations"] == values["spark"]["serviceAccount"]["annotations"]
+    reader = accounts[("shop", "lakeslot-reader")]
+    assert reader["metadata"]["annotations"] == values["reader"]["serviceAccount"]["annotations"]
+    env = {e["name"]: e["value"] for e in chart.operator_container(chart.render(values))["env"] if "value" in e}
+    assert env["LAKESLOT_READER_SERVICE_ACCOUNT"] == "lakeslot-reader"
+    with pytest.raises(HelmValuesError, match="reader/serviceAccount"):
+        chart.render({**values, "reader": {"serviceAccount": {"create": True}}})  # created, unnamed
+
+
+@pytest.mark.parametrize("name", ["peering", "namespaced-peering"])
+def test_replicas_roll_without_gaps_and_keep_one_through_disruptions(name):
+    manifests = chart.render(chart.VALUE_SETS[name])
+    deployment = chart.one(manifests, "Deployment")
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+    budget = chart.one(manifests, "PodDisruptionBudget")
+    assert budget["spec"]["maxUnavailable"] == 1
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
+    assert chart.of_kind(chart.render(chart.SERVED), "PodDisruptionBudget") == []

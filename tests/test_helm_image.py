@@ -67,7 +67,7 @@ def test_the_spark_jobs_are_where_the_spark_applications_look():
 
 def test_the_commands_run_from_the_image_exist():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert chart.operator_container(chart.render({}))["command"][0] in scripts
+    assert chart.operator_container(chart.render(chart.SERVED))["command"][0] in scripts
     ingestion = PostgresIngestion.model_validate(base_document())
     assert workloads.reader_command(ingestion)[:2] == ["lakeslot", "reader"]
     assert "lakeslot" in scripts
@@ -75,7 +75,7 @@ def test_the_commands_run_from_the_image_exist():
 
 def test_it_runs_as_the_user_the_pods_run_as():
     (user,) = instructions("USER", FINAL_STAGE)
-    pod = chart.one(chart.render({}), "Deployment")["spec"]["template"]["spec"]
+    pod = chart.one(chart.render(chart.SERVED), "Deployment")["spec"]["template"]["spec"]
     assert int(user) == pod["securityContext"]["runAsUser"]
     assert f"--uid {user}" in " ".join(instructions("RUN", FINAL_STAGE))
 

@@ -42,7 +42,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "ingestion.yaml"
 NAMESPACE = "shop"
 POD_NAME = "lakeslot-7d9c5-x2x4q"
 MODES: dict[str, dict[str, Any]] = {
-    "clusterwide": {},
+    "clusterwide": chart.SERVED,
     "namespaced-peering": {"watchNamespaces": [NAMESPACE, "team-b"], "replicaCount": 2},
 }
 

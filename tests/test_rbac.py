@@ -72,8 +72,19 @@ def test_spark_drivers_get_their_service_account_and_role_in_each_job_namespace(
     assert env["LAKESLOT_SPARK_SERVICE_ACCOUNT"] == account_name
 
 
-def test_without_job_namespaces_no_spark_account_is_made_and_the_notes_warn():
-    manifests = chart.render({})
+def test_with_a_spark_account_of_your_own_none_is_made_and_the_notes_warn():
+    values = chart.VALUE_SETS["bring-your-own-spark-account"]
+    manifests = chart.render(values)
     assert [sa["metadata"]["name"] for sa in chart.of_kind(manifests, "ServiceAccount")] == [chart.RELEASE]
-    assert "WARNING: no namespace has it yet" in chart.notes({})
+    assert "WARNING: the chart creates it nowhere" in chart.notes(values)
     assert "WARNING" not in chart.notes(chart.VALUE_SETS["namespaced"])
+
+
+def test_children_owner_references_need_update_on_finalizers():
+    """OpenShift's OwnerReferencesPermissionEnforcement: blockOwnerDeletion asks for update on
+    the owner's finalizers; without the grant every child create is refused."""
+    for name in ("spark-namespaces", "namespaced"):
+        values = chart.VALUE_SETS[name]
+        granted = grants(chart.render(values), chart.operator_account(chart.render(values)))
+        namespace = None if name == "spark-namespaces" else "shop"
+        assert Grant(namespace, "update", "lakeslot.io", "postgresingestions/finalizers") in granted

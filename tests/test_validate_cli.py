@@ -16,7 +16,7 @@ import yaml
 from lakeslot.api import validation
 from lakeslot.api.crd import crd_manifest
 from lakeslot.api.reference import reference_markdown
-from tests.api_cases import DELETE, EXAMPLES, INVALID_CASES, apply_edits, base_document
+from tests.api_cases import BAD_NAMES, DELETE, EXAMPLES, GOOD_NAMES, INVALID_CASES, apply_edits, base_document
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,6 +45,18 @@ def test_invalid_case_is_rejected_naming_the_field(case):
     found = problems(case.document())
     assert case.path in [problem.path for problem in found], "\n".join(map(str, found))
     assert all(problem.problem and problem.fix for problem in found)
+
+
+@pytest.mark.parametrize("name", BAD_NAMES.values(), ids=list(BAD_NAMES))
+def test_names_a_cluster_would_refuse_in_the_children_are_rejected(name):
+    found = problems(apply_edits(base_document(), (("metadata.name", name),)))
+    assert [problem.path for problem in found] == ["metadata.name"], "\n".join(map(str, found))
+    assert "DNS-1035 label of at most 40 characters" in found[0].problem and found[0].fix
+
+
+@pytest.mark.parametrize("name", GOOD_NAMES)
+def test_dns_1035_names_up_to_the_limit_are_accepted(name):
+    assert problems(apply_edits(base_document(), (("metadata.name", name),))) == []
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,7 @@ _PASSED_THROUGH = {
     "maxLength",
     "minItems",
     "maxItems",
+    "maxProperties",
     "format",
     "anyOf",
     "x-kubernetes-validations",
@@ -157,9 +158,12 @@ def openapi_schema() -> dict[str, Any]:
     """The CRD's ``openAPIV3Schema``."""
     document = resource_schema()
     properties = document["properties"]
+    root_rules = document.get("x-kubernetes-validations")
     return {
         "description": document["description"],
         "type": "object",
+        # Rules of the whole resource: CEL reads metadata.name there (and nothing else of metadata).
+        **({"x-kubernetes-validations": root_rules} if root_rules else {}),
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string", "description": "API version: lakeslot.io/v1alpha1."},

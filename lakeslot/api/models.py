@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, StringConstraints
 
+from lakeslot.api import cluster
 from lakeslot.api.rules import ApiModel, ListKeys, Rule
 from lakeslot.api.types import (
     Identifier,
@@ -264,6 +265,7 @@ class SourceSpec(ApiModel):
             check=lambda source: source.ca_secret_ref is None or source.ssl_mode != "disable",
             field_path=".sslMode",
         ),
+        cluster.ca_secret_volume_name,
         Rule(
             cel="self.database == oldSelf.database",
             message="database cannot be changed",
@@ -437,7 +439,10 @@ class SparkSpec(ApiModel):
         DriverSpec, "Driver resources (in the snapshot job the driver holds the exported snapshot)."
     )
     executor: ExecutorSpec = section(ExecutorSpec, "Executor resources and count.")
-    spark_conf: StringMap = mapping("Extra Spark configuration (sparkConf), for example spark.sql.shuffle.partitions.")
+    spark_conf: Annotated[StringMap, Field(max_length=256), cluster.denied_spark_conf] = mapping(
+        "Extra Spark configuration (sparkConf), for example spark.sql.shuffle.partitions. Keys that "
+        "spark-operator denies and keys lakeslot sets itself are refused (see Spark configuration keys)."
+    )
     jars: Annotated[list[Annotated[str, StringConstraints(min_length=1)]], ListKeys(), Field(max_length=100)] = listing(
         "Extra jars on the driver and executor class path (local:///..., s3://...)."
     )
@@ -456,7 +461,16 @@ class ReaderSpec(ApiModel):
     image: Annotated[str, StringConstraints(min_length=1)] | None = optional(
         "Container image of the reader. Default: the operator's configured reader image."
     )
-    resources: ResourceRequirements = section(ResourceRequirements, "Container resources of the reader.")
+    resources: ResourceRequirements | None = optional(
+        "Container resources of the reader. Default: the operator's reader defaults (requests "
+        "cpu 250m, memory 256Mi; limit memory 512Mi: the reader benchmark peaked at 156 MB "
+        "through a 1 GiB transaction)."
+    )
+    service_account: KubeName | None = optional(
+        "Service account of the reader pod (workload identity for the object store, e.g. IRSA or GKE "
+        "Workload Identity). Default: the operator's configured reader service account, else the "
+        "namespace's default."
+    )
     feedback_interval_ms: int | None = optional(
         "Interval of standby status updates to PostgreSQL. Default: min(1 s, wal_sender_timeout / 2).",
         ge=100,
@@ -534,6 +548,8 @@ class PostgresIngestionSpec(ApiModel):
         description="Stop the reader and the Spark jobs, keeping the slot (which then retains "
         "WAL) and all state; set back to false to resume where it stopped.",
     )
+
+    rules = (cluster.reserved_spark_conf,)
 
 
 # ------------------------------------------------------------------------------------- status
@@ -761,3 +777,5 @@ class PostgresIngestion(ApiModel):
     metadata: ObjectMeta = Field(description="Standard object metadata.")
     spec: PostgresIngestionSpec = Field(description="The desired ingestion.")
     status: PostgresIngestionStatus | None = optional("The observed state, written by the operator.")
+
+    rules = (cluster.ingestion_name,)

@@ -16,6 +16,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from lakeslot.api.annotations import ANNOTATIONS
+from lakeslot.api.cluster import (
+    CATALOG_CONF_PREFIX,
+    DENIED_SPARK_CONF,
+    RESERVED_SPARK_CONF,
+    RESERVED_SPARK_CONF_PREFIXES,
+)
 from lakeslot.api.crd import PRINTER_COLUMNS, openapi_schema
 from lakeslot.api.models import API_VERSION, CONDITION_TYPES, KIND, SHORT_NAMES
 from lakeslot.api.naming import HASH_DIGITS, default_replication_name
@@ -114,8 +120,10 @@ def _field_table(node: Node, path: str) -> str:
     return "\n".join(lines)
 
 
-def _rules_table(node: Node, path: str) -> str:
+def _rules_table(node: Node, path: str, root: Node | None = None) -> str:
     grouped: dict[tuple[str, str], list[str]] = {}
+    for rule in (root or {}).get("x-kubernetes-validations", ()):  # the resource's own: metadata.name
+        grouped.setdefault((rule["rule"], rule["message"]), []).append("`metadata.name`")
     for node_path, child, _ in walk_schema(node, path):
         for rule in child.get("x-kubernetes-validations", ()):
             field_path = node_path + rule.get("fieldPath", "")
@@ -167,6 +175,22 @@ def _names_section() -> str:
     return "\n".join(lines)
 
 
+def _spark_conf_section() -> str:
+    denied = ", ".join(f"`{key}`" for key in DENIED_SPARK_CONF)
+    reserved = ", ".join(f"`{key}`" for key in RESERVED_SPARK_CONF)
+    prefixes = ", ".join(f"`{prefix}*`" for prefix in RESERVED_SPARK_CONF_PREFIXES)
+    return "\n".join([
+        "`spec.spark.sparkConf` refuses two kinds of keys (rules above):",
+        "",
+        f"- denied by spark-operator 2.5's webhook (kubeflow/spark-operator "
+        f"`internal/webhook/sparkconf_validator.go`), which would refuse every SparkApplication: {denied} "
+        "(the webhook accepts `spark.kubernetes.namespace` only when it equals the application's "
+        "namespace; lakeslot always runs applications in the ingestion's namespace, so it refuses the key);",
+        f"- set by lakeslot itself, which a value of yours would silently replace: {reserved}, {prefixes}, "
+        f"and `{CATALOG_CONF_PREFIX}<sink.catalog.name>` with its sub-keys.",
+    ])
+
+
 def reference_markdown() -> str:
     schema = openapi_schema()
     spec, status = schema["properties"]["spec"], schema["properties"]["status"]
@@ -182,7 +206,8 @@ def reference_markdown() -> str:
         "they change neither the spec nor its generation.\n\n" + _annotations_table(),
         "### Printer columns\n\n" + _columns_table(),
         "### Validation rules\n\nEnforced by the API server (CEL) and by `lakeslot validate` alike; "
-        "rules marked *on update* compare with the stored object.\n\n" + _rules_table(spec, "spec"),
+        "rules marked *on update* compare with the stored object.\n\n" + _rules_table(spec, "spec", schema),
+        "### Spark configuration keys\n\n" + _spark_conf_section(),
         "### Names\n\n" + _names_section(),
     ]
     return "\n\n".join(sections) + "\n"

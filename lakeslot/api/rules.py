@@ -76,6 +76,9 @@ class Rule:
     fix: str
     check: Callable[..., bool]
     field_path: str = ""  # relative JSONPath reported by Kubernetes, e.g. ".slotName"
+    # Where ``lakeslot validate`` reports it when Kubernetes cannot take a fieldPath (a rule at
+    # the root about ``metadata.name``: the CRD's schema has no properties under metadata).
+    offline_path: str = ""
 
     @property
     def is_transition(self) -> bool:
@@ -88,7 +91,7 @@ class Rule:
         return entry
 
     def violation(self) -> Violation:
-        return parse_path(self.field_path), self.message, self.fix
+        return parse_path(self.field_path or self.offline_path), self.message, self.fix
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> core_schema.CoreSchema:
         def enforce(value: Any) -> Any:

@@ -31,7 +31,21 @@ Invariants:
   reference, plus the catalog's Secret-backed properties (it reads the mirror with pyiceberg).
 - Pods meet the ``restricted`` Pod Security Standard: non-root user 10001, no privilege
   escalation, every capability dropped, read-only root file system (``/tmp`` is an emptyDir),
-  ``RuntimeDefault`` seccomp, no service account token.
+  ``RuntimeDefault`` seccomp, no service account token. The Spark driver and executors get the
+  same container security context through the SparkApplication's ``securityContext`` /
+  ``podSecurityContext`` (applied by spark-operator's mutating webhook; their root file system
+  stays writable: Spark writes its work directory). Every pod lists the operator's
+  ``imagePullSecrets`` (the chart's, since they run the same image).
+- Spark mounts the CA Secret whole, each key a file of its own name, so the Spark pods get
+  ``LAKESLOT_SOURCE_CA_FILE`` pointing at ``<mount>/<key>`` (``spark.kubernetes.driverEnv.*`` and
+  ``spark.executorEnv.*``, honoured by Spark itself); the reader and the verification Job mount
+  only that key, as ``ca.crt``.
+- Names: the ingestion's name is a DNS-1035 label of at most 40 characters (an admission rule,
+  :mod:`lakeslot.api.cluster`); :func:`child_name` still cuts a longer derived name with a hash, to
+  63 characters, and to :data:`SPARK_NAME_MAX` for SparkApplications (spark-operator derives the
+  Service ``<name>-ui-svc`` from it, a DNS-1035 label).
+
+Failure modes: none here (pure); what the API server refuses is reported by the reconcile.
 """
 
 from __future__ import annotations
@@ -51,6 +65,9 @@ INGESTION_LABEL = f"{GROUP}/ingestion"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 SPARK_API_VERSION = "sparkoperator.k8s.io/v1beta2"
 CA_MOUNT = posixpath.dirname(CA_FILE)
+NAME_MAX = 63
+SPARK_NAME_MAX = NAME_MAX - len("-ui-svc")
+RUN_AS_USER = 10001
 SNAPSHOT_TTL_SECONDS = 3600
 VERIFY_TTL_SECONDS = 3600
 VERIFY_DEADLINE_SECONDS = 6 * 3600
@@ -63,6 +80,18 @@ class OperatorConfig:
     image: str = "ghcr.io/lakeslot/lakeslot:0.1.0"
     spark_service_account: str = "lakeslot-spark"
     image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()  # names of Secrets in each ingestion's namespace
+    reader_service_account: str | None = None  # None: the namespace's default service account
+    # The reader's resources unless spec.reader.resources says otherwise: from the reader benchmark
+    # (README, Performance: peak RSS 156 MB through a 1 GiB transaction, about one core at full
+    # speed). No CPU limit: the reader must keep up with the walsender.
+    reader_resources: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+        ("requests", (("cpu", "250m"), ("memory", "256Mi"))),
+        ("limits", (("memory", "512Mi"),)),
+    )
+
+    def pull_secrets(self) -> list[dict[str, str]]:
+        return [{"name": name} for name in self.image_pull_secrets]
 
 
 def labels(ingestion: PostgresIngestion, component: str) -> dict[str, str]:
@@ -87,13 +116,18 @@ def _metadata(ingestion: PostgresIngestion, uid: str, name: str, component: str)
             "ownerReferences": [owner_reference(ingestion, uid)]}
 
 
-def child_name(ingestion: PostgresIngestion, suffix: str) -> str:
-    """``<ingestion>-<suffix>``, shortened with a stable hash to stay a valid DNS label."""
+def child_name(ingestion: PostgresIngestion, suffix: str, limit: int = NAME_MAX) -> str:
+    """``<ingestion>-<suffix>``, shortened with a stable hash to at most ``limit`` characters."""
     name = f"{ingestion.metadata.name}-{suffix}"
-    if len(name) <= 63:
+    if len(name) <= limit:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
-    return f"{name[:54].rstrip('-')}-{digest}"
+    return f"{name[:limit - len(digest) - 1].rstrip('-.')}-{digest}"
+
+
+def spark_name(ingestion: PostgresIngestion, suffix: str) -> str:
+    """A SparkApplication's name: :func:`child_name` within :data:`SPARK_NAME_MAX`."""
+    return child_name(ingestion, suffix, SPARK_NAME_MAX)
 
 
 # pods ------------------------------------------------------------------------------------
@@ -129,7 +163,28 @@ def _container_security() -> dict:
 
 
 def _pod_security() -> dict:
-    return {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001}
+    return {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _spark_container_security() -> dict:
+    """The restricted profile for Spark's containers; the root file system stays writable."""
+    return {**_container_security(), "readOnlyRootFilesystem": False, "runAsUser": RUN_AS_USER}
+
+
+def _reader_resources(ingestion: PostgresIngestion, config: OperatorConfig) -> dict:
+    if ingestion.spec.reader.resources is not None:
+        return ingestion.spec.reader.resources.model_dump(mode="json", exclude_none=True)
+    return {kind: dict(values) for kind, values in config.reader_resources}
+
+
+def _identity(ingestion: PostgresIngestion, config: OperatorConfig) -> dict:
+    """The pod's service account (when one is configured) and image pull secrets."""
+    account = ingestion.spec.reader.service_account or config.reader_service_account
+    spec: dict[str, object] = {"serviceAccountName": account} if account else {}
+    if config.image_pull_secrets:
+        spec["imagePullSecrets"] = config.pull_secrets()
+    return spec
 
 
 # reader ----------------------------------------------------------------------------------
@@ -148,7 +203,7 @@ def reader_deployment(ingestion: PostgresIngestion, uid: str, config: OperatorCo
         "command": command,
         "env": env,
         "ports": [{"name": "metrics", "containerPort": READER_METRICS_PORT}],
-        "resources": spec.reader.resources.model_dump(mode="json", exclude_none=True),
+        "resources": _reader_resources(ingestion, config),
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
                           "periodSeconds": 20, "failureThreshold": 6},
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "metrics"},
@@ -159,7 +214,7 @@ def reader_deployment(ingestion: PostgresIngestion, uid: str, config: OperatorCo
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(ingestion, uid, child_name(ingestion, "reader"), "reader"),
+        "metadata": _metadata(ingestion, uid, reader_name(ingestion), "reader"),
         "spec": {
             "replicas": replicas,
             "strategy": {"type": "Recreate"},
@@ -168,6 +223,7 @@ def reader_deployment(ingestion: PostgresIngestion, uid: str, config: OperatorCo
             "template": {
                 "metadata": {"labels": pod_labels},
                 "spec": {
+                    **_identity(ingestion, config),
                     "automountServiceAccountToken": False,
                     "terminationGracePeriodSeconds": 60,
                     "securityContext": _pod_security(),
@@ -217,6 +273,7 @@ def verify_job(ingestion: PostgresIngestion, uid: str, config: OperatorConfig,
             "template": {
                 "metadata": {"labels": labels(ingestion, "verify")},
                 "spec": {
+                    **_identity(ingestion, config),
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,
                     "securityContext": _pod_security(),
@@ -240,12 +297,22 @@ def _secret_conf(ingestion: PostgresIngestion) -> dict[str, str]:
             conf[f"spark.kubernetes.{role}.secretKeyRef.{PASSWORD_ENV}"] = f"{ref.name}:{ref.key}"
         if source.ca_secret_ref is not None:
             conf[f"spark.kubernetes.{role}.secrets.{source.ca_secret_ref.name}"] = CA_MOUNT
+            # Spark mounts the whole Secret, each key a file of its own name.
+            env_prefix = "spark.kubernetes.driverEnv." if role == "driver" else "spark.executorEnv."
+            conf[env_prefix + CA_FILE_ENV] = spark_ca_file(ingestion)
         variables = {catalog_secret_env(key): ref
                      for key, ref in ingestion.spec.sink.catalog.secret_properties.items()}
         variables.update((e.name, e.secret_key_ref) for e in ingestion.spec.secret_env)
         for name, ref in variables.items():
             conf[f"spark.kubernetes.{role}.secretKeyRef.{name}"] = f"{ref.name}:{ref.key}"
     return conf
+
+
+def spark_ca_file(ingestion: PostgresIngestion) -> str:
+    """Where the CA is in a Spark pod: the mounted Secret's key, a file of its own name."""
+    ref = ingestion.spec.source.ca_secret_ref
+    assert ref is not None
+    return posixpath.join(CA_MOUNT, ref.key)
 
 
 def _spark_application(ingestion: PostgresIngestion, uid: str, config: OperatorConfig, *,
@@ -266,10 +333,16 @@ def _spark_application(ingestion: PostgresIngestion, uid: str, config: OperatorC
         "sparkConf": {**iceberg_conf(ingestion.spec.sink.catalog), **_secret_conf(ingestion),
                       **spark.spark_conf},
         "driver": {"cores": driver.cores, "memory": driver.memory, "labels": role_labels,
-                   "serviceAccount": spark.service_account or config.spark_service_account},
+                   "serviceAccount": spark.service_account or config.spark_service_account,
+                   "securityContext": _spark_container_security(),
+                   "podSecurityContext": _pod_security()},
         "executor": {"cores": executor.cores, "memory": executor.memory,
-                     "instances": executor.instances, "labels": role_labels},
+                     "instances": executor.instances, "labels": role_labels,
+                     "securityContext": _spark_container_security(),
+                     "podSecurityContext": _pod_security()},
     }
+    if config.image_pull_secrets:
+        spec["imagePullSecrets"] = list(config.image_pull_secrets)
     if spark.jars:
         spec["deps"] = {"jars": list(spark.jars)}
     if ttl is not None:
@@ -283,7 +356,7 @@ def _spark_application(ingestion: PostgresIngestion, uid: str, config: OperatorC
 
 
 def snapshot_name(ingestion: PostgresIngestion, generation: str) -> str:
-    return child_name(ingestion, f"snapshot-{generation}")
+    return spark_name(ingestion, f"snapshot-{generation}")
 
 
 def snapshot_application(ingestion: PostgresIngestion, uid: str, config: OperatorConfig,
@@ -298,11 +371,19 @@ def snapshot_application(ingestion: PostgresIngestion, uid: str, config: Operato
         ttl=SNAPSHOT_TTL_SECONDS)
 
 
+def apply_name(ingestion: PostgresIngestion) -> str:
+    return spark_name(ingestion, "apply")
+
+
+def reader_name(ingestion: PostgresIngestion) -> str:
+    return child_name(ingestion, "reader")
+
+
 def apply_application(ingestion: PostgresIngestion, uid: str, config: OperatorConfig,
                       arguments: list[str]) -> dict:
     spark, apply = ingestion.spec.spark, ingestion.spec.apply
     return _spark_application(
-        ingestion, uid, config, name=child_name(ingestion, "apply"), component="apply",
+        ingestion, uid, config, name=apply_name(ingestion), component="apply",
         main_file="local:///opt/lakeslot/spark_jobs/apply.py", arguments=arguments,
         driver=apply.driver or spark.driver, executor=apply.executor or spark.executor,
         restart={"type": "OnFailure", "onFailureRetries": 1_000_000, "onFailureRetryInterval": 30,

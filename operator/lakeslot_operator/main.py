@@ -2,18 +2,26 @@
 
 Connects with the in-cluster service account (or ``$KUBECONFIG`` outside a cluster), watches
 PostgresIngestions cluster-wide or in the given namespaces, serves kopf's liveness endpoint, and
-with ``--peering`` takes part in kopf peering so that a standby replica takes over when the
-active one stops (only one operator acts at a time; the peering CRDs ship with the Helm chart).
+with ``--peering`` takes part in kopf peering with a priority of its own
+(:mod:`lakeslot_operator.peering`), so that exactly one replica acts and a standby takes over
+when it stops (the peering CRDs ship with the Helm chart).
+
+The children's defaults come from the environment the chart sets: ``LAKESLOT_IMAGE``,
+``LAKESLOT_IMAGE_PULL_POLICY``, ``LAKESLOT_IMAGE_PULL_SECRETS`` (comma-separated Secret names),
+``LAKESLOT_SPARK_SERVICE_ACCOUNT``, ``LAKESLOT_READER_SERVICE_ACCOUNT``; ``POD_ID`` is kopf's
+identity in the peering object.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
 
 import kopf
 from kubernetes import client, config
 
+from lakeslot_operator import peering as peering_settings
 from lakeslot_operator.children import OperatorConfig
 from lakeslot_operator.handlers import build_registry
 from lakeslot_operator.kube import Kube
@@ -28,17 +36,25 @@ def _api_client() -> client.ApiClient:
     return client.ApiClient()
 
 
-def operator_config() -> OperatorConfig:
+def operator_config(environ: Mapping[str, str] | None = None) -> OperatorConfig:
+    env = os.environ if environ is None else environ
     defaults = OperatorConfig()
+    secrets = tuple(s.strip() for s in env.get("LAKESLOT_IMAGE_PULL_SECRETS", "").split(",") if s.strip())
     return OperatorConfig(
-        image=os.environ.get("LAKESLOT_IMAGE", defaults.image),
-        spark_service_account=os.environ.get("LAKESLOT_SPARK_SERVICE_ACCOUNT",
-                                             defaults.spark_service_account),
-        image_pull_policy=os.environ.get("LAKESLOT_IMAGE_PULL_POLICY", defaults.image_pull_policy))
+        image=env.get("LAKESLOT_IMAGE", defaults.image),
+        spark_service_account=env.get("LAKESLOT_SPARK_SERVICE_ACCOUNT",
+                                      defaults.spark_service_account),
+        image_pull_policy=env.get("LAKESLOT_IMAGE_PULL_POLICY", defaults.image_pull_policy),
+        image_pull_secrets=secrets,
+        reader_service_account=env.get("LAKESLOT_READER_SERVICE_ACCOUNT") or None)
 
 
 def run(*, namespaces: list[str], peering: str | None, liveness: str | None) -> None:
     ctx = Context(kube=Kube(_api_client()), config=operator_config())
+    settings = kopf.OperatorSettings()
+    if peering is not None:
+        peering_settings.configure(settings, pod=os.environ.get("POD_ID") or os.uname().nodename)
     asyncio.run(kopf.operator(
-        registry=build_registry(ctx), clusterwide=not namespaces, namespaces=namespaces,
-        standalone=peering is None, peering_name=peering, liveness_endpoint=liveness))
+        registry=build_registry(ctx), settings=settings, clusterwide=not namespaces,
+        namespaces=namespaces, standalone=peering is None, peering_name=peering,
+        liveness_endpoint=liveness))

@@ -32,25 +32,36 @@ HEALTH_LUA = HELM / "argocd" / "health.lua"
 RELEASE = "lakeslot"
 RELEASE_NAMESPACE = "lakeslot-system"
 
+# The smallest install that renders: watching every namespace, the chart must be told where the
+# ingestions live (spark.namespaces), else it fails (see test_a_default_install_says_what_to_set).
+SERVED: dict[str, Any] = {"spark": {"namespaces": ["shop"]}}
+
 VALUE_SETS: dict[str, dict[str, Any]] = {
-    "default": {},
     "namespaced": {"watchNamespaces": ["shop", "team-b"]},
-    "peering": {"replicaCount": 2},
+    "peering": {**SERVED, "replicaCount": 2},
     "namespaced-peering": {"watchNamespaces": ["shop", "team-b"], "replicaCount": 3},
-    "spark-namespaces": {"spark": {"namespaces": ["shop"]}},
-    "pod-monitor": {"metrics": {"podMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
-    "network-policy": {"networkPolicy": {"enabled": True, "egress": [
+    "spark-namespaces": SERVED,
+    "pod-monitor": {**SERVED, "metrics": {"podMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+    "network-policy": {**SERVED, "networkPolicy": {"enabled": True, "egress": [
         {"to": [{"namespaceSelector": {}}], "ports": [{"protocol": "UDP", "port": 53}]},
         {"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
          "ports": [{"protocol": "TCP", "port": 443}, {"protocol": "TCP", "port": 5432}]}]}},
-    "network-policy-ingress-only": {"networkPolicy": {"enabled": True}},
+    "network-policy-ingress-only": {**SERVED, "networkPolicy": {"enabled": True}},
+    "bring-your-own-spark-account": {"spark": {"serviceAccount": {"create": False, "name": "spark"},
+                                               "rbac": {"create": False}}},
+    "workload-identity": {
+        "watchNamespaces": ["shop"],
+        "spark": {"serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/spark"}}},
+        "reader": {"serviceAccount": {"create": True, "name": "lakeslot-reader", "annotations": {
+            "iam.gke.io/gcp-service-account": "reader@project.iam.gserviceaccount.com"}}},
+    },
     "no-rbac": {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "ops"},
                 "spark": {"serviceAccount": {"create": False, "name": "spark"},
                           "rbac": {"create": False}, "namespaces": ["shop"]}},
     "customized": {
         "fullnameOverride": "cdc", "image": {"repository": "registry.example/lakeslot", "tag": "dev",
                                              "pullPolicy": "Always"},
-        "imagePullSecrets": [{"name": "registry"}], "livenessPort": 9090,
+        **SERVED, "imagePullSecrets": [{"name": "registry"}, {"name": "mirror"}], "livenessPort": 9090,
         "podAnnotations": {"example.com/team": "data"}, "podLabels": {"team": "data"},
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "data", "effect": "NoSchedule"}],

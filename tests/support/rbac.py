@@ -25,6 +25,9 @@ How the operator's calls are derived:
   from the method (read/get → get, replace → update, ...), the resource from the kind (plurals as
   the API server names them, from the emulator's table of built-in kinds) or, for custom objects,
   from ``kube.SPARK``.
+- what the children's ownerReferences need (``owner_reference_calls``): ``update`` on
+  ``postgresingestions/finalizers``, asked by OwnerReferencesPermissionEnforcement for
+  ``blockOwnerDeletion: true`` (OpenShift enables it; the emulator does not enforce RBAC).
 - kopf's calls, read from kopf's source (kopf/_core/reactor/observation.py, _core/engines/
   peering.py, _cogs/clients/{watching,patching,events}.py): it lists and watches the handled
   resource, merge- and JSON-patches it (finalizer, progress annotations) and its status
@@ -49,8 +52,9 @@ from typing import Any
 import aiohttp
 import aiohttp.web
 
-from lakeslot.api.models import GROUP, PLURAL
-from lakeslot_operator import kube
+from lakeslot.api.models import GROUP, PLURAL, PostgresIngestion
+from lakeslot_operator import children, kube
+from tests.api_cases import base_document
 from tests.support.kube_emulator import BUILTIN_RESOURCES
 
 # Non-resource URLs every authenticated identity may GET (ClusterRoles system:discovery and
@@ -139,10 +143,18 @@ def kopf_calls(*, clusterwide: bool, peering: bool) -> tuple[set, set]:
     return cluster, served
 
 
+def owner_reference_calls() -> set[tuple[str, str, str]]:
+    """What the children's ownerReferences need: ``blockOwnerDeletion: true`` makes the API
+    server's OwnerReferencesPermissionEnforcement admission (on by default in OpenShift) ask for
+    ``update`` on the owner's ``finalizers`` subresource when a child is created or changed."""
+    reference = children.owner_reference(PostgresIngestion.model_validate(base_document()), "uid")
+    return {("update", GROUP, f"{PLURAL}/finalizers")} if reference.get("blockOwnerDeletion") else set()
+
+
 def expected_grants(values: dict) -> set[Grant]:
     namespaces = values.get("watchNamespaces", [])
     cluster, served = kopf_calls(clusterwide=not namespaces, peering=values.get("replicaCount", 1) > 1)
-    served |= kube_calls()
+    served |= kube_calls() | owner_reference_calls()
     if not namespaces:
         return {Grant(None, *call) for call in cluster | served}
     return {Grant(None, *call) for call in cluster} | \

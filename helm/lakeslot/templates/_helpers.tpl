@@ -62,6 +62,13 @@ app.kubernetes.io/component: operator
 {{- default .Values.watchNamespaces .Values.spark.namespaces | toJson }}
 {{- end }}
 
+{{/* The names of imagePullSecrets, as a JSON list (the operator passes them to every pod). */}}
+{{- define "lakeslot.pullSecretNames" -}}
+{{- $names := list }}
+{{- range .Values.imagePullSecrets }}{{ $names = append $names .name }}{{ end }}
+{{- $names | toJson }}
+{{- end }}
+
 {{/*
 The operator's command line: `lakeslot operator` with kopf's liveness endpoint, a --namespace per
 watched namespace (none: all namespaces) and --peering when more than one replica runs.
@@ -85,6 +92,8 @@ What the operator does inside the namespaces it serves, derived from its code (t
 compares these rules with the API calls in operator/lakeslot_operator/kube.py plus kopf's own):
 - kopf: watch the PostgresIngestions, patch them (finalizer, progress annotations) and their
   status, post events;
+- the children's ownerReferences (blockOwnerDeletion: true): update on postgresingestions/finalizers,
+  which OwnerReferencesPermissionEnforcement (OpenShift) checks on every child create;
 - lakeslot: read the Secrets an ingestion references, list the reader pods (stale slot holders),
   manage the reader Deployments and the SparkApplications, run the verification Jobs (create
   one per request, read its state, delete one a newer request supersedes).
@@ -96,6 +105,9 @@ compares these rules with the API calls in operator/lakeslot_operator/kube.py pl
 - apiGroups: [lakeslot.io]
   resources: [postgresingestions/status]
   verbs: [patch]
+- apiGroups: [lakeslot.io]
+  resources: [postgresingestions/finalizers]
+  verbs: [update]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
