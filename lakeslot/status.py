@@ -42,6 +42,11 @@ from lakeslot.source.tables import TableName
 
 # Reasons that waiting will not fix: the user must act (the message says how).
 DEFINITE = ("InvalidSpec", "SlotLost", "SlotUnusable")
+# A child the operator runs cannot work (lakeslot_operator.child_health): Degraded until fixed.
+CHILD_REJECTED = "ChildRejected"  # the API server refused to create or change it
+READER_FAILING = "ReaderFailing"  # CrashLoopBackOff, ImagePullBackOff, progress deadline
+APPLY_FAILED = "ApplyFailed"  # the apply SparkApplication is FAILED or SUBMISSION_FAILED
+CHILD_FAILURES = (CHILD_REJECTED, READER_FAILING, APPLY_FAILED)
 NEEDED_FOR_READY = ("SourceReady", "SlotReady", "SnapshotComplete", "Streaming")
 _CONDITION_STATUS: dict[bool | None, ConditionStatus] = {True: "True", False: "False", None: "Unknown"}
 
@@ -101,13 +106,19 @@ class Summary:
 
 
 def summary(status: PostgresIngestionStatus) -> Summary:
-    """``Degraded`` (a table failed, or the slot's WAL is about to be removed), ``Ready`` (True
+    """``Degraded`` (a child cannot work (:data:`CHILD_FAILURES`), a table failed, or the slot's
+    WAL is about to be removed), ``Ready`` (True
     when every needed condition is True, else the first failing one's reason and message) and the
     phase (``Failed`` on a definite reason, ``Streaming`` when ready, ``Snapshotting`` while a
     snapshot runs, else ``Pending``). Pure: reads ``status``, changes nothing."""
     failed_tables = [t for t in status.tables if t.state == "Failed"]
     wal_danger = status.slot is not None and status.slot.wal_status == "unreserved"
-    if failed_tables or wal_danger:
+    failing = [c for c in status.conditions if c.type not in ("Ready", "Degraded")
+               and c.status == "False" and c.reason in CHILD_FAILURES]
+    if failing:
+        degraded = Verdict("Degraded", True, failing[0].reason,
+                           "; ".join(f"{c.type}: {c.message}" for c in failing))
+    elif failed_tables or wal_danger:
         what = [f"{len(failed_tables)} table(s) failed (see status.tables)"] if failed_tables else []
         if wal_danger:
             what.append("the slot's WAL is beyond max_slot_wal_keep_size and about to be "
@@ -250,15 +261,17 @@ def record_progress(report: Report, progress: Mapping[TableName, MirrorProgress]
 
 
 def streaming(report: Report, applied: list[int], *, reader_problem: str | None,
-              apply_problem: str | None) -> None:
-    """``Streaming``: the first thing that keeps changes from flowing, else True."""
+              apply_problem: str | None, reader_reason: str = "ReaderNotReady",
+              apply_reason: str = "ApplyNotRunning") -> None:
+    """``Streaming``: the first thing that keeps changes from flowing, else True (the reasons of
+    a problem default to the waiting ones; the operator passes :data:`CHILD_FAILURES` ones)."""
     if reader_problem:
-        report.condition("Streaming", False, "ReaderNotReady", reader_problem)
+        report.condition("Streaming", False, reader_reason, reader_problem)
     elif not applied:
         report.condition("Streaming", False, "WaitingForSnapshot",
                          "no table has been snapshotted yet")
     elif apply_problem:
-        report.condition("Streaming", False, "ApplyNotRunning", apply_problem)
+        report.condition("Streaming", False, apply_reason, apply_problem)
     else:
         report.condition("Streaming", True, "Streaming",
                          f"{len(applied)} table(s) streaming, lag {report.status.lag_bytes} bytes")

@@ -80,6 +80,7 @@ def test_every_waiting_reason_is_one_the_operator_writes():
     waiting = set(re.findall(r"^\s*(\w+) = true", table, re.M))
     assert waiting and waiting <= operator_reasons()
     assert not waiting & set(status.DEFINITE), "a definite error is never waited out"
+    assert not waiting & set(status.CHILD_FAILURES), "a child that cannot work is never waited out"
 
 
 @pytest.mark.parametrize("script", ['return {status = string.upper("healthy")}',

@@ -18,7 +18,10 @@
 --                True (the message carries the operator's fix)
 
 -- Ready=False/Unknown reasons that waiting resolves. Every other reason is Degraded, so a
--- reason added to the operator later shows up rather than hides.
+-- reason added to the operator later shows up rather than hides: among them a child that cannot
+-- work (ChildRejected: the API server refused it; ReaderFailing: CrashLoopBackOff,
+-- ImagePullBackOff or past its progress deadline; ApplyFailed: the apply SparkApplication is
+-- FAILED or SUBMISSION_FAILED), which the operator also reports as Degraded.
 local WAITING = {
   Reconciling = true,        -- the conditions are being computed for the first time
   Snapshotting = true,       -- the snapshot SparkApplication copies the tables

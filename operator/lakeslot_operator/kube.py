@@ -87,10 +87,6 @@ class Kube:
                 return None
             raise
 
-    def deployment_available(self, namespace: str, name: str) -> bool:
-        deployment = self.get_deployment(namespace, name)
-        return bool(deployment and (deployment.get("status") or {}).get("availableReplicas"))
-
     def get_spark_application(self, namespace: str, name: str) -> dict | None:
         try:
             # The custom objects API is untyped: it returns the object's JSON, a dict.
@@ -108,12 +104,6 @@ class Kube:
             if _absent(e):
                 return None
             raise
-
-    def spark_application_state(self, namespace: str, name: str) -> str | None:
-        app = self.get_spark_application(namespace, name)
-        if app is None:
-            return None
-        return (app.get("status") or {}).get("applicationState", {}).get("state") or "SUBMITTED"
 
     # writing ---------------------------------------------------------------------------------
 

@@ -35,8 +35,15 @@ Before the steps, whatever the spec's state: a verification requested with the
 the ``Verified`` condition, ``status.verification``).
 
 Failure modes: PostgreSQL unreachable or a catalog error → the relevant condition is False with
-the error text (never a password: libpq's messages do not contain it) and the timer retries;
-Kubernetes API errors propagate to kopf, which retries with backoff.
+the error text (never a password: libpq's messages do not contain it) and the timer retries.
+A child the API server refuses to create or change (a 4xx but 409/429:
+:func:`lakeslot_operator.child_health.is_rejection`) becomes ``ChildRejected`` with the server's
+message on the condition the child serves (``Streaming`` for the reader and the apply job,
+``SnapshotComplete`` for the snapshot) and so an event and ``Degraded``, in the same reconcile;
+the others go on. A reader that crash-loops or cannot pull its image and an apply job that
+failed for good are ``ReaderFailing`` / ``ApplyFailed`` (:mod:`lakeslot_operator.child_health`).
+Other Kubernetes API errors (409 conflicts, throttling, 5xx, connection errors) propagate to
+kopf, which retries with backoff.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from pathlib import Path
 
 import psycopg
 import pydantic
+from kubernetes.client.exceptions import ApiException
 
 from lakeslot import control, resnapshot, workloads
 from lakeslot import lsn as lsnlib
@@ -62,7 +70,7 @@ from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.progress import MirrorProgress
 from lakeslot.source import connection, slot
 from lakeslot.source.tables import TableName
-from lakeslot_operator import children, scheduling, verification
+from lakeslot_operator import child_health, children, scheduling, verification
 from lakeslot_operator.kube import Kube
 
 OPERATOR_CONNECT_TIMEOUT_S = "10"
@@ -112,6 +120,7 @@ class _Reconciler:
         report.status.publication_name = self.names.publication
         self.progress: dict[TableName, MirrorProgress] = {}
         self.snapshotting: set[TableName] = set()
+        self.rejected: dict[str, child_health.Problem] = {}  # component → why the server refused it
 
     # the steps -----------------------------------------------------------------------------
 
@@ -153,9 +162,21 @@ class _Reconciler:
         pod = self._reader_pod()
         return connection.application_name("reader", self.names.owner, pod) if pod else None
 
+    def _write(self, component: str, obj: dict) -> bool:
+        """Create or update a child; a refusal for good is recorded under ``component`` (False)."""
+        try:
+            self.ctx.kube.ensure(obj)
+        except ApiException as e:
+            if not child_health.is_rejection(e):
+                raise
+            self.rejected[component] = child_health.rejection(
+                obj["kind"], obj["metadata"]["name"], e)
+            return False
+        return True
+
     def _children(self, tables: list[TableName]) -> None:
-        kube, ing, config = self.ctx.kube, self.ing, self.ctx.config
-        kube.ensure(children.reader_deployment(
+        ing, config = self.ing, self.ctx.config
+        self._write("reader", children.reader_deployment(
             ing, self.uid, config, workloads.reader_command(ing),
             replicas=1))
         progress = self._mirror_progress(tables)
@@ -163,7 +184,7 @@ class _Reconciler:
             return
         self._snapshot(tables, progress)
         if any(p.lsn is not None for p in progress.values()):
-            kube.ensure(children.apply_application(
+            self._write("apply", children.apply_application(
                 ing, self.uid, config, workloads.apply_arguments(ing, tables)))
 
     def _mirror_progress(self, tables: list[TableName]) -> dict[TableName, MirrorProgress] | None:
@@ -206,16 +227,17 @@ class _Reconciler:
         if waiting:
             step = dataclasses.replace(step, message=(
                 f"{step.message}; then {', '.join(map(str, waiting))} (waiting for it to finish)"))
-        if step.submit:
-            self.ctx.kube.ensure(children.snapshot_application(
+        if step.submit and self._write("snapshot", children.snapshot_application(
                 self.ing, self.uid, self.ctx.config,
                 workloads.snapshot_arguments(self.ing, plan.wanted,
                                              min_snapshot_lsn=plan.min_snapshot_lsn),
-                generation=plan.generation))
+                generation=plan.generation)):
             self.r.tell("Normal", "SnapshotStarted", f"{name}: {len(plan.wanted)} table(s)")
         if step.delete:
             self.ctx.kube.delete_spark_application(self.ns, name)  # resubmitted next time
         self._record(step)
+        if (refused := self.rejected.get("snapshot")) is not None:
+            self.r.condition("SnapshotComplete", False, refused.reason, refused.message)
 
     def _again(self, tables: list[TableName], progress: dict[TableName, MirrorProgress]
                ) -> dict[TableName, int]:
@@ -277,8 +299,8 @@ class _Reconciler:
 
     def _suspend(self) -> None:
         kube = self.ctx.kube
-        kube.scale_deployment(self.ns, children.child_name(self.ing, "reader"), 0)
-        kube.delete_spark_application(self.ns, children.child_name(self.ing, "apply"))
+        kube.scale_deployment(self.ns, children.reader_name(self.ing), 0)
+        kube.delete_spark_application(self.ns, children.apply_name(self.ing))
         self.r.status.phase = "Suspended"
         self.r.condition("Streaming", False, "Suspended", "spec.suspend is true: the reader and "
                          "the apply job are stopped; the slot keeps retaining WAL")
@@ -302,15 +324,18 @@ class _Reconciler:
         applied = st.record_progress(self.r, self.progress, self.snapshotting,
                                      durable=health.confirmed_flush_lsn, current=current,
                                      reader=self._reader_pod())
-        reader_ready = self.ctx.kube.deployment_available(
-            self.ns, children.child_name(self.ing, "reader"))
-        apply_state = self.ctx.kube.spark_application_state(
-            self.ns, children.child_name(self.ing, "apply"))
+        kube = self.ctx.kube
+        reader = self.rejected.get("reader") or child_health.reader_problem(
+            kube.get_deployment(self.ns, children.reader_name(self.ing)),
+            kube.list_pods(self.ns, {children.INGESTION_LABEL: self.ing.metadata.name,
+                                     children.COMPONENT_LABEL: "reader"}))
+        apply = self.rejected.get("apply") or child_health.apply_problem(
+            kube.get_spark_application(self.ns, children.apply_name(self.ing)))
         st.streaming(self.r, applied,
-                     reader_problem=None if reader_ready else
-                     "the reader Deployment has no available replica yet",
-                     apply_problem=None if apply_state == "RUNNING" else
-                     f"the apply SparkApplication is {apply_state or 'absent'}")
+                     reader_problem=reader.message if reader else None,
+                     reader_reason=reader.reason if reader else "",
+                     apply_problem=apply.message if apply else None,
+                     apply_reason=apply.reason if apply else "")
 
 def source_settings(kube: Kube, namespace: str, source: SourceSpec) -> connection.ConnectionSettings:
     """Connection settings with the Secrets resolved (LookupError names a missing one)."""

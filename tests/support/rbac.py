@@ -45,8 +45,9 @@ import ast
 import asyncio
 import dataclasses
 import inspect
+import json
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -82,6 +83,36 @@ class Grant:
 
 
 API_GROUPS = {"CoreV1Api": "", "AppsV1Api": "apps", "BatchV1Api": "batch"}
+Admission = Callable[[str, str, Any], "tuple[int, dict[str, Any]] | None"]
+
+
+def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
+    """A metav1.Status as the API server answers a refused request."""
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+def owner_references_enforcement(granted: set[Grant]) -> Admission:
+    """OwnerReferencesPermissionEnforcement (kube-apiserver admission, on in OpenShift): creating
+    or replacing an object whose ownerReference sets ``blockOwnerDeletion`` needs ``update`` on
+    the owner's ``finalizers``; without it the server answers 403 with this message."""
+    def admit(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]] | None:
+        if method not in ("POST", "PUT") or not isinstance(body, dict):
+            return None
+        attributes = request_attributes(method, path, {})
+        for reference in (body.get("metadata") or {}).get("ownerReferences") or []:
+            group = reference["apiVersion"].rpartition("/")[0]
+            needed = Attributes("update", group, f"{PLURAL}/finalizers",
+                                attributes.namespace if attributes else None)
+            if reference.get("blockOwnerDeletion") and not allowed(granted, needed):
+                kind = attributes.resource if attributes else "object"
+                return 403, status_body(403, "Forbidden", (
+                    f'{kind} "{body["metadata"].get("name")}" is forbidden: cannot set '
+                    "blockOwnerDeletion if an ownerReference refers to a resource you can't set "
+                    f'finalizers on: cannot update resource "{needed.resource}" in API group '
+                    f'"{group}" in the namespace "{needed.namespace}", <nil>'))
+        return None
+    return admit
 CLIENT_VERBS = {"read": "get", "get": "get", "list": "list", "create": "create",
                 "replace": "update", "patch": "patch", "delete": "delete"}
 
@@ -229,10 +260,16 @@ class RecordingProxy:
     """A reverse proxy on ``127.0.0.1:<free port>`` (``url``) in front of ``upstream``; every
     request is appended to ``requests`` as (method, path, query) before it is forwarded.
     Responses are streamed, so watches work through it. Runs its own event loop in a thread;
-    use as a context manager."""
+    use as a context manager.
 
-    def __init__(self, upstream: str) -> None:
+    ``admit`` stands in for an admission step the emulator lacks (a webhook, Pod Security,
+    OwnerReferencesPermissionEnforcement): called with (method, path, JSON body or None) before
+    forwarding, it returns None to let the request through, or (HTTP status, Status body) to
+    answer with instead, as the API server would."""
+
+    def __init__(self, upstream: str, admit: Admission | None = None) -> None:
         self.upstream = upstream.rstrip("/")
+        self.admit = admit
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.url = ""
         self._loop = asyncio.new_event_loop()
@@ -277,9 +314,18 @@ class RecordingProxy:
         assert self._session is not None
         self.requests.append((request.method, request.path, dict(request.query)))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        data = await request.read()
+        if self.admit is not None:
+            try:
+                body = json.loads(data) if data else None
+            except ValueError:
+                body = None
+            refusal = self.admit(request.method, request.path, body)
+            if refusal is not None:
+                return aiohttp.web.json_response(refusal[1], status=refusal[0])
         try:
             upstream = await self._session.request(request.method, self.upstream + request.raw_path,
-                                                   headers=headers, data=await request.read())
+                                                   headers=headers, data=data)
         except aiohttp.ClientError as e:
             return aiohttp.web.Response(status=502, text=f"upstream unreachable: {e}")
         async with upstream:

@@ -1,0 +1,184 @@
+"""Children that cannot work show as conditions and as Degraded in Argo CD, never as a retry loop.
+
+On the emulator (real reconcile, real PostgreSQL 18): the operator's requests go through a proxy
+that stands in for admission steps the emulator does not run — OwnerReferencesPermissionEnforcement
+(403, what OpenShift answers a chart without ``postgresingestions/finalizers``, judged against the
+chart's rendered RBAC) and a spark-operator validating webhook (422; its resource-quota check is
+one lakeslot cannot refuse earlier). A refused child is a ``ChildRejected`` condition with the
+server's message, an event, and Degraded in the Argo CD health Lua, within that one reconcile.
+
+Simulated (cannot run here): the kubelet's container states (tests write a reader pod's status)
+and spark-operator's application states (tests write ``status.applicationState``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes.client
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from lakeslot.source.tables import TableName
+from lakeslot.status import CHILD_REJECTED, READER_FAILING
+from lakeslot_operator import child_health
+from lakeslot_operator.kube import Kube
+from lakeslot_operator.reconcile import Context, reconcile
+from tests.support import chart
+from tests.support import operator_env as env
+from tests.support.rbac import (
+    Grant,
+    RecordingProxy,
+    grants,
+    owner_reference_calls,
+    owner_references_enforcement,
+    status_body,
+)
+
+QUOTA_DENIAL = ('admission webhook "validate-sparkapplication.sparkoperator.k8s.io" denied the request: '
+                "failed to validate SparkApplication: exceeded resource quota of namespace default")
+
+
+def _chart_grants(*, with_finalizers: bool) -> set[Grant]:
+    values = {"watchNamespaces": [env.NAMESPACE]}
+    manifests = chart.render(values)
+    granted = grants(manifests, chart.operator_account(manifests))
+    if not with_finalizers:  # the chart before issue 17
+        (call,) = owner_reference_calls()
+        granted = {g for g in granted if (g.verb, g.group, g.resource) != call}
+    return granted
+
+
+def _quota_webhook(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]] | None:
+    if method == "POST" and path.endswith("/sparkapplications"):
+        return 422, status_body(422, "Invalid", QUOTA_DENIAL)
+    return None
+
+
+def _reconcile_through(api, proxy_url: str, name: str):
+    """One reconcile whose API calls go through the proxy; its status written back directly."""
+    configuration = kubernetes.client.Configuration()
+    configuration.host = proxy_url
+    with kubernetes.client.ApiClient(configuration) as through:
+        outcome = reconcile(env.get_ingestion(api, name) or {}, Context(kube=Kube(through)))
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        *env.CUSTOM, name, {"status": outcome.status})
+    return env.get_ingestion(api, name), outcome.events
+
+
+@pytest.fixture
+def ingestion(api, pgdb, tmp_path):
+    with pgdb.connect() as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, note text)")
+    document = env.ingestion_document("orders", pgdb, [TableName("public", "orders")],
+                                      warehouse=(tmp_path / "warehouse").as_uri(),
+                                      staging=(tmp_path / "staging").as_uri())
+    env.create_ingestion(api, document, pgdb.cluster.password)
+    return "orders"
+
+
+@pytest.mark.parametrize("pg", ["pg18"], indirect=True)
+def test_a_refused_child_is_a_condition_an_event_and_degraded_in_one_reconcile(kube, api, ingestion):
+    # 403: the chart without update on postgresingestions/finalizers, on OpenShift.
+    with RecordingProxy(kube.url, owner_references_enforcement(_chart_grants(with_finalizers=False))) as proxy:
+        resource, events = _reconcile_through(api, proxy.url, ingestion)
+    assert env.deployments(api) == {} and env.spark_applications(api) == {}
+    streaming = env.required_condition(resource, "Streaming")
+    snapshot = env.required_condition(resource, "SnapshotComplete")
+    for condition, kind, name in ((streaming, "Deployment", "orders-reader"),
+                                  (snapshot, "SparkApplication", "orders-snapshot-")):
+        assert (condition["status"], condition["reason"]) == ("False", CHILD_REJECTED)
+        assert f"the API server refused {kind} {name}" in condition["message"]
+        assert "(403): " in condition["message"] and "cannot set blockOwnerDeletion" in condition["message"]
+    degraded = env.required_condition(resource, "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", CHILD_REJECTED)
+    assert {(e.type, e.reason) for e in events} >= {("Warning", CHILD_REJECTED)}
+    assert any("cannot set blockOwnerDeletion" in e.message for e in events)
+    health = chart.argocd_health(resource)
+    assert health["status"] == "Degraded" and "blockOwnerDeletion" in health["message"]
+
+    # 422 from spark-operator's webhook; the chart's RBAC as it is now: the reader is created.
+    admit_owner = owner_references_enforcement(_chart_grants(with_finalizers=True))
+
+    def admit(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]] | None:
+        return admit_owner(method, path, body) or _quota_webhook(method, path, body)
+
+    with RecordingProxy(kube.url, admit) as proxy:
+        resource, events = _reconcile_through(api, proxy.url, ingestion)
+    assert set(env.deployments(api)) == {"orders-reader"} and env.spark_applications(api) == {}
+    snapshot = env.required_condition(resource, "SnapshotComplete")
+    assert (snapshot["reason"], snapshot["status"]) == (CHILD_REJECTED, "False")
+    assert "(422): " + QUOTA_DENIAL in snapshot["message"]
+    assert env.required_condition(resource, "Streaming")["reason"] == "ReaderNotReady"  # waiting
+    assert chart.argocd_health(resource) == {
+        "status": "Degraded", "message": f"{CHILD_REJECTED}: SnapshotComplete: {snapshot['message']}"}
+
+    # Nothing refuses any more: the snapshot is submitted and Argo CD waits again.
+    with RecordingProxy(kube.url) as proxy:
+        resource, events = _reconcile_through(api, proxy.url, ingestion)
+    assert len(env.spark_applications(api)) == 1
+    assert env.required_condition(resource, "Degraded")["status"] == "False"
+    assert chart.argocd_health(resource)["status"] == "Progressing"
+
+
+@pytest.mark.parametrize("pg", ["pg18"], indirect=True)
+def test_a_crash_looping_reader_is_degraded_not_waiting(kube, api, ingestion):
+    resource, _ = _reconcile_through(api, kube.url, ingestion)
+    assert env.required_condition(resource, "Streaming")["reason"] == "ReaderNotReady"
+    assert chart.argocd_health(resource)["status"] == "Progressing"
+    core = kubernetes.client.CoreV1Api(api)
+    labels = env.deployments(api)["orders-reader"]["spec"]["template"]["metadata"]["labels"]
+    # The client's types ask for a V1Pod; it sends a dict body as is.
+    core.create_namespaced_pod(env.NAMESPACE, {  # type: ignore[arg-type]
+        "metadata": {"name": "orders-reader-7f9-abcde", "labels": labels},
+        "spec": {"containers": [{"name": "reader", "image": "registry.example/lakeslot:typo"}]}})
+    core.patch_namespaced_pod_status("orders-reader-7f9-abcde", env.NAMESPACE, {"status": {
+        "phase": "Pending", "containerStatuses": [{
+            "name": "reader", "ready": False, "restartCount": 0, "image": "registry.example/lakeslot:typo",
+            "imageID": "", "state": {"waiting": {"reason": "ImagePullBackOff",
+                                                 "message": "Back-off pulling image"}}}]}})
+    resource, _ = _reconcile_through(api, kube.url, ingestion)
+    streaming = env.required_condition(resource, "Streaming")
+    assert (streaming["reason"], streaming["message"]) == (
+        READER_FAILING, "reader pod orders-reader-7f9-abcde is ImagePullBackOff: Back-off pulling image")
+    assert env.required_condition(resource, "Degraded")["reason"] == READER_FAILING
+    assert chart.argocd_health(resource)["status"] == "Degraded"
+
+
+# The pure decisions ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("status", "refused"), [
+    (400, True), (403, True), (404, True), (422, True), (409, False), (429, False), (500, False), (503, False)])
+def test_which_api_errors_are_refusals_for_good(status, refused):
+    assert child_health.is_rejection(ApiException(status=status)) is refused
+
+
+def _pod(reason: str | None) -> dict:
+    state = {"waiting": {"reason": reason}} if reason else {"running": {}}
+    return {"metadata": {"name": "r-1"}, "status": {"containerStatuses": [{"state": state}]}}
+
+
+@pytest.mark.parametrize(("deployment", "pods", "reason"), [
+    ({"status": {"availableReplicas": 1}}, [_pod("CrashLoopBackOff")], None),  # one available: fine
+    ({"status": {}}, [_pod("CrashLoopBackOff")], READER_FAILING),
+    ({"status": {}}, [_pod("ErrImagePull")], READER_FAILING),
+    ({"status": {}}, [_pod("CreateContainerConfigError")], READER_FAILING),
+    ({"status": {}}, [_pod("ContainerCreating")], "ReaderNotReady"),
+    ({"status": {"conditions": [{"type": "Progressing", "status": "False",
+                                 "reason": "ProgressDeadlineExceeded"}]}}, [], READER_FAILING),
+    ({"status": {}}, [], "ReaderNotReady"),
+    (None, [], "ReaderNotReady"),
+])
+def test_reader_states(deployment, pods, reason):
+    problem = child_health.reader_problem(deployment, pods)
+    assert (problem.reason if problem else None) == reason
+
+
+@pytest.mark.parametrize(("state", "reason"), [
+    ("RUNNING", None), ("SUBMITTED", "ApplyNotRunning"), ("PENDING_RERUN", "ApplyNotRunning"),
+    ("FAILING", "ApplyNotRunning"), ("FAILED", "ApplyFailed"), ("SUBMISSION_FAILED", "ApplyFailed")])
+def test_apply_states(state, reason):
+    problem = child_health.apply_problem({"status": {"applicationState": {"state": state, "errorMessage": "x"}}})
+    assert (problem.reason if problem else None) == reason
+    assert child_health.apply_problem(None) == child_health.Problem("ApplyNotRunning",
+                                                                   "the apply SparkApplication is absent")
