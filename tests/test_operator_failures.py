@@ -19,6 +19,7 @@ import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from lakeslot.api.annotations import VERIFY
 from lakeslot.source.tables import TableName
 from lakeslot.status import CHILD_REJECTED, READER_FAILING
 from lakeslot_operator import child_health
@@ -143,6 +144,31 @@ def test_a_crash_looping_reader_is_degraded_not_waiting(kube, api, ingestion):
         READER_FAILING, "reader pod orders-reader-7f9-abcde is ImagePullBackOff: Back-off pulling image")
     assert env.required_condition(resource, "Degraded")["reason"] == READER_FAILING
     assert chart.argocd_health(resource)["status"] == "Degraded"
+
+
+@pytest.mark.parametrize("pg", ["pg18"], indirect=True)
+def test_a_refused_verification_job_is_reported_and_tried_again(kube, api, ingestion):
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        *env.CUSTOM, ingestion, {"metadata": {"annotations": {VERIFY: "20250101T000000Z"}}})
+    quota = ('jobs.batch "orders-verify" is forbidden: exceeded quota: compute, requested: '
+             "count/jobs.batch=1, used: count/jobs.batch=10, limited: count/jobs.batch=10")
+
+    def admit(method: str, path: str, body: Any) -> tuple[int, dict[str, Any]] | None:
+        return (403, status_body(403, "Forbidden", quota)) if method == "POST" and path.endswith("/jobs") else None
+
+    with RecordingProxy(kube.url, admit) as proxy:
+        resource, _ = _reconcile_through(api, proxy.url, ingestion)
+    verified = env.required_condition(resource, "Verified")
+    assert (verified["status"], verified["reason"]) == ("False", CHILD_REJECTED)
+    assert "(403): " + quota in verified["message"]
+    assert resource["status"]["verification"]["state"] == "Verifying"
+    assert env.required_condition(resource, "Degraded")["reason"] == CHILD_REJECTED
+    assert kubernetes.client.BatchV1Api(api).list_namespaced_job(env.NAMESPACE).items == []
+
+    resource, _ = _reconcile_through(api, kube.url, ingestion)  # the quota freed: created now
+    (job,) = kubernetes.client.BatchV1Api(api).list_namespaced_job(env.NAMESPACE).items
+    assert job.metadata is not None and job.metadata.name == resource["status"]["verification"]["job"]
+    assert env.required_condition(resource, "Verified")["status"] == "Unknown"
 
 
 # The pure decisions ----------------------------------------------------------------------------

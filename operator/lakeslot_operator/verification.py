@@ -32,8 +32,10 @@ Invariants:
   document in staging and the Job's log hold the values.
 
 Failure modes: staging unreadable by the operator keeps the request ``Verifying`` with
-``Verified: Unknown/ResultUnreadable`` saying so (retried every reconcile); Kubernetes API errors
-propagate (kopf retries the reconcile).
+``Verified: Unknown/ResultUnreadable`` saying so (retried every reconcile); a Job the API server
+refuses (:func:`lakeslot_operator.child_health.is_rejection`) is ``Verified: False/ChildRejected``
+with the server's message, the request stays ``Verifying`` and its Job is tried again on the next
+reconcile; other Kubernetes API errors propagate (kopf retries the reconcile).
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+
+from kubernetes.client.exceptions import ApiException
 
 from lakeslot import status as st
 from lakeslot import workloads
@@ -51,7 +55,7 @@ from lakeslot.source.tables import TableName
 from lakeslot.staging.store import VERIFY_RESULTS, Staging
 from lakeslot.verify.report import key_text
 from lakeslot.verify.request import check_token, parse_table, parse_tables
-from lakeslot_operator import children
+from lakeslot_operator import child_health, children
 from lakeslot_operator.kube import Kube
 
 LISTED_KEYS = 3  # keys per kind of difference in a table's status row
@@ -150,7 +154,8 @@ def follow(previous: VerificationStatus, job: Job | None, document: dict | None,
             "operator read access to staging (e.g. object-store credentials in its environment)")))
     tables = tuple(parse_table(t) for t in previous.tables)
     if job is None:
-        return Step(previous, create=tables)  # a Job of a request being verified always exists
+        # A Job of a request being verified always exists: (re)created, it is verifying again.
+        return Step(previous, Verdict(None, "Verifying", previous.message), create=tables)
     if not (job.failed or job.complete):
         return Step(previous)
     why = (f"failed ({job.why})" if job.failed else "completed") + f" without leaving its result in {where}"
@@ -258,13 +263,21 @@ def serve(ingestion: PostgresIngestion, uid: str, kube: Kube, config: children.O
         return
     if step.cancel is not None:
         kube.delete_job(namespace, step.cancel)
+    refused = None
     if step.create is not None and step.verification is not None:
         token = step.verification.token
-        kube.create_job(children.verify_job(ingestion, uid, config,
-                                            workloads.verify_command(ingestion, step.create, token),
-                                            token=token))
+        job = children.verify_job(ingestion, uid, config,
+                                  workloads.verify_command(ingestion, step.create, token), token=token)
+        try:
+            kube.create_job(job)
+        except ApiException as e:
+            if not child_health.is_rejection(e):
+                raise
+            refused = child_health.rejection("Job", job["metadata"]["name"], e)
     report.status.verification = step.verification
-    if step.verdict is not None:
+    if refused is not None:  # still Verifying: the next reconcile creates the Job again
+        report.condition("Verified", False, refused.reason, refused.message)
+    elif step.verdict is not None:
         report.condition("Verified", step.verdict.ok, step.verdict.reason, step.verdict.message)
     for event in step.events:
         report.tell(event.type, event.reason, event.message)
