@@ -320,6 +320,7 @@ def _spark_application(ingestion: PostgresIngestion, uid: str, config: OperatorC
                        driver, executor, restart: dict, ttl: int | None) -> dict:
     spark = ingestion.spec.spark
     role_labels = labels(ingestion, component)
+    account = spark.service_account or config.spark_service_account  # executors too: workload identity
     spec: dict[str, object] = {
         "type": "Python",
         "pythonVersion": "3",
@@ -333,11 +334,11 @@ def _spark_application(ingestion: PostgresIngestion, uid: str, config: OperatorC
         "sparkConf": {**iceberg_conf(ingestion.spec.sink.catalog), **_secret_conf(ingestion),
                       **spark.spark_conf},
         "driver": {"cores": driver.cores, "memory": driver.memory, "labels": role_labels,
-                   "serviceAccount": spark.service_account or config.spark_service_account,
+                   "serviceAccount": account,
                    "securityContext": _spark_container_security(),
                    "podSecurityContext": _pod_security()},
         "executor": {"cores": executor.cores, "memory": executor.memory,
-                     "instances": executor.instances, "labels": role_labels,
+                     "instances": executor.instances, "labels": role_labels, "serviceAccount": account,
                      "securityContext": _spark_container_security(),
                      "podSecurityContext": _pod_security()},
     }

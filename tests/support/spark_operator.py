@@ -1,0 +1,110 @@
+"""What spark-operator and Spark do with a SparkApplication, replayed offline from their published
+rules (neither can run here), for tests/test_spark_operator_contract.py.
+
+- ``SCHEMAS``: the vendored SparkApplication schema excerpts (tests/data/spark-operator/, each
+  file's header names its source repository, path, commit and version); ``schema_problems`` checks
+  an application against one strictly: JSON-schema errors, plus every field the API server would
+  prune (not declared by the schema).
+- ``webhook_problems``: the checks of spark-operator's validating webhook that depend on what
+  lakeslot writes — ``validateObjectName`` (kubeflow/spark-operator internal/webhook/validation.go:
+  the name must be a DNS-1035 label, since the operator derives Service names from it, e.g. the UI
+  Service ``<name>-ui-svc``) and ``validateSparkConf`` (internal/webhook/sparkconf_validator.go:
+  denied keys, and ``spark.kubernetes.namespace`` only equal to the application's namespace).
+- ``pod_view``: the driver or executor pod Spark 3.5 and spark-operator's mutating webhook make of
+  an application, as far as lakeslot's settings go: environment variables from
+  ``spark.kubernetes.driverEnv.*`` / ``spark.executorEnv.*`` and ``secretKeyRef``s, a Secret named
+  in ``spark.kubernetes.{driver,executor}.secrets.<name>=<path>`` mounted whole as the volume
+  ``<name>-volume`` (Spark's MountSecretsFeatureStep) with one file per key, and the role's
+  ``securityContext`` (the container) and ``podSecurityContext`` (the pod) applied by the webhook.
+"""
+
+from __future__ import annotations
+
+import copy
+import posixpath
+import re
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from lakeslot.api.cluster import DENIED_SPARK_CONF
+from tests.support.kube_emulator import prune, to_json_schema
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "spark-operator"
+SCHEMAS = {path.name.removeprefix("sparkapplication-").removesuffix(".schema.yaml"): path
+           for path in sorted(DATA.glob("sparkapplication-*.schema.yaml"))}
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+UI_SERVICE_SUFFIX = "-ui-svc"
+SECRET_VOLUME_SUFFIX = "-volume"
+
+
+def load_schema(version: str) -> dict[str, Any]:
+    return yaml.safe_load(SCHEMAS[version].read_text())
+
+
+def schema_problems(app: dict[str, Any], schema: dict[str, Any]) -> list[str]:
+    problems = [f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+                for e in jsonschema.Draft202012Validator(to_json_schema(schema)).iter_errors(app)]
+    kept = prune(copy.deepcopy(app), schema, object_meta=True)
+    if kept != app:
+        problems.append(f"fields the API server would prune: {_pruned(app, kept)}")
+    return problems
+
+
+def _pruned(full: Any, kept: Any, path: str = "") -> list[str]:
+    if isinstance(full, dict) and isinstance(kept, dict):
+        return [p for key in full for p in
+                ([f"{path}.{key}"] if key not in kept else _pruned(full[key], kept[key], f"{path}.{key}"))]
+    return []
+
+
+def is_dns1035_label(name: str) -> bool:
+    return len(name) <= 63 and DNS1035_LABEL.fullmatch(name) is not None
+
+
+def webhook_problems(app: dict[str, Any]) -> list[str]:
+    name, namespace = app["metadata"]["name"], app["metadata"]["namespace"]
+    problems = []
+    if not is_dns1035_label(name):
+        problems.append(f"metadata.name {name!r} is not a DNS-1035 label")
+    if not is_dns1035_label(name + UI_SERVICE_SUFFIX):
+        problems.append(f"the UI Service {name + UI_SERVICE_SUFFIX!r} is not a DNS-1035 label")
+    for key, value in (app["spec"].get("sparkConf") or {}).items():
+        if key == "spark.kubernetes.namespace":
+            if value != namespace:
+                problems.append(f"sparkConf key {key!r} must equal the application namespace")
+        elif key in DENIED_SPARK_CONF:
+            problems.append(f"sparkConf key {key!r} is not allowed")
+    return problems
+
+
+def pod_view(app: dict[str, Any], role: str, secrets: dict[str, dict[str, str]]) -> dict[str, Any]:
+    """The ``role`` ("driver"/"executor") pod: ``env`` (name → value, or ``secretKeyRef`` text),
+    ``files`` (path → content from mounted Secrets, given as ``secrets``: name → key → value),
+    ``volumes`` (names), ``pod`` (a pod spec with the webhook's security contexts)."""
+    conf = app["spec"].get("sparkConf") or {}
+    env_prefix = "spark.kubernetes.driverEnv." if role == "driver" else "spark.executorEnv."
+    env = {key.removeprefix(env_prefix): value for key, value in conf.items() if key.startswith(env_prefix)}
+    ref_prefix = f"spark.kubernetes.{role}.secretKeyRef."
+    env.update({key.removeprefix(ref_prefix): f"secretKeyRef:{value}"
+                for key, value in conf.items() if key.startswith(ref_prefix)})
+    files: dict[str, str] = {}
+    volumes = []
+    secret_prefix = f"spark.kubernetes.{role}.secrets."
+    for key, mount in conf.items():
+        if key.startswith(secret_prefix):
+            secret = key.removeprefix(secret_prefix)
+            volumes.append({"name": secret + SECRET_VOLUME_SUFFIX, "secret": {"secretName": secret}})
+            files.update({posixpath.join(mount, item): value for item, value in secrets[secret].items()})
+    spec = app["spec"][role]
+    container = {"name": f"spark-kubernetes-{role}", "image": app["spec"]["image"],
+                 "securityContext": spec.get("securityContext", {})}
+    pod: dict[str, Any] = {"containers": [container], "volumes": volumes,
+                           "serviceAccountName": spec.get("serviceAccount"),
+                           "securityContext": spec.get("podSecurityContext", {})}
+    if app["spec"].get("imagePullSecrets"):
+        pod["imagePullSecrets"] = [{"name": name} for name in app["spec"]["imagePullSecrets"]]
+    return {"env": env, "files": files, "volumes": [v["name"] for v in volumes], "pod": pod}
