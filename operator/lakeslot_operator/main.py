@@ -9,7 +9,8 @@ when it stops (the peering CRDs ship with the Helm chart).
 The children's defaults come from the environment the chart sets: ``LAKESLOT_IMAGE``,
 ``LAKESLOT_IMAGE_PULL_POLICY``, ``LAKESLOT_IMAGE_PULL_SECRETS`` (comma-separated Secret names),
 ``LAKESLOT_SPARK_SERVICE_ACCOUNT``, ``LAKESLOT_READER_SERVICE_ACCOUNT``; ``POD_ID`` is kopf's
-identity in the peering object.
+identity in the peering object, and ``LAKESLOT_PEERING_LIFETIME_S`` how long a replica that died
+keeps the others waiting (default :data:`lakeslot_operator.peering.LIFETIME_S`).
 """
 
 from __future__ import annotations
@@ -50,10 +51,13 @@ def operator_config(environ: Mapping[str, str] | None = None) -> OperatorConfig:
 
 
 def run(*, namespaces: list[str], peering: str | None, liveness: str | None) -> None:
+    kopf.configure()  # kopf's log format at INFO: handling, peering (pausing, resuming), errors
     ctx = Context(kube=Kube(_api_client()), config=operator_config())
     settings = kopf.OperatorSettings()
     if peering is not None:
-        peering_settings.configure(settings, pod=os.environ.get("POD_ID") or os.uname().nodename)
+        peering_settings.configure(
+            settings, pod=os.environ.get("POD_ID") or os.uname().nodename,
+            lifetime=int(os.environ.get("LAKESLOT_PEERING_LIFETIME_S") or peering_settings.LIFETIME_S))
     asyncio.run(kopf.operator(
         registry=build_registry(ctx), settings=settings, clusterwide=not namespaces,
         namespaces=namespaces, standalone=peering is None, peering_name=peering,
