@@ -93,6 +93,7 @@ def test_a_refused_child_is_a_condition_an_event_and_degraded_in_one_reconcile(k
         assert "(403): " in condition["message"] and "cannot set blockOwnerDeletion" in condition["message"]
     degraded = env.required_condition(resource, "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", CHILD_REJECTED)
+    assert "state" not in resource["status"]["snapshot"] and resource["status"]["phase"] == "Pending"
     assert {(e.type, e.reason) for e in events} >= {("Warning", CHILD_REJECTED)}
     assert any("cannot set blockOwnerDeletion" in e.message for e in events)
     health = chart.argocd_health(resource)

@@ -237,6 +237,8 @@ class _Reconciler:
             self.ctx.kube.delete_spark_application(self.ns, name)  # resubmitted next time
         self._record(step)
         if (refused := self.rejected.get("snapshot")) is not None:
+            if status.snapshot is not None:  # not submitted: the application does not exist
+                status.snapshot.state, status.snapshot.message = None, refused.message
             self.r.condition("SnapshotComplete", False, refused.reason, refused.message)
 
     def _again(self, tables: list[TableName], progress: dict[TableName, MirrorProgress]
