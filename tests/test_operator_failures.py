@@ -20,11 +20,13 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from lakeslot.api.annotations import VERIFY
+from lakeslot.api.models import PostgresIngestion
 from lakeslot.source.tables import TableName
 from lakeslot.status import CHILD_REJECTED, READER_FAILING
-from lakeslot_operator import child_health
+from lakeslot_operator import child_health, children
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context, reconcile
+from tests.api_cases import apply_edits, base_document
 from tests.support import chart
 from tests.support import operator_env as env
 from tests.support.rbac import (
@@ -170,6 +172,21 @@ def test_a_refused_verification_job_is_reported_and_tried_again(kube, api, inges
     (job,) = kubernetes.client.BatchV1Api(api).list_namespaced_job(env.NAMESPACE).items
     assert job.metadata is not None and job.metadata.name == resource["status"]["verification"]["job"]
     assert env.required_condition(resource, "Verified")["status"] == "Unknown"
+
+
+def test_a_child_a_concurrent_reconcile_created_first_is_not_an_error(api):
+    """The timer's reconcile and a change handler's may both read "absent" and both create: the
+    second create is answered 409 AlreadyExists, which is no failure (same name, same spec)."""
+    ingestion = PostgresIngestion.model_validate(apply_edits(base_document(), ()))
+    app = children.apply_application(ingestion, "uid", children.OperatorConfig(), ["--x"])
+
+    class ReadBeforeTheOtherCreated(Kube):
+        def get_spark_application(self, namespace: str, name: str) -> dict | None:
+            return None
+
+    assert Kube(api).ensure(app) is True
+    assert ReadBeforeTheOtherCreated(api).ensure(app) is False
+    assert list(env.spark_applications(api)) == [app["metadata"]["name"]]
 
 
 # The pure decisions ----------------------------------------------------------------------------

@@ -8,7 +8,9 @@ Invariants:
   rewriting a running SparkApplication makes the spark-operator kill and resubmit it (FACTS.md).
 - A changed child is replaced whole (PUT with its resourceVersion), so fields removed from the
   desired object are removed from the live one; a concurrent change makes the PUT fail with
-  409 and kopf retries the reconcile.
+  409 and kopf retries the reconcile. A create answered 409 (AlreadyExists: a concurrent
+  reconcile, e.g. the timer's, created it first under the same deterministic name) is not an
+  error: the next reconcile compares it like any live child.
 - Jobs (the verification's) are created once and never replaced (:meth:`Kube.create_job`): a
   Job's name says what it runs; deleting one deletes its pods too.
 - Secrets are read only to hand a value to libpq; values are never logged or returned in errors.
@@ -118,10 +120,15 @@ class Kube:
         live = self.get_spark_application(namespace, name) if spark else \
             self.get_deployment(namespace, name)
         if live is None:
-            if spark:
-                self.custom.create_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], obj)
-            else:
-                self.apps.create_namespaced_deployment(namespace, _deployment(obj))
+            try:
+                if spark:
+                    self.custom.create_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], obj)
+                else:
+                    self.apps.create_namespaced_deployment(namespace, _deployment(obj))
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+                return False  # created meanwhile by a concurrent reconcile (the timer's): same name, same spec
             return True
         if (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == digest:
             return False
