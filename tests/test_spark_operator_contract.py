@@ -7,7 +7,9 @@ key other than ``ca.crt``, image pull secrets, a reader service account):
   v1beta2-1.3.8 and v2 (tests/data/spark-operator/: excerpts transcribed from the upstream API
   types, each file naming its source; the full CRDs, 197k and 800k characters, were not copied),
   and the core types inside them (the security contexts) against Kubernetes' own schemas, for the
-  oldest supported Kubernetes (1.29) and the newest the validator knows;
+  oldest supported Kubernetes (1.29) and the newest the validator knows; and they round-trip
+  unchanged through spark-operator 2.4's own API models (PyPI ``kubeflow-spark-api``, generated
+  from its OpenAPI spec, corev1 types included);
 - they pass the replay of spark-operator's published webhook rules (DNS-1035 names, denied
   sparkConf keys), and the replay itself refuses what it must;
 - Spark's own secret-mount naming (``<secret>-volume``, one file per key at the mount path) puts a
@@ -23,8 +25,12 @@ stands in for the parts lakeslot's output depends on.
 from __future__ import annotations
 
 import kubernetes_validate
+import pydantic
 import pytest
 import yaml
+from kubeflow_spark_api.models.spark_v1beta2_spark_application import (
+    SparkV1beta2SparkApplication as SparkApplicationModel,
+)
 
 from lakeslot.api.cluster import INGESTION_NAME_MAX
 from lakeslot.api.models import PostgresIngestion
@@ -109,6 +115,24 @@ def test_the_schema_check_refuses_a_field_upstream_does_not_have():
     app = _applications(_ingestion("ingestion"))[0]
     app["spec"]["pythonVersion"] = 3
     assert spark_operator.schema_problems(app, spark_operator.load_schema("v2"))
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_spark_applications_round_trip_through_spark_operators_own_api_models(name):
+    """spark-operator 2.4's API models, generated from its OpenAPI spec (PyPI kubeflow-spark-api,
+    corev1 types included): they validate types strictly and drop any field they do not know,
+    so a round trip that changes nothing means every field is one spark-operator keeps."""
+    for app in _applications(_ingestion(name)):
+        assert SparkApplicationModel.from_dict(app).to_dict() == app
+
+
+def test_the_api_models_drop_and_refuse_what_spark_operator_does_not_know():
+    app = _applications(_ingestion("ingestion"))[0]
+    app["spec"]["driver"]["podTemplate"] = {}
+    assert "podTemplate" not in SparkApplicationModel.from_dict(app).to_dict()["spec"]["driver"]
+    app["spec"]["executor"]["instances"] = "2"
+    with pytest.raises(pydantic.ValidationError):
+        SparkApplicationModel.from_dict(app)
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
