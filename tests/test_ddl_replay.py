@@ -10,8 +10,7 @@ import json
 import pytest
 from pyiceberg.types import DecimalType, IntegerType, LongType, StringType
 
-from lakeslot.apply.changes import Change
-from lakeslot.apply.ddl import replay, translate
+from lakeslot.apply.ddl import epoch, replay, translations
 from lakeslot.source import ddl_capture
 from lakeslot.source.ddl_capture import DdlEvent, SourceColumn
 from lakeslot.source.facts import TableFacts
@@ -119,22 +118,22 @@ def test_partitions_created_empty_are_fine_attached_or_detached_are_not():
     assert "partition public.t_old was dropped" in (_replay([dropped], facts=parts).reason or "")
 
 
-def _change(lsn, seq, names, op="U"):
-    relation = Relation(10, "public", "t", "default", tuple(Column(n, TEXT, -1, n == "id")
-                                                            for n in names))
-    row = {n: f"{n}@{lsn}" for n in names}
-    return Change(lsn, seq, op, relation, row, None)
+def _relation(*names):
+    return Relation(10, "public", "t", "default", tuple(Column(n, TEXT, -1, n == "id")
+                                                        for n in names))
 
 
 def test_changes_before_a_rename_take_the_new_name_even_in_the_same_transaction():
-    changes = [_change(4, 0, ["id", "x", "y"]), _change(5, 0, ["id", "x", "y"]),
-               _change(5, 4, ["id", "y", "x"]), _change(9, 0, ["id", "x", "y"])]
-    swap = [(5, 1, "x", "tmp"), (5, 2, "y", "x"), (5, 3, "tmp", "y")]
-    out = translate(changes, swap)
-    assert [c.name for c in out[0].relation.columns] == ["id", "y", "x"]
-    assert out[0].new == {"id": "id@4", "y": "x@4", "x": "y@4"}
-    assert out[1].new == {"id": "id@5", "y": "x@5", "x": "y@5"}
-    assert out[2] is changes[2] and out[3] is changes[3]
+    swap = [(5, 1, "x", "tmp"), (5, 2, "y", "x"), (5, 3, "tmp", "y")]  # one transaction
+    before, between, after = _relation("id", "x", "y"), _relation("id", "tmp", "y"), _relation(
+        "id", "y", "x")
+    assert [c.name for c in translations(before, swap)[0].columns] == ["id", "y", "x"]
+    assert [c.name for c in translations(between, swap)[1].columns] == ["id", "y", "x"]
+    assert translations(after, swap)[3] == after
+    assert translations(before, []) == [before]
+    # a change's epoch: the renames before it in commit order, (lsn, seq)
+    assert [epoch(swap, lsn, seq) for lsn, seq in [(4, 0), (5, 0), (5, 2), (5, 4), (9, 0)]] == [
+        0, 0, 2, 3, 3]
 
 
 def test_only_the_trigger_key_makes_a_message():

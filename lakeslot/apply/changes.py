@@ -28,14 +28,12 @@ A gap in staging (no sealed segment covers a needed LSN) raises
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from lakeslot import lsn as lsn_text
-from lakeslot.source.ddl_capture import PREFIX as DDL_PREFIX
 from lakeslot.source.tables import TableName
-from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName, chain
+from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName
 from lakeslot.staging.relations import Relation
-from lakeslot.staging.store import Staging
 
 
 class _Keep:
@@ -69,53 +67,12 @@ class Change:
     old: Mapping | None
 
 
-@dataclass
-class Batch:
-    """The changes of each table above its position, up to ``end`` (exclusive)."""
-
-    segments: list[SegmentName]
-    changes: dict[TableName, list[Change]] = field(default_factory=dict)
-    # lakeslot's DDL messages (lsn, seq, content) in stream order, above the lowest position
-    messages: list[tuple[int, int, bytes]] = field(default_factory=list)
-
-    @property
-    def end(self) -> int | None:
-        return self.segments[-1].end if self.segments else None
-
-
 def start_position(names: Sequence[SegmentName], position: int) -> int:
     """Where reading starts for a table at ``position``: the first LSN above it, or the first
     staged LSN for position 0 (a table created empty takes everything staged)."""
     if position == 0 and names:
         return names[0].start
     return position + 1
-
-
-def read_batch(staging: Staging, positions: Mapping[TableName, int], *,
-               max_segments: int) -> Batch:
-    """The changes above each table's position in the next ``max_segments`` sealed segments."""
-    names = staging.list()
-    if not positions or not names:
-        return Batch([])
-    start = min(start_position(names, p) for p in positions.values())
-    chosen = chain(names, start)[:max_segments]
-    batch = Batch(chosen, {t: [] for t in positions})
-    floor = 0
-    for name in chosen:
-        for row in staging.read(name).rows():
-            if row.commit_lsn < floor:
-                continue
-            if row.relation is None:
-                if (row.op == "M" and row.prefix == DDL_PREFIX and row.transactional
-                        and row.content is not None and row.commit_lsn >= start):
-                    batch.messages.append((row.commit_lsn, row.seq, row.content))
-                continue
-            table = TableName(row.relation.schema, row.relation.table)
-            if table in positions and row.commit_lsn > positions[table]:
-                batch.changes[table].append(Change(row.commit_lsn, row.seq, row.op, row.relation,
-                                                   row.new, row.old))
-        floor = name.end
-    return batch
 
 
 # the reduction ---------------------------------------------------------------------------------
@@ -193,29 +150,49 @@ def _key(table: TableName, key_columns: Sequence[str], values: Mapping | None, c
     return tuple(key)
 
 
-def reduce(table: TableName, key_columns: Sequence[str], changes: Iterable[Change], *,
-           check_unique: bool = False) -> Reduction:
-    """The latest change per key of ``changes`` (in commit order), see the module docstring.
-    ``check_unique`` (keys PostgreSQL does not keep unique): an insert or key change onto a key
-    the batch holds a row for raises :class:`DuplicateKey`."""
-    finals: dict[tuple, Final] = {}
-    events: list[Event] = []
-    relations: list[Relation] = []
-    truncated = False
-    for change in changes:
+BOTH, OLD_SIDE, NEW_SIDE = 0, 1, 2  # roles of a change (see Reducer.take)
+
+
+class Reducer:
+    """The latest change per key, fed change by change in commit order (see the module
+    docstring). Executors run one per table and key partition (:mod:`lakeslot.apply.spread`):
+    a key change then reaches the old key's partition as ``OLD_SIDE`` (a delete of the old key)
+    and the new key's as ``NEW_SIDE`` (the new image, with unchanged TOAST values kept from the
+    mirror's old row); :meth:`take` returns True when that split is not exact — the old key had
+    an image earlier in the batch that the new one needs — and the table must be reduced in one
+    partition instead. ``check_unique`` (keys PostgreSQL does not keep unique): an insert or key
+    change onto a key the batch holds a row for raises :class:`DuplicateKey`."""
+
+    def __init__(self, table: TableName, key_columns: Sequence[str], *,
+                 check_unique: bool = False, events: bool = True) -> None:
+        self.table, self.key_columns, self.check_unique = table, key_columns, check_unique
+        self.finals: dict[tuple, Final] = {}
+        self.events: list[Event] | None = [] if events else None
+        self.relations: list[Relation] = []
+        self.truncated = False
+        self.count = 0
+
+    def result(self) -> Reduction:
+        return Reduction(self.finals, self.truncated, self.events or [], self.relations)
+
+    def take(self, change: Change, role: int = BOTH) -> bool:
+        table, key_columns, finals = self.table, self.key_columns, self.finals
+        relations = self.relations
         if (not relations or relations[-1] != change.relation) and change.relation not in relations:
             relations.append(change.relation)
+        if role != OLD_SIDE:
+            self.count += 1
         if change.op == "T":
             finals.clear()
-            truncated = True
-            events.append(Event(change.lsn, change.seq, "T", Image({})))
-            continue
+            self.truncated = True
+            self._event(Event(change.lsn, change.seq, "T", Image({})), role)
+            return False
         if change.op == "I":
             key = _key(table, key_columns, change.new, change, "insert")
             assert change.new is not None  # _key raised otherwise
             image = Image(dict(change.new))
             before = finals.get(key)
-            if check_unique and before is not None and before.image is not None:
+            if self.check_unique and before is not None and before.image is not None:
                 raise DuplicateKey(key, change.lsn)
             finals[key] = Final(key, image, change.lsn, fresh=before is None)
         elif change.op == "U":
@@ -223,12 +200,18 @@ def reduce(table: TableName, key_columns: Sequence[str], changes: Iterable[Chang
             old_key = (_key(table, key_columns, change.old, change, "update")
                        if change.old is not None else key)
             previous = finals.get(old_key)
-            image = _updated(table, change, previous, old_key, truncated)
+            if old_key != key and role == OLD_SIDE:
+                finals[old_key] = Final(old_key, None, change.lsn)
+                return previous is not None and _needs_previous(change)
+            if old_key != key and role == NEW_SIDE:
+                previous = None  # in the old key's partition: kept from the mirror's old row
+            image = _updated(table, change, previous, old_key, self.truncated)
             if old_key != key:
                 before = finals.get(key)
-                if check_unique and before is not None and before.image is not None:
+                if self.check_unique and before is not None and before.image is not None:
                     raise DuplicateKey(key, change.lsn)
-                finals[old_key] = Final(old_key, None, change.lsn)
+                if role == BOTH:
+                    finals[old_key] = Final(old_key, None, change.lsn)
                 fresh = before is None
             else:
                 fresh = previous is not None and previous.fresh
@@ -239,9 +222,31 @@ def reduce(table: TableName, key_columns: Sequence[str], changes: Iterable[Chang
             finals[key] = Final(key, None, change.lsn)
             image = Image({c: v for c, v in change.old.items() if v is not NOT_IN_KEY})
         else:
-            continue
-        events.append(Event(change.lsn, change.seq, change.op, image))
-    return Reduction(finals, truncated, events, relations)
+            return False
+        self._event(Event(change.lsn, change.seq, change.op, image), role)
+        return False
+
+    def _event(self, event: Event, role: int) -> None:
+        if self.events is not None and role != OLD_SIDE:
+            self.events.append(event)
+
+
+def _needs_previous(change: Change) -> bool:
+    """Whether an update's new image takes a value from the row's previous image: an unchanged
+    TOAST value the old tuple does not carry."""
+    assert change.new is not None
+    old = change.old or {}
+    return any(v is UNCHANGED_TOAST and old.get(c, NOT_IN_KEY) in (NOT_IN_KEY, UNCHANGED_TOAST)
+               for c, v in change.new.items())
+
+
+def reduce(table: TableName, key_columns: Sequence[str], changes: Iterable[Change], *,
+           check_unique: bool = False) -> Reduction:
+    """The latest change per key of ``changes`` (in commit order), see :class:`Reducer`."""
+    reducer = Reducer(table, key_columns, check_unique=check_unique)
+    for change in changes:
+        reducer.take(change)
+    return reducer.result()
 
 
 def _updated(table: TableName, change: Change, previous: Final | None, old_key: tuple,

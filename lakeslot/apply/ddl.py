@@ -13,7 +13,7 @@ ADD COLUMN (nullable, or constant default)  column added; existing rows get the 
                                             value, even if a later rewrite cleared it)
 RENAME COLUMN                               Iceberg rename, values kept; changes before the
                                             rename (same transaction included) are read
-                                            with the new name (:func:`translate`)
+                                            with the new name (:func:`translations`)
 ALTER … TYPE, no rewrite, same Iceberg      nothing (e.g. varchar(10) → varchar(20), text)
 type; or a widening Iceberg allows          type promoted (numeric precision up)
 ALTER … TYPE with rewrite, no USING,        type promoted (int2/int4 → int8, float4 →
@@ -39,6 +39,7 @@ changes of the replayed pass. A message of another table is ignored unless it na
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -46,11 +47,11 @@ from pyiceberg.types import IcebergType
 
 from lakeslot import lsn as lsn_text
 from lakeslot import typemap
-from lakeslot.apply.changes import Change
 from lakeslot.apply.columns import same_type, widens
 from lakeslot.source.ddl_capture import DdlEvent, SourceColumn
 from lakeslot.source.facts import TableFacts
 from lakeslot.source.tables import TableName
+from lakeslot.staging.relations import Relation
 
 INT2, INT4, INT8, FLOAT4, FLOAT8 = 21, 23, 20, 700, 701
 # rewrites that keep every value (no USING): the text form of each value is unchanged
@@ -258,26 +259,21 @@ class _Replayer:
             raise  # stop raised
 
 
-def translate(changes: Iterable[Change], renames: Sequence[tuple[int, int, str, str]]
-              ) -> list[Change]:
-    """``changes`` with the column names they would have after every rename that follows them
-    in the stream (``renames``: (lsn, seq, old, new) in order)."""
-    if not renames:
-        return list(changes)
+def epoch(renames: Sequence[tuple[int, int, str, str]], lsn: int, seq: int) -> int:
+    """The rename epoch of the change at (``lsn``, ``seq``): how many renames precede it."""
+    return bisect.bisect_right([(r[0], r[1]) for r in renames], (lsn, seq))
+
+
+def translations(relation: Relation, renames: Sequence[tuple[int, int, str, str]]
+                 ) -> list[Relation]:
+    """``relation`` as each rename epoch sees it, named as the mirror is after every rename
+    (``renames``: (lsn, seq, old, new) in stream order): epoch ``e`` holds the changes after the
+    first ``e`` renames, whose columns every rename from the ``e``-th on still renames."""
     result = []
-    for change in changes:
-        names = {c.name: c.name for c in change.relation.columns}
-        for lsn, seq, old, new in renames:
-            if (lsn, seq) > (change.lsn, change.seq):
-                names = {k: (new if v == old else v) for k, v in names.items()}
-        mapping = {k: v for k, v in names.items() if k != v}
-        if not mapping:
-            result.append(change)
-            continue
-        relation = replace(change.relation, columns=tuple(
-            replace(c, name=mapping.get(c.name, c.name)) for c in change.relation.columns))
-        result.append(replace(
-            change, relation=relation,
-            new=None if change.new is None else {mapping.get(k, k): v for k, v in change.new.items()},
-            old=None if change.old is None else {mapping.get(k, k): v for k, v in change.old.items()}))
+    for epoch in range(len(renames) + 1):
+        names = [c.name for c in relation.columns]
+        for _, _, old, new in renames[epoch:]:
+            names = [new if n == old else n for n in names]
+        result.append(replace(relation, columns=tuple(
+            replace(c, name=n) for c, n in zip(relation.columns, names, strict=True))))
     return result

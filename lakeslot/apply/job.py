@@ -12,9 +12,14 @@ A pass (:meth:`Applier.run_pass`):
    position ``L``). A missing mirror is created empty at position 0 (everything staged applies)
    when ``spec.snapshot.mode`` is ``never``; with ``initial`` the table waits for its snapshot
    (``waiting``, not an error). A table whose definite error is in force is skipped.
-2. Sealed segments are read in LSN order from the lowest position (at most ``max_segments``
-   per batch; a capped batch is followed at once by the next). Each table takes the changes above
-   its own position (DESIGN.md rule 3: rewind and idempotency in one rule).
+2. The batch is planned on the driver from the segments' footers and small columns
+   (:func:`lakeslot.apply.spread.scan`: at most ``max_segments`` sealed segments in LSN order
+   from the lowest position; a capped batch is followed at once by the next). Each table takes
+   the changes above its own position (DESIGN.md rule 3: rewind and idempotency in one rule).
+   The rows themselves are read, routed by key and reduced on the executors, one Spark job for
+   every table with changes (:func:`lakeslot.apply.spread.reduce`), and parsed into the mirror's
+   types there (:func:`lakeslot.apply.merge.typed_source`): the driver never handles a change
+   row by row, and its memory does not grow with the batch (DESIGN.md "Scale").
 3. Per table: first the source facts (:mod:`lakeslot.source.facts`: dropped and re-created,
    renamed or re-added columns, partitions attached, detached, dropped or truncated — what no
    row change shows) → marked for re-snapshot; TRUNCATE per ``onTruncate``; schema changes per
@@ -73,10 +78,12 @@ import psycopg
 from py4j.protocol import Py4JError
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
+from pyspark.errors.exceptions.captured import PythonException
+from pyspark.sql import functions as F
 
 from lakeslot import lsn as lsn_text
 from lakeslot import typemap
-from lakeslot.apply import changes, columns, ddl, merge
+from lakeslot.apply import changes, columns, ddl, merge, spread
 from lakeslot.apply.changes import TableError
 from lakeslot.mirror.catalog import Tables, TableState
 from lakeslot.mirror.contract import (
@@ -100,7 +107,7 @@ log = logging.getLogger(__name__)
 EXPIRE_INTERVAL_S = 3600.0
 POINTS = ("batch-read", "after-evolve", "after-changelog", "before-merge", "after-merge",
           "after-tables", "after-retention")
-TRANSIENT = (Py4JError, OSError, psycopg.OperationalError)
+TRANSIENT = (Py4JError, PythonException, OSError, psycopg.OperationalError)
 T = TypeVar("T")
 
 
@@ -132,6 +139,16 @@ class TableOutcome:
                 "state": self.state, "lsn": None if self.lsn is None else lsn_text.format(self.lsn),
                 "changes": self.changes, "error": self.error, "resnapshotRequired": self.resnapshot,
                 "schemaChanges": list(self.ddl)}
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A table ready for the batch's reduction (:meth:`Applier._plan`)."""
+
+    state: TableState
+    plan: ddl.Plan | None
+    config: spread.TableConfig
+    scan: spread.TableScan
 
 
 @dataclass(frozen=True)
@@ -250,12 +267,26 @@ class Applier:
                 outcomes[table] = self._attempt(table, functools.partial(
                     _cut_off, table, position, staged[0].start))
                 del states[table]
-        batch = changes.read_batch(self.staging, {t: _position(s) for t, s in states.items()},
-                                   max_segments=self.max_segments)
+        batch = spread.scan(self.staging, {t: _position(s) for t, s in states.items()},
+                            max_segments=self.max_segments)
         self.hooks("batch-read")
         self._read_events(batch)
+        planned: dict[TableName, _Planned] = {}
         for table, state in states.items():
-            outcomes[table] = self._attempt(table, functools.partial(self._apply, table, state, batch))
+            plan = self._attempt(table, functools.partial(self._plan, table, state, batch))
+            if isinstance(plan, _Planned):
+                planned[table] = plan
+            else:
+                outcomes[table] = plan
+        reduced = self._reduce(batch, planned, outcomes)
+        try:
+            for table, plan in planned.items():
+                if table not in outcomes:
+                    outcomes[table] = self._attempt(table, functools.partial(
+                        self._apply, table, plan, batch, reduced))
+        finally:
+            if reduced is not None:
+                reduced.release()
         self.hooks("after-tables")
         ordered = tuple(outcomes[t] for t in self.job.tables)
         self._expire(ordered)
@@ -339,70 +370,114 @@ class Applier:
 
     # one table -----------------------------------------------------------------------------
 
-    def _apply(self, table: TableName, state: TableState, batch: changes.Batch) -> TableOutcome:
+    def _plan(self, table: TableName, state: TableState, batch: spread.Batch
+              ) -> _Planned | TableOutcome:
+        """Before the batch is reduced: the source checks and the DDL replay (renames committed
+        to the mirror first), the truncate policy, and what the executors need."""
         target = self.job.names.mirror_table(table)
         if batch.end is None or batch.end - 1 <= _position(state):
             return TableOutcome(table, target, "current", state.lsn)
-        lsn = batch.end - 1
-        found = batch.changes[table]
-        plan = self._check_source(table, target, state, found)
+        scanned = batch.tables[table]
+        plan = self._check_source(table, target, state, scanned.oids)
+        renames: tuple[tuple[int, int, str, str], ...] = ()
         if plan is not None:
             state = self._apply_ddl(table, target, state, plan)
-            found = ddl.translate(found, [r for r in plan.facts.renames
-                                          if r[0] > _position(state)])
-        truncate = next((c for c in found if c.op == "T"), None)
-        if truncate is not None and self.spec.policies.on_truncate == "Error":
-            raise TableError(f"{table} was truncated at {lsn_text.format(truncate.lsn)} and "
-                             "onTruncate is Error; re-snapshot the table (or set onTruncate: "
+            renames = tuple(r for r in plan.facts.renames if r[0] > _position(state))
+        if scanned.truncates and self.spec.policies.on_truncate == "Error":
+            raise TableError(f"{table} was truncated at {lsn_text.format(scanned.truncates[0])} "
+                             "and onTruncate is Error; re-snapshot the table (or set onTruncate: "
                              "Apply before re-snapshotting)", resnapshot=True)
-        unique = self._check_unique(table, state)
-        try:
-            reduction = changes.reduce(table, state.key, found, check_unique=unique)
-        except changes.DuplicateKey as e:
-            self._duplicate(table, state, e.key, f"at {lsn_text.format(e.lsn)}")
-        state = self._evolve(table, target, state, reduction)
+        names = list(state.data_columns())
+        for relation in batch.relations:  # columns the batch may add come after the mirror's
+            if (relation.schema, relation.table) == tuple(table):
+                for view in ddl.translations(relation, renames):
+                    names += [c.name for c in view.columns if c.name not in names]
+        config = spread.TableConfig(table, _position(state), tuple(state.key), tuple(names),
+                                    renames, self._check_unique(table, state),
+                                    self.spec.sink.changelog.enabled)
+        return _Planned(state, plan, config, scanned)
+
+    def _reduce(self, batch: spread.Batch, planned: dict[TableName, _Planned],
+                outcomes: dict[TableName, TableOutcome]) -> spread.Reduced | None:
+        """Reduce every table with changes in one Spark job (:mod:`lakeslot.apply.spread`),
+        retried like a table's work; tables whose reduction cannot be had are ``retrying``."""
+        configs = [p.config for p in planned.values() if p.scan.changes]
+        if not configs:
+            return None
+        for attempt in range(self.max_attempts):
+            try:
+                return spread.reduce(self.spark, self.spec.staging.uri, batch, configs)
+            except TRANSIENT as e:
+                error = f"{type(e).__name__}: {_summary(e)}"
+                log.warning("reducing the batch failed (attempt %d of %d): %s", attempt + 1,
+                            self.max_attempts, error)
+                if attempt + 1 < self.max_attempts:
+                    time.sleep(min(30.0, 2.0 ** attempt))
+        for config in configs:
+            target = self.job.names.mirror_table(config.table)
+            outcomes[config.table] = TableOutcome(config.table, target, "retrying",
+                                                  self._lsn_or_none(target), error=error)
+        return None
+
+    def _apply(self, table: TableName, planned: _Planned, batch: spread.Batch,
+               reduced: spread.Reduced | None) -> TableOutcome:
+        target = self.job.names.mirror_table(table)
+        state, plan, config, scanned = planned.state, planned.plan, planned.config, planned.scan
+        assert batch.end is not None  # _plan returned "current" otherwise
+        lsn = batch.end - 1
+        mine = reduced.tables.get(table) if reduced is not None else None
+        if mine is not None and mine.problem is not None:
+            problem = mine.problem
+            if problem.duplicate is not None:
+                self._duplicate(table, state, problem.duplicate,
+                                f"at {lsn_text.format(problem.lsn)}")
+            raise TableError(problem.message, resnapshot=problem.resnapshot,
+                             automatic=problem.automatic)
+        relations = mine.relations if mine is not None else []
+        state = self._evolve(table, target, state, relations)
         if self.spec.sink.changelog.enabled:
-            self._changelog(table, target, state, reduction, lsn, plan)
+            self._changelog(table, target, state, reduced, mine, lsn, plan, config.names)
             self.hooks("after-changelog", table)
         applied = plan.applied if plan is not None else ()
-        if not found:
+        if reduced is None or mine is None:
             self.tables.advance(target, lsn)
             return TableOutcome(table, target, "advanced", lsn, ddl=applied)
-        records = [merge.Record(f.key, f.image, f.lsn,
-                                "D" if f.image is None else "I" if f.fresh else "U")
-                   for f in reduction.finals.values()]
         qualified = self.tables.qualified(target)
-        source = self._source_view(table, state, target, records, reduction)
-        if unique and not reduction.truncated and any(r.op == "I" for r in records):
-            held = self.spark.sql(merge.duplicates_sql(source, qualified)).collect()
-            if held:
-                self.spark.catalog.dropTempView(source.view)
-                self._duplicate(table, state, tuple(held[0]), "in this batch, and the mirror "
-                                "already holds a row with that key")
-        self.hooks("before-merge", table)
-        self.tables.commit_sql(target, merge.merge_sql(source, qualified, reduction.truncated), lsn)
-        self.spark.catalog.dropTempView(source.view)
+        source = self._source_view(table, state, target, reduced.rows(table, "F"), mine.keeps,
+                                   relations, config.names)
+        try:
+            if config.check_unique and not scanned.truncates:
+                held = self.spark.sql(merge.duplicates_sql(source, qualified)).collect()
+                if held:
+                    self._duplicate(table, state, tuple(held[0]), "in this batch, and the mirror "
+                                    "already holds a row with that key")
+            self.hooks("before-merge", table)
+            self.tables.commit_sql(target, merge.merge_sql(source, qualified,
+                                                           bool(scanned.truncates)), lsn)
+        finally:
+            merge.drop(self.spark, source)
         self.hooks("after-merge", table)
-        return TableOutcome(table, target, "applied", lsn, changes=len(found), ddl=applied)
+        return TableOutcome(table, target, "applied", lsn, changes=scanned.changes, ddl=applied)
 
-    def _source_view(self, table: TableName, state: TableState, target: str,
-                     records: list[merge.Record], reduction: changes.Reduction) -> merge.Source:
+    def _source_view(self, table: TableName, state: TableState, target: str, rows,
+                     keeps: frozenset[int], relations: list[Relation],
+                     layout: tuple[str, ...]) -> merge.Source:
         qualified = self.tables.qualified(target)
         delimiters: dict[str, str] = {}
         excluded = self._excluded(table)
-        for relation in reduction.relations:  # the latest description of a column wins
+        for relation in relations:  # the latest description of a column wins
             delimiters.update(self.types.delimiters(relation, excluded))
         # a change described without a mirror column came before the column was added (or after
         # it was dropped): the row holds the column's "missing value" in the source (else NULL)
-        described = [{c.name for c in r.columns} for r in reduction.relations]
+        described = [{c.name for c in r.columns} for r in relations]
         not_carried = [n for n in state.data_columns() if any(n not in d for d in described)]
         absent = self._missing_values(table, not_carried)[0] if not_carried else {}
-        source = merge.create_source(self.spark, str(table), state,
-                                     self.spark.table(qualified).schema, records, delimiters,
-                                     absent)
+        source = merge.typed_source(rows, str(table), state, self.spark.table(qualified).schema,
+                                    keeps, layout, delimiters, absent)
         if source.resolves:
             missing = self.spark.sql(merge.missing_sql(source, qualified)).collect()
             if missing:
+                merge.drop(self.spark, source)
                 raise TableError(
                     f"{table}: an update left a TOASTed column unchanged for key "
                     f"{list(missing[0])}, which is not in the mirror table; the value cannot "
@@ -410,7 +485,7 @@ class Applier:
         return source
 
     def _check_source(self, table: TableName, target: str, state: TableState,
-                      found: list[changes.Change]) -> ddl.Plan | None:
+                      oids: frozenset[int]) -> ddl.Plan | None:
         """Stop the table for a re-snapshot when its source changed in a way the mirror cannot
         follow (DESIGN.md invariant 8), checked on every pass, idle tables included, before any
         change is applied. With lakeslot's event trigger (the one the recorded facts name still
@@ -429,7 +504,7 @@ class Applier:
                 e.event == "error" for e in self._events):
             return self._replay(table, state, recorded, current)
         reason = facts.divergence(recorded, current, state.data_columns())
-        others = sorted({c.relation.oid for c in found} - {recorded.oid})
+        others = sorted(oids - {recorded.oid})
         if reason is None and others:
             reason = (f"changes of another table of that name arrived (OID {others[0]}, the "
                       f"mirror's is {recorded.oid}): it was dropped and created again")
@@ -517,7 +592,7 @@ class Applier:
         assert evolved is not None  # evolve just committed to it
         return evolved
 
-    def _read_events(self, batch: changes.Batch) -> None:
+    def _read_events(self, batch: spread.Batch) -> None:
         """lakeslot's event trigger now, and the batch's DDL messages parsed with its key."""
         if batch.end is None:
             return
@@ -561,9 +636,9 @@ class Applier:
                 f"(policies.onSchemaChange: {policy})")
 
     def _evolve(self, table: TableName, target: str, state: TableState,
-                reduction: changes.Reduction) -> TableState:
+                relations: list[Relation]) -> TableState:
         excluded = self._excluded(table)
-        described = [self.types.of(r, excluded) for r in reduction.relations]
+        described = [self.types.of(r, excluded) for r in relations]
         schema = columns.plan_schema(state.data_columns(), described)
         if not schema.changes:
             return self._backfill(target, state)
@@ -633,7 +708,8 @@ class Applier:
         return backfilled
 
     def _changelog(self, table: TableName, target: str, state: TableState,
-                   reduction: changes.Reduction, lsn: int, plan: ddl.Plan | None) -> None:
+                   reduced: spread.Reduced | None, mine: spread.TableReduced | None, lsn: int,
+                   plan: ddl.Plan | None, layout: tuple[str, ...]) -> None:
         """Append the changes above the changelog's position (never below the mirror's: a
         changelog created or left behind by a re-snapshot starts at the mirror's position)."""
         name = target + self.spec.sink.changelog.suffix
@@ -656,15 +732,17 @@ class Applier:
         position = max(log_state.lsn or 0, _position(state))
         if position >= lsn:
             return
-        events = [merge.Record((), e.image, e.lsn, e.op, e.seq) for e in reduction.events
-                  if e.lsn > position]
-        if not events:
+        if reduced is None or mine is None:
             self.tables.advance(name, lsn)
             return
-        source = self._source_view(table, state, target, events, reduction)
-        self.tables.commit_sql(name, merge.append_sql(source, self.tables.qualified(target),
-                                                      self.tables.qualified(name)), lsn)
-        self.spark.catalog.dropTempView(source.view)
+        events = reduced.rows(table, "E").filter(F.col("lsn") > position)
+        source = self._source_view(table, state, target, events, mine.event_keeps,
+                                   mine.relations, layout)
+        try:
+            self.tables.commit_sql(name, merge.append_sql(source, self.tables.qualified(target),
+                                                          self.tables.qualified(name)), lsn)
+        finally:
+            merge.drop(self.spark, source)
 
     # table maintenance, retention and status --------------------------------------------------
 

@@ -24,28 +24,21 @@ Invariants:
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.types import IcebergType
+from pyspark import StorageLevel
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
 from lakeslot import typemap
 from lakeslot.apply import columns
-from lakeslot.apply.changes import KEEP, Image, TableError
+from lakeslot.apply.changes import TableError
 from lakeslot.mirror.catalog import TableState, quote
 from lakeslot.mirror.contract import LSN_COLUMN, OP_COLUMN, SEQ_COLUMN
-
-
-@dataclass(frozen=True)
-class Record:
-    """One source row: ``image`` None is a delete of ``key``."""
-
-    key: tuple
-    image: Image | None
-    lsn: int
-    op: str
-    seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -83,48 +76,97 @@ def _parse(table: str, parser: typemap.ColumnMapping, texts: list) -> list:
         raise TableError(f"{table}: {e}") from None
 
 
-def create_source(spark, table: str, state: TableState, spark_schema: StructType,
-                  records: Sequence[Record], delimiters: Mapping[str, str],
-                  absent: Mapping[str, str] | None = None) -> Source:
-    """Register ``records`` as a temporary view shaped for :func:`resolved_sql`
-    (``delimiters``: each array column's element delimiter in the source's text form;
-    ``absent``: the value, as text, of a column an image does not carry — its change came before
-    the column was added, so the row holds the column's default — else NULL)."""
+DEFINITE = "lakeslot definite error: "  # marks an executor's error that is not transient
+
+
+def typed_source(rows, table: str, state: TableState, spark_schema: StructType,
+                 keeps: Iterable[int], layout: Sequence[str], delimiters: Mapping[str, str],
+                 absent: Mapping[str, str] | None = None) -> Source:
+    """One table's reduced rows (:data:`lakeslot.apply.spread.REDUCED`, a DataFrame) parsed into
+    the mirror's types on the executors and registered as a temporary view shaped for
+    :func:`resolved_sql` (``keeps``: the columns some row keeps from the mirror; ``layout``: the
+    column of each position of the rows' values; ``delimiters``:
+    each array column's element delimiter in the source's text form; ``absent``: the value, as
+    text, of a column a change does not carry — it came before the column was added, so the row
+    holds the column's default — else NULL). Persisted: the caller drops it with :func:`drop`.
+    An unmappable value raises :class:`TableError`."""
     data = state.data_columns()
     names = list(data)
     key = [names.index(k) for k in state.key]
-    parsers = [columns.parser(n, t, delimiters.get(n, ",")) for n, t in data.items()]
-    keeps = [i for i, name in enumerate(names)
-             if any(r.image is not None and r.image.values.get(name) is KEEP for r in records)]
-
-    def text(record: Record, i: int):
-        if record.image is None:
-            return record.key[key.index(i)] if i in key else None
-        if names[i] not in record.image.values:
-            return (absent or {}).get(names[i])
-        value = record.image.values[names[i]]
-        return None if value is KEEP else value
-
-    parsed = [_parse(table, parsers[i], [text(r, i) for r in records]) for i in range(len(names))]
-    sources = [_parse(table, parsers[i],
-                      [r.image.source[j] if r.image is not None and r.image.source is not None else None
-                       for r in records]) for j, i in enumerate(key)]
-    flags = [[r.image is not None and r.image.values.get(names[i]) is KEEP for r in records]
-             for i in keeps]
-    fields = spark_schema.fields
-    by_name = {f.name: f.dataType for f in fields}
+    keeps = sorted(names.index(layout[i]) for i in keeps if layout[i] in names)
+    by_name = {f.name: f.dataType for f in spark_schema.fields}
     schema = StructType(
         [StructField(f"c{i}", by_name[n]) for i, n in enumerate(names)]
         + [StructField(f"k{i}", BooleanType()) for i in keeps]
         + [StructField(f"s{j}", by_name[names[i]]) for j, i in enumerate(key)]
         + [StructField("op", StringType()), StructField("lsn", LongType()),
            StructField("seq", LongType())])
-    rows = list(zip(*parsed, *flags, *sources, [r.op for r in records], [r.lsn for r in records],
-                    [r.seq for r in records], strict=True))
+    parse = _Parse(table, [(n, t, delimiters.get(n, ",")) for n, t in data.items()],
+                   [layout.index(n) for n in names], key, keeps,
+                   [(absent or {}).get(n) for n in names], to_arrow_schema(schema))
+    frame = rows.select("values", "flags", "source", "op", "lsn", "seq").mapInArrow(parse, schema)
+    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        frame.count()
+    except Exception as e:  # the executor's error arrives in Spark's own types
+        frame.unpersist()
+        text = str(e)
+        if DEFINITE in text:
+            raise TableError(text.split(DEFINITE, 1)[1].splitlines()[0]) from None
+        raise
     view = f"lakeslot_apply_{uuid.uuid4().hex}"
-    spark.createDataFrame(rows, schema).createOrReplaceTempView(view)
-    return Source(view, names, keeps, key, any(r.image is not None and r.image.keeps
-                                               for r in records))
+    frame.createOrReplaceTempView(view)
+    return Source(view, names, keeps, key, bool(keeps))
+
+
+def drop(spark, source: Source) -> None:
+    """Release a source of :func:`typed_source`."""
+    spark.table(source.view).unpersist()
+    spark.catalog.dropTempView(source.view)
+
+
+@dataclass(frozen=True)
+class _Parse:
+    """Executors: reduced rows → the positional typed columns (vectorised)."""
+
+    table: str
+    columns: list[tuple[str, IcebergType, str]]  # name, mirror type, array delimiter
+    positions: list[int]  # each column's position in the rows' values and flags
+    key: list[int]
+    keeps: list[int]
+    absent: list[str | None]
+    schema: pa.Schema
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        parsers = [columns.parser(n, t, d) for n, t, d in self.columns]
+        for batch in batches:
+            values, flags, source = (batch.column(c) for c in ("values", "flags", "source"))
+            out: list[pa.Array] = []
+            flag_of = [pc.utf8_slice_codeunits(flags, p, p + 1) for p in self.positions]
+            for i, parser in enumerate(parsers):
+                flag = flag_of[i]
+                text = pc.if_else(pc.equal(flag, "v"), pc.list_element(values, self.positions[i]),
+                                  pa.scalar(None, pa.large_string()))
+                if self.absent[i] is not None:
+                    text = pc.if_else(pc.equal(flag, "a"), pa.scalar(self.absent[i], pa.large_string()), text)
+                out.append(self._typed(parser, text.cast(pa.string()), len(out)))
+            out += [pc.equal(flag_of[i], "k") for i in self.keeps]
+            for j, i in enumerate(self.key):
+                text = pc.list_element(pc.if_else(pc.is_null(source), pa.scalar([None] * len(
+                    self.key), source.type), source), j)
+                out.append(self._typed(parsers[i], text.cast(pa.string()), len(out)))
+            out += [batch.column("op"), batch.column("lsn"), batch.column("seq")]
+            yield pa.RecordBatch.from_arrays(out, schema=self.schema)
+
+    def _typed(self, parser: typemap.ColumnMapping, texts: pa.Array, field: int) -> pa.Array:
+        wanted = self.schema.field(field).type
+        try:
+            parsed = parser.from_text(texts)
+        except typemap.UnmappableValue as e:
+            raise RuntimeError(f"{DEFINITE}{self.table}: {e}") from None
+        if _has_uuid(parsed.type):
+            return pa.array(_python(parsed), wanted)
+        return parsed if parsed.type == wanted else parsed.cast(wanted)
 
 
 def _join_condition(source: Source, left: str) -> str:

@@ -211,13 +211,14 @@ class Segment:
         for r in self.table.to_pylist():
             relation = None if r["relation"] is None else relations[r["relation"]]
             yield Row(r["commit_lsn"], r["seq"], r["op"], relation,
-                      _tuple(relation, r["new_kinds"], r["new_values"]),
-                      _tuple(relation, r["old_kinds"], r["old_values"]),
+                      tuple_of(relation, r["new_kinds"], r["new_values"]),
+                      tuple_of(relation, r["old_kinds"], r["old_values"]),
                       r["end_lsn"], r["commit_time"], r["xid"], r["origin"], r["prefix"],
                       r["content"], r["transactional"])
 
 
-def _tuple(relation: Relation | None, kinds: str | None, values: list | None) -> dict | None:
+def tuple_of(relation: Relation | None, kinds: str | None, values: list | None) -> dict | None:
+    """A row's tuple as ``{column name: text | None | marker}`` (None: the row has none)."""
     if kinds is None:
         return None
     # Only I/U/D rows carry kinds, and those always have a relation and the values list.

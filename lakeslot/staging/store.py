@@ -36,6 +36,7 @@ import os
 import tempfile
 import uuid
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
@@ -80,6 +81,18 @@ class Staging:
     def metadata(self, name: SegmentName) -> SegmentMetadata:
         with self.fs.open_input_file(self._file(name.filename)) as f:
             return parse_metadata(name, pq.ParquetFile(f).metadata.metadata)
+
+    def row_groups(self, name: SegmentName) -> tuple[SegmentMetadata, int]:
+        """The segment's metadata and how many row groups it has (the footer only)."""
+        with self.fs.open_input_file(self._file(name.filename)) as f:
+            footer = pq.ParquetFile(f).metadata
+            return parse_metadata(name, footer.metadata), footer.num_row_groups
+
+    def read_row_group(self, name: SegmentName, index: int,
+                       columns: builtins.list[str] | None = None) -> pa.Table:
+        """One row group of a segment (``columns``: only those)."""
+        with self.fs.open_input_file(self._file(name.filename)) as f:
+            return pq.ParquetFile(f).read_row_group(index, columns=columns)
 
     def read(self, name: SegmentName) -> Segment:
         with self.fs.open_input_file(self._file(name.filename)) as f:

@@ -1,0 +1,550 @@
+"""A batch of sealed segments reduced on Spark executors: the apply job's data path.
+
+The driver plans and commits; it never handles a change row by row, and its memory does not grow
+with a batch (DESIGN.md "Scale"). A pass over a batch:
+
+1. :func:`scan` (driver): which segments form the batch (:func:`lakeslot.staging.format.chain`
+   from the lowest position, at most ``max_segments``), their row groups, the relation
+   descriptions of the tracked tables (from the footers), and per table the number of changes
+   above its position, its TRUNCATEs and the OIDs its changes carry; plus lakeslot's DDL
+   messages. It reads one row group's small columns (LSNs, op, relation, message payload) at a
+   time, vectorised; memory is one row group's.
+2. :func:`reduce` (executors, one Spark job for every table with changes): tasks read the row
+   groups, keep each tracked table's changes above its position (rows of a zombie's overlapping
+   segment below the previous segment's end are skipped), translate column names across renames
+   (:func:`translations`), and route each change by (table, key) — a key change to both keys'
+   partitions, a TRUNCATE to every partition. After the shuffle each partition is sorted by
+   (table, commit LSN, seq) and folded by :class:`lakeslot.apply.changes.Reducer`. Output
+   (:data:`REDUCED`, persisted until the pass ends): the last state per key (``F``), changelog
+   events (``E``), a definite error (``X``), a request to redo the table in one partition
+   (``R``) and, per table and partition, what the driver needs to plan (``L``: descriptions used,
+   columns with values kept from the mirror).
+3. :func:`lakeslot.apply.merge.typed_source` parses one table's ``F`` or ``E`` rows into the
+   mirror's types on executors (vectorised, the shared type mapping over Arrow) for the MERGE.
+
+Invariants:
+
+- Same result as :func:`lakeslot.apply.changes.reduce` over the table's changes in commit order
+  (the reference, and the unit tests' subject): every change of a key is in one partition, in
+  commit order. A key change is split into a delete of the old key (its partition) and the new
+  image (the new key's), whose unchanged TOAST values come from the mirror's old row; when the
+  old key had an image earlier in the batch that the new one needs, the old key's partition asks
+  for a redo (``R``) and the table is reduced again in a single partition — exact, serial, rare.
+  A TRUNCATE reaches every partition at its place; only partition 0's copy is an event.
+- Rows are routed to a partition through Spark's own hash partitioning of an integer ``part``:
+  :func:`_partition_values` finds, once per partition count, an integer that Spark sends to each
+  partition, so a TRUNCATE's copies land in every partition.
+- Column names are those of the mirror after every rename the batch holds (a change before a
+  rename carries the old name: :func:`translations` maps each description and rename epoch).
+
+Failure modes: a definite error of a table during the fold (a change without the key, an
+unchanged TOAST value that cannot be recovered, a duplicate of keyColumns PostgreSQL does not keep
+unique) is an ``X`` row: that table stops with it (the first in commit order), the others go on.
+Anything else (storage, executor loss) fails the Spark job: transient, the pass retries.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from lakeslot.apply import ddl
+from lakeslot.apply.changes import (
+    BOTH,
+    KEEP,
+    NEW_SIDE,
+    OLD_SIDE,
+    Change,
+    DuplicateKey,
+    Image,
+    Reducer,
+    TableError,
+    start_position,
+)
+from lakeslot.source.ddl_capture import PREFIX as DDL_PREFIX
+from lakeslot.source.tables import TableName
+from lakeslot.staging.format import CHANGE_OPS, SegmentName, chain, tuple_of
+from lakeslot.staging.relations import Relation
+from lakeslot.staging.store import Staging
+
+CHANGES_PER_PARTITION = 200_000  # more partitions for bigger batches: bounded executor memory
+UNIT = pa.schema([pa.field("segment", pa.string()), pa.field("row_group", pa.int32()),
+                  pa.field("floor", pa.int64()), pa.field("relations", pa.list_(pa.int32()))])
+ROUTED = pa.schema([
+    pa.field("t", pa.int32()), pa.field("lsn", pa.int64()), pa.field("seq", pa.int64()),
+    pa.field("op", pa.string()), pa.field("rel", pa.int32()), pa.field("epoch", pa.int32()),
+    pa.field("role", pa.int32()), pa.field("part", pa.int64()),
+    pa.field("new_kinds", pa.string()), pa.field("new_values", pa.list_(pa.large_string())),
+    pa.field("old_kinds", pa.string()), pa.field("old_values", pa.list_(pa.large_string()))])
+REDUCED = pa.schema([
+    pa.field("t", pa.int32()), pa.field("kind", pa.string()), pa.field("lsn", pa.int64()),
+    pa.field("seq", pa.int64()), pa.field("op", pa.string()),
+    pa.field("values", pa.list_(pa.large_string())), pa.field("flags", pa.string()),
+    pa.field("source", pa.list_(pa.large_string())), pa.field("info", pa.string())])
+# flags: one character per mirror column: v value, n NULL, k kept from the mirror, a absent
+# (the change came before the column existed: the source row holds its default)
+
+
+@dataclass(frozen=True)
+class TableScan:
+    """One table's part of the batch, as the driver's scan saw it."""
+
+    changes: int = 0
+    truncates: tuple[int, ...] = ()  # commit LSNs of its TRUNCATEs
+    oids: frozenset[int] = frozenset()  # the OIDs its changes were described with
+
+
+@dataclass
+class Batch:
+    """The plan of one pass over sealed segments (:func:`scan`)."""
+
+    segments: list[SegmentName]
+    units: list[tuple[str, int, int, tuple[int, ...]]] = field(default_factory=list)
+    # ^ (segment file, row group, floor, local relation → global relation id or -1)
+    relations: list[Relation] = field(default_factory=list)  # global ids, first reference first
+    tables: dict[TableName, TableScan] = field(default_factory=dict)
+    # lakeslot's DDL messages (lsn, seq, content) in stream order, above the lowest position
+    messages: list[tuple[int, int, bytes]] = field(default_factory=list)
+
+    @property
+    def end(self) -> int | None:
+        return self.segments[-1].end if self.segments else None
+
+
+def scan(staging: Staging, positions: Mapping[TableName, int], *, max_segments: int) -> Batch:
+    """Plan the next batch for tables at ``positions`` (see the module docstring, step 1)."""
+    names = staging.list()
+    if not positions or not names:
+        return Batch([])
+    start = min(start_position(names, p) for p in positions.values())
+    batch = Batch(chain(names, start)[:max_segments])
+    ids: dict[Relation, int] = {}
+    counts: dict[TableName, int] = dict.fromkeys(positions, 0)
+    truncates: dict[TableName, list[int]] = {t: [] for t in positions}
+    oids: dict[TableName, set[int]] = {t: set() for t in positions}
+    floor = 0
+    columns = ["commit_lsn", "seq", "op", "relation", "prefix", "content", "transactional"]
+    for name in batch.segments:
+        metadata, groups = staging.row_groups(name)
+        local = tuple(ids.setdefault(r, len(ids)) if TableName(r.schema, r.table) in positions
+                      else -1 for r in metadata.relations)
+        batch.relations = list(ids)
+        tables = [TableName(r.schema, r.table) for r in batch.relations]
+        bounds = pa.array([positions[t] for t in tables] or [0], pa.int64())
+        for group in range(groups):
+            rows = staging.read_row_group(name, group, columns)
+            rows = rows.filter(pc.greater_equal(rows["commit_lsn"], floor))
+            batch.messages += _messages(rows, start)
+            if not any(i >= 0 for i in local):
+                continue
+            relation = pc.take(pa.array(local, pa.int32()), rows["relation"].cast(pa.int32()))
+            tracked = pc.fill_null(pc.greater_equal(relation, 0), False)
+            rows, relation = rows.filter(tracked), relation.filter(tracked)
+            above = pc.greater(rows["commit_lsn"], pc.take(bounds, relation))
+            rows, relation = rows.filter(above), relation.filter(above)
+            if not len(rows):
+                continue
+            batch.units.append((name.filename, group, floor, local))
+            for gid, count in zip(*pc.value_counts(relation).flatten(), strict=True):
+                table = tables[gid.as_py()]
+                counts[table] += count.as_py()
+                oids[table].add(batch.relations[gid.as_py()].oid)
+            truncated = pc.equal(rows["op"], "T")
+            for gid, lsn in zip(relation.filter(truncated).to_pylist(),
+                                rows["commit_lsn"].filter(truncated).to_pylist(), strict=True):
+                truncates[tables[gid]].append(lsn)
+        floor = name.end
+    batch.tables = {t: TableScan(counts[t], tuple(truncates[t]), frozenset(oids[t]))
+                    for t in positions}
+    return batch
+
+
+def _messages(rows: pa.Table, start: int) -> list[tuple[int, int, bytes]]:
+    wanted = pc.and_(pc.and_(pc.equal(rows["op"], "M"), pc.equal(rows["prefix"], DDL_PREFIX)),
+                     pc.and_(pc.fill_null(rows["transactional"], False),
+                             pc.greater_equal(rows["commit_lsn"], start)))
+    found = rows.filter(pc.fill_null(wanted, False))
+    return [(r["commit_lsn"], r["seq"], r["content"]) for r in found.to_pylist()
+            if r["content"] is not None]
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """What the executors need of one table (picklable)."""
+
+    table: TableName
+    position: int
+    key: tuple[str, ...]  # the mirror's key columns
+    names: tuple[str, ...]  # the mirror's data columns, in order, after this pass's evolution
+    renames: tuple[tuple[int, int, str, str], ...] = ()  # (lsn, seq, old, new) above position
+    check_unique: bool = False
+    changelog: bool = False
+    single: bool = False  # reduce in one partition (see the module docstring)
+
+
+@dataclass(frozen=True)
+class Problem:
+    lsn: int
+    seq: int
+    message: str
+    resnapshot: bool
+    automatic: bool
+    duplicate: tuple | None  # the key of a duplicate keyColumns value
+
+
+@dataclass
+class TableReduced:
+    """What the driver learns of one table's reduction (from the ``X``/``R``/``L`` rows)."""
+
+    relations: list[Relation] = field(default_factory=list)  # in order of first use
+    keeps: frozenset[int] = frozenset()  # columns with values kept from the mirror (F rows)
+    event_keeps: frozenset[int] = frozenset()  # ... in E rows
+    problem: Problem | None = None
+    redo: bool = False
+
+
+@dataclass
+class Reduced:
+    """The persisted output of :func:`reduce` (:data:`REDUCED` rows) and what it says."""
+
+    frame: DataFrame  # persisted
+    index: dict[TableName, int]
+    tables: dict[TableName, TableReduced]
+
+    def rows(self, table: TableName, kind: str):
+        frame = self.frame
+        return frame.filter((F.col("t") == self.index[table]) & (F.col("kind") == kind))
+
+    def release(self) -> None:
+        self.frame.unpersist()
+
+
+def reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]) -> Reduced:
+    """Reduce ``configs``' tables over ``batch`` on the executors (step 2 of the module
+    docstring); tables that ask for it are reduced again in one partition."""
+    reduced = _reduce(spark, staging_uri, batch, configs)
+    redo = [c for c in configs if reduced.tables[c.table].redo]
+    if not redo:
+        return reduced
+    again = _reduce(spark, staging_uri, batch, [replace(c, single=True) for c in redo])
+    kept = [c for c in configs if not reduced.tables[c.table].redo]
+    frame = reduced.frame.filter(F.col("t").isin([reduced.index[c.table] for c in kept]))
+    shifted = again.frame.withColumn("t", F.col("t") + len(configs))
+    union = frame.unionByName(shifted).persist(StorageLevel.MEMORY_AND_DISK)
+    union.count()
+    reduced.release()
+    again.release()
+    index = {**{c.table: reduced.index[c.table] for c in kept},
+             **{t: i + len(configs) for t, i in again.index.items()}}
+    return Reduced(union, index, {**reduced.tables, **again.tables})
+
+
+def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]) -> Reduced:
+    wanted = {c.table for c in configs}
+    changes = sum(batch.tables[t].changes for t in wanted)
+    partitions = max(spark.sparkContext.defaultParallelism, math.ceil(changes / CHANGES_PER_PARTITION))
+    if all(c.single for c in configs):
+        partitions = 1
+    targets = _partition_values(spark, partitions)
+    index = {c.table: i for i, c in enumerate(configs)}
+    rel_table = [index.get(TableName(r.schema, r.table), -1) for r in batch.relations]
+    units = [(s, g, f, list(local)) for s, g, f, local in batch.units]
+    router = _Router(staging_uri, list(configs), rel_table, batch.relations, targets)
+    folder = _Folder(list(configs), batch.relations)
+    frame = (spark.createDataFrame(spark.sparkContext.parallelize(units, max(1, len(units))),
+                                   _spark_schema(UNIT))
+             .mapInArrow(router, _spark_schema(ROUTED))
+             .repartition(partitions, "part")
+             .sortWithinPartitions("t", "lsn", "seq", "role")
+             .mapInArrow(folder, _spark_schema(REDUCED))
+             .persist(StorageLevel.MEMORY_AND_DISK))
+    found = {c.table: TableReduced() for c in configs}
+    first: dict[TableName, dict[tuple[int, int], tuple[int, int]]] = {c.table: {} for c in configs}
+    for row in frame.filter(F.col("kind").isin("X", "R", "L")).select(
+            "t", "kind", "lsn", "seq", "info").collect():
+        config = configs[row["t"]]
+        reduced = found[config.table]
+        info = json.loads(row["info"]) if row["info"] else {}
+        if row["kind"] == "R":
+            reduced.redo = True
+        elif row["kind"] == "X":
+            problem = Problem(row["lsn"], row["seq"], info["message"], info["resnapshot"],
+                              info["automatic"], tuple(info["duplicate"])
+                              if info.get("duplicate") is not None else None)
+            if reduced.problem is None or (problem.lsn, problem.seq) < (
+                    reduced.problem.lsn, reduced.problem.seq):
+                reduced.problem = problem
+        else:
+            for gid, epoch, lsn, seq in info["relations"]:
+                uses = first[config.table]
+                uses[(gid, epoch)] = min(uses.get((gid, epoch), (lsn, seq)), (lsn, seq))
+            reduced.keeps |= frozenset(info["keeps"])
+            reduced.event_keeps |= frozenset(info["event_keeps"])
+    for config in configs:
+        uses = first[config.table]
+        found[config.table].relations = list(dict.fromkeys(
+            ddl.translations(batch.relations[gid], config.renames)[epoch]
+            for (gid, epoch), _ in sorted(uses.items(), key=lambda item: item[1])))
+    return Reduced(frame, index, found)
+
+
+_VALUES: dict[int, list[int]] = {}
+
+
+def _partition_values(spark, partitions: int) -> list[int]:
+    """For each partition ``p`` an integer that ``repartition(partitions, col)`` sends to ``p``
+    (Spark's Murmur3 hash, asked of Spark itself once per count)."""
+    if partitions not in _VALUES:
+        found: dict[int, int] = {}
+        for row in spark.range(0, 64 * partitions).selectExpr(
+                "id", f"pmod(hash(id), {partitions}) AS p").collect():
+            found.setdefault(row["p"], row["id"])
+        assert len(found) == partitions, found  # 64 candidates per partition: never short
+        _VALUES[partitions] = [found[p] for p in range(partitions)]
+    return _VALUES[partitions]
+
+
+def _spark_schema(schema: pa.Schema):
+    return from_arrow_schema(schema)
+
+
+# executors -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Router:
+    """Reads row groups and routes each tracked change (see the module docstring)."""
+
+    staging_uri: str
+    configs: list[TableConfig]
+    rel_table: list[int]  # global relation id → index in configs, or -1
+    relations: list[Relation]
+    targets: list[int]  # part value per partition
+
+    def __call__(self, units: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        staging = Staging(self.staging_uri, create=False)
+        positions = pa.array([self.configs[t].position if t >= 0 else -1
+                              for t in self.rel_table] or [0], pa.int64())
+        # (gid, epoch) → key positions in the relation, or None (not carried)
+        keys: dict[tuple[int, int], list[int] | None] = {}
+        for units_batch in units:
+            for unit in units_batch.to_pylist():
+                rows = staging.read_row_group(SegmentName.parse(unit["segment"]),  # type: ignore[arg-type]
+                                              unit["row_group"])
+                local = pa.array(unit["relations"], pa.int32())
+                gid = pc.take(local, rows["relation"].cast(pa.int32()))
+                gid = pc.fill_null(gid, -1)
+                keep = pc.and_(pc.greater_equal(gid, 0),
+                               pc.greater_equal(rows["commit_lsn"], unit["floor"]))
+                keep = pc.and_(keep, pc.is_in(rows["op"], value_set=pa.array(CHANGE_OPS)))
+                rows, gid = rows.filter(keep), gid.filter(keep)
+                tracked = pc.take(pa.array([t >= 0 for t in self.rel_table]), gid)
+                above = pc.and_(tracked, pc.greater(rows["commit_lsn"], pc.take(positions, gid)))
+                rows, gid = rows.filter(above), gid.filter(above)
+                if len(rows):
+                    yield self._route(rows, gid.to_pylist(), keys)
+
+    def _route(self, rows: pa.Table, gids: list[int], keys: dict) -> pa.RecordBatch:
+        out: dict[str, list] = {f.name: [] for f in ROUTED}
+        lsns, seqs, ops = (rows[c].to_pylist() for c in ("commit_lsn", "seq", "op"))
+        new_kinds, new_values = rows["new_kinds"].to_pylist(), rows["new_values"].to_pylist()
+        old_kinds, old_values = rows["old_kinds"].to_pylist(), rows["old_values"].to_pylist()
+        targets = self.targets
+        for i, gid in enumerate(gids):
+            t = self.rel_table[gid]
+            config = self.configs[t]
+            epoch = ddl.epoch(config.renames, lsns[i], seqs[i]) if config.renames else 0
+            base = (t, lsns[i], seqs[i], ops[i], gid, epoch)
+            tuples = (new_kinds[i], new_values[i], old_kinds[i], old_values[i])
+            if ops[i] == "T":
+                for p, part in enumerate(targets):
+                    _append(out, base, BOTH if p == 0 else OLD_SIDE, part, tuples)
+                continue
+            if config.single:
+                _append(out, base, BOTH, targets[0], tuples)
+                continue
+            positions = keys.get((gid, epoch), False)
+            if positions is False:
+                names = [c.name for c in ddl.translations(self.relations[gid], config.renames)[epoch].columns]
+                positions = keys[(gid, epoch)] = ([names.index(k) for k in config.key]
+                                                  if all(k in names for k in config.key) else None)
+            new = _key_text(positions, new_kinds[i], new_values[i])
+            old = _key_text(positions, old_kinds[i], old_values[i])
+            if ops[i] == "D":
+                _append(out, base, BOTH, _part(t, old), tuples)
+            elif ops[i] == "U" and old is not None and new is not None and old != new:
+                _append(out, base, OLD_SIDE, _part(t, old), tuples)
+                _append(out, base, NEW_SIDE, _part(t, new), tuples)
+            else:
+                _append(out, base, BOTH, _part(t, new), tuples)
+        return pa.RecordBatch.from_pydict(out, schema=ROUTED)
+
+
+def _key_text(positions: list[int] | None, kinds: str | None, values: list | None) -> str | None:
+    """The key's text (for routing only); None when the tuple does not carry it."""
+    if positions is None or kinds is None or values is None:
+        return None
+    if any(kinds[p] != "t" for p in positions):
+        return None
+    return "\x1f".join(values[p] for p in positions)
+
+
+def _part(t: int, key: str | None) -> int:
+    return zlib.crc32(f"{t}\x1e{key or ''}".encode())
+
+
+def _append(out: dict[str, list], base: tuple, role: int, part: int, tuples: tuple) -> None:
+    for name, value in zip(("t", "lsn", "seq", "op", "rel", "epoch"), base, strict=True):
+        out[name].append(value)
+    out["role"].append(role)
+    out["part"].append(part)
+    for name, value in zip(("new_kinds", "new_values", "old_kinds", "old_values"), tuples,
+                           strict=True):
+        out[name].append(value)
+
+
+@dataclass
+class _Folder:
+    """Folds one partition's changes (sorted by table, LSN, seq) per table."""
+
+    configs: list[TableConfig]
+    relations: list[Relation]
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        rows = (row for batch in batches for row in _rows(batch))
+        for t, group in itertools.groupby(rows, key=lambda r: r[0]):
+            yield from self._table(t, group)
+
+    def _table(self, t: int, rows) -> Iterator[pa.RecordBatch]:
+        config = self.configs[t]
+        reducer = Reducer(config.table, config.key, check_unique=config.check_unique,
+                          events=config.changelog)
+        views: dict[tuple[int, int], Relation] = {}
+        uses: dict[tuple[int, int], tuple[int, int]] = {}
+        out = _Output(t, config)
+        try:
+            for _, lsn, seq, op, gid, epoch, role, new_kinds, new_values, old_kinds, old_values in rows:
+                relation = views.get((gid, epoch))
+                if relation is None:
+                    relation = views[(gid, epoch)] = ddl.translations(
+                        self.relations[gid], config.renames)[epoch]
+                if role != OLD_SIDE or op != "T":
+                    uses.setdefault((gid, epoch), (lsn, seq))
+                change = Change(lsn, seq, op, relation, tuple_of(relation, new_kinds, new_values),
+                                tuple_of(relation, old_kinds, old_values))
+                if reducer.take(change, role):
+                    yield out.single("R", lsn, seq, None)
+                    return
+        except DuplicateKey as e:
+            yield out.single("X", e.lsn, 0, {"message": "", "resnapshot": True,
+                                              "automatic": False, "duplicate": list(e.key)})
+            return
+        except TableError as e:
+            yield out.single("X", change.lsn, change.seq, {
+                "message": str(e), "resnapshot": e.resnapshot, "automatic": e.automatic,
+                "duplicate": None})
+            return
+        yield from out.finals(reducer)
+        if reducer.events:
+            yield from out.events(reducer.events)
+        yield out.single("L", 0, 0, {
+            "relations": [[g, e, lsn, seq] for (g, e), (lsn, seq) in uses.items()],
+            "keeps": sorted(out.keeps), "event_keeps": sorted(out.event_keeps)})
+
+
+def _rows(batch: pa.RecordBatch):
+    columns = [batch.column(name).to_pylist() for name in (
+        "t", "lsn", "seq", "op", "rel", "epoch", "role", "new_kinds", "new_values", "old_kinds",
+        "old_values")]
+    return zip(*columns, strict=True)
+
+
+ROWS_PER_BATCH = 8192
+
+
+class _Output:
+    """``REDUCED`` rows of one table, in batches."""
+
+    def __init__(self, t: int, config: TableConfig) -> None:
+        self.t, self.config = t, config
+        self.keeps: set[int] = set()
+        self.event_keeps: set[int] = set()
+
+    def single(self, kind: str, lsn: int, seq: int, info: dict | None) -> pa.RecordBatch:
+        return pa.RecordBatch.from_pydict({
+            "t": [self.t], "kind": [kind], "lsn": [lsn], "seq": [seq], "op": [None],
+            "values": [None], "flags": [None], "source": [None],
+            "info": [None if info is None else json.dumps(info)]}, schema=REDUCED)
+
+    def finals(self, reducer: Reducer) -> Iterator[pa.RecordBatch]:
+        key = [self.config.names.index(k) for k in self.config.key]
+        for chunk in _chunks(reducer.finals.values()):
+            rows = []
+            for final in chunk:
+                if final.image is None:
+                    values: list[str | None] = [None] * len(self.config.names)
+                    for position, value in zip(key, final.key, strict=True):
+                        values[position] = value
+                    flags = "".join("v" if v is not None else "n" for v in values)
+                    rows.append((final.lsn, 0, "D", values, flags, None))
+                    continue
+                values, flags = self._image(final.image, self.keeps)
+                op = "I" if final.fresh else "U"
+                rows.append((final.lsn, 0, op, values, flags, final.image.source))
+            yield self._batch("F", rows)
+
+    def events(self, events) -> Iterator[pa.RecordBatch]:
+        for chunk in _chunks(events):
+            rows = []
+            for event in chunk:
+                values, flags = self._image(event.image, self.event_keeps)
+                rows.append((event.lsn, event.seq, event.op, values, flags, event.image.source))
+            yield self._batch("E", rows)
+
+    def _image(self, image: Image, keeps: set[int]) -> tuple[list, str]:
+        values: list[object] = []
+        flags: list[str] = []
+        for i, name in enumerate(self.config.names):
+            value = image.values.get(name, _ABSENT)
+            if value is _ABSENT:
+                values.append(None)
+                flags.append("a")
+            elif value is KEEP:
+                values.append(None)
+                flags.append("k")
+                keeps.add(i)
+            elif value is None:
+                values.append(None)
+                flags.append("n")
+            else:
+                values.append(value)
+                flags.append("v")
+        return values, "".join(flags)
+
+    def _batch(self, kind: str, rows: list) -> pa.RecordBatch:
+        lsn, seq, op, values, flags, source = (list(c) for c in zip(*rows, strict=True))
+        return pa.RecordBatch.from_pydict({
+            "t": [self.t] * len(rows), "kind": [kind] * len(rows), "lsn": lsn, "seq": seq,
+            "op": op, "values": values, "flags": flags,
+            "source": [list(s) if s is not None else None for s in source],
+            "info": [None] * len(rows)}, schema=REDUCED)
+
+
+_ABSENT = object()
+
+
+def _chunks(items) -> Iterator[list]:
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, ROWS_PER_BATCH)):
+        yield chunk
