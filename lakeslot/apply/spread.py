@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -78,6 +79,7 @@ from lakeslot.staging.format import CHANGE_OPS, SegmentName, chain, tuple_of
 from lakeslot.staging.relations import Relation
 from lakeslot.staging.store import Staging
 
+log = logging.getLogger(__name__)
 CHANGES_PER_PARTITION = 200_000  # more partitions for bigger batches: bounded executor memory
 UNIT = pa.schema([pa.field("segment", pa.string()), pa.field("row_group", pa.int32()),
                   pa.field("floor", pa.int64()), pa.field("relations", pa.list_(pa.int32()))])
@@ -237,6 +239,8 @@ def reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]
     redo = [c for c in configs if reduced.tables[c.table].redo]
     if not redo:
         return reduced
+    log.info("%s: a key change needs a value set earlier in the batch: reduced again in one "
+             "partition", ", ".join(str(c.table) for c in redo))
     again = _reduce(spark, staging_uri, batch, [replace(c, single=True) for c in redo])
     kept = [c for c in configs if not reduced.tables[c.table].redo]
     frame = reduced.frame.filter(F.col("t").isin([reduced.index[c.table] for c in kept]))
@@ -367,27 +371,19 @@ class _Router:
             epoch = ddl.epoch(config.renames, lsns[i], seqs[i]) if config.renames else 0
             base = (t, lsns[i], seqs[i], ops[i], gid, epoch)
             tuples = (new_kinds[i], new_values[i], old_kinds[i], old_values[i])
-            if ops[i] == "T":
-                for p, part in enumerate(targets):
-                    _append(out, base, BOTH if p == 0 else OLD_SIDE, part, tuples)
-                continue
             if config.single:
                 _append(out, base, BOTH, targets[0], tuples)
                 continue
             positions = keys.get((gid, epoch), False)
             if positions is False:
-                names = [c.name for c in ddl.translations(self.relations[gid], config.renames)[epoch].columns]
+                names = [c.name for c in ddl.translations(self.relations[gid],
+                                                          config.renames)[epoch].columns]
                 positions = keys[(gid, epoch)] = ([names.index(k) for k in config.key]
                                                   if all(k in names for k in config.key) else None)
             new = _key_text(positions, new_kinds[i], new_values[i])
             old = _key_text(positions, old_kinds[i], old_values[i])
-            if ops[i] == "D":
-                _append(out, base, BOTH, _part(t, old), tuples)
-            elif ops[i] == "U" and old is not None and new is not None and old != new:
-                _append(out, base, OLD_SIDE, _part(t, old), tuples)
-                _append(out, base, NEW_SIDE, _part(t, new), tuples)
-            else:
-                _append(out, base, BOTH, _part(t, new), tuples)
+            for index, role in routes(t, ops[i], old, new, len(targets)):
+                _append(out, base, role, targets[index], tuples)
         return pa.RecordBatch.from_pydict(out, schema=ROUTED)
 
 
@@ -400,8 +396,23 @@ def _key_text(positions: list[int] | None, kinds: str | None, values: list | Non
     return "\x1f".join(values[p] for p in positions)
 
 
-def _part(t: int, key: str | None) -> int:
-    return zlib.crc32(f"{t}\x1e{key or ''}".encode())
+def routes(t: int, op: str, old: str | None, new: str | None, partitions: int
+           ) -> list[tuple[int, int]]:
+    """Where a change of table ``t`` goes: (partition, role) for each copy (``old``/``new``:
+    the text of the key in its old and new tuple, None when the tuple does not carry it)."""
+    if op == "T":
+        return [(p, BOTH if p == 0 else OLD_SIDE) for p in range(partitions)]
+    if op == "D":
+        return [(_partition(t, old, partitions), BOTH)]
+    if op == "U" and old is not None and new is not None and old != new:
+        before, after = _partition(t, old, partitions), _partition(t, new, partitions)
+        if before != after:
+            return [(before, OLD_SIDE), (after, NEW_SIDE)]
+    return [(_partition(t, new, partitions), BOTH)]
+
+
+def _partition(t: int, key: str | None, partitions: int) -> int:
+    return zlib.crc32(f"{t}\x1e{key or ''}".encode()) % partitions
 
 
 def _append(out: dict[str, list], base: tuple, role: int, part: int, tuples: tuple) -> None:
