@@ -143,7 +143,7 @@ def _spread(stream: list[Change], partitions: int):
     if failed:
         raise failed[0]
     finals = {k: f for r in reducers for k, f in r.finals.items()}
-    events = sorted((e for r in reducers for e in r.events), key=lambda e: (e.lsn, e.seq))
+    events = sorted((e for r in reducers for e in r.result().events), key=lambda e: (e.lsn, e.seq))
     return finals, events, any(r.truncated for r in reducers)
 
 
