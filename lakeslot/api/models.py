@@ -482,7 +482,9 @@ class ApplySpec(ApiModel):
     """The long-running Spark job that merges staged changes into the mirror tables."""
 
     trigger_interval_seconds: int = Field(
-        60, ge=1, le=86400, description="How often the apply job looks for new sealed segments."
+        60, ge=1, le=86400, description="How often the apply job starts a pass over new sealed "
+        "segments (a pass that takes longer is followed at once by the next). Changes become "
+        "visible in Iceberg within about this interval plus a pass; 1 for freshness in seconds.",
     )
     driver: DriverSpec | None = optional("Driver resources of the apply job. Default: spark.driver.")
     executor: ExecutorSpec | None = optional("Executor resources of the apply job. Default: spark.executor.")

@@ -64,14 +64,15 @@ simulate a crash at that point.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import NoReturn, TypeVar
 
 import psycopg
@@ -157,12 +158,14 @@ class PassResult:
     capped: bool  # more sealed segments were left for the next batch
     tables: tuple[TableOutcome, ...]
     deleted: int  # segments removed by retention
+    steps: dict[str, float] = field(default_factory=dict)  # seconds per step (Steps)
 
 
 @dataclass
 class ApplyResult:
     passes: int = 0
     last: PassResult | None = None
+    steps: dict[str, float] = field(default_factory=dict)  # seconds per step, every pass
 
     @property
     def tables(self) -> tuple[TableOutcome, ...]:
@@ -173,24 +176,46 @@ class ApplyResult:
         return all(t.state not in ("failed", "retrying") for t in self.tables)
 
 
+class Steps:
+    """Where a pass spends its time: seconds per named step, in the order first timed."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - started
+
+
 def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None,
         hooks: Hooks | None = None, max_segments: int = 256, max_attempts: int = 3,
         environ=None, expire_interval_s: float = EXPIRE_INTERVAL_S) -> ApplyResult:
     """Apply staged changes to ``job.tables`` (see the module docstring). ``once``: passes until
     everything sealed when it started is applied, then return; otherwise until ``stop`` is set,
-    a pass every ``spec.apply.triggerIntervalSeconds``. Returns the last pass's outcome."""
+    a pass starting every ``spec.apply.triggerIntervalSeconds`` (at once after a longer one).
+    Returns the last pass's outcome."""
     applier = Applier(spark, job, hooks or Hooks(), max_segments, max_attempts, environ,
                       expire_interval_s)
     stop = stop or threading.Event()
     result = ApplyResult()
     try:
+        if not once:
+            spread.warm_up(spark)
         while True:
+            started = time.monotonic()
             result.last = applier.run_pass()
             result.passes += 1
+            for step, seconds in result.last.steps.items():
+                result.steps[step] = result.steps.get(step, 0.0) + seconds
             if stop.is_set() or (once and not result.last.capped):
                 return result
-            if not result.last.capped:
-                stop.wait(job.ingestion.spec.apply.trigger_interval_seconds)
+            if not result.last.capped:  # passes start every interval; a long one is followed at once
+                stop.wait(max(0.0, job.ingestion.spec.apply.trigger_interval_seconds
+                              - (time.monotonic() - started)))
     finally:
         applier.close()
 
@@ -218,6 +243,7 @@ class Applier:
         self._capture: ddl_capture.Capture | None = None
         self._unique: dict[TableName, bool] = {}  # this pass's: see _check_unique
         self._events: list[ddl_capture.DdlEvent] = []
+        self.steps = Steps()  # this pass's
 
     def close(self) -> None:
         if self._conn is not None:
@@ -254,12 +280,14 @@ class Applier:
         self._unique = {}
         outcomes: dict[TableName, TableOutcome] = {}
         states: dict[TableName, TableState] = {}
-        for table in self.job.tables:
-            prepared = self._attempt(table, functools.partial(self._prepare, table))
-            if isinstance(prepared, TableState):
-                states[table] = prepared
-            else:
-                outcomes[table] = prepared
+        self.steps = steps = Steps()
+        with steps("prepare"):
+            for table in self.job.tables:
+                prepared = self._attempt(table, functools.partial(self._prepare, table))
+                if isinstance(prepared, TableState):
+                    states[table] = prepared
+                else:
+                    outcomes[table] = prepared
         staged = self.staging.list()
         for table, state in list(states.items()):
             position = _position(state)
@@ -267,18 +295,21 @@ class Applier:
                 outcomes[table] = self._attempt(table, functools.partial(
                     _cut_off, table, position, staged[0].start))
                 del states[table]
-        batch = spread.scan(self.staging, {t: _position(s) for t, s in states.items()},
-                            max_segments=self.max_segments)
+        with steps("scan"):
+            batch = spread.scan(self.staging, {t: _position(s) for t, s in states.items()},
+                                max_segments=self.max_segments)
         self.hooks("batch-read")
-        self._read_events(batch)
         planned: dict[TableName, _Planned] = {}
-        for table, state in states.items():
-            plan = self._attempt(table, functools.partial(self._plan, table, state, batch))
-            if isinstance(plan, _Planned):
-                planned[table] = plan
-            else:
-                outcomes[table] = plan
-        reduced = self._reduce(batch, planned, outcomes)
+        with steps("plan"):
+            self._read_events(batch)
+            for table, state in states.items():
+                plan = self._attempt(table, functools.partial(self._plan, table, state, batch))
+                if isinstance(plan, _Planned):
+                    planned[table] = plan
+                else:
+                    outcomes[table] = plan
+        with steps("reduce"):
+            reduced = self._reduce(batch, planned, outcomes)
         try:
             for table, plan in planned.items():
                 if table not in outcomes:
@@ -289,11 +320,14 @@ class Applier:
                 reduced.release()
         self.hooks("after-tables")
         ordered = tuple(outcomes[t] for t in self.job.tables)
-        self._expire(ordered)
-        deleted = self._retention(ordered)
+        with steps("maintenance"):
+            self._expire(ordered)
+            deleted = self._retention(ordered)
         self.hooks("after-retention")
-        result = PassResult(batch.end, len(batch.segments) == self.max_segments, ordered, deleted)
-        self._write_status(result)
+        result = PassResult(batch.end, len(batch.segments) == self.max_segments, ordered, deleted,
+                            steps.seconds)
+        with steps("status"):
+            self._write_status(result)
         return result
 
     def _attempt(self, table: TableName, action: Callable[[], T]) -> T | TableOutcome:
@@ -306,6 +340,8 @@ class Applier:
                 return self._fail(table, str(e), getattr(e, "resnapshot", True),
                                   getattr(e, "automatic", False))
             except TRANSIENT as e:
+                if (definite := merge.definite_error(e)) is not None:
+                    return self._fail(table, str(definite), definite.resnapshot)
                 error = f"{type(e).__name__}: {_summary(e)}"
                 log.warning("%s: transient error (attempt %d of %d): %s", table, attempt + 1,
                             self.max_attempts, error)
@@ -434,17 +470,20 @@ class Applier:
             raise TableError(problem.message, resnapshot=problem.resnapshot,
                              automatic=problem.automatic)
         relations = mine.relations if mine is not None else []
-        state = self._evolve(table, target, state, relations)
+        with self.steps("evolve"):
+            state = self._evolve(table, target, state, relations)
         if self.spec.sink.changelog.enabled:
-            self._changelog(table, target, state, reduced, mine, lsn, plan, config.names)
+            with self.steps("changelog"):
+                self._changelog(table, target, state, reduced, mine, lsn, plan, config.names)
             self.hooks("after-changelog", table)
         applied = plan.applied if plan is not None else ()
         if reduced is None or mine is None:
             self.tables.advance(target, lsn)
             return TableOutcome(table, target, "advanced", lsn, ddl=applied)
         qualified = self.tables.qualified(target)
-        source = self._source_view(table, state, target, reduced.rows(table, "F"), mine.keeps,
-                                   relations, config.names)
+        with self.steps("parse"):
+            source = self._source_view(table, state, target, reduced.rows(table, "F"),
+                                       mine.keeps, relations, config.names)
         try:
             if config.check_unique and not scanned.truncates:
                 held = self.spark.sql(merge.duplicates_sql(source, qualified)).collect()
@@ -452,8 +491,9 @@ class Applier:
                     self._duplicate(table, state, tuple(held[0]), "in this batch, and the mirror "
                                     "already holds a row with that key")
             self.hooks("before-merge", table)
-            self.tables.commit_sql(target, merge.merge_sql(source, qualified,
-                                                           bool(scanned.truncates)), lsn)
+            with self.steps("merge"):
+                self.tables.commit_sql(target, merge.merge_sql(source, qualified,
+                                                               bool(scanned.truncates)), lsn)
         finally:
             merge.drop(self.spark, source)
         self.hooks("after-merge", table)

@@ -89,7 +89,8 @@ def typed_source(rows, table: str, state: TableState, spark_schema: StructType,
     each array column's element delimiter in the source's text form; ``absent``: the value, as
     text, of a column a change does not carry — it came before the column was added, so the row
     holds the column's default — else NULL). Persisted: the caller drops it with :func:`drop`.
-    An unmappable value raises :class:`TableError`."""
+    An unmappable value fails the first Spark action on the view with a message carrying
+    :data:`DEFINITE` (see :func:`definite_error`)."""
     data = state.data_columns()
     names = list(data)
     key = [names.index(k) for k in state.key]
@@ -105,18 +106,19 @@ def typed_source(rows, table: str, state: TableState, spark_schema: StructType,
                    [layout.index(n) for n in names], key, keeps,
                    [(absent or {}).get(n) for n in names], to_arrow_schema(schema))
     frame = rows.select("values", "flags", "source", "op", "lsn", "seq").mapInArrow(parse, schema)
-    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        frame.count()
-    except Exception as e:  # the executor's error arrives in Spark's own types
-        frame.unpersist()
-        text = str(e)
-        if DEFINITE in text:
-            raise TableError(text.split(DEFINITE, 1)[1].splitlines()[0]) from None
-        raise
+    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)  # parsed once, by its first use
     view = f"lakeslot_apply_{uuid.uuid4().hex}"
     frame.createOrReplaceTempView(view)
     return Source(view, names, keeps, key, bool(keeps))
+
+
+def definite_error(error: Exception) -> TableError | None:
+    """The definite error an executor raised (an unmappable value), when ``error`` — as Spark
+    delivers it to the driver — carries one."""
+    text = str(error)
+    if DEFINITE not in text:
+        return None
+    return TableError(text.split(DEFINITE, 1)[1].splitlines()[0])
 
 
 def drop(spark, source: Source) -> None:

@@ -9,8 +9,10 @@ with a batch (DESIGN.md "Scale"). A pass over a batch:
    above its position, its TRUNCATEs and the OIDs its changes carry; plus lakeslot's DDL
    messages. It reads one row group's small columns (LSNs, op, relation, message payload) at a
    time, vectorised; memory is one row group's.
-2. :func:`reduce` (executors, one Spark job for every table with changes): tasks read the row
-   groups, keep each tracked table's changes above its position (rows of a zombie's overlapping
+2. :func:`reduce` (executors, one Spark job for every table with changes). A batch of at most
+   :data:`SERIAL_CHANGES` changes is read and folded by one task in stream order — no shuffle,
+   the cheapest pass for the small batches of a source that is caught up. Otherwise tasks read
+   the row groups, keep each tracked table's changes above its position (rows of a zombie's overlapping
    segment below the previous segment's end are skipped), translate column names across renames
    (:func:`translations`), and route each change by (table, key) — a key change to both keys'
    partitions, a TRUNCATE to every partition. After the shuffle each partition is sorted by
@@ -81,6 +83,7 @@ from lakeslot.staging.store import Staging
 
 log = logging.getLogger(__name__)
 CHANGES_PER_PARTITION = 200_000  # more partitions for bigger batches: bounded executor memory
+SERIAL_CHANGES = 50_000  # up to this many, one task reads and folds the batch (no shuffle)
 UNIT = pa.schema([pa.field("segment", pa.string()), pa.field("row_group", pa.int32()),
                   pa.field("floor", pa.int64()), pa.field("relations", pa.list_(pa.int32()))])
 ROUTED = pa.schema([
@@ -260,19 +263,25 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
     partitions = max(spark.sparkContext.defaultParallelism, math.ceil(changes / CHANGES_PER_PARTITION))
     if all(c.single for c in configs):
         partitions = 1
-    targets = _partition_values(spark, partitions)
+    serial = changes <= SERIAL_CHANGES or partitions == 1
+    if serial:
+        configs = [replace(c, single=True) for c in configs]
     index = {c.table: i for i, c in enumerate(configs)}
     rel_table = [index.get(TableName(r.schema, r.table), -1) for r in batch.relations]
     units = [(s, g, f, list(local)) for s, g, f, local in batch.units]
+    targets = [0] if serial else _partition_values(spark, partitions)
     router = _Router(staging_uri, list(configs), rel_table, batch.relations, targets)
     folder = _Folder(list(configs), batch.relations)
-    frame = (spark.createDataFrame(spark.sparkContext.parallelize(units, max(1, len(units))),
-                                   _spark_schema(UNIT))
-             .mapInArrow(router, _spark_schema(ROUTED))
-             .repartition(partitions, "part")
-             .sortWithinPartitions("t", "lsn", "seq", "role")
-             .mapInArrow(folder, _spark_schema(REDUCED))
-             .persist(StorageLevel.MEMORY_AND_DISK))
+    rdd = spark.sparkContext.parallelize(units, 1 if serial else max(1, len(units)))
+    read = spark.createDataFrame(rdd, _spark_schema(UNIT))
+    if serial:  # one task reads the batch in stream order and folds it: no shuffle, no sort
+        frame = read.mapInArrow(_Serial(router, folder), _spark_schema(REDUCED))
+    else:
+        frame = (read.mapInArrow(router, _spark_schema(ROUTED))
+                 .repartition(partitions, "part")
+                 .sortWithinPartitions("t", "lsn", "seq", "role")
+                 .mapInArrow(folder, _spark_schema(REDUCED)))
+    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     found = {c.table: TableReduced() for c in configs}
     first: dict[TableName, dict[tuple[int, int], tuple[int, int]]] = {c.table: {} for c in configs}
     for row in frame.filter(F.col("kind").isin("X", "R", "L")).select(
@@ -303,6 +312,24 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
     return Reduced(frame, index, found)
 
 
+def warm_up(spark) -> None:
+    """Start the executors' Python workers with this module imported, and learn the routing
+    values, before the first batch: the first passes of a new apply job are then as fast as
+    later ones (they carry the freshness of the first minute)."""
+    partitions = spark.sparkContext.defaultParallelism
+    _partition_values(spark, partitions)
+    spark.range(0, partitions, numPartitions=partitions).mapInArrow(
+        _Warm(), "id long").collect()
+
+
+@dataclass(frozen=True)
+class _Warm:
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from lakeslot.apply import merge  # noqa: F401 (imported for its import cost only)
+
+        yield from batches
+
+
 _VALUES: dict[int, list[int]] = {}
 
 
@@ -324,6 +351,17 @@ def _spark_schema(schema: pa.Schema):
 
 
 # executors -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Serial:
+    """Read and fold in one task."""
+
+    router: _Router
+    folder: _Folder
+
+    def __call__(self, units: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return self.folder(self.router(units))
 
 
 @dataclass
@@ -427,50 +465,69 @@ def _append(out: dict[str, list], base: tuple, role: int, part: int, tuples: tup
 
 @dataclass
 class _Folder:
-    """Folds one partition's changes (sorted by table, LSN, seq) per table."""
+    """Folds changes per table, each table's in commit order (a partition sorted by table, LSN
+    and seq, or — the serial path — a whole batch read in stream order, tables interleaved)."""
 
     configs: list[TableConfig]
     relations: list[Relation]
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        rows = (row for batch in batches for row in _rows(batch))
-        for t, group in itertools.groupby(rows, key=lambda r: r[0]):
-            yield from self._table(t, group)
+        folds: dict[int, _Fold] = {}
+        for batch in batches:
+            for row in _rows(batch):
+                fold = folds.get(row[0])
+                if fold is None:
+                    fold = folds[row[0]] = _Fold(row[0], self.configs[row[0]], self.relations)
+                fold.take(row)
+        for fold in folds.values():
+            yield from fold.result()
 
-    def _table(self, t: int, rows) -> Iterator[pa.RecordBatch]:
-        config = self.configs[t]
-        reducer = Reducer(config.table, config.key, check_unique=config.check_unique,
-                          events=config.changelog)
-        views: dict[tuple[int, int], Relation] = {}
-        uses: dict[tuple[int, int], tuple[int, int]] = {}
-        out = _Output(t, config)
-        try:
-            for _, lsn, seq, op, gid, epoch, role, new_kinds, new_values, old_kinds, old_values in rows:
-                relation = views.get((gid, epoch))
-                if relation is None:
-                    relation = views[(gid, epoch)] = ddl.translations(
-                        self.relations[gid], config.renames)[epoch]
-                if role != OLD_SIDE or op != "T":
-                    uses.setdefault((gid, epoch), (lsn, seq))
-                change = Change(lsn, seq, op, relation, tuple_of(relation, new_kinds, new_values),
-                                tuple_of(relation, old_kinds, old_values))
-                if reducer.take(change, role):
-                    yield out.single("R", lsn, seq, None)
-                    return
-        except DuplicateKey as e:
-            yield out.single("X", e.lsn, 0, {"message": "", "resnapshot": True,
-                                              "automatic": False, "duplicate": list(e.key)})
+
+class _Fold:
+    """One table's reduction in one task, and its ``REDUCED`` rows."""
+
+    def __init__(self, t: int, config: TableConfig, relations: list[Relation]) -> None:
+        self.config, self.relations = config, relations
+        self.reducer = Reducer(config.table, config.key, check_unique=config.check_unique,
+                               events=config.changelog)
+        self.views: dict[tuple[int, int], Relation] = {}
+        self.uses: dict[tuple[int, int], tuple[int, int]] = {}
+        self.out = _Output(t, config)
+        self.stopped: pa.RecordBatch | None = None  # an X or R row: the rest is ignored
+
+    def take(self, row: tuple) -> None:
+        if self.stopped is not None:
             return
+        _, lsn, seq, op, gid, epoch, role, new_kinds, new_values, old_kinds, old_values = row
+        relation = self.views.get((gid, epoch))
+        if relation is None:
+            relation = self.views[(gid, epoch)] = ddl.translations(
+                self.relations[gid], self.config.renames)[epoch]
+        if role != OLD_SIDE or op != "T":
+            self.uses.setdefault((gid, epoch), (lsn, seq))
+        change = Change(lsn, seq, op, relation, tuple_of(relation, new_kinds, new_values),
+                        tuple_of(relation, old_kinds, old_values))
+        try:
+            if self.reducer.take(change, role):
+                self.stopped = self.out.single("R", lsn, seq, None)
+        except DuplicateKey as e:
+            self.stopped = self.out.single("X", e.lsn, 0, {
+                "message": "", "resnapshot": True, "automatic": False, "duplicate": list(e.key)})
         except TableError as e:
-            yield out.single("X", change.lsn, change.seq, {
+            self.stopped = self.out.single("X", lsn, seq, {
                 "message": str(e), "resnapshot": e.resnapshot, "automatic": e.automatic,
                 "duplicate": None})
+
+    def result(self) -> Iterator[pa.RecordBatch]:
+        if self.stopped is not None:
+            yield self.stopped
             return
-        yield from out.finals(reducer)
-        if reducer.events:
-            yield from out.events(reducer.events)
+        out = self.out
+        yield from out.finals(self.reducer)
+        if self.reducer.events:
+            yield from out.events(self.reducer.events)
         yield out.single("L", 0, 0, {
-            "relations": [[g, e, lsn, seq] for (g, e), (lsn, seq) in uses.items()],
+            "relations": [[g, e, lsn, seq] for (g, e), (lsn, seq) in self.uses.items()],
             "keeps": sorted(out.keeps), "event_keeps": sorted(out.event_keeps)})
 
 
