@@ -193,6 +193,10 @@ def test_schema_plan_adds_promotes_keeps_dropped_and_refuses_narrowing():
     assert not plan.incompatible
     narrowed = plan_schema({"n": LongType()}, [{"n": IntegerType()}])
     assert narrowed.incompatible and "cannot promote" in narrowed.incompatible[0]
+    # changes described before a widening the mirror already has (ALTER … TYPE bigint applied
+    # in place): their values fit; only the latest description can narrow
+    assert not plan_schema({"n": LongType()}, [{"n": IntegerType()}, {"n": LongType()}]).changes
+    assert plan_schema({"n": LongType()}, [{"n": LongType()}, {"n": IntegerType()}]).incompatible
     assert not plan_schema(mirror, []).changes
 
 

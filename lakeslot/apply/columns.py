@@ -159,13 +159,16 @@ class RelationTypes:
 def plan_schema(mirror: Mapping[str, IcebergType],
                 relations: Sequence[Mapping[str, IcebergType | str]]) -> SchemaPlan:
     """What the descriptions ``relations`` (column → Iceberg type or reason, in order) ask of a
-    mirror with columns ``mirror`` (``_lakeslot_lsn`` excluded)."""
+    mirror with columns ``mirror`` (``_lakeslot_lsn`` excluded). A column described narrower
+    than the mirror has it is a narrowing only in its latest description: an earlier one is from
+    before a widening (applied in place from lakeslot's DDL messages)."""
     current = dict(mirror)
     add: list[tuple[str, IcebergType]] = []
     promote: list[tuple[str, IcebergType]] = []
     incompatible: list[str] = []
     seen: set[str] = set()
-    for relation in relations:
+    last = {name: i for i, relation in enumerate(relations) for name in relation}
+    for i, relation in enumerate(relations):
         for name, iceberg in relation.items():
             seen.add(name)
             if isinstance(iceberg, str):
@@ -178,6 +181,8 @@ def plan_schema(mirror: Mapping[str, IcebergType],
             elif widens(current[name], iceberg):
                 promote.append((name, iceberg))
                 current[name] = iceberg
+            elif widens(iceberg, current[name]) and i < last[name]:
+                continue  # described before a widening the mirror already has: the values fit
             else:
                 incompatible.append(f"column {name!r} changed type from {current[name]} to "
                                     f"{iceberg}, which Iceberg cannot promote")

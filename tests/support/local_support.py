@@ -45,10 +45,12 @@ def create_accounts(conn, rows: int) -> TableName:
 
 
 def write_ingestion(path: Path, db, tables: list[TableName], tmp_path: Path,
-                    source: dict | None = None) -> dict:
-    """``source``: fields merged into spec.source (camelCase)."""
+                    source: dict | None = None, warehouse: Path | None = None) -> dict:
+    """``source``: fields merged into spec.source (camelCase); ``warehouse``: default
+    ``tmp_path/warehouse`` (a run in this process writes where the tests' Spark session does:
+    pass its ``spark_warehouse``)."""
     document = operator_env.ingestion_document(
-        "local-test", db, tables, warehouse=(tmp_path / "warehouse").as_uri(),
+        "local-test", db, tables, warehouse=(warehouse or tmp_path / "warehouse").as_uri(),
         staging=(tmp_path / "staging").as_uri(),
         snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20},
         apply={"triggerIntervalSeconds": 1})
