@@ -6,7 +6,7 @@ import random
 from decimal import Decimal
 
 import pytest
-from pyiceberg.types import DecimalType, IntegerType, ListType, LongType, StringType
+from pyiceberg.types import DecimalType, IcebergType, IntegerType, ListType, LongType, StringType
 
 from lakeslot.apply.changes import KEEP, Change, Reducer, TableError, reduce, start_position
 from lakeslot.apply.columns import parser, plan_schema
@@ -195,8 +195,11 @@ def test_schema_plan_adds_promotes_keeps_dropped_and_refuses_narrowing():
     assert narrowed.incompatible and "cannot promote" in narrowed.incompatible[0]
     # changes described before a widening the mirror already has (ALTER … TYPE bigint applied
     # in place): their values fit; only the latest description can narrow
-    assert not plan_schema({"n": LongType()}, [{"n": IntegerType()}, {"n": LongType()}]).changes
-    assert plan_schema({"n": LongType()}, [{"n": LongType()}, {"n": IntegerType()}]).incompatible
+    before_widening: list[dict[str, IcebergType | str]] = [{"n": IntegerType()}, {"n": LongType()}]
+    assert not plan_schema({"n": LongType()}, before_widening, widened_in_place=True).changes
+    assert plan_schema({"n": LongType()}, before_widening).incompatible  # no DDL messages
+    assert plan_schema({"n": LongType()}, [{"n": LongType()}, {"n": IntegerType()}],
+                       widened_in_place=True).incompatible
     assert not plan_schema(mirror, []).changes
 
 

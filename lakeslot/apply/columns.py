@@ -157,11 +157,14 @@ class RelationTypes:
 
 
 def plan_schema(mirror: Mapping[str, IcebergType],
-                relations: Sequence[Mapping[str, IcebergType | str]]) -> SchemaPlan:
+                relations: Sequence[Mapping[str, IcebergType | str]], *,
+                widened_in_place: bool = False) -> SchemaPlan:
     """What the descriptions ``relations`` (column → Iceberg type or reason, in order) ask of a
-    mirror with columns ``mirror`` (``_lakeslot_lsn`` excluded). A column described narrower
-    than the mirror has it is a narrowing only in its latest description: an earlier one is from
-    before a widening (applied in place from lakeslot's DDL messages)."""
+    mirror with columns ``mirror`` (``_lakeslot_lsn`` excluded). ``widened_in_place``: the
+    table's type changes were already judged from lakeslot's DDL messages (which know whether a
+    rewrite kept the values), so a column described narrower than the mirror has it is a
+    narrowing only in its latest description: an earlier one is from before a widening. Without
+    them, any narrower description is incompatible (a rewrite may have changed the values)."""
     current = dict(mirror)
     add: list[tuple[str, IcebergType]] = []
     promote: list[tuple[str, IcebergType]] = []
@@ -181,7 +184,7 @@ def plan_schema(mirror: Mapping[str, IcebergType],
             elif widens(current[name], iceberg):
                 promote.append((name, iceberg))
                 current[name] = iceberg
-            elif widens(iceberg, current[name]) and i < last[name]:
+            elif widened_in_place and widens(iceberg, current[name]) and i < last[name]:
                 continue  # described before a widening the mirror already has: the values fit
             else:
                 incompatible.append(f"column {name!r} changed type from {current[name]} to "

@@ -242,6 +242,7 @@ class Applier:
         # this pass's: lakeslot's event trigger now, and its messages in the batch
         self._capture: ddl_capture.Capture | None = None
         self._unique: dict[TableName, bool] = {}  # this pass's: see _check_unique
+        self._replayed: set[TableName] = set()  # this pass's: tables following DDL messages
         self._events: list[ddl_capture.DdlEvent] = []
         self.steps = Steps()  # this pass's
 
@@ -277,7 +278,7 @@ class Applier:
     def run_pass(self) -> PassResult:
         self.tables.ensure_namespace(self.spec.sink.namespace)
         self._facts, self._defaults, self._capture, self._events = None, {}, None, []
-        self._unique = {}
+        self._unique, self._replayed = {}, set()
         outcomes: dict[TableName, TableOutcome] = {}
         states: dict[TableName, TableState] = {}
         self.steps = steps = Steps()
@@ -542,6 +543,7 @@ class Applier:
         capture = self._capture
         if capture is not None and recorded.capture == capture.trigger and not any(
                 e.event == "error" for e in self._events):
+            self._replayed.add(table)
             return self._replay(table, state, recorded, current)
         reason = facts.divergence(recorded, current, state.data_columns())
         others = sorted(oids - {recorded.oid})
@@ -679,7 +681,8 @@ class Applier:
                 relations: list[Relation]) -> TableState:
         excluded = self._excluded(table)
         described = [self.types.of(r, excluded) for r in relations]
-        schema = columns.plan_schema(state.data_columns(), described)
+        schema = columns.plan_schema(state.data_columns(), described,
+                                     widened_in_place=table in self._replayed)
         if not schema.changes:
             return self._backfill(target, state)
         if self.spec.policies.on_schema_change == "Error":
