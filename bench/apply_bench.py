@@ -32,22 +32,19 @@ import multiprocessing
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-from lakeslot import pgcluster, workloads
-from lakeslot.api.models import GROUP, VERSION, PostgresIngestion
+from bench import common
+from lakeslot import workloads
 from lakeslot.apply import job as apply_job
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.source import slot
 from lakeslot.source.connection import one_row
 from lakeslot.source.tables import TableName
 from lakeslot.spark_session import job_session
 
-LAKESLOT = str(Path(sys.executable).with_name("lakeslot"))
 TABLE = TableName("public", "bench")
 
 
@@ -82,36 +79,16 @@ def main() -> None:
     parser.add_argument("--segment-seconds", type=float, default=0.5)
     args = parser.parse_args()
 
-    install = pgcluster.debian_install(15) if args.pg == "15" else pgcluster.embedded_install()
-    if install is None:
-        raise SystemExit(f"PostgreSQL {args.pg} is not installed")
     work = Path(tempfile.mkdtemp(prefix="apply-bench-"))
     staging, warehouse = (work / "staging").as_uri(), str(work / "warehouse")
-    with pgcluster.Cluster(install) as cluster:
-        cluster.create_database("bench")
-        with cluster.connect("bench") as conn:
-            conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, qty int, amount numeric(12,2),"
-                         " note text, created timestamptz)")
-            conn.execute("CREATE PUBLICATION p FOR TABLE bench")
-            slot.ensure(conn, "s")
-        ingestion = PostgresIngestion.model_validate({
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "PostgresIngestion",
-            "metadata": {"name": "bench", "namespace": "default"},
-            "spec": {"source": {"host": "127.0.0.1", "port": cluster.port, "database": "bench",
-                                "user": cluster.superuser, "tables": [{"name": "bench"}]},
-                     "sink": {"catalog": {"type": "hadoop", "warehouse": warehouse},
-                              "namespace": "bench"},
-                     "staging": {"uri": staging}, "snapshot": {"mode": "never"},
-                     "apply": {"triggerIntervalSeconds": 1}}})
+    with common.cluster(args.pg) as cluster:
+        common.create_source(cluster)
+        ingestion = common.ingestion(cluster, staging, warehouse, snapshot={"mode": "never"})
         os.environ[workloads.PASSWORD_ENV] = cluster.password
         env = {**os.environ, "LAKESLOT_SOURCE_PASSWORD": cluster.password}
         with open(work / "reader.log", "wb") as reader_log:  # the reader keeps its own descriptor
-            reader = subprocess.Popen(
-                [LAKESLOT, "reader", "--ingestion", "default/bench", "--slot", "s", "--publication",
-                 "p", "--staging", staging, "--host", "127.0.0.1", "--port", str(cluster.port),
-                 "--dbname", "bench", "--user", cluster.superuser, "--pod", "bench",
-                 "--segment-max-seconds", str(args.segment_seconds)],
-                env=env, stderr=reader_log)
+            reader = subprocess.Popen(common.reader_command(cluster, staging, args.segment_seconds),
+                                      env=env, stderr=reader_log)
         job = workloads.JobInput(ingestion, (TABLE,))
         spark = job_session(job, "apply-bench", master="local[2]")
         stop = threading.Event()

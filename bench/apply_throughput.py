@@ -31,7 +31,6 @@ import os
 import random
 import resource
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,18 +38,16 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lakeslot import pgcluster, workloads
-from lakeslot.api.models import GROUP, VERSION, PostgresIngestion
+from bench import common
+from lakeslot import workloads
 from lakeslot.apply import job as apply_job
 from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.snapshot import job as snapshot_job
-from lakeslot.source import slot
 from lakeslot.source.connection import one_row
 from lakeslot.source.tables import TableName
 from lakeslot.spark_session import job_session
 from lakeslot.staging.store import Staging
 
-LAKESLOT = str(Path(sys.executable).with_name("lakeslot"))
 TABLE = TableName("public", "bench")
 COLUMNS = ["id", "qty", "amount", "note", "created"]
 
@@ -100,31 +97,14 @@ def main() -> None:
                         help="write.merge.mode of the mirror (default: lakeslot's table default)")
     args = parser.parse_args()
 
-    install = pgcluster.debian_install(15) if args.pg == "15" else pgcluster.embedded_install()
-    if install is None:
-        raise SystemExit(f"PostgreSQL {args.pg} is not installed")
     work = Path(tempfile.mkdtemp(prefix="apply-throughput-"))
     staging, warehouse = (work / "staging").as_uri(), str(work / "warehouse")
-    with pgcluster.Cluster(install) as cluster:
-        cluster.create_database("bench")
-        with cluster.connect("bench") as conn:
-            conn.execute("CREATE TABLE bench (id bigint PRIMARY KEY, qty int, amount numeric(12,2),"
-                         " note text, created timestamptz)")
-            conn.execute("INSERT INTO bench SELECT g, g %% 100, g / 100.0, md5(g::text), now()"
-                         " FROM generate_series(1, %s::int8) g", (args.rows,))
-            conn.execute("CREATE PUBLICATION p FOR TABLE bench")
-            slot.ensure(conn, "s")
-            conn.commit()
+    with common.cluster(args.pg) as cluster:
+        common.create_source(cluster, args.rows)
         properties = {"write.merge.mode": args.merge_mode} if args.merge_mode else {}
-        ingestion = PostgresIngestion.model_validate({
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "PostgresIngestion",
-            "metadata": {"name": "bench", "namespace": "default"},
-            "spec": {"source": {"host": "127.0.0.1", "port": cluster.port, "database": "bench",
-                                "user": cluster.superuser, "tables": [{"name": "bench"}],
-                                "ddlCapture": "Catalog"},
-                     "sink": {"catalog": {"type": "hadoop", "warehouse": warehouse},
-                              "namespace": "bench", "tableProperties": properties},
-                     "staging": {"uri": staging}, "apply": {"triggerIntervalSeconds": 1}}})
+        ingestion = common.ingestion(cluster, staging, warehouse,
+                                     source_spec={"ddlCapture": "Catalog"},
+                                     sink={"tableProperties": properties})
         os.environ[workloads.PASSWORD_ENV] = cluster.password
         job = workloads.JobInput(ingestion, (TABLE,))
         spark = job_session(job, "apply-throughput", master="local[2]")
@@ -144,12 +124,8 @@ def main() -> None:
                 end_lsn = one_row(conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8"))[0]
             started = time.monotonic()
             with open(work / "reader.log", "ab") as reader_log:
-                reader = subprocess.Popen(
-                    [LAKESLOT, "reader", "--ingestion", "default/bench", "--slot", "s",
-                     "--publication", "p", "--staging", staging, "--host", "127.0.0.1", "--port",
-                     str(cluster.port), "--dbname", "bench", "--user", cluster.superuser,
-                     "--pod", "bench", "--segment-max-seconds", "0.5"],
-                    env=env, stderr=reader_log)
+                reader = subprocess.Popen(common.reader_command(cluster, staging, 0.5), env=env,
+                                          stderr=reader_log)
             store = Staging(staging)
             while (point := store.resume_point()) is None or point.end < end_lsn:
                 time.sleep(0.05)
