@@ -143,6 +143,13 @@ class TableOutcome:
 
 
 @dataclass(frozen=True)
+class _Exhausted:
+    """Every attempt failed transiently; the last error."""
+
+    error: str
+
+
+@dataclass(frozen=True)
 class _Planned:
     """A table ready for the batch's reduction (:meth:`Applier._plan`)."""
 
@@ -333,22 +340,38 @@ class Applier:
 
     def _attempt(self, table: TableName, action: Callable[[], T]) -> T | TableOutcome:
         """``action`` with retries for transient errors; definite errors are recorded."""
-        target = self.job.names.mirror_table(table)
+        def definite_or_transient() -> T:
+            try:
+                return action()
+            except TRANSIENT as e:  # an executor's definite error arrives as Spark's
+                if (definite := merge.definite_error(e)) is not None:
+                    raise definite from None
+                raise
+
+        try:
+            result = self._retried(str(table), definite_or_transient)
+        except (TableError, typemap.MappingError) as e:
+            return self._fail(table, str(e), getattr(e, "resnapshot", True),
+                              getattr(e, "automatic", False))
+        if isinstance(result, _Exhausted):
+            target = self.job.names.mirror_table(table)
+            return TableOutcome(table, target, "retrying", self._lsn_or_none(target),
+                                error=result.error)
+        return result
+
+    def _retried(self, what: str, action: Callable[[], T]) -> T | _Exhausted:
+        """``action``, retried ``max_attempts`` times with backoff while it fails transiently."""
+        error = ""
         for attempt in range(self.max_attempts):
             try:
                 return action()
-            except (TableError, typemap.MappingError) as e:
-                return self._fail(table, str(e), getattr(e, "resnapshot", True),
-                                  getattr(e, "automatic", False))
             except TRANSIENT as e:
-                if (definite := merge.definite_error(e)) is not None:
-                    return self._fail(table, str(definite), definite.resnapshot)
                 error = f"{type(e).__name__}: {_summary(e)}"
-                log.warning("%s: transient error (attempt %d of %d): %s", table, attempt + 1,
+                log.warning("%s: transient error (attempt %d of %d): %s", what, attempt + 1,
                             self.max_attempts, error)
                 if attempt + 1 < self.max_attempts:
                     time.sleep(min(30.0, 2.0 ** attempt))
-        return TableOutcome(table, target, "retrying", self._lsn_or_none(target), error=error)
+        return _Exhausted(error)
 
     def _lsn_or_none(self, target: str) -> int | None:
         try:
@@ -441,19 +464,14 @@ class Applier:
         configs = [p.config for p in planned.values() if p.scan.changes]
         if not configs:
             return None
-        for attempt in range(self.max_attempts):
-            try:
-                return spread.reduce(self.spark, self.spec.staging.uri, batch, configs)
-            except TRANSIENT as e:
-                error = f"{type(e).__name__}: {_summary(e)}"
-                log.warning("reducing the batch failed (attempt %d of %d): %s", attempt + 1,
-                            self.max_attempts, error)
-                if attempt + 1 < self.max_attempts:
-                    time.sleep(min(30.0, 2.0 ** attempt))
+        reduced = self._retried("reducing the batch", functools.partial(
+            spread.reduce, self.spark, self.spec.staging.uri, batch, configs))
+        if not isinstance(reduced, _Exhausted):
+            return reduced
         for config in configs:
             target = self.job.names.mirror_table(config.table)
             outcomes[config.table] = TableOutcome(config.table, target, "retrying",
-                                                  self._lsn_or_none(target), error=error)
+                                                  self._lsn_or_none(target), error=reduced.error)
         return None
 
     def _apply(self, table: TableName, planned: _Planned, batch: spread.Batch,

@@ -77,13 +77,14 @@ from lakeslot.apply.changes import (
 )
 from lakeslot.source.ddl_capture import PREFIX as DDL_PREFIX
 from lakeslot.source.tables import TableName
-from lakeslot.staging.format import CHANGE_OPS, SegmentName, chain, tuple_of
+from lakeslot.staging.format import SegmentName, chain, tuple_of
 from lakeslot.staging.relations import Relation
 from lakeslot.staging.store import Staging
 
 log = logging.getLogger(__name__)
 CHANGES_PER_PARTITION = 200_000  # more partitions for bigger batches: bounded executor memory
 SERIAL_CHANGES = 50_000  # up to this many, one task reads and folds the batch (no shuffle)
+NOTHING = 2**63 - 1  # a position no commit LSN is above
 UNIT = pa.schema([pa.field("segment", pa.string()), pa.field("row_group", pa.int32()),
                   pa.field("floor", pa.int64()), pa.field("relations", pa.list_(pa.int32()))])
 ROUTED = pa.schema([
@@ -149,15 +150,11 @@ def scan(staging: Staging, positions: Mapping[TableName, int], *, max_segments: 
         bounds = pa.array([positions[t] for t in tables] or [0], pa.int64())
         for group in range(groups):
             rows = staging.read_row_group(name, group, columns)
-            rows = rows.filter(pc.greater_equal(rows["commit_lsn"], floor))
-            batch.messages += _messages(rows, start)
+            batch.messages += _messages(rows.filter(pc.greater_equal(rows["commit_lsn"], floor)),
+                                        start)
             if not any(i >= 0 for i in local):
                 continue
-            relation = pc.take(pa.array(local, pa.int32()), rows["relation"].cast(pa.int32()))
-            tracked = pc.fill_null(pc.greater_equal(relation, 0), False)
-            rows, relation = rows.filter(tracked), relation.filter(tracked)
-            above = pc.greater(rows["commit_lsn"], pc.take(bounds, relation))
-            rows, relation = rows.filter(above), relation.filter(above)
+            rows, relation = _changes_above(rows, local, floor, bounds)
             if not len(rows):
                 continue
             batch.units.append((name.filename, group, floor, local))
@@ -173,6 +170,19 @@ def scan(staging: Staging, positions: Mapping[TableName, int], *, max_segments: 
     batch.tables = {t: TableScan(counts[t], tuple(truncates[t]), frozenset(oids[t]))
                     for t in positions}
     return batch
+
+
+def _changes_above(rows: pa.Table, local: Sequence[int], floor: int, bounds: pa.Array
+                   ) -> tuple[pa.Table, pa.Array]:
+    """The change rows of a row group that a pass takes, with their global relation ids:
+    ``local`` maps the segment's relation index to a global id (-1: not tracked), rows below
+    ``floor`` belong to the previous segment, and ``bounds`` holds each global id's position
+    (only changes above it are taken)."""
+    gid = pc.fill_null(pc.take(pa.array(local, pa.int32()), rows["relation"].cast(pa.int32())), -1)
+    keep = pc.and_(pc.greater_equal(gid, 0), pc.greater_equal(rows["commit_lsn"], floor))
+    rows, gid = rows.filter(keep), gid.filter(keep)
+    above = pc.greater(rows["commit_lsn"], pc.take(bounds, gid))
+    return rows.filter(above), gid.filter(above)
 
 
 def _messages(rows: pa.Table, start: int) -> list[tuple[int, int, bytes]]:
@@ -261,9 +271,7 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
     wanted = {c.table for c in configs}
     changes = sum(batch.tables[t].changes for t in wanted)
     partitions = max(spark.sparkContext.defaultParallelism, math.ceil(changes / CHANGES_PER_PARTITION))
-    if all(c.single for c in configs):
-        partitions = 1
-    serial = changes <= SERIAL_CHANGES or partitions == 1
+    serial = changes <= SERIAL_CHANGES or partitions == 1 or all(c.single for c in configs)
     if serial:
         configs = [replace(c, single=True) for c in configs]
     index = {c.table: i for i, c in enumerate(configs)}
@@ -273,14 +281,14 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
     router = _Router(staging_uri, list(configs), rel_table, batch.relations, targets)
     folder = _Folder(list(configs), batch.relations)
     rdd = spark.sparkContext.parallelize(units, 1 if serial else max(1, len(units)))
-    read = spark.createDataFrame(rdd, _spark_schema(UNIT))
+    read = spark.createDataFrame(rdd, from_arrow_schema(UNIT))
     if serial:  # one task reads the batch in stream order and folds it: no shuffle, no sort
-        frame = read.mapInArrow(_Serial(router, folder), _spark_schema(REDUCED))
+        frame = read.mapInArrow(_Serial(router, folder), from_arrow_schema(REDUCED))
     else:
-        frame = (read.mapInArrow(router, _spark_schema(ROUTED))
+        frame = (read.mapInArrow(router, from_arrow_schema(ROUTED))
                  .repartition(partitions, "part")
                  .sortWithinPartitions("t", "lsn", "seq", "role")
-                 .mapInArrow(folder, _spark_schema(REDUCED)))
+                 .mapInArrow(folder, from_arrow_schema(REDUCED)))
     frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     found = {c.table: TableReduced() for c in configs}
     first: dict[TableName, dict[tuple[int, int], tuple[int, int]]] = {c.table: {} for c in configs}
@@ -346,10 +354,6 @@ def _partition_values(spark, partitions: int) -> list[int]:
     return _VALUES[partitions]
 
 
-def _spark_schema(schema: pa.Schema):
-    return from_arrow_schema(schema)
-
-
 # executors -----------------------------------------------------------------------------------
 
 
@@ -376,24 +380,16 @@ class _Router:
 
     def __call__(self, units: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         staging = Staging(self.staging_uri, create=False)
-        positions = pa.array([self.configs[t].position if t >= 0 else -1
-                              for t in self.rel_table] or [0], pa.int64())
+        # each relation's table position; a table not reduced now takes nothing
+        bounds = pa.array([self.configs[t].position if t >= 0 else NOTHING
+                           for t in self.rel_table] or [0], pa.int64())
         # (gid, epoch) → key positions in the relation, or None (not carried)
         keys: dict[tuple[int, int], list[int] | None] = {}
         for units_batch in units:
             for unit in units_batch.to_pylist():
                 rows = staging.read_row_group(SegmentName.parse(unit["segment"]),  # type: ignore[arg-type]
                                               unit["row_group"])
-                local = pa.array(unit["relations"], pa.int32())
-                gid = pc.take(local, rows["relation"].cast(pa.int32()))
-                gid = pc.fill_null(gid, -1)
-                keep = pc.and_(pc.greater_equal(gid, 0),
-                               pc.greater_equal(rows["commit_lsn"], unit["floor"]))
-                keep = pc.and_(keep, pc.is_in(rows["op"], value_set=pa.array(CHANGE_OPS)))
-                rows, gid = rows.filter(keep), gid.filter(keep)
-                tracked = pc.take(pa.array([t >= 0 for t in self.rel_table]), gid)
-                above = pc.and_(tracked, pc.greater(rows["commit_lsn"], pc.take(positions, gid)))
-                rows, gid = rows.filter(above), gid.filter(above)
+                rows, gid = _changes_above(rows, unit["relations"], unit["floor"], bounds)
                 if len(rows):
                     yield self._route(rows, gid.to_pylist(), keys)
 
