@@ -4,6 +4,8 @@ refused before anything starts."""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -148,6 +150,25 @@ def test_one_run_per_ingestion(tmp_path):
     first.release()
     assert not state.run_active(tmp_path)
     state.RunLock(tmp_path).acquire()  # free again
+
+
+def test_a_run_starting_while_status_checks_is_not_refused(tmp_path, monkeypatch):
+    """``run_active`` (``lakeslot status``) holds the lock shared for an instant; a run starting
+    in that instant waits it out instead of failing with AlreadyRunning (seen in CI, where a
+    test polled run_active while its run started). The check here ends while the start waits."""
+    fd = os.open(tmp_path / "run.lock", os.O_RDONLY | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # a check in progress
+    waits = []
+
+    def check_ends(seconds: float) -> None:
+        if not waits:
+            os.close(fd)
+        waits.append(seconds)
+
+    monkeypatch.setattr(state.time, "sleep", check_ends)
+    state.RunLock(tmp_path).acquire()
+    assert waits, "the lock was free at the first try: the check did not overlap the start"
+    assert state.run_active(tmp_path)
 
 
 def test_the_reader_child_dies_with_its_parent(tmp_path):

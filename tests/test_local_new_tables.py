@@ -11,11 +11,7 @@ again) are tested on their own below."""
 
 from __future__ import annotations
 
-import io
-import os
 import random
-import signal
-import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,7 +22,7 @@ from psycopg import sql
 from lakeslot import control, workloads
 from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestionStatus, SourceSpec, TableState, TableStatus
-from lakeslot.local import config, observe, run, state
+from lakeslot.local import config, observe, state
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.snapshot import job as snapshot_job
@@ -128,35 +124,6 @@ def _write_ingestion(path, db, tmp_path, warehouse) -> None:
     document["spec"]["source"]["schemas"] = [SCHEMA]
     document["spec"]["staging"]["retentionSeconds"] = 0  # segments go as soon as applied
     path.write_text(yaml.safe_dump(document, allow_unicode=True))
-
-
-def _run_while(local, spark, during):
-    """``lakeslot run`` (streaming) in this process on the tests' Spark session while
-    ``during()`` runs in a thread, then stopped with SIGTERM as a user would stop it."""
-    outcome: dict[str, Any] = {}
-
-    def background() -> None:
-        try:
-            wait_for(lambda: state.run_active(local.state_dir), "the run to start")
-            outcome["value"] = during()
-        except BaseException as e:  # noqa: BLE001 - re-raised below, in the test's thread
-            outcome["error"] = e
-        finally:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)
-    thread = threading.Thread(target=background, daemon=True)
-    try:
-        thread.start()
-        result = run.run(local, run.Options(spark=spark, out=io.StringIO(), interactive=False,
-                                            interval=1.0, selection_interval=1.0))
-        thread.join(DEADLINE_S)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    if "error" in outcome:
-        raise outcome["error"]
-    assert result.code == 0, result.message
-    return outcome["value"]
 
 
 def _rows_of_source(db, table: TableName) -> tuple[list[str], list[tuple]]:
@@ -282,7 +249,8 @@ def test_a_table_created_while_the_run_streams_reaches_the_mirror_without_a_rest
                  "the mirrors to catch up", deadline=DEADLINE_S, interval=1)
         return seen
 
-    status = _run_while(local, spark, during)
+    _, status = ls.run_in_process(local, spark, once=False, during=during, interval=1.0,
+                                  selection_interval=1.0)
     assert [c for c in copies if LATE in c] == [(LATE,)]  # app.late was copied once, alone
     assert len(held) == 2 and "joined the publication again" in held[1]  # the first: initial
     rows = {TableName(r.schema_name, r.name): r for r in status.tables}

@@ -19,6 +19,11 @@ Invariants:
   publication keeps its ``resnapshotBelowLsn`` until its copy reaches it, across runs.
   ``lakeslot status`` reads it the same way. Deleting it loses only those notes.
 
+- Asking "is a run active?" takes the lock *shared* for an instant. A run that starts in that
+  instant must not take the asker for another run (``lakeslot status`` in a loop would make
+  ``lakeslot run`` fail to start), so taking the lock retries for :data:`CHECK_GRACE_S`, far
+  longer than any check holds it and far shorter than any run.
+
 Failure mode: a second run of the same ingestion gets :class:`AlreadyRunning` naming the pid of
 the first.
 """
@@ -28,9 +33,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import time
 from pathlib import Path
 
 from lakeslot.api.models import TableStatus
+
+CHECK_GRACE_S = 2.0  # how long a start waits out run_active() checks (each holds it for µs)
+CHECK_RETRY_S = 0.02
 
 
 class AlreadyRunning(Exception):
@@ -45,21 +54,32 @@ class RunLock:
     def acquire(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        if not _lock_exclusively(fd, CHECK_GRACE_S):
             os.close(fd)
             info = read_run(self.path.parent)
             raise AlreadyRunning(
                 f"another lakeslot run (pid {info.get('pid', '?')}) is active for this ingestion "
                 f"(state directory {self.path.parent}); stop it first (Ctrl-C or kill "
-                f"{info.get('pid', '<pid>')})") from None
+                f"{info.get('pid', '<pid>')})")
         self._fd = fd
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _lock_exclusively(fd: int, grace_s: float) -> bool:
+    """Takes the lock, waiting out holders that let go within ``grace_s`` (run_active checks)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(CHECK_RETRY_S)
 
 
 def run_active(state_dir: Path) -> bool:

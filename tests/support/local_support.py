@@ -82,21 +82,27 @@ def spawn_run(path: Path, db, state_dir: Path, log: Path, *args: str) -> subproc
 
 
 def run_in_process(local: config.Local, spark, *, once: bool,
-                   during: Callable[[], T] | None = None) -> tuple[run.Result, T | None]:
+                   during: Callable[[], T] | None = None,
+                   **options: Any) -> tuple[run.Result, T | None]:
     """``lakeslot run`` in this process, on the tests' Spark session (no JVM to start). With
     ``during``: streaming while ``during`` runs in a thread, then stopped with SIGTERM as a user
-    would stop it (a stand-in handler absorbs a signal that comes after the run ended)."""
+    would stop it (a stand-in handler absorbs a signal that comes after the run ended).
+    ``options``: further :class:`run.Options`."""
     outcome: dict[str, Any] = {}
+    finished = threading.Event()  # run.run returned or raised: no signal may follow it
 
     def background() -> None:
         try:
-            wait_for(lambda: state.run_active(local.state_dir), "the run to start")
+            wait_for(lambda: state.run_active(local.state_dir) or finished.is_set(),
+                     "the run to start")
             assert during is not None
-            outcome["value"] = during()
+            if not finished.is_set():
+                outcome["value"] = during()
         except BaseException as e:  # noqa: BLE001 - re-raised below, in the test's thread
             outcome["error"] = e
         finally:
-            os.kill(os.getpid(), signal.SIGTERM)
+            if not finished.is_set():  # (a run that failed to start must not stop a later one)
+                os.kill(os.getpid(), signal.SIGTERM)
 
     previous = signal.signal(signal.SIGTERM, lambda *_: None)
     thread = threading.Thread(target=background, daemon=True) if during else None
@@ -104,10 +110,11 @@ def run_in_process(local: config.Local, spark, *, once: bool,
         if thread is not None:
             thread.start()
         result = run.run(local, run.Options(once=once, spark=spark, out=io.StringIO(),
-                                            interactive=False))
+                                            interactive=False, **options))
         if thread is not None:
             thread.join(RUN_DEADLINE_S)
     finally:
+        finished.set()
         signal.signal(signal.SIGTERM, previous)
     if "error" in outcome:
         raise outcome["error"]
