@@ -57,6 +57,7 @@ def test_identity_and_subresources():
         "Phase",
         "Ready",
         "Lag",
+        "Behind",
         "Tables",
         "Age",
     ]

@@ -82,6 +82,12 @@ PRINTER_COLUMNS = [
         "jsonPath": ".status.lagBytes",
         "description": "Bytes of WAL not yet reflected in Iceberg.",
     },
+    {
+        "name": "Behind",
+        "type": "integer",
+        "jsonPath": ".status.apply.lagSeconds",
+        "description": "Seconds the furthest-behind streaming table lags its source (freshness).",
+    },
     {"name": "Tables", "type": "integer", "jsonPath": ".status.tableCount", "description": "Tables replicated."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]

@@ -626,6 +626,11 @@ class TableStatus(ApiModel):
     applied_lsn: Lsn | None = optional("LSN the mirror table reflects (its last commit's lakeslot.lsn).")
     rows_known: int | None = optional("Rows in the mirror table as of appliedLsn.", ge=0)
     rows_staged: int | None = optional("Changes sealed in staging and not yet applied.", ge=0)
+    lag_seconds: int | None = optional(
+        "Freshness: seconds since the commit of the first source transaction sealed in staging and "
+        "not yet applied to this table (0 when none is pending); absent when staging cannot be read.",
+        ge=0,
+    )
     message: str = Field("", description="Why the table is Failed or Pending, and what to do.")
     last_schema_change: str | None = optional(
         "The last schema change applied to the mirror in place (rename, added column, widened "
@@ -652,6 +657,9 @@ class ApplyStatus(ApiModel):
 
     applied_lsn: Lsn | None = optional("Lowest appliedLsn over all streaming tables.")
     last_commit_time: KubeTime | None = optional("Time of the last Iceberg commit.")
+    lag_seconds: int | None = optional(
+        "Freshness: the largest lagSeconds of the streaming tables (printer column Behind).", ge=0
+    )
 
 
 class SnapshotStatus(ApiModel):

@@ -26,7 +26,8 @@ messages:
    executed; the apply SparkApplication once a table has been snapshotted.
 6. **Status** — per-table progress from Iceberg (invariant 1: a table's ``lakeslot.lsn`` is the
    truth), the reader's durable LSN from the slot's ``confirmed_flush_lsn`` (invariant 4: the
-   reader confirms only what is sealed), lag from the server's current LSN; conditions with
+   reader confirms only what is sealed), lag from the server's current LSN, freshness in seconds
+   from the commit times in staging (:mod:`lakeslot.freshness`); conditions with
    ``observedGeneration``; ``Degraded``, ``Ready`` and the phase from the rest
    (:func:`lakeslot.status.summary`).
 
@@ -60,7 +61,7 @@ import psycopg
 import pydantic
 from kubernetes.client.exceptions import ApiException
 
-from lakeslot import control, resnapshot, workloads
+from lakeslot import control, freshness, resnapshot, workloads
 from lakeslot import lsn as lsnlib
 from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SourceSpec
@@ -326,6 +327,7 @@ class _Reconciler:
         applied = st.record_progress(self.r, self.progress, self.snapshotting,
                                      durable=health.confirmed_flush_lsn, current=current,
                                      reader=self._reader_pod())
+        freshness.record(self.r.status, self.ing.spec.staging.uri, self.r.now)
         kube = self.ctx.kube
         reader = self.rejected.get("reader") or child_health.reader_problem(
             kube.get_deployment(self.ns, children.reader_name(self.ing)),
