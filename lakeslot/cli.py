@@ -167,7 +167,8 @@ def _ddl_capture_sql(args: argparse.Namespace) -> int:
 def _operator(args: argparse.Namespace) -> int:
     from lakeslot_operator import main
 
-    main.run(namespaces=args.namespace, peering=args.peering, liveness=args.liveness)
+    main.run(namespaces=args.namespace, peering=args.peering, liveness=args.liveness,
+             metrics_port=args.metrics_port)
     return EXIT_OK
 
 
@@ -231,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="kopf peering object for active/standby replicas; default: standalone")
     p.add_argument("--liveness", metavar="URL", default="http://0.0.0.0:8080/healthz",
                    help="liveness endpoint served by kopf (default %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=9188, metavar="N",
+                   help="serve Prometheus metrics on /metrics at this port; 0: none (default %(default)s)")
     p.set_defaults(func=_operator)
 
     from lakeslot.reader import command as reader_command  # light: see its docstring

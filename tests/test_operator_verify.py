@@ -13,7 +13,6 @@ Job's shape, the decisions and the verdicts are also checked on their own (pure 
 
 from __future__ import annotations
 
-import base64
 import json
 import subprocess
 from datetime import UTC, datetime
@@ -235,15 +234,7 @@ def _run_job(api, job: dict, tmp_path: Path) -> subprocess.CompletedProcess:
     """Simulated Job controller and kubelet: the container's command, as a process whose
     environment holds exactly the container's variables (Secret references resolved)."""
     (container,) = job["spec"]["template"]["spec"]["containers"]
-    core = kubernetes.client.CoreV1Api(api)
-    environ = {"PATH": str(Path(ls.LAKESLOT).parent), "HOME": str(tmp_path)}
-    for variable in container["env"]:
-        if "value" in variable:
-            environ[variable["name"]] = variable["value"]
-        else:
-            ref = variable["valueFrom"]["secretKeyRef"]
-            data = core.read_namespaced_secret(ref["name"], env.NAMESPACE).data or {}
-            environ[variable["name"]] = base64.b64decode(data[ref["key"]]).decode()
+    environ = env.container_environment(api, container, home=tmp_path)
     return subprocess.run([ls.LAKESLOT, *container["command"][1:]], env=environ, capture_output=True,
                           text=True, timeout=JOB_DEADLINE_S, check=False)
 
@@ -253,13 +244,7 @@ def test_verified_by_the_operator_for_an_equal_mirror_then_diverged_then_refused
         kube, api, source, spark, spark_warehouse, tmp_path, monkeypatch):
     db, tables = source
     name = "shop"
-    document = env.ingestion_document(name, db, tables, warehouse=spark_warehouse.as_uri(),
-                                      staging=(tmp_path / "staging").as_uri(),
-                                      snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20},
-                                      apply={"triggerIntervalSeconds": 1})
-    path = tmp_path / "ingestion.yaml"
-    path.write_text(yaml.safe_dump(document, allow_unicode=True))
-    local = ls.local(path, db, tmp_path / "state")
+    document, local = env.operator_and_local(name, db, tables, tmp_path, warehouse=spark_warehouse)
     monkeypatch.setenv(workloads.PASSWORD_ENV, db.cluster.password)  # run.run exports it
     pod = reader_process.pod_identity()  # the reader of lakeslot run in this process
     registry = build_registry(Context(kube=Kube(api)), timer_interval=1.0, login_via_client=False)

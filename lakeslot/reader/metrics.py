@@ -12,6 +12,8 @@ Metrics (all prefixed ``lakeslot_reader_``):
   (WAL the slot retains because of the reader), sampled at each health check.
 - ``transactions_total``, ``changes_total{op}`` (I, U, D, T, M), ``segments_sealed_total``,
   ``segment_rows_total``, ``reconnects_total``.
+- ``start_time_seconds``: when the process started (Unix time); a new value in the same pod is
+  a container restart (the chart's ``LakeslotReaderRestarting`` alert counts them).
 
 Health: ``/healthz`` answers 200 while the reader's loop has shown life within
 :data:`STALE_AFTER_S` (it beats while streaming and while waiting to retry), 503 otherwise — a
@@ -22,14 +24,14 @@ Failure mode: a port already in use raises ``OSError`` at start (the reader exit
 
 from __future__ import annotations
 
-import threading
 import time
-from socketserver import ThreadingMixIn
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.simple_server import WSGIServer
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+
+from lakeslot import metrics_http
 
 STALE_AFTER_S = 120.0
 
@@ -55,6 +57,9 @@ class Metrics:
                                     "Rows written to segments", registry=r)
         self.reconnects = Counter("lakeslot_reader_reconnects",
                                   "Replication sessions started after the first", registry=r)
+        self.start_time = Gauge("lakeslot_reader_start_time_seconds",
+                                "When the reader process started (Unix time)", registry=r)
+        self.start_time.set_to_current_time()
         self._beat = time.monotonic()
 
     def beat(self) -> None:
@@ -85,16 +90,4 @@ class Metrics:
                 return [b"ok\n" if ok else b"stale\n"]
             return prometheus(environ, start_response)
 
-        server = make_server(host, port, app, _ThreadingServer, handler_class=_QuietHandler)
-        threading.Thread(target=server.serve_forever, daemon=True,
-                         name="lakeslot-reader-metrics").start()
-        return server
-
-
-class _ThreadingServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args) -> None:  # noqa: A002 - the base class's signature
-        pass
+        return metrics_http.serve(app, port, host, "lakeslot-reader-metrics")

@@ -1,7 +1,9 @@
 """``lakeslot operator``: run the control plane.
 
 Connects with the in-cluster service account (or ``$KUBECONFIG`` outside a cluster), watches
-PostgresIngestions cluster-wide or in the given namespaces, serves kopf's liveness endpoint, and
+PostgresIngestions cluster-wide or in the given namespaces, serves kopf's liveness endpoint and
+its own Prometheus metrics (``/metrics`` on ``metrics_port``, :mod:`lakeslot_operator.metrics`;
+0: none), and
 with ``--peering`` takes part in kopf peering with a priority of its own
 (:mod:`lakeslot_operator.peering`), so that exactly one replica acts and a standby takes over
 when it stops (the peering CRDs ship with the Helm chart).
@@ -26,6 +28,7 @@ from lakeslot_operator import peering as peering_settings
 from lakeslot_operator.children import OperatorConfig
 from lakeslot_operator.handlers import build_registry
 from lakeslot_operator.kube import Kube
+from lakeslot_operator.metrics import OperatorMetrics
 from lakeslot_operator.reconcile import Context
 
 
@@ -50,15 +53,19 @@ def operator_config(environ: Mapping[str, str] | None = None) -> OperatorConfig:
         reader_service_account=env.get("LAKESLOT_READER_SERVICE_ACCOUNT") or None)
 
 
-def run(*, namespaces: list[str], peering: str | None, liveness: str | None) -> None:
+def run(*, namespaces: list[str], peering: str | None, liveness: str | None,
+        metrics_port: int = 0) -> None:
     kopf.configure()  # kopf's log format at INFO: handling, peering (pausing, resuming), errors
     ctx = Context(kube=Kube(_api_client()), config=operator_config())
+    metrics = OperatorMetrics()
+    if metrics_port:
+        metrics.serve(metrics_port)
     settings = kopf.OperatorSettings()
     if peering is not None:
         peering_settings.configure(
             settings, pod=os.environ.get("POD_ID") or os.uname().nodename,
             lifetime=int(os.environ.get("LAKESLOT_PEERING_LIFETIME_S") or peering_settings.LIFETIME_S))
     asyncio.run(kopf.operator(
-        registry=build_registry(ctx), settings=settings, clusterwide=not namespaces,
+        registry=build_registry(ctx, metrics=metrics), settings=settings, clusterwide=not namespaces,
         namespaces=namespaces, standalone=peering is None, peering_name=peering,
         liveness_endpoint=liveness))

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import base64
+import sys
 import uuid
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import kubernetes.client
@@ -29,6 +31,7 @@ from lakeslot import workloads
 from lakeslot.api.models import GROUP, PLURAL, VERSION, SinkSpec
 from lakeslot.api.naming import IngestionNames
 from lakeslot.api.validation import parse_resource
+from lakeslot.local import config
 from lakeslot.source.tables import TableName
 
 NAMESPACE = "default"
@@ -109,6 +112,21 @@ def ingestion_document(name: str, db, tables: list[TableName], *, warehouse: str
     return document
 
 
+def operator_and_local(name: str, db, tables: list[TableName], tmp_path: Path, *,
+                       warehouse: Path) -> tuple[dict, config.Local]:
+    """An ingestion for the operator whose work ``lakeslot run`` does in this process (pods cannot
+    run here): its document (Iceberg in ``warehouse``, the tests' Spark warehouse; a quick apply
+    trigger) and the local mode's configuration of the same file."""
+    document = ingestion_document(name, db, tables, warehouse=warehouse.as_uri(),
+                                  staging=(tmp_path / "staging").as_uri(),
+                                  snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20},
+                                  apply={"triggerIntervalSeconds": 1})
+    path = tmp_path / "ingestion.yaml"
+    path.write_text(yaml.safe_dump(document, allow_unicode=True))
+    return document, config.load(str(path), state_dir=str(tmp_path / "state"),
+                                 environ={workloads.PASSWORD_ENV: db.cluster.password})
+
+
 def create_ingestion(api_client, document: dict, password: str) -> dict:
     """The ingestion and the Secret holding its source password."""
     create_secret(api_client, f"{document['metadata']['name']}-pg", {"password": password})
@@ -168,6 +186,26 @@ def reader_pod_running(api_client, ingestion_name: str, pod_name: str) -> None:
     core.patch_namespaced_pod_status(pod_name, NAMESPACE, {"status": {"phase": "Running"}})
     apps.patch_namespaced_deployment_status(f"{ingestion_name}-reader", NAMESPACE, {
         "status": {"replicas": 1, "availableReplicas": 1, "readyReplicas": 1}})
+
+
+def container_environment(api_client, container: dict, *, home: Path, pod: str = "") -> dict[str, str]:
+    """Simulated kubelet: the environment of ``container`` — its literal values, Secret references
+    resolved from the emulator's Secrets, ``metadata.name`` field references as ``pod`` — plus
+    ``PATH`` (lakeslot's scripts) and ``HOME``; nothing of the test's own environment."""
+    core = kubernetes.client.CoreV1Api(api_client)
+    environ = {"PATH": str(Path(sys.executable).parent), "HOME": str(home)}
+    for variable in container.get("env", []):
+        source = variable.get("valueFrom", {})
+        if "value" in variable:
+            environ[variable["name"]] = variable["value"]
+        elif "secretKeyRef" in source:
+            ref = source["secretKeyRef"]
+            data = core.read_namespaced_secret(ref["name"], NAMESPACE).data or {}
+            environ[variable["name"]] = base64.b64decode(data[ref["key"]]).decode()
+        else:
+            assert source["fieldRef"]["fieldPath"] == "metadata.name", variable
+            environ[variable["name"]] = pod
+    return environ
 
 
 def commit_snapshot(spark, document: dict, tables: list[TableName], lsn: int) -> None:

@@ -7,12 +7,14 @@ only translate between kopf and lakeslot's plain modules (which tests call witho
   progress and the diff base in ``lakeslot.io/...`` annotations, not in ``status``: the CRD's
   structural schema would prune kopf's own status fields; INFO and above become events).
 - create / update / resume / a timer → :mod:`.change`: the same level-based
-  :func:`lakeslot_operator.reconcile.reconcile`; its status replaces ``.status`` and its events
-  are posted. Spec errors are conditions, so no handler raises for them (no crash loop).
+  :func:`lakeslot_operator.reconcile.reconcile`; its status replaces ``.status``, its events
+  are posted and both go to the operator's metrics (:mod:`lakeslot_operator.metrics`). Spec
+  errors are conditions, so no handler raises for them (no crash loop).
 - delete (behind the finalizer) → :mod:`.delete`: :func:`lakeslot_operator.deletion.delete`
   removes the children and cleans the source per ``deletionPolicy``; a blocked cleanup (reason
   ``CleanupBlocked``) is retried by kopf with backoff until PostgreSQL answers or the annotation
-  ``lakeslot.io/skip-source-cleanup: "true"`` lets the deletion finish without touching it.
+  ``lakeslot.io/skip-source-cleanup: "true"`` lets the deletion finish without touching it;
+  a finished deletion drops the ingestion's metrics.
 
 Handler ids are the functions' qualified names (``build_registry.<locals>.on_change``, ...) and
 kopf stores progress under them: renaming a handler orphans in-flight progress.
@@ -26,6 +28,7 @@ from lakeslot.api.models import GROUP, PLURAL, VERSION
 from lakeslot_operator.deletion import SKIP_CLEANUP_ANNOTATION
 from lakeslot_operator.handlers import change, delete
 from lakeslot_operator.handlers.startup import FINALIZER, configure
+from lakeslot_operator.metrics import OperatorMetrics
 from lakeslot_operator.reconcile import Context
 
 __all__ = ["FINALIZER", "SKIP_CLEANUP_ANNOTATION", "TIMER_INTERVAL_S", "build_registry",
@@ -35,8 +38,11 @@ TIMER_INTERVAL_S = 30.0
 
 
 def build_registry(ctx: Context, *, timer_interval: float = TIMER_INTERVAL_S,
-                   login_via_client: bool = True) -> kopf.OperatorRegistry:
-    """All of lakeslot's handlers on a fresh registry, bound to ``ctx``."""
+                   login_via_client: bool = True,
+                   metrics: OperatorMetrics | None = None) -> kopf.OperatorRegistry:
+    """All of lakeslot's handlers on a fresh registry, bound to ``ctx``, reporting to
+    ``metrics`` (default: a registry of their own that nobody serves)."""
+    observed = metrics if metrics is not None else OperatorMetrics()
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
 
@@ -51,14 +57,14 @@ def build_registry(ctx: Context, *, timer_interval: float = TIMER_INTERVAL_S,
     @kopf.on.create(*resource, registry=registry)
     @kopf.on.update(*resource, registry=registry)
     def on_change(body: kopf.Body, patch: kopf.Patch, **_: object) -> None:
-        change.handle(body, patch, ctx)
+        change.handle(body, patch, ctx, observed)
 
     @kopf.timer(*resource, registry=registry, interval=timer_interval, initial_delay=timer_interval)
     def on_timer(body: kopf.Body, patch: kopf.Patch, **_: object) -> None:
-        change.handle(body, patch, ctx)
+        change.handle(body, patch, ctx, observed)
 
     @kopf.on.delete(*resource, registry=registry)
     def on_delete(body: kopf.Body, patch: kopf.Patch, retry: int, **_: object) -> None:
-        delete.handle(body, patch, ctx, retry)
+        delete.handle(body, patch, ctx, retry, observed)
 
     return registry

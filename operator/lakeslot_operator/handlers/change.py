@@ -13,11 +13,17 @@ from __future__ import annotations
 
 import kopf
 
+from lakeslot_operator.metrics import OperatorMetrics
 from lakeslot_operator.reconcile import Context, Outcome, reconcile
 
 
-def handle(body: kopf.Body, patch: kopf.Patch, ctx: Context) -> None:
-    write(reconcile(body, ctx), body, patch)
+def handle(body: kopf.Body, patch: kopf.Patch, ctx: Context, metrics: OperatorMetrics) -> None:
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    with metrics.reconciling(namespace, name):
+        outcome = reconcile(body, ctx)
+    write(outcome, body, patch)
+    metrics.observe(namespace, name, outcome.status, events=outcome.events,
+                    suspended=bool(body.get("spec", {}).get("suspend")))
 
 
 def write(outcome: Outcome, body: kopf.Body, patch: kopf.Patch) -> None:

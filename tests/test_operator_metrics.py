@@ -1,0 +1,227 @@
+"""The operator's Prometheus metrics: what a scrape of the operator pod's ``/metrics`` says, checked
+against PostgreSQL itself while an ingestion streams.
+
+End to end with the real kopf operator (lakeslot's registry, its metrics served over HTTP) on the
+Kubernetes API emulator, real PostgreSQL 15 and 18 and real Spark + Iceberg. Simulated, because
+pods cannot run here (tests/support/operator_env.py): the spark-operator (the snapshot is taken
+by ``lakeslot run --once`` in this process, whose reader is registered as the reader pod; the
+apply SparkApplication's job is run in this process from its own arguments) and the Deployment
+controller and kubelet (the reader Deployment's container command runs as a process, with the
+environment the kubelet would give it).
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from datetime import UTC, datetime
+
+import pytest
+
+from lakeslot import workloads
+from lakeslot.api.models import Condition, PostgresIngestionStatus, ReaderStatus, SlotStatus, TableStatus
+from lakeslot.apply import job as apply_job
+from lakeslot.local import reader_process
+from lakeslot.pgcluster import free_port
+from lakeslot.source import connection
+from lakeslot_operator.handlers import build_registry
+from lakeslot_operator.kube import Kube
+from lakeslot_operator.metrics import OperatorMetrics, Sample, samples
+from lakeslot_operator.reconcile import Context
+from tests.support import local_support as ls
+from tests.support import operator_env as env
+from tests.support.fixtures_kube import running_operator
+from tests.support.prometheus import Scrape, scrape
+from tests.support.waiting import wait_for
+
+NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+NAME = "shop"
+TABLE = str(ls.ACCOUNTS)
+
+
+# the values, from a status ------------------------------------------------------------------
+
+def _condition(type_: str, status: str, reason: str) -> Condition:
+    return Condition(type=type_, status=status, reason=reason, last_transition_time=NOW)  # type: ignore[arg-type]
+
+
+def test_samples_are_the_status_in_numbers():
+    reader = connection.application_name("reader", "shop/orders", "orders-reader-1")
+    status = PostgresIngestionStatus(
+        slot=SlotStatus(name="s", active_pid=42, holder=reader, wal_status="unreserved",
+                        retained_bytes=5000, safe_wal_size=None),
+        reader=ReaderStatus(pod="orders-reader-1", lag_bytes=300),
+        lag_bytes=7000,
+        conditions=[_condition("SlotReady", "False", "SlotLost"), _condition("Streaming", "Unknown", "X")],
+        tables=[TableStatus(schema_name="public", name="a", state="Streaming", applied_lsn="0/10",
+                            rows_known=3, lag_seconds=4),
+                TableStatus(schema_name="Odd \"s\"", name="b", state="Failed"),
+                TableStatus(schema_name="public", name="gone", state="Removed", applied_lsn="0/5")])
+    got = {(s.metric, s.labels): s.value for s in samples(status, owner="shop/orders", suspended=False)}
+    assert got[("slot_retained_wal_bytes", ())] == 5000 and ("slot_safe_wal_size_bytes", ()) not in got
+    assert {k[1][0]: v for k, v in got.items() if k[0] == "slot_wal_status"} == {
+        "reserved": 0, "extended": 0, "unreserved": 1, "lost": 0}
+    assert {k[1][0]: v for k, v in got.items() if k[0] == "slot_holder"} == {"reader": 1, "other": 0, "none": 0}
+    assert got[("slot_active", ())] == 1 and got[("slot_confirmed_flush_lag_bytes", ())] == 300
+    assert got[("definite_error", ())] == 1 and got[("suspended", ())] == 0
+    assert got[("condition", ("SlotReady", "False"))] == 1 and got[("condition", ("SlotReady", "True"))] == 0
+    assert got[("condition", ("Streaming", "Unknown"))] == 1
+    assert {k[1][0]: v for k, v in got.items() if k[0] == "tables"} == {
+        "Pending": 0, "Snapshotting": 0, "Streaming": 1, "Failed": 1, "Removed": 1}
+    assert got[("table_applied_lsn", ("public.a",))] == 0x10
+    assert got[("table_freshness_seconds", ("public.a",))] == 4 and got[("table_rows", ("public.a",))] == 3
+    assert got[("table_failed", ('"Odd ""s""".b',))] == 1 and got[("table_failed", ("public.a",))] == 0
+    assert not any(k[1] == ("public.gone",) for k in got)  # a Removed table has no series
+
+    # Another backend holds the slot (the reader is someone else), then nobody does.
+    status.slot = SlotStatus(active_pid=7, holder="pg_recvlogical")
+    kinds = {s.labels[0]: s.value for s in samples(status, owner="shop/orders", suspended=True)
+             if s.metric == "slot_holder"}
+    assert kinds == {"reader": 0, "other": 1, "none": 0}
+    status.slot = SlotStatus()
+    assert Sample("slot_holder", ("none",), 1.0) in samples(status, owner="shop/orders", suspended=True)
+
+
+def test_series_of_a_deleted_or_silent_ingestion_disappear():
+    clock = [0.0]
+    metrics = OperatorMetrics(max_age=60, clock=lambda: clock[0])
+    status = {"lagBytes": 5}
+    metrics.observe("a", "one", status, suspended=False, events=[])
+    metrics.observe("a", "two", status, suspended=False, events=[])
+    with pytest.raises(RuntimeError), metrics.reconciling("a", "two"):
+        raise RuntimeError("boom")
+
+    def ingestions() -> set[str]:
+        return {s.labels["ingestion"] for m in metrics.registry.collect() for s in m.samples
+                if s.name == "lakeslot_lag_bytes"}
+
+    assert ingestions() == {"one", "two"}
+    assert metrics.registry.get_sample_value("lakeslot_reconcile_errors_total",
+                                             {"namespace": "a", "ingestion": "two"}) == 1
+    metrics.forget("a", "two")
+    assert ingestions() == {"one"}
+    assert metrics.registry.get_sample_value("lakeslot_reconcile_errors_total",
+                                             {"namespace": "a", "ingestion": "two"}) is None
+    clock[0] = 61  # no reconcile refreshed "one" for longer than max_age (e.g. a paused replica)
+    assert ingestions() == set()
+
+
+# end to end ----------------------------------------------------------------------------------
+
+def _wal(db) -> tuple[int, int, int]:
+    """PostgreSQL's own answer: retained bytes (current − restart_lsn), current − confirmed_flush,
+    and the current LSN."""
+    with db.connect() as conn:
+        row = conn.execute(
+            "SELECT (pg_current_wal_lsn() - restart_lsn)::int8,"
+            " (pg_current_wal_lsn() - confirmed_flush_lsn)::int8, (pg_current_wal_lsn() - '0/0')::int8"
+            " FROM pg_replication_slots WHERE slot_name = %s", (f"lakeslot_default_{NAME}",)).fetchone()
+    assert row is not None
+    return row
+
+
+def _mine(result: Scrape, name: str, **labels: str) -> float | None:
+    return result.value(name, namespace=env.NAMESPACE, ingestion=NAME, **labels)
+
+
+def _status_table(api) -> dict:
+    resource = env.get_ingestion(api, NAME) or {}
+    return next((t for t in resource.get("status", {}).get("tables", []) if t["name"] == "accounts"), {})
+
+
+@pytest.mark.slow
+def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
+        kube, api, pgdb, spark, spark_warehouse, tmp_path, monkeypatch):
+    with pgdb.connect() as conn:
+        ls.create_accounts(conn, 2_000)
+    document, local = env.operator_and_local(NAME, pgdb, [ls.ACCOUNTS], tmp_path, warehouse=spark_warehouse)
+    monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)  # the apply job's, in process
+    metrics = OperatorMetrics()
+    server = metrics.serve(0, "127.0.0.1")
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    registry = build_registry(Context(kube=Kube(api)), timer_interval=1.0, login_via_client=False,
+                              metrics=metrics)
+    reader: subprocess.Popen | None = None
+    try:
+        with running_operator(kube, registry):
+            env.create_ingestion(api, document, pgdb.cluster.password)
+            wait_for(lambda: f"{NAME}-reader" in env.deployments(api), "the reader Deployment")
+            env.reader_pod_running(api, NAME, reader_process.pod_identity())
+            ls.run_in_process(local, spark, once=True)  # snapshot, stream, apply: caught up, stopped
+            snapshot = (env.get_ingestion(api, NAME) or {})["status"].get("snapshot") or {}
+            if snapshot.get("application") in env.spark_applications(api):
+                env.set_spark_state(api, snapshot["application"], "COMPLETED")
+
+            # 1. Caught up, nothing running: freshness 0, the table where its mirror is, no holder.
+            def caught_up() -> Scrape:
+                result, row = scrape(url), _status_table(api)
+                applied = _mine(result, "lakeslot_table_applied_lsn", table=TABLE)
+                done = row.get("state") == "Streaming" and applied is not None and \
+                    f"{int(applied) >> 32:X}/{int(applied) & 0xFFFFFFFF:X}" == row.get("appliedLsn")
+                return result if done and _mine(result, "lakeslot_table_freshness_seconds", table=TABLE) == 0 \
+                    else Scrape()
+
+            result = wait_for(caught_up, "the applied LSN of the mirror and freshness 0 in a scrape")
+            assert _mine(result, "lakeslot_freshness_seconds") == 0
+            assert _mine(result, "lakeslot_table_rows", table=TABLE) == 2_000
+            assert _mine(result, "lakeslot_tables", state="Streaming") == 1
+            assert _mine(result, "lakeslot_slot_active") == 0
+            assert _mine(result, "lakeslot_slot_holder", kind="none") == 1
+            assert _mine(result, "lakeslot_definite_error") == 0 and _mine(result, "lakeslot_suspended") == 0
+            assert _mine(result, "lakeslot_condition", type="SlotReady", status="True") == 1
+            assert (_mine(result, "lakeslot_reconcile_duration_seconds_count") or 0) > 0
+
+            # 2. The source is written while no reader runs: WAL piles up, exactly as PostgreSQL says.
+            before = _wal(pgdb)
+            with pgdb.connect() as conn:
+                conn.execute("UPDATE accounts SET note = repeat('y', 400), balance = balance + 1")
+            written = _wal(pgdb)[2] - before[2]
+            assert written > 500_000
+
+            def retained_as_postgresql_says() -> Scrape:
+                result, (retained, unconfirmed, _) = scrape(url), _wal(pgdb)
+                return result if (_mine(result, "lakeslot_slot_retained_wal_bytes"),
+                                  _mine(result, "lakeslot_slot_confirmed_flush_lag_bytes")) == \
+                    (retained, unconfirmed) else Scrape()
+
+            result = wait_for(retained_as_postgresql_says, "retained WAL equal to pg_current_wal_lsn() - restart_lsn")
+            assert (_mine(result, "lakeslot_slot_retained_wal_bytes") or 0) >= written
+            assert (_mine(result, "lakeslot_slot_confirmed_flush_lag_bytes") or 0) >= written
+            assert _mine(result, "lakeslot_table_freshness_seconds", table=TABLE) == 0  # nothing staged
+
+            # 3. The reader (the Deployment's container, as the kubelet would run it) stages the
+            #    changes while the apply job is stopped: freshness rises.
+            deployment = env.deployments(api)[f"{NAME}-reader"]
+            (container,) = deployment["spec"]["template"]["spec"]["containers"]
+            pod = f"{NAME}-reader-2"
+            env.reader_pod_running(api, NAME, pod)
+            with open(tmp_path / "reader.log", "wb") as log:
+                reader = subprocess.Popen(
+                    [ls.LAKESLOT, *container["command"][1:], "--metrics-port", str(free_port())],
+                    env=env.container_environment(api, container, home=tmp_path, pod=pod),
+                    stdout=log, stderr=subprocess.STDOUT)
+            first = wait_for(lambda: (_mine(scrape(url), "lakeslot_table_freshness_seconds", table=TABLE) or 0),
+                             "freshness above 0 once the update is staged")
+            wait_for(lambda: (_mine(scrape(url), "lakeslot_table_freshness_seconds", table=TABLE) or 0) > first,
+                     "freshness rising while the apply job is stopped")
+            def held_by_the_reader() -> Scrape:
+                result = scrape(url)
+                return result if _mine(result, "lakeslot_slot_holder", kind="reader") == 1 else Scrape()
+
+            result = wait_for(held_by_the_reader, "the reader holding the slot")
+            assert _mine(result, "lakeslot_slot_active") == 1
+            assert (_mine(result, "lakeslot_freshness_seconds") or 0) >= first
+            wait_for(retained_as_postgresql_says, "retained WAL released by the reader, as PostgreSQL says")
+
+            # 4. The apply job catches up: freshness falls back to 0.
+            application = env.spark_applications(api)[f"{NAME}-apply"]
+            passed = apply_job.run(spark, env.job_input(application), once=True)
+            assert passed.ok, passed
+            wait_for(lambda: _mine(scrape(url), "lakeslot_table_freshness_seconds", table=TABLE) == 0,
+                     "freshness 0 after the apply job caught up")
+            assert reader.poll() is None, (tmp_path / "reader.log").read_text()[-3000:]
+    finally:
+        if reader is not None:
+            reader.send_signal(signal.SIGTERM)
+            reader.wait(60)
+        server.shutdown()
