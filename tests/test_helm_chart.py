@@ -128,6 +128,10 @@ def test_the_operator_command_line_is_what_the_values_ask_for(name):
     (named,) = [p for p in container["ports"] if p["name"] == container["livenessProbe"]["httpGet"]["port"]]
     assert named["containerPort"] == port == values.get("livenessPort", 8080)
     assert args.liveness.endswith(container["livenessProbe"]["httpGet"]["path"])
+    # The metrics port is the one the operator serves, named for the PodMonitor.
+    metrics = values.get("metrics", {}).get("port", 9188)
+    assert args.metrics_port == metrics
+    assert [p["containerPort"] for p in container["ports"] if p["name"] == "metrics"] == ([metrics] if metrics else [])
 
 
 def test_image_and_children_defaults_follow_the_release():
@@ -147,7 +151,8 @@ def test_image_and_children_defaults_follow_the_release():
 @pytest.mark.parametrize("name", ["pod-monitor", "namespaced"])
 def test_the_pod_monitor_selects_the_reader_pods_metrics_port(name):
     values = {**chart.VALUE_SETS[name], "metrics": {"podMonitor": {"enabled": True}}}
-    monitor = chart.one(chart.render(values), "PodMonitor")
+    (monitor,) = [m for m in chart.of_kind(chart.render(values), "PodMonitor")
+                  if m["metadata"]["name"].endswith("-readers")]
     ingestion = PostgresIngestion.model_validate(base_document())
     reader = children.reader_deployment(ingestion, "uid", children.OperatorConfig(), ["lakeslot"], replicas=1)
     pod_labels = reader["spec"]["template"]["metadata"]["labels"]
@@ -161,7 +166,10 @@ def test_the_pod_monitor_selects_the_reader_pods_metrics_port(name):
 
 def test_the_network_policy_denies_ingress_and_restricts_egress_only_when_asked():
     (policy,) = chart.of_kind(chart.render(chart.VALUE_SETS["network-policy-ingress-only"]), "NetworkPolicy")
-    assert policy["spec"]["policyTypes"] == ["Ingress"] and policy["spec"]["ingress"] == []
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [{"ports": [{"protocol": "TCP", "port": 9188}]}]  # metrics only
+    (policy,) = chart.of_kind(chart.render(chart.VALUE_SETS["no-metrics"]), "NetworkPolicy")
+    assert policy["spec"]["ingress"] == []
     values = chart.VALUE_SETS["network-policy"]
     manifests = chart.render(values)
     policy = chart.one(manifests, "NetworkPolicy")

@@ -4,7 +4,8 @@ of the rendered Deployment, its kubeconfig pointing at a recording proxy in fron
 It reconciles examples/ingestion.yaml (pointed at a real PostgreSQL 18) until the slot is ready
 and the children exist, and deletes it again. Then:
 
-- its liveness endpoint answered where the Deployment's probe asks;
+- its liveness endpoint answered where the Deployment's probe asks, and its metrics endpoint
+  where the PodMonitor scrapes (the ingestion's series while it exists, none after its deletion);
 - every API request it made is allowed by the rendered RBAC for its service account (so a rule
   missing from the chart fails here even if tests/test_rbac.py's derivation missed the call);
 - kopf's part of the derivation in tests/support/rbac.py is what kopf really asked for;
@@ -35,6 +36,7 @@ from lakeslot.api.models import GROUP, PLURAL, VERSION
 from tests.support import chart
 from tests.support import operator_env as env
 from tests.support.kube_emulator import KubeEmulator, write_kubeconfig
+from tests.support.prometheus import scrape
 from tests.support.rbac import RecordingProxy, allowed, grants, is_discovery, kopf_calls, request_attributes
 from tests.support.waiting import wait_for
 
@@ -127,7 +129,8 @@ def reconciled(api, name: str) -> dict | None:
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_the_operator_started_as_the_chart_says_reconciles_within_its_rbac(
         kube: KubeEmulator, pgdb, tmp_path, mode):
-    values = {**MODES[mode], "livenessPort": free_port()}
+    values = {**MODES[mode], "livenessPort": free_port(),
+              "metrics": {"port": free_port(), "podMonitor": {"enabled": True}}}
     manifests = chart.render(values)
     container = chart.operator_container(manifests)
     account = chart.operator_account(manifests)
@@ -159,12 +162,21 @@ def test_the_operator_started_as_the_chart_says_reconciles_within_its_rbac(
             resource = wait_for(lambda: reconciled(api, name), "slot, reader Deployment and snapshot")
             assert resource is not None  # wait_for returns only a truthy value
             assert chart.argocd_health(resource)["status"] == "Progressing"
+            (monitor,) = [m for m in chart.of_kind(manifests, "PodMonitor")
+                          if m["metadata"]["name"].endswith("-operator")]
+            (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+            (port,) = [p["containerPort"] for p in container["ports"] if p["name"] == endpoint["port"]]
+            metrics_url = f"http://127.0.0.1:{port}{endpoint['path']}"
+            wait_for(lambda: scrape(metrics_url).value("lakeslot_slot_retained_wal_bytes", ingestion=name) is not None,
+                     "the ingestion's series in the operator's metrics")
             wait_for(lambda: kubernetes.client.CoreV1Api(api).list_namespaced_event(NAMESPACE).items,
                      "events posted by the operator")
 
             kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object(
                 GROUP, VERSION, NAMESPACE, PLURAL, name)
             wait_for(lambda: ingestion(api, name) is None, "the deletion to finish")
+            wait_for(lambda: not [k for k in scrape(metrics_url) if ("ingestion", name) in k[1]],
+                     "the deleted ingestion's series gone from the metrics")
         finally:
             process.send_signal(signal.SIGTERM)
             process.wait(60)

@@ -28,6 +28,7 @@ from lakeslot_operator.handlers import build_registry
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.metrics import OperatorMetrics, Sample, samples
 from lakeslot_operator.reconcile import Context
+from tests.support import chart, promql
 from tests.support import local_support as ls
 from tests.support import operator_env as env
 from tests.support.fixtures_kube import running_operator
@@ -108,16 +109,44 @@ def test_series_of_a_deleted_or_silent_ingestion_disappear():
 
 # end to end ----------------------------------------------------------------------------------
 
-def _wal(db) -> tuple[int, int, int]:
+INGESTION = frozenset({("namespace", env.NAMESPACE), ("ingestion", NAME)})
+
+
+def _alerts(**thresholds: int) -> dict[str, dict]:
+    return chart.alert_rules(chart.render({**chart.SERVED, "metrics": {"prometheusRule": {
+        "enabled": True, **thresholds}}}))
+
+
+def _dashboard() -> dict:
+    return chart.dashboard(chart.render({**chart.SERVED, "metrics": {"dashboard": {"enabled": True}}}))
+
+
+def _firing(alerts: dict[str, dict], name: str, result: Scrape) -> dict:
+    """The alert's expression on one scrape, by labels (its ``for:`` is not evaluated); only this
+    test's ingestion counts."""
+    value = promql.evaluate(alerts[name]["expr"], result)
+    assert isinstance(value, dict)
+    return {labels: v for labels, v in value.items() if labels >= INGESTION}
+
+def _wal(db) -> tuple[int, int, int, int]:
     """PostgreSQL's own answer: retained bytes (current − restart_lsn), current − confirmed_flush,
-    and the current LSN."""
+    safe_wal_size and the current LSN."""
     with db.connect() as conn:
         row = conn.execute(
             "SELECT (pg_current_wal_lsn() - restart_lsn)::int8,"
-            " (pg_current_wal_lsn() - confirmed_flush_lsn)::int8, (pg_current_wal_lsn() - '0/0')::int8"
+            " (pg_current_wal_lsn() - confirmed_flush_lsn)::int8, safe_wal_size,"
+            " (pg_current_wal_lsn() - '0/0')::int8"
             " FROM pg_replication_slots WHERE slot_name = %s", (f"lakeslot_default_{NAME}",)).fetchone()
     assert row is not None
     return row
+
+
+def _keep_slot_wal(db, size: str | None) -> None:
+    """``max_slot_wal_keep_size`` (a reload suffices); None: the server's default (no limit)."""
+    with db.connect() as conn:
+        conn.execute(f"ALTER SYSTEM SET max_slot_wal_keep_size = '{size}'" if size
+                     else "ALTER SYSTEM RESET max_slot_wal_keep_size")
+        conn.execute("SELECT pg_reload_conf()")
 
 
 def _mine(result: Scrape, name: str, **labels: str) -> float | None:
@@ -142,6 +171,7 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
     registry = build_registry(Context(kube=Kube(api)), timer_interval=1.0, login_via_client=False,
                               metrics=metrics)
     reader: subprocess.Popen | None = None
+    _keep_slot_wal(pgdb, "10GB")  # so that the slot has a safe_wal_size (a reload, for this test)
     try:
         with running_operator(kube, registry):
             env.create_ingestion(api, document, pgdb.cluster.password)
@@ -171,20 +201,30 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
             assert _mine(result, "lakeslot_condition", type="SlotReady", status="True") == 1
             assert (_mine(result, "lakeslot_reconcile_duration_seconds_count") or 0) > 0
 
+            # The chart's alerts, with thresholds just above what is retained now and 1 s behind.
+            alerts = _alerts(walRetainedBytes=int(_mine(result, "lakeslot_slot_retained_wal_bytes") or 0) + (256 << 10),
+                             freshnessSeconds=1)
+            assert _firing(alerts, "LakeslotWalRetainedHigh", result) == {}
+            assert _firing(alerts, "LakeslotFreshnessHigh", result) == {}
+
             # 2. The source is written while no reader runs: WAL piles up, exactly as PostgreSQL says.
             before = _wal(pgdb)
             with pgdb.connect() as conn:
                 conn.execute("UPDATE accounts SET note = repeat('y', 400), balance = balance + 1")
-            written = _wal(pgdb)[2] - before[2]
+            written = _wal(pgdb)[3] - before[3]
             assert written > 500_000
 
             def retained_as_postgresql_says() -> Scrape:
-                result, (retained, unconfirmed, _) = scrape(url), _wal(pgdb)
+                result, (retained, unconfirmed, safe, _) = scrape(url), _wal(pgdb)
                 return result if (_mine(result, "lakeslot_slot_retained_wal_bytes"),
-                                  _mine(result, "lakeslot_slot_confirmed_flush_lag_bytes")) == \
-                    (retained, unconfirmed) else Scrape()
+                                  _mine(result, "lakeslot_slot_confirmed_flush_lag_bytes"),
+                                  _mine(result, "lakeslot_slot_safe_wal_size_bytes")) == \
+                    (retained, unconfirmed, safe) else Scrape()
 
             result = wait_for(retained_as_postgresql_says, "retained WAL equal to pg_current_wal_lsn() - restart_lsn")
+            assert _firing(alerts, "LakeslotWalRetainedHigh", result) == {INGESTION: _mine(
+                result, "lakeslot_slot_retained_wal_bytes")}
+            assert _firing(alerts, "LakeslotSlotInactive", result) == {INGESTION: 0}
             assert (_mine(result, "lakeslot_slot_retained_wal_bytes") or 0) >= written
             assert (_mine(result, "lakeslot_slot_confirmed_flush_lag_bytes") or 0) >= written
             assert _mine(result, "lakeslot_table_freshness_seconds", table=TABLE) == 0  # nothing staged
@@ -195,9 +235,10 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
             (container,) = deployment["spec"]["template"]["spec"]["containers"]
             pod = f"{NAME}-reader-2"
             env.reader_pod_running(api, NAME, pod)
+            reader_port = free_port()
             with open(tmp_path / "reader.log", "wb") as log:
                 reader = subprocess.Popen(
-                    [ls.LAKESLOT, *container["command"][1:], "--metrics-port", str(free_port())],
+                    [ls.LAKESLOT, *container["command"][1:], "--metrics-port", str(reader_port)],
                     env=env.container_environment(api, container, home=tmp_path, pod=pod),
                     stdout=log, stderr=subprocess.STDOUT)
             first = wait_for(lambda: (_mine(scrape(url), "lakeslot_table_freshness_seconds", table=TABLE) or 0),
@@ -209,6 +250,13 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
                 return result if _mine(result, "lakeslot_slot_holder", kind="reader") == 1 else Scrape()
 
             result = wait_for(held_by_the_reader, "the reader holding the slot")
+            assert _firing(alerts, "LakeslotSlotInactive", result) == {}
+            wait_for(lambda: _firing(alerts, "LakeslotFreshnessHigh", scrape(url)),
+                     "the freshness alert's expression true on a scrape")
+            # Every metric the alerts and the dashboard read is in the real scrapes.
+            exported = result.names() | scrape(f"http://127.0.0.1:{reader_port}/metrics").names()
+            for expr in [r["expr"] for r in alerts.values()] + chart.dashboard_queries(_dashboard()):
+                assert promql.metrics(expr) <= exported, (expr, promql.metrics(expr) - exported)
             assert _mine(result, "lakeslot_slot_active") == 1
             assert (_mine(result, "lakeslot_freshness_seconds") or 0) >= first
             wait_for(retained_as_postgresql_says, "retained WAL released by the reader, as PostgreSQL says")
@@ -225,3 +273,4 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
             reader.send_signal(signal.SIGTERM)
             reader.wait(60)
         server.shutdown()
+        _keep_slot_wal(pgdb, None)

@@ -187,11 +187,11 @@ class OperatorMetrics(Collector):
     @contextlib.contextmanager
     def reconciling(self, namespace: str, name: str) -> Iterator[None]:
         """Time the block; count it as an error when it raises (the exception propagates)."""
-        start = self._clock()
+        start, errors = self._clock(), self.errors.labels(namespace, name)  # exported from 0 on
         try:
             yield
         except BaseException:
-            self.errors.labels(namespace, name).inc()
+            errors.inc()
             raise
         finally:
             self.duration.labels(namespace, name).observe(self._clock() - start)

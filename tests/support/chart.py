@@ -5,7 +5,8 @@ health check run as Argo CD runs it.
 ``VALUE_SETS`` are the install shapes the tests cover; each test iterates the ones it needs.
 ``render()`` returns the parsed manifests (NOTES.txt and empty documents left out) in template
 order; ``chart_crds()`` the CustomResourceDefinitions of the chart's ``crds/`` directory, which
-Helm installs before the templates and never renders.
+Helm installs before the templates and never renders; ``alert_rules()``, ``dashboard()`` and
+``dashboard_queries()`` the monitoring the chart ships, as Prometheus and Grafana read it.
 
 ``argocd_health(obj)`` runs helm/argocd/health.lua on a resource in a sandbox like Argo CD's: Lua
 5.1 (Argo CD embeds gopher-lua, a Lua 5.1), the object as the global ``obj``, only the base and
@@ -18,6 +19,8 @@ Failure modes: a template error or values rejected by ``values.schema.json`` rai
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "namespaced-peering": {"watchNamespaces": ["shop", "team-b"], "replicaCount": 3},
     "spark-namespaces": SERVED,
     "pod-monitor": {**SERVED, "metrics": {"podMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+    "monitoring": {**SERVED, "metrics": {
+        "podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True, "labels": {"release": "prom"}},
+        "dashboard": {"enabled": True, "namespace": "monitoring"}}},
+    "no-metrics": {**SERVED, "metrics": {"port": 0, "podMonitor": {"enabled": True}},
+                   "networkPolicy": {"enabled": True}},
     "network-policy": {**SERVED, "networkPolicy": {"enabled": True, "egress": [
         {"to": [{"namespaceSelector": {}}], "ports": [{"protocol": "UDP", "port": 53}]},
         {"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
@@ -152,3 +160,29 @@ def argocd_health(obj: Mapping[str, Any], script: str | None = None) -> dict[str
     result = run(lua.table_from(_LUA_BASE), HEALTH_LUA.read_text() if script is None else script,
                  lua.table_from(obj, recursive=True))
     return dict(result.items())
+
+
+def alert_rules(manifests: Iterable[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The PrometheusRule's alerting rules by alert name."""
+    rule = one(manifests, "PrometheusRule")
+    return {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
+
+
+def dashboard(manifests: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The Grafana dashboard of the chart's dashboard ConfigMap, parsed."""
+    (text,) = one(manifests, "ConfigMap")["data"].values()
+    return json.loads(text)
+
+
+def dashboard_queries(board: Mapping[str, Any]) -> list[str]:
+    """Every PromQL query of ``board`` as Prometheus would receive it from Grafana: the panels'
+    targets and the selectors of the ``label_values(selector, label)`` variables, with Grafana's
+    variables replaced (``$__rate_interval`` by 5m, a dashboard variable by the regex ``.*`` that
+    "All" selects)."""
+    queries = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    for variable in board["templating"]["list"]:
+        if variable["type"] == "query":
+            found = re.fullmatch(r"label_values\((.*), *[a-z_]+\)", variable["query"]["query"])
+            assert found, variable
+            queries.append(found.group(1))
+    return [re.sub(r"\$[a-z_]+", ".*", q.replace("$__rate_interval", "5m")) for q in queries]

@@ -77,6 +77,8 @@ watched namespace (none: all namespaces) and --peering when more than one replic
 - operator
 - --liveness
 - http://0.0.0.0:{{ .Values.livenessPort }}/healthz
+- --metrics-port
+- {{ .Values.metrics.port | quote }}
 {{- range .Values.watchNamespaces }}
 - --namespace
 - {{ . }}
