@@ -14,6 +14,11 @@ Invariants:
   (else it exits at once), then ``exec``s the reader. So even ``kill -9`` of the local run stops
   the reader cleanly (SIGTERM: it seals nothing half-written and releases the slot). The death
   signal follows the *thread* that forked: always spawn from the main thread.
+- An earlier run's reader never outlives into a new run: ``PR_SET_PDEATHSIG`` is the first line,
+  but it depends on the reader honouring SIGTERM promptly, so a new run (holding the run lock:
+  the earlier one is gone) first stops the reader the state directory names, if that process still
+  runs a reader with the recorded pod identity (:func:`stop_orphan`) — before starting its own,
+  which would otherwise evict it from the slot while it evicts the new one back.
 - The child runs in its own process group: a Ctrl-C on the terminal reaches only the run, which
   then stops the reader with SIGTERM itself, in order.
 - A unique pod identity per run (``local-<host>-<pid>``) makes the reader's application_name
@@ -26,18 +31,22 @@ or a crash (restarting resumes from staging).
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from lakeslot import lsn as lsnlib
 from lakeslot import workloads
-from lakeslot.local import deathsig
+from lakeslot.local import deathsig, tree
 from lakeslot.local.config import Local
 from lakeslot.source import connection
 
@@ -98,6 +107,48 @@ class ReaderProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
         return self.process.wait()
+
+
+def describe_exit(code: int, outcome: Mapping) -> str:
+    """What a reader's end says: its status file's reason and message, else how it ended (a
+    signal, or an exit before it could write its status file)."""
+    if outcome.get("reason"):
+        return f"exit {code}, {outcome['reason']}: {outcome.get('message')}"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit {code} without a status file (see its log)"
+
+
+def runs_reader(pid: int, pod: str) -> bool:
+    """True when process ``pid`` runs ``lakeslot reader`` with pod identity ``pod`` (Linux
+    ``/proc``; a pid reused by anything else is not it)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    pairs = set(itertools.pairwise(argv))
+    return b"reader" in argv and (b"--pod", pod.encode()) in pairs
+
+
+def stop_orphan(pid: int, pod: str, timeout: float = STOP_TIMEOUT_S) -> bool:
+    """Stop an earlier run's reader that outlived it (see the module docstring): SIGTERM (it
+    seals what is complete and lets go of the slot), SIGKILL if it has not exited within
+    ``timeout``. False when ``pid`` is not such a reader (nothing done)."""
+    if not runs_reader(pid, pod):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while tree.alive({pid}) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if tree.alive({pid}):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return True
 
 
 def spawn(local: Local, *, pod: str,

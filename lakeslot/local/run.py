@@ -39,12 +39,23 @@ stops before starting the next; a running snapshot's Spark jobs are cancelled (i
 goes with its transaction, and the next run copies the tables that did not commit); the Spark
 JVM stops with the session. A second signal does not skip any of this: it only repeats the
 stop. ``kill -9`` skips everything, and nothing is lost: the reader dies with its parent
-(``PR_SET_PDEATHSIG``) and PostgreSQL drops the temporary slot with its session; a restart
+(``PR_SET_PDEATHSIG``; should it linger, the next run stops it before starting its own) and
+PostgreSQL drops the temporary slot with its session; a restart
 resumes exactly where staging and each table's ``lakeslot.lsn`` say (DESIGN.md rules 3 and 6).
 
 ``--once``: the source's current WAL LSN is taken when streaming starts (right after the slot
 step); the reader stops once everything up to it is sealed (``--stop-at-lsn``), the apply job
-applies what is sealed until nothing is left, and the run exits 0.
+applies what is sealed until nothing is left, and the run exits 0 — unless a table did not get
+there: its snapshot failed (it has no mirror) or the apply job stopped it. Then the run names each
+such table with its error and exits 3 when every error is definite, 1 when one was transient
+(retries ran out; a rerun may pass). ``lakeslot status`` shows the same: a table whose snapshot
+failed definitely is ``Failed`` with the error, after a transient failure ``Pending`` with it.
+
+The reader child is restarted whenever it ends without a definite error (crash, retries
+exhausted, killed). Only failures *in a row without progress* count — progress meaning that
+staging's sealed end moved during that reader's life —, and after :data:`READER_RESTARTS` of them
+the run gives up (exit 1) naming the last failure (its status file's reason, or the signal that
+killed it). A reader that dies now and then but streams in between is restarted for ever.
 
 Exit codes: 0 stopped cleanly or caught up (``--once``); 1 failed (connection, Spark, the
 reader kept failing), retrying later may help; 2 bad input (file, secrets; nothing was started);
@@ -82,9 +93,11 @@ if TYPE_CHECKING:  # pyspark is imported only once a run needs Spark
     import psycopg
     from pyspark.sql import SparkSession
 
+    from lakeslot.snapshot.job import TableOutcome as SnapshotOutcome
+
 log = logging.getLogger("lakeslot.local")
 
-READER_RESTARTS = 5  # consecutive reader failures (each after its own 300 s of retries) → give up
+READER_RESTARTS = 5  # reader failures in a row, nothing sealed in between → give up
 ONCE_POLL_S = 1.0
 STOP_TIMEOUT_S = 60.0
 COPY_BACKOFF_S = 30.0  # a joined table whose copy failed is tried again after this, doubled
@@ -214,7 +227,9 @@ class _Session:
         self.job = local.job
         self.pod = reader_process.pod_identity()
         self.reader: reader_process.ReaderProcess | None = None
-        self.reader_failures = 0
+        self.reader_failures = FailureStreak(READER_RESTARTS)
+        self.reader_from: int | None = None  # where staging ended when the reader started
+        self.snapshot_failed: dict[TableName, SnapshotOutcome] = {}  # by the snapshot phase
         self.reader_done = threading.Event()  # --once: everything up to the target is sealed
         self.target: int | None = None
         self.caught_up = False
@@ -248,6 +263,7 @@ class _Session:
 
     def execute(self) -> None:
         tables, below = self._control()
+        self._stop_orphaned_reader()
         self._start_reader()
         self.spark = self.options.spark or self._spark_session(tables)
         if self.options.spark is None and threading.current_thread() is threading.main_thread():
@@ -261,8 +277,8 @@ class _Session:
             return
         streaming = self._streaming_tables(tables)
         if not streaming:
-            raise RunFailed(EXIT_DEFINITE, "no table has a snapshot to stream into (see the "
-                            "snapshot errors above and lakeslot status)")
+            raise _not_caught_up("no table has a snapshot to stream into",
+                                 self._snapshot_failures(tables), [])
         self._phase("apply", lambda: self._apply(streaming))
         self.caught_up = self.options.once and not self.stop.is_set()
 
@@ -288,7 +304,17 @@ class _Session:
         return tables, state.resnapshot_below(self.local.state_dir,
                                               lsnlib.parse(below) if below else 0)
 
+    def _stop_orphaned_reader(self) -> None:
+        """The reader an earlier run left behind, if it still runs (see
+        :mod:`.reader_process`); called before the first reader of this run starts."""
+        earlier = state.read_run(self.local.state_dir)
+        pid, pod = earlier.get("readerPid"), earlier.get("pod")
+        if isinstance(pid, int) and isinstance(pod, str) and pid != os.getpid() \
+                and reader_process.stop_orphan(pid, pod):
+            log.warning("the reader of an earlier run (pid %d) outlived it: stopped it", pid)
+
     def _start_reader(self) -> None:
+        self.reader_from = self._sealed_end()
         self.reader = reader_process.spawn(self.local, pod=self.pod, stop_at=self.target)
         state.write_run(self.local.state_dir, readerPid=self.reader.pid, pod=self.pod,
                         onceTarget=None if self.target is None else lsnlib.format(self.target))
@@ -316,6 +342,12 @@ class _Session:
         for table in result.tables:
             if table.error:
                 log.warning("snapshot of %s failed: %s", table.source, table.error)
+        self.snapshot_failed = {t.source: t for t in result.tables if t.state == "failed"}
+
+    def _snapshot_failures(self, tables: list[TableName]) -> list[tuple[TableName, str, bool]]:
+        """(table, why, transient) of each table whose snapshot failed and that has no mirror."""
+        return [(t, f"snapshot failed: {failure.error}", failure.transient) for t in tables
+                if t not in self.mirrored and (failure := self.snapshot_failed.get(t)) is not None]
 
     def _streaming_tables(self, tables: list[TableName]) -> list[TableName]:
         from lakeslot.mirror import progress as mirror_progress
@@ -355,11 +387,11 @@ class _Session:
                 break
             self._supervise(copying.finished)
             copying.outcome()
-        failed = [t for t in result.tables if t.state in ("failed", "retrying")] if result else []
-        if failed:
-            raise RunFailed(
-                EXIT_DEFINITE if all(t.state == "failed" for t in failed) else EXIT_FAILED,
-                "not caught up: " + "; ".join(f"{t.source} {t.state}: {t.error}" for t in failed))
+        applied = [(t.source, f"apply {t.state}: {t.error}", t.state == "retrying")
+                   for t in result.tables if t.state in ("failed", "retrying")] if result else []
+        unsnapshotted = self._snapshot_failures(self.tables)
+        if (applied or unsnapshotted) and not self.stop.is_set():
+            raise _not_caught_up("not caught up", unsnapshotted, applied)
 
     def _stream(self, hooks) -> None:
         """The apply job until stopped, restarted whenever the tables it must handle change
@@ -683,14 +715,28 @@ class _Session:
         if code == EXIT_DEFINITE:
             raise RunFailed(EXIT_DEFINITE, f"the reader stopped with a definite error "
                             f"({outcome.get('reason')}): {outcome.get('message')}")
-        self.reader_failures += 1
-        if self.reader_failures > READER_RESTARTS:
-            raise RunFailed(EXIT_FAILED, f"the reader failed {self.reader_failures} times in a "
-                            f"row; last: {outcome.get('reason')}: {outcome.get('message')} "
+        what = reader_process.describe_exit(code, outcome)
+        end = self._sealed_end()
+        progressed = end is not None and self.reader_from is not None and end > self.reader_from
+        if self.reader_failures.add(what, progressed=progressed):
+            raise RunFailed(EXIT_FAILED, f"the reader failed {self.reader_failures.count} times "
+                            f"in a row without sealing anything in between; last: {what} "
                             f"(log: {reader.log_file})")
-        log.warning("the reader exited with %s (%s: %s); restarting it (it resumes from staging)",
-                    code, outcome.get("reason"), outcome.get("message"))
+        log.warning("the reader ended (%s)%s; restarting it (it resumes from staging)", what,
+                    "" if progressed else f", failure {self.reader_failures.count} in a row "
+                    "without progress")
         self._start_reader()
+
+    def _sealed_end(self) -> int | None:
+        """Where durable data ends in staging (the furthest sealed segment's end; 0 when empty),
+        None when staging cannot be read now. The reader seals at least every
+        ``segment_max_seconds`` while WAL moves, idle or not, so a streaming reader moves it."""
+        try:
+            last = self.staged.staging.resume_point()
+        except OSError as e:
+            log.warning("cannot list staging now: %s", st.first_line(e))
+            return None
+        return 0 if last is None else last.end
 
     def _activity(self) -> observe.Activity:
         apply = self.workers.get("apply")
@@ -747,6 +793,33 @@ class _Session:
         self.last_status = observe.observe(self.local, activity, staged=self.staged)
         self.display.show(self.last_status, time.monotonic() - self.started, self.target,
                           apply_seconds=self.apply_seconds, final=True)
+
+
+@dataclass
+class FailureStreak:
+    """Failures in a row without progress: one that follows progress starts a new streak, so
+    a process that dies now and then but works in between is restarted for ever, and one that
+    cannot get anywhere is given up after ``limit`` restarts (with the last failure's text)."""
+
+    limit: int
+    count: int = 0
+    last: str = ""
+
+    def add(self, what: str, *, progressed: bool) -> bool:
+        """Record a failure (``progressed``: something was achieved since the previous one);
+        True when the streak is longer than ``limit``."""
+        self.count = 1 if progressed else self.count + 1
+        self.last = what
+        return self.count > self.limit
+
+
+def _not_caught_up(what: str, *failures: list[tuple[TableName, str, bool]]) -> RunFailed:
+    """The run's failure naming each table that did not get there, with why: exit 3 (a human
+    must act) when every cause is definite, 1 when a transient one may pass on a rerun."""
+    listed = [f for group in failures for f in group]
+    code = EXIT_FAILED if any(transient for *_, transient in listed) else EXIT_DEFINITE
+    return RunFailed(code, f"{what}: " + "; ".join(f"{t} {why}" for t, why, _ in listed) + (
+        " (lakeslot status shows each table's state)"))
 
 
 class _Worker:

@@ -37,9 +37,10 @@ mode the Python workers do not see variables set after the JVM started, so the d
 them through ``SparkContext.environment`` (the environment PySpark gives its workers; it is not
 part of the Spark conf, argv or logs).
 
-Failure modes: a table's definite error is in its outcome and the progress document, and the other
-tables go on; a failure of the job as a whole (source unreachable, slot cannot be created, catalog
-unreachable) raises after recording it in the progress document. Either way the slot is gone.
+Failure modes: a table's error is in its outcome and the progress document (``transient`` when
+only its retries of transient errors ran out, so a rerun may succeed), and the other tables go on;
+a failure of the job as a whole (source unreachable, slot cannot be created, catalog unreachable)
+raises after recording it in the progress document. Either way the slot is gone.
 Nothing to do (no table) or ``max_attempts`` < 1 raises ValueError before anything starts.
 """
 
@@ -135,6 +136,7 @@ class TableOutcome:
     rows: int
     lsn: int | None
     error: str | None
+    transient: bool = False  # failed: only transient errors, retries exhausted (a rerun may help)
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,8 @@ def copy(spark, job: SnapshotJob, hooks: Hooks | None = None) -> JobResult:
         progress.finish(error=f"{type(e).__name__}: {e}")
         raise
     progress.finish()
-    return JobResult(tuple(TableOutcome(t.source, t.target, t.state, t.rows_staged, t.lsn, t.error)
+    return JobResult(tuple(TableOutcome(t.source, t.target, t.state, t.rows_staged, t.lsn, t.error,
+                                        t.transient)
                            for t in progress.tables.values()), progress.snapshot_lsn, cpu)
 
 
@@ -299,20 +302,21 @@ class _TableRun:
         try:
             self.write.commit(self.files, self.lsn, resnapshot=self.resnapshot)
         except Py4JJavaError as e:
-            self._fail_locked(f"committing to Iceberg failed: {_failure_summary(e)}")
+            self._fail_locked(f"committing to Iceberg failed: {_failure_summary(e)}", transient=True)
             return
         self.progress.table(self.plan.request.source, state="committed", lsn=self.lsn)
 
-    def fail(self, error: str) -> None:
+    def fail(self, error: str, *, transient: bool = False) -> None:
         with self._lock:
             if not self.failed:
-                self._fail_locked(error)
+                self._fail_locked(error, transient=transient)
 
-    def _fail_locked(self, error: str) -> None:
+    def _fail_locked(self, error: str, *, transient: bool = False) -> None:
         self.failed = True
         follower.delete_files(self.files)
         self.files = []
-        self.progress.table(self.plan.request.source, state="failed", error=error)
+        self.progress.table(self.plan.request.source, state="failed", error=error,
+                            transient=transient)
 
 
 def _copy(spark, job: SnapshotJob, runs: list[_TableRun], group: str) -> None:
@@ -343,7 +347,8 @@ def _copy_range(spark, job: SnapshotJob, run: _TableRun, task: follower.RangeTas
         else:
             run.add(result)
         return
-    run.fail(f"a range of {task.table} failed {job.max_attempts} times; last error: {last_error}")
+    run.fail(f"a range of {task.table} failed {job.max_attempts} times; last error: {last_error}",
+             transient=True)
 
 
 def _run_task(spark, task: follower.RangeTask, group: str) -> follower.RangeResult:

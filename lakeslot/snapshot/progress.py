@@ -9,12 +9,15 @@ The document (``version`` 1, camelCase, LSNs in PostgreSQL's ``X/X`` form)::
                  "state": "pending" | "copying" | "committed" | "skipped" | "failed",
                  "rowsEstimated": 1000000 | null, "rowsStaged": 250000,
                  "rangesTotal": 4, "rangesDone": 1, "lsn": "0/16B3748" | null,
-                 "error": null | "<definite error, with the fix>"}]}
+                 "error": null | "<why the table failed, with the fix>",
+                 "transient": false | true}]}
 
 ``rowsEstimated`` is ``pg_class.reltuples`` (null when the table was never analyzed);
 ``rowsStaged`` counts rows in data files of finished ranges (it moves range by range);
 ``lsn`` is set once the table committed. ``skipped`` tables were snapshotted before (at this
-generation).
+generation). ``transient``: the table failed only because a range or its commit kept failing
+transiently (retries exhausted): running the job again may succeed; otherwise its error is definite
+(a human must act on it).
 
 Invariants: the document is rewritten whole on every change, and readers never see a torn file
 (a local file is written next to it and renamed; an object store PUT is atomic). Writes from the
@@ -57,6 +60,7 @@ class TableProgress:
     ranges_done: int = 0
     lsn: int | None = None
     error: str | None = None
+    transient: bool = False  # failed after exhausting retries of transient errors
 
     def document(self) -> dict:
         return {"schema": self.source.schema, "name": self.source.name, "target": self.target,
@@ -64,7 +68,7 @@ class TableProgress:
                 "rowsStaged": self.rows_staged, "rangesTotal": self.ranges_total,
                 "rangesDone": self.ranges_done,
                 "lsn": None if self.lsn is None else lsn_text.format(self.lsn),
-                "error": self.error}
+                "error": self.error, "transient": self.transient}
 
 
 class Progress:

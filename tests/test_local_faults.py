@@ -1,0 +1,166 @@
+"""``lakeslot run`` under the faults production brings, one at a time (the randomized mix is in
+``tests/chaos/``): real PostgreSQL, the reader as a real child process, Spark + Iceberg.
+
+- A table whose snapshot failed with a definite error makes ``--once`` exit 3 naming it, and
+  ``lakeslot status`` shows it ``Failed`` with the error (not ``Pending`` without a word).
+- A reader that dies now and then but streams in between is restarted for ever; only failures in
+  a row without anything sealed in between stop the run, naming the last one.
+- A reader that outlived its run (kill -9 of the run) is stopped by the next run before that one
+  starts its own reader: two readers never fight over the slot.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from lakeslot.exits import EXIT_DEFINITE
+from lakeslot.local import observe, reader_process, run, state
+from lakeslot.local.tree import alive
+from lakeslot.source.tables import TableName
+from lakeslot.staging.store import Staging
+from tests.support import local_support as ls
+from tests.support.waiting import wait_for
+
+KEYLESS = TableName("public", "keyless")
+DEADLINE_S = 300
+
+
+def _ingestion(db, tmp_path, warehouse, *, keyless: bool = False):
+    path = tmp_path / "ingestion.yaml"
+    tables = [ls.ACCOUNTS, *([KEYLESS] if keyless else [])]
+    source = {"tables": [{"schema": "public", "name": "accounts"}, *(
+        [{"schema": "public", "name": "keyless", "keyColumns": ["k"]}] if keyless else [])]}
+    ls.write_ingestion(path, db, tables, tmp_path, source=source, warehouse=warehouse)
+    return ls.local(path, db, tmp_path / "state")
+
+
+def _run(local, spark, *, once: bool) -> run.Result:
+    """``lakeslot run`` in this process on the tests' Spark session, whatever its exit code."""
+    return run.run(local, run.Options(once=once, spark=spark, out=io.StringIO(), interactive=False))
+
+
+def _sealed_end(local) -> int:
+    last = Staging(local.ingestion.spec.staging.uri).resume_point()
+    return 0 if last is None else last.end
+
+
+@pytest.mark.parametrize("pg", ["pg18"], indirect=True)
+def test_once_exits_3_and_status_says_why_when_a_snapshot_failed_definitely(
+        pgdb, tmp_path, spark, spark_warehouse):
+    with pgdb.connect() as conn:
+        ls.create_accounts(conn, 200)
+        conn.execute("CREATE TABLE keyless (k int NOT NULL, v text)")
+        conn.execute("ALTER TABLE keyless REPLICA IDENTITY FULL")
+        conn.execute("INSERT INTO keyless VALUES (1, 'a'), (1, 'b'), (2, 'c')")  # k not unique
+    local = _ingestion(pgdb, tmp_path, spark_warehouse, keyless=True)
+
+    result = _run(local, spark, once=True)
+
+    assert result.code == EXIT_DEFINITE, result.message
+    assert "public.keyless snapshot failed" in result.message and "not unique" in result.message
+    assert "public.accounts" not in result.message  # it caught up
+    status = observe.observe(local, observe.activity(local))
+    rows = {TableName(r.schema_name, r.name): r for r in status.tables}
+    assert rows[KEYLESS].state == "Failed"
+    assert "snapshot failed" in rows[KEYLESS].message and "not unique" in rows[KEYLESS].message
+    assert rows[ls.ACCOUNTS].state == "Streaming"
+
+
+def test_only_failures_without_progress_in_between_stop_the_reader():
+    streak = run.FailureStreak(run.READER_RESTARTS)
+    for _ in range(3 * run.READER_RESTARTS):  # each after progress: never given up
+        assert not streak.add("killed by SIGKILL", progressed=True)
+    assert streak.count == 1
+    for _ in range(run.READER_RESTARTS - 1):
+        assert not streak.add("killed by SIGKILL", progressed=False)
+    assert streak.add("exit 1, Crashed: OSError: disk full", progressed=False)
+    assert streak.count == run.READER_RESTARTS + 1
+    assert streak.last == "exit 1, Crashed: OSError: disk full"
+    assert reader_process.describe_exit(-9, {}) == "killed by SIGKILL"
+    assert reader_process.describe_exit(1, {}) == "exit 1 without a status file (see its log)"
+    assert reader_process.describe_exit(1, {"reason": "RetriesExhausted", "message": "m"}) \
+        == "exit 1, RetriesExhausted: m"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pg", ["pg18"], indirect=True)
+def test_a_reader_killed_more_often_than_the_restart_limit_streams_on(
+        pgdb, tmp_path, spark, spark_warehouse):
+    with pgdb.connect() as conn:
+        ls.create_accounts(conn, 200)
+    local = _ingestion(pgdb, tmp_path, spark_warehouse)
+    workload = ls.Workload(pgdb, [ls.ACCOUNTS], {ls.ACCOUNTS: "balance"})
+    killed: list[int] = []
+
+    def during() -> list[int]:
+        for _ in range(run.READER_RESTARTS + 2):  # one more than the limit, each after progress
+            pid = wait_for(lambda: _new_reader(local, killed), "the reader (re)started",
+                           deadline=DEADLINE_S)
+            assert pid > 0, "the run gave up restarting its reader"
+            start = _sealed_end(local)
+            wait_for(lambda: _sealed_end(local) > start, "the reader to seal a segment",  # noqa: B023
+                     deadline=DEADLINE_S)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        return [wait_for(lambda: _new_reader(local, killed), "the reader restarted once more",
+                         deadline=DEADLINE_S)]
+
+    try:
+        result, last = ls.run_in_process(local, spark, once=False, during=during)
+    finally:
+        workload.stop()
+    assert result.code == 0 and last and last[0] not in killed
+    assert alive(set(killed)) == set()
+
+
+def _new_reader(local, killed: list[int]) -> int:
+    """The pid of a running reader not yet killed (0: none now); -1 once the run has ended."""
+    if not state.run_active(local.state_dir):
+        return -1
+    pid = state.read_run(local.state_dir).get("readerPid")
+    return pid if isinstance(pid, int) and pid not in killed and alive({pid}) else 0
+
+
+@pytest.mark.parametrize("pg", ["pg18"], indirect=True)
+def test_the_next_run_stops_a_reader_that_outlived_its_run(pgdb, tmp_path, spark, spark_warehouse):
+    with pgdb.connect() as conn:
+        ls.create_accounts(conn, 200)
+    local = _ingestion(pgdb, tmp_path, spark_warehouse)
+    assert _run(local, spark, once=True).code == 0  # the slot, the mirror, staging
+    # What a killed run leaves when its reader did not die with it: a reader process not armed
+    # with the parent-death signal, named in the state directory.
+    pod = "local-earlier-run"
+    argv = reader_process.reader_argv(local, pod=pod, status_file=tmp_path / "orphan.json",
+                                      stop_at=None)
+    with open(tmp_path / "orphan.log", "ab") as out:
+        orphan = subprocess.Popen([sys.executable, "-m", "lakeslot.cli", "reader", *argv],
+                                  env=ls.run_env(pgdb), stdout=out, stderr=out,
+                                  start_new_session=True)
+    try:
+        state.write_run(local.state_dir, readerPid=orphan.pid, pod=pod)
+        wait_for(lambda: orphan.poll() is not None or _slot_holder(pgdb) is not None,
+                 "the orphaned reader to hold the slot")
+        assert orphan.poll() is None, (tmp_path / "orphan.log").read_text()
+
+        result = _run(local, spark, once=True)
+
+        assert result.code == 0, result.message
+        assert orphan.poll() == 0, "the orphan was not stopped (SIGTERM: a clean stop, exit 0)"
+    finally:
+        if orphan.poll() is None:
+            orphan.kill()
+        orphan.wait()
+    assert _slot_holder(pgdb) is None
+
+
+def _slot_holder(db) -> int | None:
+    with db.connect() as conn:
+        row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE NOT temporary"
+                           ).fetchone()
+    return row[0] if row else None
