@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from lakeslot import __version__
+from lakeslot import __version__, lsn
 from lakeslot.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
@@ -84,6 +84,45 @@ def _status(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=2))
     else:
         print(yaml.safe_dump(document, sort_keys=False, allow_unicode=True), end="")
+    return EXIT_OK
+
+
+def _utc_time(text: str):
+    from datetime import UTC, datetime
+
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _cut(args: argparse.Namespace) -> int:
+    import json
+
+    from lakeslot.mirror import cuts
+    from lakeslot.source.tables import TableName
+    from lakeslot.verify.request import parse_table
+
+    local = _local(args, "cut")
+    if local is None:
+        return EXIT_USAGE
+    ingestion = local.ingestion
+    try:
+        tables = [parse_table(t) for t in args.tables] or [
+            TableName(t.schema_name, t.name) for t in ingestion.spec.source.tables]
+        if not tables:
+            raise ValueError("spec.source selects whole schemas: name the tables with --table")
+        found = cuts.read(ingestion, tables, secrets=local.job.catalog_secrets(local.environ))
+        cut = cuts.choose(found, at_lsn=args.at_lsn,
+                          at_ms=int(args.at_time.timestamp() * 1000) if args.at_time else None)
+    except (ValueError, cuts.NoCut) as e:
+        print(f"lakeslot cut: {e}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(e, ValueError) else EXIT_FAILED
+    result = cuts.document(ingestion, cut)
+    if args.output == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"cut at {result['lsn']} (readable since {result['committedAt']})")
+        for t in result["tables"]:
+            print(f"SELECT * FROM {t['table']} VERSION AS OF {t['snapshotId']}")
     return EXIT_OK
 
 
@@ -276,6 +315,23 @@ def build_parser() -> argparse.ArgumentParser:
     local_arguments(p)
     p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
     p.set_defaults(func=_status)
+
+    p = sub.add_parser(
+        "cut", help="print the snapshot id of every mirror table at one source LSN (consistent reads)",
+        description="A cut is a source LSN every mirror table has a snapshot at: reading each table "
+        "VERSION AS OF its snapshot id shows the source as of that LSN, every transaction whole "
+        "across tables. Read from the tables' own histories. " + local_help + " Exit codes: 0 "
+        "printed, 1 no such cut, 2 bad input.")
+    local_arguments(p)
+    p.add_argument("--table", dest="tables", action="append", default=[], metavar="SCHEMA.TABLE",
+                   help="a table of the cut (repeatable; default: spec.source.tables)")
+    point = p.add_mutually_exclusive_group()
+    point.add_argument("--at-lsn", type=lsn.parse, metavar="LSN", help="the latest cut at or below LSN (X/Y)")
+    point.add_argument("--at-time", type=_utc_time, metavar="TIME",
+                       help="the latest cut readable at TIME (ISO 8601; committed to Iceberg by then)")
+    point.add_argument("--latest", action="store_true", help="the latest cut (the default)")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.set_defaults(func=_cut)
 
     p = sub.add_parser(
         "verify", help="prove the Iceberg mirror equals the source at one LSN, while both change",

@@ -84,9 +84,10 @@ def record(status: PostgresIngestionStatus, staging_uri: str, now: datetime) -> 
     tables have none. Staging that cannot be read leaves every value out (never an error)."""
     streaming = [(r, lsnlib.parse(r.applied_lsn)) for r in status.tables
                  if r.state == "Streaming" and r.applied_lsn is not None]
-    for row in status.tables:
-        row.lag_seconds = None
-    if status.apply is not None:
+    for row in status.tables:  # (assigned only when set: an unset field stays out of the document)
+        if row.lag_seconds is not None:
+            row.lag_seconds = None
+    if status.apply is not None and status.apply.lag_seconds is not None:
         status.apply.lag_seconds = None
     try:
         pending = first_pending(Staging(staging_uri, create=False),

@@ -2,8 +2,9 @@
 
 What it shows comes from the status model (:mod:`.observe`) plus the snapshot's progress
 document: per table the state, the snapshot's rows copied / estimated, rows in the mirror, the
-applied LSN and the changes staged but not applied; overall the reader's durable LSN, the applied
-LSN, the lag in bytes behind the source, and how long ago the last Iceberg commit was.
+applied LSN, the changes staged but not applied and the seconds behind the source (freshness);
+overall the reader's durable LSN, the applied LSN, the lag in bytes and seconds behind the source,
+and how long ago the last Iceberg commit was.
 
 Invariant: it only reads; a status it cannot render is shown as far as it goes, never raised.
 On a terminal a frame is rewritten in place (ANSI cursor movement); otherwise one line is logged
@@ -34,6 +35,10 @@ def _ago(when: datetime | None) -> str:
     return f"{(datetime.now(UTC) - when).total_seconds():.1f} s ago"
 
 
+def _seconds(value: int | None) -> str:
+    return "-" if value is None else f"{value:,} s"
+
+
 def frame(local: Local, status: PostgresIngestionStatus, elapsed: float,
           target: int | None, apply_seconds: float | None = None) -> list[str]:
     """The lines of one screen."""
@@ -48,13 +53,13 @@ def frame(local: Local, status: PostgresIngestionStatus, elapsed: float,
         f"durable {reader.durable_lsn if reader and reader.durable_lsn else '-'} "
         f"(reader lag {lsnlib.human_bytes(reader.lag_bytes if reader else None)})   "
         f"applied {apply.applied_lsn if apply and apply.applied_lsn else '-'} "
-        f"(lag {lsnlib.human_bytes(status.lag_bytes)})   "
+        f"(lag {lsnlib.human_bytes(status.lag_bytes)}, {_seconds(apply.lag_seconds if apply else None)} behind)   "
         f"last commit {_ago(apply.last_commit_time if apply else None)}"
         + (f" (apply pass {apply_seconds:.1f} s)" if apply_seconds is not None else ""),
     ]
     snapshot = {TableName(t["schema"], t["name"]): t
                 for t in (observe.snapshot_document(local) or {}).get("tables", [])}
-    rows = [("table", "state", "snapshot rows", "mirror rows", "applied LSN", "staged")]
+    rows = [("table", "state", "snapshot rows", "mirror rows", "applied LSN", "staged", "behind")]
     for t in status.tables:
         name = TableName(t.schema_name, t.name)
         copied = snapshot.get(name)
@@ -63,7 +68,7 @@ def frame(local: Local, status: PostgresIngestionStatus, elapsed: float,
             is not None else f"{copied['rowsStaged']:,}")
         rows.append((str(name)[:40], t.state, copy_text,
                      "-" if t.rows_known is None else f"{t.rows_known:,}", t.applied_lsn or "-",
-                     "-" if t.rows_staged is None else f"{t.rows_staged:,}"))
+                     "-" if t.rows_staged is None else f"{t.rows_staged:,}", _seconds(t.lag_seconds)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
               for r in rows]
@@ -84,6 +89,7 @@ def summary_line(status: PostgresIngestionStatus, apply_seconds: float | None = 
                           if t.rows_known is not None else "") for t in status.tables)
     return (f"phase={status.phase} durable={reader.durable_lsn if reader else None} "
             f"applied={apply.applied_lsn if apply else None} lag={status.lag_bytes} bytes"
+            f" behind={apply.lag_seconds if apply else None}s"
             + (f" apply_pass={apply_seconds:.1f}s" if apply_seconds is not None else "")
             + f" tables: {tables}")
 

@@ -4,7 +4,8 @@
 operator (:mod:`lakeslot.status` builds the model): the source database (preflight, read-only;
 the slot's health and ``confirmed_flush_lsn`` = the reader's durable LSN; the current WAL LSN),
 each mirror table's ``lakeslot.lsn`` in Iceberg, the sealed segments in staging (changes not yet
-applied per table), and the state directory (is a run active — the run lock —, the snapshot's
+applied per table, and the commit time of the first one: freshness, :mod:`lakeslot.freshness`),
+and the state directory (is a run active — the run lock —, the snapshot's
 progress document, the reader's status file, the selection the run last recorded: a table no
 longer selected since is ``Removed``).
 
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from lakeslot import control
+from lakeslot import control, freshness
 from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestionStatus, SnapshotStatus
 from lakeslot.local import state
@@ -133,6 +134,7 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
                                  durable=health.confirmed_flush_lsn if health else None,
                                  current=source.current_lsn, reader=activity_now.reader_pod)
     _staged(report, staged or StagedCounter(ing.spec.staging.uri), progress, snapshotting)
+    freshness.record(report.status, ing.spec.staging.uri, report.now)
     _apply_errors(report, ing.spec.staging.uri)
     st.streaming(report, applied, reader_problem=_reader_problem(activity_now),
                  apply_problem=activity_now.apply_problem)
