@@ -34,6 +34,7 @@ from lakeslot_operator import peering
 from tests.api_cases import apply_edits, base_document
 from tests.support import chart
 from tests.support.kube_emulator import KubeEmulator, write_kubeconfig
+from tests.support.prometheus import scrape
 from tests.support.rbac import RecordingProxy
 from tests.support.waiting import wait_for
 from tests.test_helm_operator import NAMESPACE, free_port, install, liveness, process_environment
@@ -51,6 +52,11 @@ class Replica:
     process: subprocess.Popen
     proxy: RecordingProxy
     log: Path
+    metrics: str  # its /metrics
+
+    def reports(self, name: str) -> bool:
+        """Whether its metrics have series of the ingestion ``name``."""
+        return any(("ingestion", name) in labels for _, labels in scrape(self.metrics))
 
     def reconciled(self, name: str) -> bool:
         return any(method == "PATCH" and path.endswith((f"/{PLURAL}/{name}", f"/{PLURAL}/{name}/status"))
@@ -63,7 +69,9 @@ class Replica:
 @contextmanager
 def replica(kube: KubeEmulator, tmp_path: Path, pod: str) -> Iterator[Replica]:
     port = free_port()
-    manifests = chart.render({**VALUES, "livenessPort": port})
+    # Each replica on ports of its own: they share this machine, not a pod network.
+    metrics = free_port()
+    manifests = chart.render({**VALUES, "livenessPort": port, "metrics": {"port": metrics}})
     container = chart.operator_container(manifests)
     log = tmp_path / f"{pod}.log"
     with RecordingProxy(kube.url) as proxy:
@@ -78,7 +86,7 @@ def replica(kube: KubeEmulator, tmp_path: Path, pod: str) -> Iterator[Replica]:
             wait_for(lambda: process.poll() is not None or liveness(f"http://127.0.0.1:{port}/healthz"),
                      f"{pod}'s liveness endpoint")
             assert process.poll() is None, log.read_text()
-            yield Replica(pod, process, proxy, log)
+            yield Replica(pod, process, proxy, log, f"http://127.0.0.1:{metrics}/metrics")
         finally:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
@@ -121,6 +129,8 @@ def test_one_replica_acts_a_crash_fails_over_and_a_rollout_never_leaves_none(kub
                 create(api, "one")
                 wait_for(lambda: status_written(api, "one"), "ingestion one reconciled")
                 assert b.reconciled("one") and not a.reconciled("one")
+                wait_for(lambda: b.reports("one"), "the active replica's metrics of ingestion one")
+                assert not a.reports("one")  # a paused replica reports nothing of it
 
                 # The active one crashes: the other takes over within a bounded time.
                 b.process.send_signal(signal.SIGKILL)
