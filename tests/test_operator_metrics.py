@@ -38,6 +38,7 @@ from tests.support.waiting import wait_for
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 NAME = "shop"
 TABLE = str(ls.ACCOUNTS)
+RETRY_DEADLINE_S = 180.0  # kopf retries a handler that raised after 60 s
 
 
 # the values, from a status ------------------------------------------------------------------
@@ -267,6 +268,17 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
             assert passed.ok, passed
             wait_for(lambda: _mine(scrape(url), "lakeslot_table_freshness_seconds", table=TABLE) == 0,
                      "freshness 0 after the apply job caught up")
+
+            # 5. Ready, then the apply application fails (simulated spark-operator): not Ready. (A
+            #    status write racing the operator's update of the application is a 409, after which
+            #    kopf retries the timer a minute later: hence the longer deadlines.)
+            env.set_spark_state(api, f"{NAME}-apply", "RUNNING")
+            wait_for(lambda: _firing(alerts, "LakeslotNotReady", scrape(url)) == {} and
+                     _mine(scrape(url), "lakeslot_condition", type="Ready", status="True") == 1, "Ready",
+                     deadline=RETRY_DEADLINE_S)
+            env.set_spark_state(api, f"{NAME}-apply", "FAILED", "driver OOMKilled")
+            wait_for(lambda: _firing(alerts, "LakeslotNotReady", scrape(url)) == {INGESTION: 0},
+                     "the not-Ready alert's expression true once the apply job failed", deadline=RETRY_DEADLINE_S)
             assert reader.poll() is None, (tmp_path / "reader.log").read_text()[-3000:]
     finally:
         if reader is not None:
