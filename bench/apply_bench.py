@@ -42,10 +42,9 @@ from lakeslot import workloads
 from lakeslot.apply import job as apply_job
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.source.connection import one_row
-from lakeslot.source.tables import TableName
 from lakeslot.spark_session import job_session
 
-TABLE = TableName("public", "bench")
+TABLE = common.TABLE
 
 
 def writer(dsn: str, rate: float, seconds: float, out) -> None:

@@ -39,17 +39,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from bench import common
-from lakeslot import workloads
 from lakeslot.apply import job as apply_job
-from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.source.connection import one_row
-from lakeslot.source.tables import TableName
-from lakeslot.spark_session import job_session
 from lakeslot.staging.store import Staging
-
-TABLE = TableName("public", "bench")
-COLUMNS = ["id", "qty", "amount", "note", "created"]
 
 
 def backlog(conn, rows: int, changes: int, rng: random.Random) -> tuple[int, set[int]]:
@@ -80,13 +73,6 @@ def jvm_peak_rss(spark) -> int:
     return 0
 
 
-def source_table(cluster, where: str = "", args: tuple = ()) -> pa.Table:
-    with cluster.connect("bench") as conn:
-        rows = conn.execute(f"SELECT {', '.join(COLUMNS)} FROM bench {where} ORDER BY id",
-                            args).fetchall()
-    return pa.Table.from_pylist([dict(zip(COLUMNS, r, strict=True)) for r in rows])
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.apply_throughput",
                                      description=__doc__.split("\n\n")[0])
@@ -100,14 +86,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="apply-throughput-"))
     staging, warehouse = (work / "staging").as_uri(), str(work / "warehouse")
     with common.cluster(args.pg) as cluster:
-        common.create_source(cluster, args.rows)
         properties = {"write.merge.mode": args.merge_mode} if args.merge_mode else {}
-        ingestion = common.ingestion(cluster, staging, warehouse,
-                                     source_spec={"ddlCapture": "Catalog"},
-                                     sink={"tableProperties": properties})
-        os.environ[workloads.PASSWORD_ENV] = cluster.password
-        job = workloads.JobInput(ingestion, (TABLE,))
-        spark = job_session(job, "apply-throughput", master="local[2]")
+        job, spark = common.apply_setup(cluster, args.rows, staging, warehouse,
+                                        "apply-throughput", {"tableProperties": properties})
         started = time.monotonic()
         snapshot_job.run(spark, job)
         snapshot_s = time.monotonic() - started
@@ -145,15 +126,10 @@ def main() -> None:
         python_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         assert result.ok, result.tables
         # before the bare MERGE below, which writes the source's values into the same rows
-        mirror = load_hadoop_table(Path(warehouse).as_uri(), ("bench", "public__bench"))
-        assert mirror is not None
-        mirrored = mirror.scan(selected_fields=tuple(COLUMNS)).to_arrow().sort_by("id")
-        source = source_table(cluster)
-        equal = mirrored.num_rows == source.num_rows and all(
-            mirrored[c].cast(source[c].type).equals(source[c]) for c in COLUMNS)
+        equal = common.mirror_equals_source(cluster, warehouse)
 
         keys = sorted(touched)
-        final = source_table(cluster, "WHERE id = ANY(%s)", (keys,))
+        final = common.source_table(cluster, "WHERE id = ANY(%s)", (keys,))
         present = set(final["id"].to_pylist())
         deleted = pa.table({"id": pa.array([k for k in keys if k not in present], pa.int64())})
         path = work / "bare.parquet"
@@ -163,7 +139,7 @@ def main() -> None:
             path)
         spark.read.parquet(str(path)).selectExpr("*", "0L AS _lakeslot_lsn"
                                                  ).createOrReplaceTempView("bare")
-        every = [*COLUMNS, "_lakeslot_lsn"]
+        every = [*common.COLUMNS, "_lakeslot_lsn"]
         sets = ", ".join(f"t.{c} = s.{c}" for c in every[1:])
         started = time.monotonic()
         spark.sql("MERGE INTO lakeslot.bench.public__bench t USING bare s ON t.id = s.id "

@@ -115,3 +115,11 @@ def with_commit_properties(spark: SparkSession, properties: Mapping[str, str], a
     if errors:
         raise errors[0]
     return results[0]
+
+
+def error_summary(e: BaseException) -> str:
+    """The first meaningful line of an error, Java stack frames left out (a py4j error's text is
+    the Java exception and its whole stack)."""
+    lines = [line.removeprefix(": ") for line in str(e).strip().splitlines()
+             if line.strip() and not line.startswith(("\tat ", "An error occurred while calling"))]
+    return (lines[0] if lines else repr(e))[:500]

@@ -239,6 +239,8 @@ def record_progress(report: Report, progress: Mapping[TableName, MirrorProgress]
             row.snapshot_lsn = lsn_text(p.snapshot_lsn) or row.snapshot_lsn or lsnlib.format(p.lsn)
             row.applied_lsn = lsnlib.format(p.lsn)
             row.rows_known = p.rows
+            row.data_files, row.delete_files = p.data_files, p.delete_files
+            row.last_maintenance = p.maintenance or row.last_maintenance
             applied.append(p.lsn)
             if p.error is not None:  # the apply job stopped it (the mirror says why)
                 row.state, row.message = "Failed", p.error

@@ -20,7 +20,7 @@ from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.contract import ERROR_PROPERTY, RESNAPSHOT_PROPERTY
 from lakeslot.source.tables import TableName
 from lakeslot.staging.store import Staging
-from tests.support.apply_support import Pipeline, lsn_now, source_rows
+from tests.support.apply_support import Pipeline, lsn_now, source_rows, workload_pipeline
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN, Workload, create_tables
 from tests.support.snapshot_helpers import mirror_rows
 from tests.test_typemap import T, _columns, _create, _equal
@@ -30,13 +30,9 @@ CHANGES = "__changes"
 
 @pytest.fixture
 def pipeline(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, monkeypatch):
-    monkeypatch.setenv("LAKESLOT_SOURCE_PASSWORD", pgdb.cluster.password)
-    with pgdb.connect() as conn:
-        create_tables(conn)
-    return Pipeline.create(
-        spark, pgdb, spark_warehouse, iceberg_namespace, (tmp_path / "staging").as_uri(),
-        [MAIN, KEYLESS, IDLE], table_options={KEYLESS: {"keyColumns": ["a"]}},
-        sink={"changelog": {"enabled": True}}, staging={"retentionSeconds": 0})
+    return workload_pipeline(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path,
+                             monkeypatch, sink={"changelog": {"enabled": True}},
+                             staging={"retentionSeconds": 0})
 
 
 def _snapshot_while_writing(pipeline: Pipeline) -> None:

@@ -330,6 +330,41 @@ class ChangelogSpec(ApiModel):
     )
 
 
+class MaintenanceSpec(ApiModel):
+    """Table maintenance the apply job runs between passes (compaction, manifests, orphan files)."""
+
+    enabled: bool = Field(
+        True,
+        description="Compact the mirror tables lakeslot writes (merge-on-read leaves delete files "
+        "and small data files behind every pass), rewrite their manifests and remove orphan files. "
+        "Off: readers slow down as delete files pile up; run Iceberg's procedures yourself.",
+    )
+    interval_seconds: int = Field(
+        900, ge=60, le=86400,
+        description="At least this long between two maintenance runs of the same table.",
+    )
+    budget_seconds: int = Field(
+        120, ge=1, le=3600,
+        description="Time per apply pass for maintenance: no further table is started once it is "
+        "spent (a started compaction finishes); the rest waits for the next pass.",
+    )
+    delete_file_threshold: int = Field(
+        8, ge=1,
+        description="Compact a table once it has at least this many delete files.",
+    )
+    small_file_threshold: int = Field(
+        16, ge=2,
+        description="Compact a table once it has this many data files more than its size needs "
+        "at write.target-file-size-bytes.",
+    )
+    orphan_file_age_hours: int = Field(
+        72, ge=0,
+        description="Once a day, delete files under a table's location that no snapshot "
+        "references and that are older than this (0: never). Keep it longer than any snapshot "
+        "or write takes.",
+    )
+
+
 class SinkSpec(ApiModel):
     """Where the Iceberg mirror tables live."""
 
@@ -344,10 +379,14 @@ class SinkSpec(ApiModel):
         "Two tables that map to the same name are rejected at preflight.",
     )
     changelog: ChangelogSpec = section(ChangelogSpec, "Optional changelog (history) tables.")
+    maintenance: MaintenanceSpec = section(
+        MaintenanceSpec, "Compaction and clean-up of the mirror tables, run by the apply job.")
     table_properties: StringMap = mapping(
         "Iceberg table properties set when lakeslot creates a table (for example "
         "write.parquet.compression-codec: zstd). Defaults: write.metadata.delete-after-commit."
-        "enabled: 'true' and write.metadata.previous-versions-max: '100'. The apply job expires "
+        "enabled: 'true', write.metadata.previous-versions-max: '100', and write.merge.mode, "
+        "write.update.mode, write.delete.mode: merge-on-read (a MERGE writes the changed rows and "
+        "position deletes, its cost follows the changes; maintenance compacts). The apply job expires "
         "old snapshots hourly by history.expire.max-snapshot-age-ms and "
         "history.expire.min-snapshots-to-keep (Iceberg's defaults: 5 days, 1): time travel "
         "reaches that far back."
@@ -635,6 +674,15 @@ class TableStatus(ApiModel):
     last_schema_change: str | None = optional(
         "The last schema change applied to the mirror in place (rename, added column, widened "
         "type), with the DDL and its LSN."
+    )
+    data_files: int | None = optional("Data files of the mirror table as of appliedLsn.", ge=0)
+    delete_files: int | None = optional(
+        "Position-delete files of the mirror table as of appliedLsn: every reader merges them; "
+        "maintenance compacts them away (spec.sink.maintenance).", ge=0
+    )
+    last_maintenance: str | None = optional(
+        "When the apply job last compacted or cleaned the mirror table, and what it did or why it "
+        "failed."
     )
     observed_resnapshot_generation: int = Field(
         0, ge=0, description="The spec's per-table resnapshotGeneration the operator last acted on."

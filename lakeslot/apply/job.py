@@ -31,7 +31,10 @@ A pass (:meth:`Applier.run_pass`):
    gets an empty commit with that position (idle tables advance without rewriting data).
 4. Maintenance: each table committed to has its old snapshots expired at most once an hour, by
    its ``history.expire.*`` properties (new tables also delete superseded metadata files, see
-   :data:`lakeslot.mirror.contract.TABLE_DEFAULTS`), so a commit per pass does not pile up.
+   :data:`lakeslot.mirror.contract.TABLE_DEFAULTS`), so a commit per pass does not pile up; and
+   is compacted where due (``spec.sink.maintenance``, :mod:`lakeslot.mirror.maintenance`: delete
+   files and small files merge-on-read MERGEs leave, manifests, orphan files), within a time
+   budget per pass, in commits that keep its position.
    Retention: sealed segments wholly at or below every table's position and older than
    ``spec.staging.retentionSeconds`` are deleted (never the furthest segment, where the reader
    resumes; nothing while a table waits for its snapshot).
@@ -86,6 +89,7 @@ from lakeslot import lsn as lsn_text
 from lakeslot import typemap
 from lakeslot.apply import changes, columns, ddl, merge, spread
 from lakeslot.apply.changes import TableError
+from lakeslot.mirror import maintenance
 from lakeslot.mirror.catalog import Tables, TableState
 from lakeslot.mirror.contract import (
     BACKFILL_PROPERTY,
@@ -100,12 +104,14 @@ from lakeslot.source import ddl_capture, facts, keys
 from lakeslot.source.columns import DescribeError, TypeCache, describe
 from lakeslot.source.connection import application_name, connect
 from lakeslot.source.tables import TableName, existing
+from lakeslot.spark_session import error_summary
 from lakeslot.staging.relations import Column, Relation
 from lakeslot.staging.store import Staging
 from lakeslot.workloads import JobInput
 
 log = logging.getLogger(__name__)
 EXPIRE_INTERVAL_S = 3600.0
+MAINTENANCE_LOOK_S = 30.0  # how often maintenance looks at a table's health, at most
 POINTS = ("batch-read", "after-evolve", "after-changelog", "before-merge", "after-merge",
           "after-tables", "after-retention")
 TRANSIENT = (Py4JError, PythonException, OSError, psycopg.OperationalError)
@@ -243,6 +249,8 @@ class Applier:
         self._conn: psycopg.Connection | None = None
         self.expire_interval_s = expire_interval_s
         self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
+        self.maintainer = maintenance.Maintainer(spark, spec.sink.maintenance)
+        self._looked: dict[str, float] = {}  # table → monotonic time maintenance last looked
         self._facts: dict[TableName, facts.TableFacts | None] | None = None  # this pass's
         # this pass's: column → (missing value, written by a rewrite) — see _missing_values
         self._defaults: dict[TableName, dict[str, tuple[str | None, bool]]] = {}
@@ -330,6 +338,7 @@ class Applier:
         ordered = tuple(outcomes[t] for t in self.job.tables)
         with steps("maintenance"):
             self._expire(ordered)
+            self._maintain(ordered)
             deleted = self._retention(ordered)
         self.hooks("after-retention")
         result = PassResult(batch.end, len(batch.segments) == self.max_segments, ordered, deleted,
@@ -366,7 +375,7 @@ class Applier:
             try:
                 return action()
             except TRANSIENT as e:
-                error = f"{type(e).__name__}: {_summary(e)}"
+                error = f"{type(e).__name__}: {error_summary(e)}"
                 log.warning("%s: transient error (attempt %d of %d): %s", what, attempt + 1,
                             self.max_attempts, error)
                 if attempt + 1 < self.max_attempts:
@@ -807,25 +816,47 @@ class Applier:
 
     # table maintenance, retention and status --------------------------------------------------
 
+    def _targets(self, outcomes: tuple[TableOutcome, ...]) -> Iterator[str]:
+        """The Iceberg tables this pass committed to: mirrors and their changelog tables."""
+        suffix = self.spec.sink.changelog.suffix if self.spec.sink.changelog.enabled else None
+        for outcome in outcomes:
+            if outcome.state in ("applied", "advanced"):
+                yield outcome.target
+                if suffix:
+                    yield outcome.target + suffix
+
     def _expire(self, outcomes: tuple[TableOutcome, ...]) -> None:
         """Expire old snapshots of the tables this pass committed to, at most once per
         ``expire_interval_s`` each, by the tables' own ``history.expire.*`` properties (Iceberg's
         default: older than 5 days, keeping the last). Failures only log: the data is safe."""
-        suffix = self.spec.sink.changelog.suffix if self.spec.sink.changelog.enabled else None
         now = time.monotonic()
-        for outcome in outcomes:
-            if outcome.state not in ("applied", "advanced"):
+        for target in self._targets(outcomes):
+            if now - self._expired.get(target, -math.inf) < self.expire_interval_s:
                 continue
-            for target in (outcome.target, *([outcome.target + suffix] if suffix else [])):
-                if now - self._expired.get(target, -math.inf) < self.expire_interval_s:
-                    continue
-                try:
-                    self.tables.expire_snapshots(target)
-                except TRANSIENT as e:
-                    log.warning("%s: expiring old snapshots failed (retried later): %s", target,
-                                _summary(e))
-                self._expired[target] = now
+            try:
+                self.tables.expire_snapshots(target)
+            except TRANSIENT as e:
+                log.warning("%s: expiring old snapshots failed (retried later): %s", target,
+                            error_summary(e))
+            self._expired[target] = now
 
+    def _maintain(self, outcomes: tuple[TableOutcome, ...]) -> None:
+        """Compaction and clean-up where due (:mod:`lakeslot.mirror.maintenance`), table after
+        table until ``maintenance.budgetSeconds`` is spent; the rest waits for the next pass.
+        Failures only log (and are recorded on the table): the data is safe."""
+        deadline = time.monotonic() + self.spec.sink.maintenance.budget_seconds
+        for target in self._targets(outcomes):
+            now = time.monotonic()
+            if not self.spec.sink.maintenance.enabled or now >= deadline:
+                return
+            if now - self._looked.get(target, -math.inf) < MAINTENANCE_LOOK_S:
+                continue  # (a look loads the table: not on every pass of a fast trigger)
+            self._looked[target] = now
+            try:
+                self.maintainer.maintain(self.tables.iceberg_table(target), target)
+            except TRANSIENT as e:
+                log.warning("%s: maintenance failed (tried again later): %s", target,
+                            error_summary(e))
 
     def _retention(self, outcomes: tuple[TableOutcome, ...]) -> int:
         if any(o.lsn is None for o in outcomes):
@@ -885,8 +916,3 @@ def changelog_schema(mirror: Schema) -> Schema:
                   NestedField(top + 2, OP_COLUMN, StringType(), required=True),
                   NestedField(top + 3, SEQ_COLUMN, LongType(), required=True))
 
-
-def _summary(e: Exception) -> str:
-    text = str(e).strip().splitlines()
-    lines = [line for line in text if line.strip() and not line.startswith("\tat ")]
-    return (lines[0] if lines else repr(e))[:500]

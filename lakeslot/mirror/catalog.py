@@ -185,6 +185,18 @@ class MirrorWrite:
         self._txn.commitTransaction()
 
 
+def _position(table) -> int | None:
+    """The ``lakeslot.lsn`` of the Java ``table``'s current snapshot; a ``replace`` snapshot
+    without one (a compaction lakeslot did not run) has its parent's (as
+    :func:`lakeslot.mirror.progress.position`)."""
+    snapshot = table.currentSnapshot()
+    while (snapshot is not None and snapshot.summary().get(LSN_PROPERTY) is None
+           and snapshot.operation() == "replace" and snapshot.parentId() is not None):
+        snapshot = table.snapshot(snapshot.parentId())
+    value = snapshot.summary().get(LSN_PROPERTY) if snapshot is not None else None
+    return int(value) if value is not None else None
+
+
 def quote(name: str) -> str:
     """A Spark SQL identifier, backquoted with backquotes doubled."""
     return "`" + name.replace("`", "``") + "`"
@@ -242,7 +254,8 @@ class Tables(Catalog):
         levels = [self._name, *self.namespace.split("."), table]
         return ".".join(quote(level) for level in levels)
 
-    def _table(self, table: str):
+    def iceberg_table(self, table: str):
+        """The Java Iceberg table, refreshed."""
         loaded = self._catalog.loadTable(self._identifier(self.namespace, table))
         loaded.refresh()
         return loaded
@@ -250,13 +263,10 @@ class Tables(Catalog):
     def load(self, table: str) -> TableState | None:
         if not self._catalog.tableExists(self._identifier(self.namespace, table)):
             return None
-        loaded = self._table(table)
-        current = loaded.currentSnapshot()
-        lsn = current.summary().get(LSN_PROPERTY) if current is not None else None
+        loaded = self.iceberg_table(table)
         schema = Schema.model_validate_json(
             self._jvm.org.apache.iceberg.SchemaParser.toJson(loaded.schema()))
-        return TableState(int(lsn) if lsn is not None else None, schema,
-                          dict(loaded.properties()))
+        return TableState(_position(loaded), schema, dict(loaded.properties()))
 
     def create(self, table: str, schema: Schema, properties: dict[str, str], lsn: int) -> None:
         """Create the table empty, at position ``lsn``, in one commit."""
@@ -265,12 +275,10 @@ class Tables(Catalog):
 
     def advance(self, table: str, lsn: int) -> None:
         """An empty commit recording that the table reflects ``lsn`` (no data changes)."""
-        self._table(table).newAppend().set(LSN_PROPERTY, str(lsn)).commit()
+        self.iceberg_table(table).newAppend().set(LSN_PROPERTY, str(lsn)).commit()
 
     def lsn(self, table: str) -> int | None:
-        current = self._table(table).currentSnapshot()
-        value = current.summary().get(LSN_PROPERTY) if current is not None else None
-        return int(value) if value is not None else None
+        return _position(self.iceberg_table(table))
 
     def evolve(self, table: str, add: list[tuple[str, IcebergType]],
                promote: list[tuple[str, IcebergType]] | None = None,
@@ -281,7 +289,7 @@ class Tables(Catalog):
         what is already done is skipped (a rename whose old name is gone). ``backfill`` (column
         → PostgreSQL text value: what every existing row has in the source) is recorded in the
         same commit, as :data:`BACKFILL_PROPERTY`, and so are ``properties``."""
-        loaded = self._table(table)
+        loaded = self.iceberg_table(table)
         current = self.load(table)
         assert current is not None  # _table just loaded it (it raises for a missing table)
         state = dict(current.data_columns())
@@ -325,7 +333,7 @@ class Tables(Catalog):
         return types.fromPrimitiveString(str(iceberg))
 
     def set_properties(self, table: str, values: dict[str, str], remove: tuple[str, ...] = ()) -> None:
-        update = self._table(table).updateProperties()
+        update = self.iceberg_table(table).updateProperties()
         for key, value in values.items():
             update.set(key, value)
         for key in remove:

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 # snapshot summary properties
 LSN_PROPERTY = "lakeslot.lsn"
 RESNAPSHOT_SUMMARY = "lakeslot.resnapshot"  # "true" on the commit that replaced a snapshotted table
+MAINTENANCE_SUMMARY = "lakeslot.maintenance"  # compaction | delete-files | manifests
 
 # table properties
 SNAPSHOT_LSN_PROPERTY = "lakeslot.snapshot-lsn"
@@ -35,6 +36,9 @@ SCHEMA_CHANGE_PROPERTY = "lakeslot.schema-change"  # the last DDL applied in pla
 ERROR_PROPERTY = "lakeslot.apply-error"
 ERROR_LSN_PROPERTY = "lakeslot.apply-error-lsn"
 RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"  # "true", or RESNAPSHOT_AUTOMATIC
+MAINTENANCE_PROPERTY = "lakeslot.last-maintenance"  # the last maintenance run's outcome, as text
+MAINTENANCE_AT_PROPERTY = "lakeslot.last-maintenance-at"  # ... when it ran (Unix seconds)
+ORPHANS_AT_PROPERTY = "lakeslot.last-orphan-removal-at"  # when orphan files were last removed
 RESNAPSHOT_AUTOMATIC = "automatic"  # lakeslot copies the table again by itself (onSchemaChange)
 
 # columns
@@ -43,10 +47,17 @@ OP_COLUMN = "_lakeslot_op"
 SEQ_COLUMN = "_lakeslot_seq"
 OWN_COLUMNS = (LSN_COLUMN, OP_COLUMN, SEQ_COLUMN)
 
-# Mirror and changelog tables get a commit per apply pass: without these, every commit's metadata
-# file would stay forever. ``sink.tableProperties`` override them.
+# Mirror and changelog tables get a commit per apply pass: without the first two, every commit's
+# metadata file would stay forever. Merge-on-read: a MERGE writes the changed rows and position
+# deletes instead of rewriting every data file a change touches, so its cost follows the changes,
+# not the table (bench/apply_throughput.py --merge-mode); the apply job's maintenance
+# (lakeslot.mirror.maintenance) compacts what it leaves behind. ``sink.tableProperties`` override
+# them.
 TABLE_DEFAULTS = {"write.metadata.delete-after-commit.enabled": "true",
-                  "write.metadata.previous-versions-max": "100"}
+                  "write.metadata.previous-versions-max": "100",
+                  "write.merge.mode": "merge-on-read",
+                  "write.update.mode": "merge-on-read",
+                  "write.delete.mode": "merge-on-read"}
 
 
 def table_properties(user: Mapping[str, str]) -> dict[str, str]:

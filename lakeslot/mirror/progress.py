@@ -6,7 +6,8 @@ in the table, not in any side file: the operator and ``lakeslot status`` read it
 with pyiceberg (no Spark, no JVM), through :func:`lakeslot.mirror.catalogs.load_table`.
 
 - A table that does not exist, or whose current snapshot has no ``lakeslot.lsn``, has no
-  progress (``None``): it has not been snapshotted yet.
+  progress (``None``): it has not been snapshotted yet — except a ``replace`` snapshot (a
+  compaction lakeslot did not run), which has its parent's (:func:`position`).
 - An idle table advances too: the apply job commits an empty snapshot carrying the new
   ``lakeslot.lsn`` (no data rewritten), so its progress moves with the others.
 - A table the apply job stopped carries its definite error in table properties, in force while
@@ -26,12 +27,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from pyiceberg.table import Table
+from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import IngestionNames
 from lakeslot.mirror import catalogs
 from lakeslot.mirror.contract import (
     LSN_PROPERTY,
+    MAINTENANCE_PROPERTY,
     RESNAPSHOT_AUTOMATIC,
     RESNAPSHOT_PROPERTY,
     RESNAPSHOT_SUMMARY,
@@ -53,6 +56,9 @@ class MirrorProgress:
     resnapshot_automatic: bool = False  # ... which lakeslot starts by itself
     resnapshots_last_hour: int = 0  # re-snapshots committed within the hour before reading
     schema_change: str | None = None  # the last DDL the apply job applied in place
+    data_files: int | None = None  # total-data-files of the current snapshot
+    delete_files: int | None = None  # total-delete-files of the current snapshot
+    maintenance: str | None = None  # the last maintenance outcome (mirror.maintenance)
 
 
 def progress_of(table: Table | None) -> MirrorProgress:
@@ -60,20 +66,39 @@ def progress_of(table: Table | None) -> MirrorProgress:
     if table is None or snapshot is None:
         return MirrorProgress(None, None, None)
     summary = snapshot.summary
-    lsn = summary[LSN_PROPERTY] if summary is not None else None
+    lsn = position(table, snapshot)
     rows = summary["total-records"] if summary is not None else None
-    position = int(lsn) if lsn is not None else None
-    error = apply_error(table.properties, position)
+    data_files = summary.get("total-data-files") if summary is not None else None
+    delete_files = summary.get("total-delete-files") if summary is not None else None
+    error = apply_error(table.properties, lsn)
     taken = table.properties.get(SNAPSHOT_LSN_PROPERTY)
     way_out = table.properties.get(RESNAPSHOT_PROPERTY) if error is not None else None
     hour_ago = int(time.time() * 1000) - 3_600_000
     recent = sum(1 for s in table.snapshots() if s.timestamp_ms >= hour_ago
                  and s.summary is not None and s.summary.get(RESNAPSHOT_SUMMARY) == "true")
-    return MirrorProgress(position, int(rows) if rows is not None else None, snapshot.timestamp_ms,
+    return MirrorProgress(lsn, int(rows) if rows is not None else None, snapshot.timestamp_ms,
                           error, way_out in ("true", RESNAPSHOT_AUTOMATIC),
                           int(taken) if taken is not None else None,
                           way_out == RESNAPSHOT_AUTOMATIC, recent,
-                          table.properties.get(SCHEMA_CHANGE_PROPERTY))
+                          table.properties.get(SCHEMA_CHANGE_PROPERTY),
+                          int(data_files) if data_files is not None else None,
+                          int(delete_files) if delete_files is not None else None,
+                          table.properties.get(MAINTENANCE_PROPERTY))
+
+
+def position(table: Table, snapshot: Snapshot) -> int | None:
+    """The ``lakeslot.lsn`` ``snapshot`` reflects. A ``replace`` snapshot without one (a
+    compaction someone else ran: a managed catalog's automatic compaction, Iceberg's procedures
+    by hand) changed no rows, so it has its parent's."""
+    while snapshot.summary is not None and snapshot.summary.get(LSN_PROPERTY) is None \
+            and snapshot.summary.operation == Operation.REPLACE \
+            and snapshot.parent_snapshot_id is not None:
+        parent = table.snapshot_by_id(snapshot.parent_snapshot_id)
+        if parent is None:  # expired: the position is unknown
+            return None
+        snapshot = parent
+    value = snapshot.summary.get(LSN_PROPERTY) if snapshot.summary is not None else None
+    return int(value) if value is not None else None
 
 
 def read(ingestion: PostgresIngestion, tables: Iterable[TableName], *,

@@ -19,6 +19,7 @@ from lakeslot.source.tables import TableName
 from lakeslot.staging.store import Staging
 from spark_jobs import apply as apply_entry
 from spark_jobs import snapshot as snapshot_entry
+from tests.support.apply_workload import IDLE, KEYLESS, MAIN, create_tables
 from tests.support.fixtures_pg import Database
 from tests.support.operator_env import ingestion_document
 from tests.support.reader_support import current_lsn, prepare, read_until
@@ -107,6 +108,18 @@ class Pipeline:
                               f"FROM {self.target(table, suffix)}.snapshots "
                               "ORDER BY committed_at").collect()
         return [(r.snapshot_id, int(r.lsn)) for r in rows if r.lsn is not None]
+
+
+def workload_pipeline(spark, warehouse, namespace: str, pgdb: Database, tmp_path, monkeypatch,
+                      **spec) -> Pipeline:
+    """The tables of :mod:`tests.support.apply_workload` (MAIN, KEYLESS with ``keyColumns``,
+    IDLE) created in ``pgdb``, staged under ``tmp_path``; ``spec``: sections of the spec."""
+    monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
+    with pgdb.connect() as conn:
+        create_tables(conn)
+    return Pipeline.create(spark, pgdb, warehouse, namespace, (tmp_path / "staging").as_uri(),
+                           [MAIN, KEYLESS, IDLE], table_options={KEYLESS: {"keyColumns": ["a"]}},
+                           **spec)
 
 
 def source_rows(conn, table: TableName, key: str = "id") -> tuple[list[str], list[tuple]]:

@@ -1,0 +1,252 @@
+"""Maintenance of the mirror tables: compaction, manifest rewrite and orphan-file removal, run by
+the apply job between passes (``spec.sink.maintenance``).
+
+Why: mirror tables are written merge-on-read (:data:`lakeslot.mirror.contract.TABLE_DEFAULTS`),
+so a MERGE costs what its changes cost, not what the table costs; but every pass leaves small
+data files and position-delete files that every reader must merge, and a commit per pass grows
+the manifest list. Compaction rewrites the data files that carry deletes or are too small, which
+applies the deletes and drops the delete files; manifests are rewritten with it.
+
+Invariants:
+
+- **The position never moves.** Every commit maintenance makes (Iceberg's ``rewriteDataFiles``
+  and ``rewriteManifests`` actions, a ``replace`` snapshot) carries ``lakeslot.lsn`` equal to the
+  position the table had when it started (the actions' ``snapshotProperty``) and rewrites files,
+  never rows: the table's content and position are those of the commit before it.
+- **Never concurrent with the apply job's own commits**: it runs in the apply job's thread
+  between passes (:meth:`lakeslot.apply.job.Applier.run_pass`). The only other writer of a mirror
+  is a re-snapshot (a replace transaction): a compaction committing after it fails Iceberg's
+  validation (the files it rewrote are gone) and is retried at a later run, and one committing
+  before it is replaced with everything else — so a maintenance tag never lands on top of a
+  newer position.
+- **Orphan files**: only files older than ``orphanFileAgeHours`` are deleted, so files a
+  snapshot or write is still producing (written before their commit) are never touched.
+- What is due is decided by :func:`due` (pure) from the current snapshot's summary totals, and
+  when maintenance last ran, recorded on the table with its outcome (table properties: no
+  snapshot, the position is untouched), so a restarted job does not compact again at once.
+
+Failure modes: a failing action (a conflict with a re-snapshot, storage or catalog errors) is
+logged and recorded in :data:`MAINTENANCE_PROPERTY` (status shows it as ``lastMaintenance``); the data is
+never at risk and the table is tried again after ``intervalSeconds``. An action cannot be
+interrupted: a compaction started near the end of the budget finishes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from lakeslot.api.models import MaintenanceSpec
+from lakeslot.mirror.contract import (
+    LSN_PROPERTY,
+    MAINTENANCE_AT_PROPERTY,
+    MAINTENANCE_PROPERTY,
+    MAINTENANCE_SUMMARY,
+    ORPHANS_AT_PROPERTY,
+)
+from lakeslot.spark_session import error_summary
+
+log = logging.getLogger(__name__)
+DELETED_ROWS_RATIO = 0.2  # compact once position deletes exceed this share of the live rows
+DELETED_ROWS_MIN = 10_000  # ... and this many (merging a few deletes costs a reader nothing)
+ORPHAN_INTERVAL_S = 86400.0  # orphan files are looked for once a day per table
+MANIFESTS_PER_SNAPSHOT = 8  # rewrite the manifests with a compaction once there are more
+
+
+@dataclass(frozen=True)
+class Health:
+    """A table's file statistics: the totals of its current snapshot's summary."""
+
+    data_files: int
+    delete_files: int
+    records: int
+    position_deletes: int
+    bytes: int
+
+    @classmethod
+    def of(cls, summary: Mapping[str, str]) -> Health:
+        def total(name: str) -> int:
+            return int(summary.get(f"total-{name}") or 0)
+        return cls(total("data-files"), total("delete-files"), total("records"),
+                   total("position-deletes"), total("files-size"))
+
+
+@dataclass(frozen=True)
+class Record:
+    """When maintenance last ran and when it last removed orphan files (Unix seconds), from the
+    table's properties (:data:`MAINTENANCE_AT_PROPERTY`, :data:`ORPHANS_AT_PROPERTY`)."""
+
+    at: float = -math.inf
+    orphans_at: float = -math.inf
+
+    @classmethod
+    def of(cls, properties: Mapping[str, str]) -> Record:
+        def seconds(name: str) -> float:
+            try:
+                return float(properties[name])
+            except (KeyError, ValueError):
+                return -math.inf  # absent or unreadable: as if it never ran
+        return cls(seconds(MAINTENANCE_AT_PROPERTY), seconds(ORPHANS_AT_PROPERTY))
+
+
+@dataclass(frozen=True)
+class Due:
+    """What a table needs: compaction (why, for the outcome), and orphan-file removal with it."""
+
+    why: str = ""  # empty: nothing is due
+    orphans: bool = False
+
+    def __bool__(self) -> bool:
+        return bool(self.why)
+
+
+def due(health: Health, last: Record, spec: MaintenanceSpec, target_file_bytes: int,
+        now: float) -> Due:
+    """What maintenance a table needs now: compaction once delete files, deleted rows or surplus
+    small files pass their thresholds, never within ``intervalSeconds`` of the last run; orphan
+    files are looked for with a compaction, at most once a day (a table that never needs
+    compacting writes none)."""
+    if not spec.enabled or now - last.at < spec.interval_seconds:
+        return Due()
+    needed = max(1, math.ceil(health.bytes / max(target_file_bytes, 1)))
+    reasons = []
+    if health.delete_files >= spec.delete_file_threshold:
+        reasons.append(f"{health.delete_files} delete files")
+    if health.position_deletes >= max(DELETED_ROWS_MIN, DELETED_ROWS_RATIO * health.records):
+        reasons.append(f"{health.position_deletes} deleted rows of {health.records}")
+    if health.data_files - needed >= spec.small_file_threshold:
+        reasons.append(f"{health.data_files} data files where {needed} would do")
+    orphans = (bool(reasons) and spec.orphan_file_age_hours > 0
+               and now - last.orphans_at >= ORPHAN_INTERVAL_S)
+    return Due(", ".join(reasons), orphans)
+
+
+class Maintainer:
+    """Runs due maintenance on mirror tables through Iceberg's Spark actions (py4j)."""
+
+    def __init__(self, spark, spec: MaintenanceSpec) -> None:
+        self._jvm, self.spec = spark._jvm, spec
+        self._actions = spark._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
+            spark._jsparkSession)
+
+    def maintain(self, table, name: str, *, now: float | None = None) -> str | None:
+        """Maintain the Java Iceberg ``table`` (refreshed) if anything is due; returns the outcome
+        (None: nothing was due). Errors are recorded on the table, then re-raised."""
+        now = time.time() if now is None else now
+        current = table.currentSnapshot()
+        if current is None:
+            return None
+        summary = dict(current.summary())
+        last = Record.of(dict(table.properties()))
+        target = int(table.properties().get("write.target-file-size-bytes") or 512 << 20)
+        work = due(Health.of(summary), last, self.spec, target, now)
+        if not work:
+            return None
+        lsn = summary.get(LSN_PROPERTY)
+        started, done = time.monotonic(), []
+        try:
+            done.append(self._compact(table, lsn, work.why))
+            if work.orphans:
+                done.append(self._remove_orphans(table, now))
+        except Exception as e:
+            outcome = (f"{_stamp(now)}: failed ({'; '.join(done) or 'nothing done'}): "
+                       f"{error_summary(e)}")
+            self._record(table, outcome, now)
+            raise
+        outcome = f"{_stamp(now)}: {'; '.join(done)} in {time.monotonic() - started:.1f} s"
+        self._record(table, outcome, now, orphans=work.orphans)
+        log.info("%s: maintenance: %s", name, outcome)
+        return outcome
+
+    def _compact(self, table, lsn: str | None, why: str) -> str:
+        """Rewrites every data file that has deletes (and small ones), then the delete files left
+        over, then the manifests if there are many. New files take a new sequence number (not the
+        starting one): nothing commits deletes concurrently, and so the old delete files no
+        longer apply to anything."""
+        result = (self._tagged(self._actions.rewriteDataFiles(table), lsn, "compaction")
+                  .option("delete-file-threshold", "1")
+                  .option("use-starting-sequence-number", "false")
+                  .option("remove-dangling-deletes", "true").execute())
+        text = (f"compacted ({why}): {result.rewrittenDataFilesCount()} data files rewritten "
+                f"into {result.addedDataFilesCount()}")
+        removed = result.removedDeleteFilesCount() + self._drop_dangling_deletes(table, lsn)
+        text += f", {removed} delete files removed"
+        table.refresh()
+        manifests = table.currentSnapshot().allManifests(table.io()).size()
+        if manifests > MANIFESTS_PER_SNAPSHOT:
+            rewritten = self._tagged(self._actions.rewriteManifests(table), lsn,
+                                     "manifests").execute()
+            text += (f", {_size(self._jvm, rewritten.rewrittenManifests())} manifests rewritten "
+                     f"into {_size(self._jvm, rewritten.addedManifests())}")
+        return text
+
+    def _drop_dangling_deletes(self, table, lsn: str | None) -> int:
+        """Removes the delete files that apply to no live data file any more — those of the data
+        files just rewritten, which Iceberg drops itself only when no older data file is left —
+        in one commit. Which delete files apply is what a scan plans: exactly what readers merge,
+        so dropping the others changes no read. (Iceberg's rewritePositionDeletes would do it,
+        but fails on tables with list columns: "Invalid partition field parent".)"""
+        table.refresh()
+        current = table.currentSnapshot()
+        if current is None or not int(current.summary().get("total-delete-files") or 0):
+            return 0
+        live: set[str] = set()
+        tasks = table.newScan().useSnapshot(current.snapshotId()).planFiles()
+        try:
+            for task in _each(tasks):
+                live.update(d.location() for d in _each(task.deletes()))
+        finally:
+            tasks.close()
+        files = self._jvm.org.apache.iceberg.ManifestFiles
+        rewrite = table.newRewrite().validateFromSnapshot(current.snapshotId())
+        dangling = 0
+        for manifest in _each(current.deleteManifests(table.io())):
+            for entry in _each(files.readDeleteManifest(manifest, table.io(), table.specs())):
+                if entry.location() not in live:
+                    rewrite = rewrite.deleteFile(entry.copy())
+                    dangling += 1
+        if dangling:
+            self._tagged(rewrite, lsn, "delete-files", action=False).commit()
+        return dangling
+
+    @staticmethod
+    def _tagged(update, lsn: str | None, what: str, *, action: bool = True):
+        """An action (``snapshotProperty``) or a snapshot update (``set``) with lakeslot's summary
+        properties: the position it keeps, and what it is."""
+        update = (update.snapshotProperty if action else update.set)(MAINTENANCE_SUMMARY, what)
+        if lsn is not None:
+            update = (update.snapshotProperty if action else update.set)(LSN_PROPERTY, lsn)
+        return update
+
+    def _remove_orphans(self, table, now: float) -> str:
+        older_than = int((now - self.spec.orphan_file_age_hours * 3600) * 1000)
+        result = self._actions.deleteOrphanFiles(table).olderThan(older_than).execute()
+        return f"{_size(self._jvm, result.orphanFileLocations())} orphan files removed"
+
+    def _record(self, table, outcome: str, at: float, *, orphans: bool = False) -> None:
+        update = (table.updateProperties().set(MAINTENANCE_PROPERTY, outcome)
+                  .set(MAINTENANCE_AT_PROPERTY, repr(at)))
+        if orphans:
+            update = update.set(ORPHANS_AT_PROPERTY, repr(at))
+        update.commit()
+
+
+def _each(iterable):
+    """The elements of a Java ``Iterable`` (py4j does not iterate those)."""
+    iterator = iterable.iterator()
+    while iterator.hasNext():
+        yield iterator.next()
+
+
+def _size(jvm, iterable) -> int:
+    """The size of a Java ``Iterable`` (py4j does not iterate those)."""
+    return jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size(iterable)
+
+
+def _stamp(at: float) -> str:
+    return dt.datetime.fromtimestamp(at, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+

@@ -1,0 +1,143 @@
+"""Maintenance of the mirror tables (lakeslot.mirror.maintenance): what is due (pure), and, on
+PostgreSQL 15 and 18 with real Spark and Iceberg, that the apply job's compaction of a
+merge-on-read mirror removes its delete files in a commit that keeps the table's position, while
+the mirror — read with pyiceberg — stays equal to the source through further changes."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from lakeslot.api.models import MaintenanceSpec
+from lakeslot.mirror import maintenance
+from lakeslot.mirror import progress as mirror_progress
+from lakeslot.mirror.catalogs import load_hadoop_table
+from lakeslot.mirror.contract import LSN_PROPERTY, MAINTENANCE_SUMMARY
+from lakeslot.mirror.maintenance import Health, Record, due
+from tests.support.apply_support import Pipeline, assert_mirror_equals_source, workload_pipeline
+from tests.support.apply_workload import KEYLESS, MAIN, Workload
+
+SPEC = MaintenanceSpec()
+MiB = 1 << 20
+NOW = 1_000_000.0
+QUIET = Health(data_files=3, delete_files=0, records=1000, position_deletes=0, bytes=3 * MiB)
+
+
+def test_nothing_is_due_on_a_healthy_table_or_within_the_interval():
+    assert not due(QUIET, Record(), SPEC, 512 * MiB, NOW)
+    messy = Health(data_files=3, delete_files=SPEC.delete_file_threshold, records=1000,
+                   position_deletes=10, bytes=3 * MiB)
+    assert due(messy, Record(), SPEC, 512 * MiB, NOW).why == f"{messy.delete_files} delete files"
+    recently = Record(at=NOW - SPEC.interval_seconds + 1)
+    assert not due(messy, recently, SPEC, 512 * MiB, NOW)
+    assert due(messy, Record(at=NOW - SPEC.interval_seconds), SPEC, 512 * MiB, NOW)
+    assert not due(messy, Record(), SPEC.model_copy(update={"enabled": False}), 512 * MiB, NOW)
+
+
+def test_deleted_rows_and_surplus_small_files_make_compaction_due():
+    deleted = Health(data_files=2, delete_files=1, records=100_000, position_deletes=30_000,
+                     bytes=8 * MiB)
+    assert "30000 deleted rows of 100000" in due(deleted, Record(), SPEC, 512 * MiB, NOW).why
+    few = Health(data_files=2, delete_files=1, records=100, position_deletes=90, bytes=MiB)
+    assert not due(few, Record(), SPEC, 512 * MiB, NOW)  # a few deletes cost a reader nothing
+    # 40 MiB at 4 MiB per file needs 10 files: 25 is 15 too many (threshold 16), 26 is 16
+    small = Health(data_files=25, delete_files=0, records=1, position_deletes=0, bytes=40 * MiB)
+    assert not due(small, Record(), SPEC, 4 * MiB, NOW)
+    more = Health(data_files=26, delete_files=0, records=1, position_deletes=0, bytes=40 * MiB)
+    assert due(more, Record(), SPEC, 4 * MiB, NOW).why == "26 data files where 10 would do"
+
+
+def test_orphan_files_are_looked_for_with_a_compaction_at_most_daily():
+    messy = Health(data_files=3, delete_files=50, records=10, position_deletes=5, bytes=MiB)
+    assert due(messy, Record(), SPEC, 512 * MiB, NOW).orphans
+    yesterday = Record(at=-math.inf, orphans_at=NOW - maintenance.ORPHAN_INTERVAL_S + 1)
+    assert not due(messy, yesterday, SPEC, 512 * MiB, NOW).orphans
+    never = SPEC.model_copy(update={"orphan_file_age_hours": 0})
+    assert not due(messy, Record(), never, 512 * MiB, NOW).orphans
+    assert not due(QUIET, Record(), SPEC, 512 * MiB, NOW).orphans
+
+
+def test_the_record_survives_on_the_table_and_nonsense_reads_as_never():
+    assert Record.of({}) == Record()
+    assert Record.of({"lakeslot.last-maintenance-at": "soon"}) == Record()
+    assert Record.of({"lakeslot.last-maintenance-at": "12.5",
+                      "lakeslot.last-orphan-removal-at": "3"}) == Record(12.5, 3.0)
+
+
+@pytest.fixture
+def pipeline(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, monkeypatch):
+    return workload_pipeline(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path,
+                             monkeypatch, sink={"maintenance": {"deleteFileThreshold": 2}})
+
+
+def _snapshots(spark_warehouse, pipeline: Pipeline, table) -> list:
+    loaded = load_hadoop_table(spark_warehouse.as_uri(),
+                               pipeline.job_input().names.mirror_identifier(table))
+    assert loaded is not None
+    return sorted(loaded.snapshots(), key=lambda s: s.sequence_number)
+
+
+def _live_rows(snapshot) -> int:
+    """Rows a reader sees: records of the data files less the rows position deletes remove."""
+    return (int(snapshot.summary.get("total-records"))
+            - int(snapshot.summary.get("total-position-deletes")))
+
+
+def test_the_apply_job_compacts_delete_files_away_and_keeps_the_position(pipeline, spark_warehouse):
+    off = pipeline.with_spec(sink={"maintenance": {"enabled": False}})
+    off.start_slot()
+    off.snapshot()
+    with pipeline.pgdb.connect() as conn:
+        workload = Workload(conn, random.Random(21))
+        for _ in range(3):  # merge-on-read: each pass adds delete files, nothing compacts them
+            workload.run(6)
+            off.seal()
+            assert off.apply().ok
+        before = mirror_progress.read(off.ingestion, [MAIN])[MAIN]
+        assert before.delete_files is not None and before.delete_files >= 2
+        assert before.maintenance is None
+
+        workload.run(6)
+        pipeline.seal()
+        assert pipeline.apply().ok  # maintenance on: due (≥ 2 delete files), so it runs
+        history = _snapshots(spark_warehouse, pipeline, MAIN)
+        maintained = [i for i, s in enumerate(history) if s.summary.get(MAINTENANCE_SUMMARY)]
+        assert [history[i].summary.get(MAINTENANCE_SUMMARY) for i in maintained][:1] == \
+            ["compaction"], [s.summary for s in history]
+        before_it, last = history[maintained[0] - 1], history[maintained[-1]]
+        # maintenance rewrote files, not rows, and kept the position of the commit before it
+        for i in maintained:
+            assert history[i].summary.get(LSN_PROPERTY) == before_it.summary.get(LSN_PROPERTY)
+        assert last.summary.get("total-delete-files") == "0"
+        assert _live_rows(last) == _live_rows(before_it)
+        after = mirror_progress.read(pipeline.ingestion, [MAIN])[MAIN]
+        assert after.maintenance is not None and "compacted (" in after.maintenance
+        assert "delete files removed" in after.maintenance
+        assert_mirror_equals_source(pipeline, spark_warehouse, MAIN)
+        assert_mirror_equals_source(pipeline, spark_warehouse, KEYLESS)
+
+        workload.run(6)  # changes on top of the compacted files; within the interval: no rerun
+        pipeline.seal()
+        assert pipeline.apply().ok
+        history = _snapshots(spark_warehouse, pipeline, MAIN)
+        assert [s.summary.get(MAINTENANCE_SUMMARY) for s in history].count("compaction") == 1
+
+        # a compaction lakeslot did not run (by hand, or a managed catalog's): no lakeslot.lsn
+        # on its snapshot, and yet the table keeps its position and goes on streaming
+        position = mirror_progress.read(pipeline.ingestion, [MAIN])[MAIN].lsn
+        assert position is not None
+        name = ".".join(pipeline.job_input().names.mirror_identifier(MAIN))
+        pipeline.spark.sql(f"CALL {pipeline.namespace.split('.')[0]}.system.rewrite_data_files("
+                           f"table => '{name}', options => map('rewrite-all', 'true'))")
+        foreign = _snapshots(spark_warehouse, pipeline, MAIN)[-1]
+        assert foreign.summary.operation.value == "replace"
+        assert foreign.summary.get(LSN_PROPERTY) is None
+        assert mirror_progress.read(pipeline.ingestion, [MAIN])[MAIN].lsn == position
+        workload.run(6)
+        pipeline.seal()
+        assert pipeline.apply().ok
+    assert (mirror_progress.read(pipeline.ingestion, [MAIN])[MAIN].lsn or 0) > position
+    assert_mirror_equals_source(pipeline, spark_warehouse, MAIN)
+    assert_mirror_equals_source(pipeline, spark_warehouse, KEYLESS)
