@@ -24,6 +24,7 @@ from lakeslot.apply import job as apply_job
 from lakeslot.local import reader_process
 from lakeslot.pgcluster import free_port
 from lakeslot.source import connection
+from lakeslot.staging.store import Staging
 from lakeslot_operator.handlers import build_registry
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.metrics import OperatorMetrics, Sample, samples
@@ -82,6 +83,22 @@ def test_samples_are_the_status_in_numbers():
     assert kinds == {"reader": 0, "other": 1, "none": 0}
     status.slot = SlotStatus()
     assert Sample("slot_holder", ("none",), 1.0) in samples(status, owner="shop/orders", suspended=True)
+
+
+def test_the_apply_jobs_last_pass_in_numbers():
+    document = {"updatedAt": "2026-11-25T12:00:00.250000Z", "tables": [
+        {"schema": "public", "name": "a", "state": "applied", "changes": 12},
+        {"schema": "public", "name": "b", "state": "advanced", "changes": 0},
+        {"schema": "public", "name": "c", "state": "failed", "changes": 0}]}
+    got = {(s.metric, s.labels): s.value
+           for s in samples(PostgresIngestionStatus(), owner="shop/orders", suspended=False, apply_pass=document)}
+    assert got[("apply_last_pass_timestamp_seconds", ())] == NOW.timestamp() + 0.25
+    assert {k[1][0]: v for k, v in got.items() if k[0] == "apply_pass_tables"} == {
+        "applied": 1, "advanced": 1, "current": 0, "waiting": 0, "failed": 1, "retrying": 0}
+    assert got[("apply_pass_changes", ("public.a",))] == 12 and got[("apply_pass_changes", ("public.b",))] == 0
+    assert not any(m.startswith("apply_") for m, _ in
+                   {(s.metric, s.labels) for s in samples(PostgresIngestionStatus(), owner="shop/orders",
+                                                         suspended=False)})  # no document: no series
 
 
 def test_series_of_a_deleted_or_silent_ingestion_disappear():
@@ -266,6 +283,13 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
             application = env.spark_applications(api)[f"{NAME}-apply"]
             passed = apply_job.run(spark, env.job_input(application), once=True)
             assert passed.ok, passed
+            last_pass = Staging(local.ingestion.spec.staging.uri).read_apply_status()
+            assert last_pass is not None
+            (outcome,) = last_pass["tables"]
+            ended = datetime.fromisoformat(last_pass["updatedAt"].replace("Z", "+00:00")).timestamp()
+            wait_for(lambda: _mine(scrape(url), "lakeslot_apply_last_pass_timestamp_seconds") == ended,
+                     "the apply job's last pass in the operator's metrics")
+            assert _mine(scrape(url), "lakeslot_apply_pass_changes", table=TABLE) == outcome["changes"]
             wait_for(lambda: _mine(scrape(url), "lakeslot_table_freshness_seconds", table=TABLE) == 0,
                      "freshness 0 after the apply job caught up")
 

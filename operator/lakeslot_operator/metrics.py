@@ -12,11 +12,19 @@ Invariants:
   no reconcile refreshed them for :data:`MAX_AGE_S` (a replica that kopf peering paused, or
   that lost the resource, stops reporting instead of repeating old values). With several
   replicas only the active one reports: alert on ``max by (namespace, ingestion)``.
-- Cardinality is bounded by the resources, never by data: per ingestion at most 60 series
-  (gauges: slot 11, conditions 7 types × 3 statuses, tables by state 5, 4 more; the two
-  counters 4 with their ``_created``; the reconcile histogram 15), and per table 4 series.
+- Cardinality is bounded by the resources, never by data: per ingestion at most 67 series
+  (gauges: slot 11, conditions 7 types × 3 statuses, tables by state 5, apply outcomes 6, 5 more;
+  the two counters 4 with their ``_created``; the reconcile histogram 15), and per table 5.
   Labels: ``namespace``, ``ingestion``; ``table`` (``schema.table``, quoted like psql) on the
   per-table ones; ``state``, ``kind``, ``type``, ``status`` take only the values listed below.
+
+The apply job's metrics come the same way: each pass rewrites its document in staging
+(``apply-status.json``: when, and per table the outcome and the changes applied), and the
+reconcile hands it over with the status. Pulled rather than served by the Spark driver: the
+driver's pod is named and restarted by the spark-operator, it would need a Service and a monitor
+of its own, and a value it held would die with it, while the document outlives every driver and
+the operator reads staging anyway (freshness). They describe the *last* pass (gauges), not totals
+over passes a scrape did not see.
 
 Metrics (prefix ``lakeslot_``; "absent" means the series is not exported):
 
@@ -44,6 +52,10 @@ Metrics (prefix ``lakeslot_``; "absent" means the series is not exported):
                                         (:mod:`lakeslot.freshness`; 0: caught up)
 ``table_rows{table}``                   rows in the mirror as of its applied LSN
 ``table_failed{table}``                 1 while the table is Failed (its status message says why)
+``apply_last_pass_timestamp_seconds``   when the apply job's last pass ended (Unix time)
+``apply_pass_tables{state}``            tables per outcome of the last pass (applied, advanced, current,
+                                        waiting, failed, retrying)
+``apply_pass_changes{table}``           changes the last pass applied to the table
 ``stale_holder_evictions_total``        slot holders other than the reader terminated
 ``reconcile_duration_seconds``          histogram of reconcile durations
 ``reconcile_errors_total``              reconciles that raised (kopf retries them)
@@ -59,6 +71,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import get_args
 from wsgiref.simple_server import WSGIServer
 
@@ -104,7 +117,11 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
                                 "yet applied to the table (0: caught up)", ("table",)),
     "table_rows": ("Rows in the mirror table as of its applied LSN", ("table",)),
     "table_failed": ("1 while the table is Failed", ("table",)),
+    "apply_last_pass_timestamp_seconds": ("When the apply job's last pass ended (Unix time)", ()),
+    "apply_pass_tables": ("Tables per outcome of the apply job's last pass", ("state",)),
+    "apply_pass_changes": ("Changes the apply job's last pass applied to the table", ("table",)),
 }
+APPLY_STATES = ("applied", "advanced", "current", "waiting", "failed", "retrying")
 
 
 @dataclass(frozen=True)
@@ -114,8 +131,10 @@ class Sample:
     value: float
 
 
-def samples(status: PostgresIngestionStatus, *, owner: str, suspended: bool) -> list[Sample]:
-    """Every gauge's value for one ingestion (``owner``: ``namespace/name``), from its status."""
+def samples(status: PostgresIngestionStatus, *, owner: str, suspended: bool,
+            apply_pass: Mapping | None = None) -> list[Sample]:
+    """Every gauge's value for one ingestion (``owner``: ``namespace/name``), from its status and
+    the apply job's last pass document (``apply-status.json``; None: none readable)."""
     out: list[Sample] = [Sample("suspended", (), float(suspended))]
 
     def put(metric: str, value: float | None, *labels: str) -> None:
@@ -152,6 +171,14 @@ def samples(status: PostgresIngestionStatus, *, owner: str, suspended: bool) -> 
         put("table_freshness_seconds", t.lag_seconds, name)
         put("table_rows", t.rows_known, name)
         put("table_failed", t.state == "Failed", name)
+    if apply_pass is not None:
+        ended = datetime.fromisoformat(apply_pass["updatedAt"].replace("Z", "+00:00"))
+        put("apply_last_pass_timestamp_seconds", ended.timestamp())
+        outcomes = apply_pass.get("tables", [])
+        for state in APPLY_STATES:
+            put("apply_pass_tables", sum(1 for t in outcomes if t["state"] == state), state)
+        for t in outcomes:
+            put("apply_pass_changes", t.get("changes", 0), str(TableName(t["schema"], t["name"])))
     return out
 
 
@@ -197,10 +224,11 @@ class OperatorMetrics(Collector):
             self.duration.labels(namespace, name).observe(self._clock() - start)
 
     def observe(self, namespace: str, name: str, status: Mapping, *, suspended: bool,
-                events: list[StatusEvent]) -> None:
-        """Take one reconcile's outcome: the status it wrote and the events it told."""
+                events: list[StatusEvent], apply_pass: Mapping | None = None) -> None:
+        """Take one reconcile's outcome: the status it wrote, the events it told and the apply
+        job's last pass document it read."""
         model = PostgresIngestionStatus.model_validate(status)
-        values = samples(model, owner=f"{namespace}/{name}", suspended=suspended)
+        values = samples(model, owner=f"{namespace}/{name}", suspended=suspended, apply_pass=apply_pass)
         with self._lock:
             self._latest[(namespace, name)] = (self._clock(), values)
         evicted = sum(1 for e in events if e.reason == "StaleHolderEvicted")

@@ -27,7 +27,8 @@ messages:
 6. **Status** — per-table progress from Iceberg (invariant 1: a table's ``lakeslot.lsn`` is the
    truth), the reader's durable LSN from the slot's ``confirmed_flush_lsn`` (invariant 4: the
    reader confirms only what is sealed), lag from the server's current LSN, freshness in seconds
-   from the commit times in staging (:mod:`lakeslot.freshness`); conditions with
+   from the commit times in staging (:mod:`lakeslot.freshness`), and the apply job's last pass
+   document from staging for the metrics (not part of the status); conditions with
    ``observedGeneration``; ``Degraded``, ``Ready`` and the phase from the rest
    (:func:`lakeslot.status.summary`).
 
@@ -49,6 +50,7 @@ kopf, which retries with backoff.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import tempfile
@@ -71,6 +73,7 @@ from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.progress import MirrorProgress
 from lakeslot.source import connection, slot
 from lakeslot.source.tables import TableName
+from lakeslot.staging.store import Staging
 from lakeslot_operator import child_health, children, scheduling, verification
 from lakeslot_operator.kube import Kube
 
@@ -89,6 +92,7 @@ class Context:
 class Outcome:
     status: dict
     events: list[st.Event]
+    apply_pass: dict | None = None  # the apply job's last pass document (staging), for metrics
 
 
 def reconcile(body: Mapping, ctx: Context) -> Outcome:
@@ -102,8 +106,9 @@ def reconcile(body: Mapping, ctx: Context) -> Outcome:
                          "\n".join(str(p) for p in problems_of(e)))
         report.status.phase = "Failed"
         return _outcome(report)
-    _Reconciler(ingestion, meta["uid"], ctx, report).run()
-    return _outcome(report)
+    reconciler = _Reconciler(ingestion, meta["uid"], ctx, report)
+    reconciler.run()
+    return Outcome(report.status.to_document(), report.events, reconciler.apply_pass)
 
 
 def _outcome(report: st.Report) -> Outcome:
@@ -122,6 +127,7 @@ class _Reconciler:
         self.progress: dict[TableName, MirrorProgress] = {}
         self.snapshotting: set[TableName] = set()
         self.rejected: dict[str, child_health.Problem] = {}  # component → why the server refused it
+        self.apply_pass: dict | None = None
 
     # the steps -----------------------------------------------------------------------------
 
@@ -328,6 +334,8 @@ class _Reconciler:
                                      durable=health.confirmed_flush_lsn, current=current,
                                      reader=self._reader_pod())
         freshness.record(self.r.status, self.ing.spec.staging.uri, self.r.now)
+        with contextlib.suppress(OSError):  # staging unreadable: no apply job metrics either
+            self.apply_pass = Staging(self.ing.spec.staging.uri, create=False).read_apply_status()
         kube = self.ctx.kube
         reader = self.rejected.get("reader") or child_health.reader_problem(
             kube.get_deployment(self.ns, children.reader_name(self.ing)),
