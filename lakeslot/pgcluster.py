@@ -208,6 +208,28 @@ class Cluster:
             self._running = False
         shutil.rmtree(self.root, ignore_errors=True)
 
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server, keeping its data and port (``mode``: ``fast``, or ``immediate`` — no
+        shutdown checkpoint, so the next start runs crash recovery); :meth:`resume` starts it."""
+        result = self._pg_ctl("stop", "-m", mode, "-w", "-t", "60")
+        if result.returncode != 0:
+            raise ClusterError(f"pg_ctl stop -m {mode} failed: {result.stderr.strip()}")
+        self._running = False
+
+    def resume(self) -> None:
+        """Start a stopped server again on the same port (clients reconnect where they were)."""
+        result = self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.logfile),
+                              "-o", f"-p {self.port}")
+        if result.returncode != 0:
+            raise ClusterError(f"PostgreSQL did not start again: {result.stderr.strip()}\n"
+                               f"{self.server_log()[-2000:]}")
+        self._running = True
+
+    def restart(self, mode: str = "fast") -> None:
+        """:meth:`stop` with ``mode``, then :meth:`resume`: what a failover-less restart does."""
+        self.stop(mode)
+        self.resume()
+
     def __enter__(self) -> Cluster:
         return self.start()
 

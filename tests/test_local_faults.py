@@ -7,6 +7,7 @@
   a row without anything sealed in between stop the run, naming the last one.
 - A reader that outlived its run (kill -9 of the run) is stopped by the next run before that one
   starts its own reader: two readers never fight over the slot.
+- A PostgreSQL restart under a streaming run's apply job: the job is restarted, the run goes on.
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import pytest
 
 from lakeslot.exits import EXIT_DEFINITE
 from lakeslot.local import observe, reader_process, run, state
 from lakeslot.local.tree import alive
+from lakeslot.mirror import progress as mirror_progress
 from lakeslot.source.tables import TableName
 from lakeslot.staging.store import Staging
 from tests.support import local_support as ls
+from tests.support.apply_support import lsn_now
 from tests.support.waiting import wait_for
 
 KEYLESS = TableName("public", "keyless")
@@ -164,3 +168,50 @@ def _slot_holder(db) -> int | None:
         row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE NOT temporary"
                            ).fetchone()
     return row[0] if row else None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("restartable_pgdb", ["pg18"], indirect=True)
+def test_a_streaming_run_rides_out_a_postgresql_restart(restartable_pgdb, tmp_path, spark,
+                                                         spark_warehouse, monkeypatch):
+    """A fast restart between two apply passes breaks the apply job's source connection, which
+    its next pass with changes uses first outside its per-table retries (found by the chaos suite:
+    the run exited 1 with ``apply failed: AdminShutdown``); the run restarts its apply job and
+    streams on. The restart is made at the end of a pass (the apply job's hook), so that it
+    lands there every time."""
+    db = restartable_pgdb
+    with db.connect() as conn:
+        ls.create_accounts(conn, 200)
+    local = _ingestion(db, tmp_path, spark_warehouse)
+    requested, restarted = threading.Event(), threading.Event()
+    original = run._Session._apply_point
+
+    def point(session, name: str, table) -> None:
+        original(session, name, table)
+        if name == "after-retention" and requested.is_set() and not restarted.is_set():
+            db.cluster.restart("fast")
+            restarted.set()
+
+    monkeypatch.setattr(run._Session, "_apply_point", point)
+
+    def applied_past(position: int) -> bool:
+        if not state.run_active(local.state_dir):
+            pytest.fail("the run ended")
+        lsn = mirror_progress.read(local.ingestion, [ls.ACCOUNTS])[ls.ACCOUNTS].lsn
+        return lsn is not None and lsn >= position
+
+    def written() -> int:
+        """A change committed now; the WAL position after it."""
+        with db.connect() as conn:
+            conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+        return lsn_now(db)
+
+    def during() -> None:
+        before = written()
+        wait_for(lambda: applied_past(before), "streaming before the restart", deadline=DEADLINE_S)
+        requested.set()
+        wait_for(restarted.is_set, "the restart after an apply pass", deadline=DEADLINE_S)
+        after = written()
+        wait_for(lambda: applied_past(after), "streaming after the restart", deadline=DEADLINE_S)
+
+    ls.run_in_process(local, spark, once=False, during=during)

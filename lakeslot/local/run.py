@@ -56,6 +56,11 @@ exhausted, killed). Only failures *in a row without progress* count — progress
 staging's sealed end moved during that reader's life —, and after :data:`READER_RESTARTS` of them
 the run gives up (exit 1) naming the last failure (its status file's reason, or the signal that
 killed it). A reader that dies now and then but streams in between is restarted for ever.
+Likewise the streaming apply job: a transient error that escapes its own retries (PostgreSQL
+restarted under its connection, storage unreachable) restarts it after a backoff (1 s doubling,
+at most 30 s) while the run keeps supervising; :data:`APPLY_RESTARTS` such failures in a row
+without a finished pass, any other error, or the Spark JVM gone (a session cannot be revived in
+this process) end the run with exit 1 — a supervisor's restart resumes it.
 
 Exit codes: 0 stopped cleanly or caught up (``--once``); 1 failed (connection, Spark, the
 reader kept failing), retrying later may help; 2 bad input (file, secrets; nothing was started);
@@ -99,6 +104,8 @@ log = logging.getLogger("lakeslot.local")
 
 READER_RESTARTS = 5  # reader failures in a row, nothing sealed in between → give up
 ONCE_POLL_S = 1.0
+APPLY_RESTARTS = 5  # transient apply-job failures in a row, no pass finished in between → give up
+APPLY_BACKOFF_S, APPLY_BACKOFF_MAX_S = 1.0, 30.0
 STOP_TIMEOUT_S = 60.0
 COPY_BACKOFF_S = 30.0  # a joined table whose copy failed is tried again after this, doubled
 COPY_BACKOFF_MAX_S = 3600.0
@@ -398,10 +405,12 @@ class _Session:
         (:meth:`_apply_list`): the pass it is in finishes first, commits included."""
         from lakeslot.apply import job as apply_job
 
+        failures = FailureStreak(APPLY_RESTARTS)
         while not self.stop.is_set():
             tables = self._apply_list()
             stop = threading.Event()
             self.apply_stop, self.apply_tables = stop, tables
+            passes = self.apply_passes
             worker = self._start("apply", functools.partial(
                 apply_job.run, self.spark, self.local.with_tables(list(tables)), once=False,
                 stop=stop, hooks=hooks))
@@ -411,8 +420,8 @@ class _Session:
             if self.stop.is_set():
                 return
             if not worker.alive:
-                worker.outcome()
-                raise RunFailed(EXIT_FAILED, "the apply job ended although no stop was requested")
+                self._apply_ended(worker, failures, progressed=self.apply_passes > passes)
+                continue
             now = self._apply_list()
             changes = [f"{sign} {', '.join(map(str, sorted(which)))}" for sign, which in
                        (("+", set(now) - set(tables)), ("-", set(tables) - set(now))) if which]
@@ -422,6 +431,38 @@ class _Session:
             self._supervise(worker.finished)
             if not worker.alive:
                 worker.outcome()
+
+    def _apply_ended(self, worker: _Worker, failures: FailureStreak, *, progressed: bool) -> None:
+        """The streaming apply job ended by itself. A transient error (PostgreSQL restarted under
+        its connection, storage or catalog unreachable for a moment) restarts it after a backoff
+        (30 s at most) while the run keeps supervising: it resumes from each table's
+        ``lakeslot.lsn``. Anything else, a dead Spark JVM (a session cannot be revived in this
+        process), or :data:`APPLY_RESTARTS` failures in a row without a finished pass in between
+        end the run (exit 1)."""
+        from lakeslot.apply import job as apply_job
+
+        error = worker.error
+        if error is None:
+            raise RunFailed(EXIT_FAILED, "the apply job ended although no stop was requested")
+        if self._spark_exited():
+            raise RunFailed(EXIT_FAILED, "the Spark JVM exited (killed?): lakeslot run resumes "
+                            f"where the mirrors say when started again; last error: "
+                            f"{type(error).__name__}: {st.first_line(error)}")
+        what = f"{type(error).__name__}: {st.first_line(error)}"
+        if not isinstance(error, apply_job.TRANSIENT) or failures.add(what, progressed=progressed):
+            worker.outcome()  # raises RunFailed with the error
+        delay = min(APPLY_BACKOFF_MAX_S, APPLY_BACKOFF_S * 2 ** (failures.count - 1))
+        log.warning("the apply job failed transiently (%s); restarting it in %.0f s (failure %d "
+                    "in a row without a finished pass)", what, delay, failures.count)
+        until = time.monotonic() + delay
+        self._supervise(lambda: time.monotonic() >= until)
+
+    def _spark_exited(self) -> bool:
+        """True when this run's own Spark JVM has exited (a caller's session is not watched)."""
+        if self.spark is None or self.options.spark is not None:
+            return False
+        process = getattr(self.spark.sparkContext._gateway, "proc", None)
+        return process is not None and process.poll() is not None
 
     def _apply_list(self) -> tuple[TableName, ...]:
         """The tables the apply job handles now: the selected ones with a mirror, those being
@@ -848,6 +889,10 @@ class _Worker:
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._result.get("error")
 
     def outcome(self):
         if "error" in self._result:

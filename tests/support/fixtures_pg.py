@@ -7,6 +7,8 @@
   skipped with the reason (``-ra`` prints it).
 - ``pgdb``: a fresh database in ``pg`` for one test, dropped afterwards together with any
   replication slot left in it, so tests cannot leak slots into each other.
+- ``restartable_pgdb``: the same in a cluster of its own per version, for tests that restart or
+  stop PostgreSQL (the fault tests); ``wal_sender_timeout`` 5 s.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ VERSIONS = {
     "pg15": lambda: pgcluster.debian_install(15),
     "pg18": pgcluster.embedded_install,
 }
+
+
+RESTARTABLE_SETTINGS = {"wal_sender_timeout": "'5s'"}  # (also what tells that cluster apart)
 
 
 class ClusterFactory:
@@ -80,10 +85,22 @@ class Database:
 
 @pytest.fixture
 def pgdb(pg) -> Iterator[Database]:
+    yield from _fresh_database(pg)
+
+
+@pytest.fixture(params=sorted(VERSIONS))
+def restartable_pgdb(request, pg_cluster_factory) -> Iterator[Database]:
+    """Like ``pgdb``, but in a cluster that tests may restart or stop (``Cluster.restart``,
+    ``stop``/``resume``): only such tests use it. ``wal_sender_timeout`` is 5 s there, so that a
+    walsender gives up on a silent client quickly."""
+    yield from _fresh_database(pg_cluster_factory.get(request.param, **RESTARTABLE_SETTINGS))
+
+
+def _fresh_database(cluster: pgcluster.Cluster) -> Iterator[Database]:
     name = f"t_{uuid.uuid4().hex[:12]}"
-    pg.create_database(name)
-    yield Database(pg, name)
-    pg.drop_database(name)
+    cluster.create_database(name)
+    yield Database(cluster, name)
+    cluster.drop_database(name)
 
 
 def connection_settings(db: Database, user: str | None = None,
