@@ -304,6 +304,21 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
             wait_for(lambda: _firing(alerts, "LakeslotNotReady", scrape(url)) == {INGESTION: 0},
                      "the not-Ready alert's expression true once the apply job failed", deadline=RETRY_DEADLINE_S)
             assert reader.poll() is None, (tmp_path / "reader.log").read_text()[-3000:]
+
+            # 6. The reader stops and the source writes past max_slot_wal_keep_size: at the next
+            #    checkpoint PostgreSQL removes the slot's WAL (wal_status lost), a definite error.
+            reader.send_signal(signal.SIGTERM)
+            assert reader.wait(60) == 0, (tmp_path / "reader.log").read_text()[-3000:]
+            reader = None
+            _keep_slot_wal(pgdb, "1MB")
+            with pgdb.connect() as conn:
+                conn.execute("UPDATE accounts SET note = repeat('z', 400)")
+                conn.execute("SELECT pg_switch_wal()")
+                conn.execute("CHECKPOINT")
+            wait_for(lambda: _firing(alerts, "LakeslotWalUnreserved", scrape(url)) == {INGESTION: 1},
+                     "the WAL-unreserved alert's expression true once the slot lost its WAL")
+            wait_for(lambda: _firing(alerts, "LakeslotDefiniteError", scrape(url)) == {INGESTION: 1},
+                     "the definite-error alert's expression true (SlotLost)", deadline=RETRY_DEADLINE_S)
     finally:
         if reader is not None:
             reader.send_signal(signal.SIGTERM)
