@@ -158,7 +158,7 @@ def test_a_run_starting_while_status_checks_is_not_refused(tmp_path, monkeypatch
     test polled run_active while its run started). The check here ends while the start waits."""
     fd = os.open(tmp_path / "run.lock", os.O_RDONLY | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_SH)  # a check in progress
-    waits = []
+    waits: list[float] = []
 
     def check_ends(seconds: float) -> None:
         if not waits:

@@ -253,6 +253,7 @@ def test_a_table_created_while_the_run_streams_reaches_the_mirror_without_a_rest
                                   selection_interval=1.0)
     assert [c for c in copies if LATE in c] == [(LATE,)]  # app.late was copied once, alone
     assert len(held) == 2 and "joined the publication again" in held[1]  # the first: initial
+    assert status is not None
     rows = {TableName(r.schema_name, r.name): r for r in status.tables}
     assert rows[LATE].state == rows[STEADY].state == "Streaming"
     assert rows[KEYLESS].state == "Failed" and "no primary key" in rows[KEYLESS].message
