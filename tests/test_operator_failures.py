@@ -189,6 +189,31 @@ def test_a_child_a_concurrent_reconcile_created_first_is_not_an_error(api):
     assert list(env.spark_applications(api)) == [app["metadata"]["name"]]
 
 
+def test_a_replace_that_loses_a_race_with_a_status_write_is_retried_at_once(api):
+    """The spark-operator writes an application's status between the operator's read and its
+    replace: the replace is a 409 Conflict (stale resourceVersion), and ensure reads again and
+    writes, instead of leaving the change to kopf's retry a minute later."""
+    ingestion = PostgresIngestion.model_validate(apply_edits(base_document(), ()))
+    app = children.apply_application(ingestion, "uid", children.OperatorConfig(), ["--x"])
+    assert Kube(api).ensure(app) is True
+    changed = children.apply_application(ingestion, "uid", children.OperatorConfig(), ["--y"])
+    raced: list[str] = []
+
+    class StatusWrittenAfterTheRead(Kube):
+        def get_spark_application(self, namespace: str, name: str) -> dict | None:
+            live = super().get_spark_application(namespace, name)
+            if not raced:
+                raced.append(name)
+                env.set_spark_state(api, name, "RUNNING")  # the spark-operator's write
+            return live
+
+    assert StatusWrittenAfterTheRead(api).ensure(changed) is True
+    assert raced == [app["metadata"]["name"]]
+    live = env.spark_applications(api)[app["metadata"]["name"]]
+    assert live["spec"]["arguments"] == changed["spec"]["arguments"]
+    assert live["status"]["applicationState"]["state"] == "RUNNING"
+
+
 # The pure decisions ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("status", "refused"), [

@@ -7,8 +7,10 @@ Invariants:
   adds defaults to every object, so comparing live specs would rewrite children forever; and
   rewriting a running SparkApplication makes the spark-operator kill and resubmit it (FACTS.md).
 - A changed child is replaced whole (PUT with its resourceVersion), so fields removed from the
-  desired object are removed from the live one; a concurrent change makes the PUT fail with
-  409 and kopf retries the reconcile. A create answered 409 (AlreadyExists: a concurrent
+  desired object are removed from the live one; a concurrent change (the spark-operator writes
+  an application's status all the time) makes the PUT fail with 409 Conflict: the child is read
+  and compared again, at once, up to :data:`REPLACE_ATTEMPTS` times, and only then is the error
+  left to kopf's retry (a minute later). A create answered 409 (AlreadyExists: a concurrent
   reconcile, e.g. the timer's, created it first under the same deterministic name) is not an
   error: the next reconcile compares it like any live child.
 - Jobs (the verification's) are created once and never replaced (:meth:`Kube.create_job`): a
@@ -31,6 +33,7 @@ from lakeslot.api.models import SecretKeyRef
 
 HASH_ANNOTATION = "lakeslot.io/spec-hash"
 SPARK = ("sparkoperator.k8s.io", "v1beta2", "sparkapplications")
+REPLACE_ATTEMPTS = 3  # read-compare-replace rounds before a 409 Conflict goes to kopf's retry
 
 
 def desired_hash(obj: Mapping) -> str:
@@ -115,6 +118,18 @@ class Kube:
         obj = json.loads(json.dumps(obj))
         digest = desired_hash(obj)
         obj["metadata"].setdefault("annotations", {})[HASH_ANNOTATION] = digest
+        attempt = 1
+        while True:
+            try:
+                return self._ensure_once(obj, digest)
+            except ApiException as e:
+                if e.status != 409 or attempt >= REPLACE_ATTEMPTS:
+                    raise
+                attempt += 1
+
+    def _ensure_once(self, obj: dict, digest: str) -> bool:
+        """One read-compare-write; a replace that lost a race with another writer (the
+        spark-operator updates an application's status all the time) is a 409 Conflict."""
         namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
         spark = obj["kind"] == "SparkApplication"
         live = self.get_spark_application(namespace, name) if spark else \
