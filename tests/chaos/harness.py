@@ -1,0 +1,372 @@
+"""The chaos suite's parts: ``lakeslot run`` under a supervisor, a seeded concurrent workload, and
+the faults injected into them.
+
+- :class:`Supervisor` keeps one ``lakeslot run`` (a real process) running the way systemd or
+  Kubernetes would: whenever it exits it is started again. Every exit is recorded; a run may
+  exit by itself only where the fault says so (exit 1 after its Spark JVM was killed: a session
+  cannot be revived in-process) — any other exit fails the test, since every other fault here is
+  one the run must ride out, and none destroys data or changes the source's shape. A thread
+  records every process below the run while it lives, so that the test can check that none of
+  them outlives it — not even after ``kill -9``.
+- :class:`Writer` runs :class:`ChaosWorkload` in a thread: the apply tests' workload (a TOASTed
+  table with an odd name, key updates, a keyless ``REPLICA IDENTITY FULL`` table) plus
+  transactions rolled back whole or to a savepoint, and large transactions on ``accounts``. A
+  fault that breaks its connection (a restart, the source down) makes it reconnect and go on; the
+  transaction in flight is lost to the source as well, so the source stays the truth.
+- :data:`FAULTS` by name (:func:`inject`). A fault's timing and length come from the seeded
+  random: the delay before it, and for outages how long they last. Those are the faults' own
+  parameters, not waits for the system to settle; every wait *for* something polls its condition
+  with a deadline.
+
+A seed reproduces the workload's choices, the order of faults and their timing parameters; the
+interleaving with the pipeline's own timing (where in a pass a kill lands) varies from run to run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psycopg
+from psycopg import Rollback
+
+from lakeslot import pgcluster
+from lakeslot.local import state
+from lakeslot.local.tree import alive, descendants
+from tests.support import apply_workload
+from tests.support import local_support as ls
+from tests.support.fixtures_pg import Database
+from tests.support.waiting import wait_for
+
+ACCOUNTS_ROWS = 5_000
+LARGE_TRANSACTION_ROWS = 3_000  # rows one large transaction changes (many segments' worth)
+STOP_DEADLINE_S = 180  # a SIGTERMed run stops within this (it finishes an apply pass first)
+SPARK_JVM = b"org.apache.spark.deploy.SparkSubmit"
+PACE_S = 0.05  # between two units of work: the writer leaves the 2 cores to the pipeline too
+
+
+class ChaosWorkload(apply_workload.Workload):
+    """The apply tests' workload plus rollbacks, savepoints and large transactions."""
+
+    def rolled_back(self) -> None:
+        """A transaction that changes rows and is rolled back whole: nothing of it is streamed."""
+        with self.conn.transaction():
+            self.transaction(self.rng.randint(1, 3))
+            raise Rollback
+
+    def savepoints(self) -> None:
+        """Changes, a savepoint whose changes are rolled back, more changes, committed."""
+        with self.conn.transaction():
+            self.update_small()
+            with self.conn.transaction():  # a savepoint
+                self.insert()
+                self.update_key()
+                raise Rollback  # to the savepoint only
+            self.update_keyless()
+            self.insert()
+
+    def large(self) -> None:
+        """One transaction changing thousands of accounts rows (and a TOASTed row)."""
+        start = self.rng.randint(1, ACCOUNTS_ROWS - LARGE_TRANSACTION_ROWS)
+        with self.conn.transaction():
+            self.conn.execute("UPDATE accounts SET balance = balance + 1, changed = now() "
+                              "WHERE id BETWEEN %s AND %s",
+                              (start, start + LARGE_TRANSACTION_ROWS - 1))
+            self.update_big()
+
+    def step(self) -> None:
+        """One random unit of work."""
+        roll = self.rng.random()
+        if roll < 0.01:
+            self.large()
+        elif roll < 0.10:
+            self.rolled_back()
+        elif roll < 0.18:
+            self.savepoints()
+        else:
+            self.transaction(self.rng.randint(1, 4))
+
+
+def create_tables(conn) -> None:
+    apply_workload.create_tables(conn, rows=200)
+    ls.create_accounts(conn, ACCOUNTS_ROWS)
+
+
+class Writer:
+    """:class:`ChaosWorkload` in a thread until :meth:`stop` (which re-raises its error)."""
+
+    def __init__(self, db, seed: int) -> None:
+        self.db, self.rng = db, random.Random(seed)
+        self.stopping = threading.Event()
+        self.done = self.lost = 0  # units committed (or rolled back on purpose); lost to faults
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="chaos-writer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        workload: ChaosWorkload | None = None
+        try:
+            while not self.stopping.is_set():
+                try:
+                    if workload is None:
+                        workload = ChaosWorkload(self.db.connect(), self.rng)
+                    workload.step()
+                    self.done += 1
+                    self.stopping.wait(PACE_S)
+                except psycopg.OperationalError:  # the source restarts or is down: reconnect
+                    self.lost += 1
+                    if workload is not None:
+                        with contextlib.suppress(psycopg.Error):
+                            workload.conn.close()
+                    workload = None
+                    self.stopping.wait(0.2)  # the pace of reconnection attempts
+        except BaseException as e:  # noqa: BLE001 - re-raised by stop()
+            self.error = e
+        finally:
+            if workload is not None:
+                workload.conn.close()
+
+    def stop(self) -> int:
+        self.stopping.set()
+        self.thread.join(120)
+        assert not self.thread.is_alive(), "the writer did not stop"
+        if self.error is not None:
+            raise self.error
+        return self.done
+
+
+@dataclass
+class Supervisor:
+    """One ``lakeslot run`` kept running (see the module docstring)."""
+
+    path: Path
+    db: Database
+    state_dir: Path
+    log: Path
+    process: subprocess.Popen | None = None
+    exits: Counter = field(default_factory=Counter)  # exit code → how often
+    expected: set[int] = field(default_factory=set)  # exit codes the current fault may cause
+    seen: set[int] = field(default_factory=set)  # every process ever seen below a run
+    _sampling: threading.Event = field(default_factory=threading.Event)
+
+    def start(self) -> None:
+        self.process = ls.spawn_run(self.path, self.db, self.state_dir, self.log)
+        if not hasattr(self, "_sampler"):
+            self._sampler = threading.Thread(target=self._sample, daemon=True)
+            self._sampler.start()
+
+    def _sample(self) -> None:
+        while not self._sampling.wait(0.3):
+            process = self.process
+            if process is not None and process.poll() is None:
+                self.seen |= descendants(process.pid)
+
+    @property
+    def run(self) -> subprocess.Popen:
+        assert self.process is not None
+        return self.process
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+    def ensure_running(self) -> bool:
+        """Start the run again if it exited (recording how); True (for use in wait_for)."""
+        code = self.run.poll()
+        if code is not None:
+            self._exited(code)
+            self.start()
+        return True
+
+    def _exited(self, code: int) -> None:
+        """The run exited by itself: only as the current fault says it may (a dead Spark JVM:
+        exit 1, for a supervisor to start it again); anything else is a failure."""
+        self.exits[code] += 1
+        assert code in self.expected, f"lakeslot run exited {code} by itself:\n{self.tail()}"
+        self.expected.discard(code)
+
+    def replace(self, stop: Callable[[subprocess.Popen], int]) -> int:
+        """Stop the run with ``stop`` (returns its exit code), record it, start a new one."""
+        self.seen |= descendants(self.run.pid)
+        code = stop(self.run)
+        self.exits[code] += 1
+        self.start()
+        return code
+
+    def finish(self) -> None:
+        """SIGTERM the run: it must exit 0."""
+        if self.run.poll() is None:
+            self.seen |= descendants(self.run.pid)
+            self.run.send_signal(signal.SIGTERM)
+            assert self.run.wait(STOP_DEADLINE_S) == 0, self.tail()
+
+    def once(self, deadline: float) -> int:
+        """``lakeslot run --once`` (catch up, then exit), its processes sampled too."""
+        self.process = ls.spawn_run(self.path, self.db, self.state_dir, self.log, "--once")
+        try:
+            return self.process.wait(deadline)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise AssertionError(f"lakeslot run --once did not finish:\n{self.tail()}") from None
+
+    def close(self) -> None:
+        """Stop sampling (after the last run)."""
+        self._sampling.set()
+
+    def current_reader(self) -> int:
+        """The pid of this run's reader once it runs (0 until then)."""
+        info = state.read_run(self.state_dir)
+        pid = info.get("readerPid")
+        if info.get("pid") == self.run.pid and isinstance(pid, int) and alive({pid}):
+            return pid
+        return 0
+
+    def spark_jvm(self) -> int:
+        """The pid of this run's Spark JVM once it runs (0 until then)."""
+        for pid in sorted(descendants(self.run.pid)):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if SPARK_JVM in f.read():
+                        return pid
+            except OSError:
+                continue
+        return 0
+
+
+# the faults ---------------------------------------------------------------------------------
+
+@dataclass
+class Context:
+    supervisor: Supervisor
+    cluster: pgcluster.Cluster
+    slot: str
+    staging: Path
+    wal_sender_timeout_s: float
+    rng: random.Random
+
+
+def _sigkill(process: subprocess.Popen) -> int:
+    process.send_signal(signal.SIGKILL)
+    return process.wait()
+
+
+def _sigterm(process: subprocess.Popen) -> int:
+    process.send_signal(signal.SIGTERM)
+    code = process.wait(STOP_DEADLINE_S)
+    assert code == 0, f"a SIGTERMed run must stop cleanly (exit 0), got {code}"
+    return code
+
+
+def kill_run(c: Context) -> str:
+    c.supervisor.replace(_sigkill)
+    return "SIGKILL of lakeslot run"
+
+
+def sigterm_run(c: Context) -> str:
+    c.supervisor.replace(_sigterm)
+    return "SIGTERM of lakeslot run"
+
+
+def kill_reader(c: Context) -> str:
+    pid = wait_for(c.supervisor.current_reader, "the run's reader", deadline=120)
+    os.kill(pid, signal.SIGKILL)
+    return f"SIGKILL of the reader (pid {pid})"
+
+
+def kill_spark_jvm(c: Context) -> str:
+    pid = wait_for(c.supervisor.spark_jvm, "the run's Spark JVM", deadline=120)
+    c.supervisor.expected = {1}  # the run cannot revive its session: it exits 1
+    os.kill(pid, signal.SIGKILL)
+    return f"SIGKILL of the Spark JVM (pid {pid})"
+
+
+def terminate_walsender(c: Context) -> str:
+    def holder() -> int:
+        with c.cluster.connect() as conn:
+            row = conn.execute("SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s",
+                               (c.slot,)).fetchone()
+        return row[0] if row and row[0] else 0
+
+    pid = wait_for(holder, "the walsender holding the slot", deadline=120)
+    with c.cluster.connect() as conn:
+        conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    return f"pg_terminate_backend of the walsender (pid {pid})"
+
+
+def restart_fast(c: Context) -> str:
+    c.cluster.restart("fast")
+    return "PostgreSQL fast restart"
+
+
+def restart_immediate(c: Context) -> str:
+    c.cluster.restart("immediate")
+    return "PostgreSQL immediate restart (crash recovery)"
+
+
+def source_down(c: Context) -> str:
+    """The source stopped for longer than wal_sender_timeout."""
+    seconds = c.rng.uniform(1.2, 2.5) * c.wal_sender_timeout_s
+    c.cluster.stop("fast")
+    try:
+        time.sleep(seconds)  # the outage's length (a fault parameter)
+    finally:
+        c.cluster.resume()
+    return f"source down for {seconds:.1f} s"
+
+
+def reader_frozen(c: Context) -> str:
+    """The reader stops answering (a network partition, seen from PostgreSQL): SIGSTOP until the
+    walsender gave up on it after wal_sender_timeout, then SIGCONT."""
+    pid = wait_for(c.supervisor.current_reader, "the run's reader", deadline=120)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        wait_for(lambda: _slot_released(c), "the walsender to time out on the frozen reader",
+                 deadline=c.wal_sender_timeout_s * 6)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    return f"reader frozen (SIGSTOP) past wal_sender_timeout (pid {pid})"
+
+
+def _slot_released(c: Context) -> bool:
+    with c.cluster.connect() as conn:
+        row = conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
+                           (c.slot,)).fetchone()
+    return row is not None and not row[0]
+
+
+def staging_unwritable(c: Context) -> str:
+    """The staging directory immutable (``chattr +i``: even root cannot create, rename or
+    delete in it) for a while: seals and retention fail, reads go on."""
+    seconds = c.rng.uniform(3, 10)
+    subprocess.run(["chattr", "+i", str(c.staging)], check=True)
+    try:
+        time.sleep(seconds)  # the outage's length (a fault parameter)
+    finally:
+        subprocess.run(["chattr", "-i", str(c.staging)], check=True)
+    return f"staging unwritable for {seconds:.1f} s"
+
+
+FAULTS: dict[str, Callable[[Context], str]] = {f.__name__: f for f in (
+    kill_run, kill_reader, kill_spark_jvm, sigterm_run, terminate_walsender, restart_fast,
+    restart_immediate, source_down, reader_frozen, staging_unwritable)}
+
+
+def schedule(rng: random.Random, rounds: int, offset: int,
+             only: list[str] | None = None) -> list[str]:
+    """The fault of each round: every kind (of ``only``, default all) once per that many rounds,
+    in a seeded order, starting at ``offset`` (so two short runs with offsets 0 and len/2 cover
+    every kind)."""
+    kinds = sorted(only or FAULTS)
+    assert set(kinds) <= set(FAULTS), f"unknown faults: {set(kinds) - set(FAULTS)}"
+    rng.shuffle(kinds)
+    return [kinds[(offset + i) % len(kinds)] for i in range(rounds)]
+
