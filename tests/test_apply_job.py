@@ -13,6 +13,7 @@ import threading
 import pytest
 from psycopg import sql
 
+from lakeslot.apply import job as apply_job
 from lakeslot.apply import spread
 from lakeslot.apply.job import Hooks
 from lakeslot.apply.spread import routes
@@ -20,7 +21,13 @@ from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.contract import ERROR_PROPERTY, RESNAPSHOT_PROPERTY
 from lakeslot.source.tables import TableName
 from lakeslot.staging.store import Staging
-from tests.support.apply_support import Pipeline, lsn_now, source_rows, workload_pipeline
+from tests.support.apply_support import (
+    Pipeline,
+    assert_mirror_equals_source,
+    lsn_now,
+    source_rows,
+    workload_pipeline,
+)
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN, Workload, create_tables
 from tests.support.snapshot_helpers import mirror_rows
 from tests.test_typemap import T, _columns, _create, _equal
@@ -423,3 +430,39 @@ def test_columns_added_with_a_default_get_it_in_existing_rows_even_after_a_crash
     names, rows = _source(pipeline, table, "id")
     assert pipeline.mirror_rows(table, names, "id") == rows
     assert [r[names.index("n")] for r in rows][:3] == [pytest.approx(1.5), 9, pytest.approx(1.5)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("restartable_pgdb", ["pg18"], indirect=True)
+def test_a_postgresql_restart_between_passes_is_ridden_out(restartable_pgdb, spark, spark_warehouse,
+                                                           iceberg_namespace, tmp_path,
+                                                           monkeypatch):
+    """The long-running apply job's source connection dies with PostgreSQL restarting between
+    two passes; the next pass reconnects (reading lakeslot's DDL messages is retried like a
+    table's work) instead of the job failing with AdminShutdown — the chaos suite found it."""
+    db = restartable_pgdb
+    pipeline = workload_pipeline(spark, spark_warehouse, iceberg_namespace, db, tmp_path,
+                                 monkeypatch, apply={"triggerIntervalSeconds": 1})
+    pipeline.start_slot()
+    pipeline.snapshot()
+    with db.connect() as conn:
+        Workload(conn, random.Random(31)).run(4)
+    pipeline.seal()
+    stop, passes = threading.Event(), []
+
+    def point(name, _table):
+        if name != "after-tables":
+            return
+        passes.append(name)
+        if len(passes) == 1:  # the pass used the connection; PostgreSQL restarts under it
+            db.cluster.restart()
+            with db.connect() as conn:
+                Workload(conn, random.Random(32)).run(4)
+            pipeline.seal()
+        else:
+            stop.set()
+
+    result = apply_job.run(spark, pipeline.job_input(), once=False, stop=stop, hooks=Hooks(point))
+    assert len(passes) == 2 and result.ok, result.tables
+    for table in (MAIN, KEYLESS):
+        assert_mirror_equals_source(pipeline, spark_warehouse, table)

@@ -317,7 +317,11 @@ class Applier:
         self.hooks("batch-read")
         planned: dict[TableName, _Planned] = {}
         with steps("plan"):
-            self._read_events(batch)
+            read = self._retried("reading lakeslot's DDL messages",
+                                 functools.partial(self._read_events, batch))
+            if isinstance(read, _Exhausted):  # (the source is down: nothing can be planned)
+                outcomes.update((t, self._retrying(t, read.error)) for t in states)
+                states = {}
             for table, state in states.items():
                 plan = self._attempt(table, functools.partial(self._plan, table, state, batch))
                 if isinstance(plan, _Planned):
@@ -363,10 +367,14 @@ class Applier:
             return self._fail(table, str(e), getattr(e, "resnapshot", True),
                               getattr(e, "automatic", False))
         if isinstance(result, _Exhausted):
-            target = self.job.names.mirror_table(table)
-            return TableOutcome(table, target, "retrying", self._lsn_or_none(target),
-                                error=result.error)
+            return self._retrying(table, result.error)
         return result
+
+    def _retrying(self, table: TableName, error: str) -> TableOutcome:
+        """The outcome of a table whose work failed transiently every time: the next pass
+        tries again."""
+        target = self.job.names.mirror_table(table)
+        return TableOutcome(table, target, "retrying", self._lsn_or_none(target), error=error)
 
     def _retried(self, what: str, action: Callable[[], T]) -> T | _Exhausted:
         """``action``, retried ``max_attempts`` times with backoff while it fails transiently."""
@@ -477,10 +485,7 @@ class Applier:
             spread.reduce, self.spark, self.spec.staging.uri, batch, configs))
         if not isinstance(reduced, _Exhausted):
             return reduced
-        for config in configs:
-            target = self.job.names.mirror_table(config.table)
-            outcomes[config.table] = TableOutcome(config.table, target, "retrying",
-                                                  self._lsn_or_none(target), error=reduced.error)
+        outcomes.update((c.table, self._retrying(c.table, reduced.error)) for c in configs)
         return None
 
     def _apply(self, table: TableName, planned: _Planned, batch: spread.Batch,
