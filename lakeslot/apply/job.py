@@ -834,16 +834,14 @@ class Applier:
         """Expire old snapshots of the tables this pass committed to, at most once per
         ``expire_interval_s`` each, by the tables' own ``history.expire.*`` properties (Iceberg's
         default: older than 5 days, keeping the last). Failures only log: the data is safe."""
-        now = time.monotonic()
         for target in self._targets(outcomes):
-            if now - self._expired.get(target, -math.inf) < self.expire_interval_s:
+            if not _first_within(self._expired, target, self.expire_interval_s):
                 continue
             try:
                 self.tables.expire_snapshots(target)
             except TRANSIENT as e:
                 log.warning("%s: expiring old snapshots failed (retried later): %s", target,
                             error_summary(e))
-            self._expired[target] = now
 
     def _maintain(self, outcomes: tuple[TableOutcome, ...]) -> None:
         """Compaction and clean-up where due (:mod:`lakeslot.mirror.maintenance`), table after
@@ -851,12 +849,10 @@ class Applier:
         Failures only log (and are recorded on the table): the data is safe."""
         deadline = time.monotonic() + self.spec.sink.maintenance.budget_seconds
         for target in self._targets(outcomes):
-            now = time.monotonic()
-            if not self.spec.sink.maintenance.enabled or now >= deadline:
+            if not self.spec.sink.maintenance.enabled or time.monotonic() >= deadline:
                 return
-            if now - self._looked.get(target, -math.inf) < MAINTENANCE_LOOK_S:
+            if not _first_within(self._looked, target, MAINTENANCE_LOOK_S):
                 continue  # (a look loads the table: not on every pass of a fast trigger)
-            self._looked[target] = now
             try:
                 self.maintainer.maintain(self.tables.iceberg_table(target), target)
             except TRANSIENT as e:
@@ -894,6 +890,16 @@ class Applier:
             "segmentsDeleted": result.deleted,
             "tables": [t.document() for t in result.tables]}
         self.staging.write_apply_status(document)
+
+
+def _first_within(marks: dict[str, float], key: str, interval_s: float) -> bool:
+    """Whether ``key`` was last marked ``interval_s`` or longer ago (or never); if so, marks it
+    now (monotonic time)."""
+    now = time.monotonic()
+    if now - marks.get(key, -math.inf) < interval_s:
+        return False
+    marks[key] = now
+    return True
 
 
 def _position(state: TableState) -> int:

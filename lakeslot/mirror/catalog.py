@@ -185,7 +185,7 @@ class MirrorWrite:
         self._txn.commitTransaction()
 
 
-def _position(table) -> int | None:
+def position_of(table) -> int | None:
     """The ``lakeslot.lsn`` of the Java ``table``'s current snapshot; a ``replace`` snapshot
     without one (a compaction lakeslot did not run) has its parent's (as
     :func:`lakeslot.mirror.progress.position`)."""
@@ -266,7 +266,7 @@ class Tables(Catalog):
         loaded = self.iceberg_table(table)
         schema = Schema.model_validate_json(
             self._jvm.org.apache.iceberg.SchemaParser.toJson(loaded.schema()))
-        return TableState(_position(loaded), schema, dict(loaded.properties()))
+        return TableState(position_of(loaded), schema, dict(loaded.properties()))
 
     def create(self, table: str, schema: Schema, properties: dict[str, str], lsn: int) -> None:
         """Create the table empty, at position ``lsn``, in one commit."""
@@ -278,7 +278,7 @@ class Tables(Catalog):
         self.iceberg_table(table).newAppend().set(LSN_PROPERTY, str(lsn)).commit()
 
     def lsn(self, table: str) -> int | None:
-        return _position(self.iceberg_table(table))
+        return position_of(self.iceberg_table(table))
 
     def evolve(self, table: str, add: list[tuple[str, IcebergType]],
                promote: list[tuple[str, IcebergType]] | None = None,

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lakeslot.api.models import MaintenanceSpec
+from lakeslot.mirror.catalog import position_of
 from lakeslot.mirror.contract import (
     LSN_PROPERTY,
     MAINTENANCE_AT_PROPERTY,
@@ -146,7 +147,8 @@ class Maintainer:
         work = due(Health.of(summary), last, self.spec, target, now)
         if not work:
             return None
-        lsn = summary.get(LSN_PROPERTY)
+        position = position_of(table)  # (a foreign compaction on top keeps its parent's)
+        lsn = None if position is None else str(position)
         started, done = time.monotonic(), []
         try:
             done.append(self._compact(table, lsn, work.why))
@@ -180,8 +182,8 @@ class Maintainer:
         if manifests > MANIFESTS_PER_SNAPSHOT:
             rewritten = self._tagged(self._actions.rewriteManifests(table), lsn,
                                      "manifests").execute()
-            text += (f", {_size(self._jvm, rewritten.rewrittenManifests())} manifests rewritten "
-                     f"into {_size(self._jvm, rewritten.addedManifests())}")
+            text += (f", {_size(rewritten.rewrittenManifests())} manifests rewritten "
+                     f"into {_size(rewritten.addedManifests())}")
         return text
 
     def _drop_dangling_deletes(self, table, lsn: str | None) -> int:
@@ -225,7 +227,7 @@ class Maintainer:
     def _remove_orphans(self, table, now: float) -> str:
         older_than = int((now - self.spec.orphan_file_age_hours * 3600) * 1000)
         result = self._actions.deleteOrphanFiles(table).olderThan(older_than).execute()
-        return f"{_size(self._jvm, result.orphanFileLocations())} orphan files removed"
+        return f"{_size(result.orphanFileLocations())} orphan files removed"
 
     def _record(self, table, outcome: str, at: float, *, orphans: bool = False) -> None:
         update = (table.updateProperties().set(MAINTENANCE_PROPERTY, outcome)
@@ -242,9 +244,8 @@ def _each(iterable):
         yield iterator.next()
 
 
-def _size(jvm, iterable) -> int:
-    """The size of a Java ``Iterable`` (py4j does not iterate those)."""
-    return jvm.org.apache.iceberg.relocated.com.google.common.collect.Iterables.size(iterable)
+def _size(iterable) -> int:
+    return sum(1 for _ in _each(iterable))
 
 
 def _stamp(at: float) -> str:
