@@ -61,7 +61,9 @@ def _run(args: argparse.Namespace) -> int:
     interactive = sys.stderr.isatty() and not args.plain
     run.configure_logging(local, interactive=interactive)
     try:
-        result = run.run(local, run.Options(once=args.once, interactive=interactive))
+        result = run.run(local, run.Options(once=args.once, interactive=interactive,
+                                            metrics_port=args.metrics_port,
+                                            metrics_host=args.metrics_host))
     except state.AlreadyRunning as e:
         print(f"lakeslot run: {e}", file=sys.stderr)
         return EXIT_FAILED
@@ -306,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="exit once caught up with the source's current LSN (taken when streaming starts)")
     p.add_argument("--plain", action="store_true",
                    help="log lines instead of the live display, even on a terminal")
+    p.add_argument("--metrics-port", type=int, metavar="N",
+                   help="serve the ingestion's Prometheus metrics (the operator's gauges) on "
+                   "http://HOST:N/metrics")
+    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                   help="the address --metrics-port binds (default 127.0.0.1; 0.0.0.0: every "
+                   "interface)")
     p.set_defaults(func=_run)
 
     p = sub.add_parser(

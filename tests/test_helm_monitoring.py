@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from lakeslot.ingestion_metrics import GAUGES, PREFIX
 from lakeslot.reader.metrics import Metrics
 from lakeslot_operator import children
-from lakeslot_operator.metrics import GAUGES, PREFIX, OperatorMetrics
+from lakeslot_operator.metrics import OperatorMetrics
 from tests.support import chart, promql
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -21,13 +21,14 @@ import pytest
 from lakeslot import workloads
 from lakeslot.api.models import Condition, PostgresIngestionStatus, ReaderStatus, SlotStatus, TableStatus
 from lakeslot.apply import job as apply_job
+from lakeslot.ingestion_metrics import Sample, samples
 from lakeslot.local import reader_process
 from lakeslot.pgcluster import free_port
 from lakeslot.source import connection
 from lakeslot.staging.store import Staging
 from lakeslot_operator.handlers import build_registry
 from lakeslot_operator.kube import Kube
-from lakeslot_operator.metrics import OperatorMetrics, Sample, samples
+from lakeslot_operator.metrics import OperatorMetrics
 from lakeslot_operator.reconcile import Context
 from tests.support import chart, promql
 from tests.support import local_support as ls

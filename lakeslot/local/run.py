@@ -62,6 +62,16 @@ at most 30 s) while the run keeps supervising; :data:`APPLY_RESTARTS` such failu
 without a finished pass, any other error, or the Spark JVM gone (a session cannot be revived in
 this process) end the run with exit 1 — a supervisor's restart resumes it.
 
+Metrics (``--metrics-port``, :attr:`Options.metrics_port`): ``/metrics`` serves the operator's
+gauges of the ingestion (:mod:`lakeslot.ingestion_metrics`: slot, lag, freshness, conditions, per
+table), labelled with the ingestion file's namespace and name, computed from the status each
+supervision tick computes (every ``Options.interval`` seconds) and the jobs' documents — what
+``lakeslot status`` prints, in numbers. A tick whose status cannot be computed keeps the last
+values; none refreshed for :data:`~lakeslot.ingestion_metrics.MAX_AGE_S` disappear. The
+operator's counters (reconciles, evictions) and the reader's own metrics are not served: a
+local run has no reconcile, and its reader runs without a port (two runs would fight over it).
+A port that cannot be bound fails the run before anything starts (exit 2).
+
 Exit codes: 0 stopped cleanly or caught up (``--once``); 1 failed (connection, Spark, the
 reader kept failing), retrying later may help; 2 bad input (file, secrets; nothing was started);
 3 a definite error that needs a human (the message and ``lakeslot status`` say what to do).
@@ -83,11 +93,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TextIO
 
-from lakeslot import control, resnapshot
+from lakeslot import control, ingestion_metrics, metrics_http, resnapshot
 from lakeslot import lsn as lsnlib
 from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestionStatus, TableStatus
-from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
+from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lakeslot.local import observe, reader_process, state, tree
 from lakeslot.local.config import Local
 from lakeslot.local.display import Display
@@ -95,6 +105,8 @@ from lakeslot.source import connection
 from lakeslot.source.tables import TableName
 
 if TYPE_CHECKING:  # pyspark is imported only once a run needs Spark
+    from wsgiref.simple_server import WSGIServer
+
     import psycopg
     from pyspark.sql import SparkSession
 
@@ -126,6 +138,8 @@ class Options:
     spark: SparkSession | None = None  # an existing session (kept running at the end)
     out: TextIO | None = None  # where progress goes; default stderr
     interactive: bool | None = None  # redraw in place; default: out is a terminal
+    metrics_port: int | None = None  # serve /metrics on this port (0: any free port)
+    metrics_host: str = "127.0.0.1"
 
 
 @dataclass
@@ -265,10 +279,14 @@ class _Session:
         self._fingerprint: tuple | None = None
         self._checked_at = time.monotonic()
         self._watch: psycopg.Connection | None = None
+        self.gauges: ingestion_metrics.Gauges | None = None
+        self.metrics_server: WSGIServer | None = None
 
     # the steps ---------------------------------------------------------------------------
 
     def execute(self) -> None:
+        if self.options.metrics_port is not None:
+            self._serve_metrics(self.options.metrics_port)
         tables, below = self._control()
         self._stop_orphaned_reader()
         self._start_reader()
@@ -288,6 +306,34 @@ class _Session:
                                  self._snapshot_failures(tables), [])
         self._phase("apply", lambda: self._apply(streaming))
         self.caught_up = self.options.once and not self.stop.is_set()
+
+    def _serve_metrics(self, port: int) -> None:
+        from prometheus_client import CollectorRegistry, make_wsgi_app
+
+        self.gauges = ingestion_metrics.Gauges()
+        registry = CollectorRegistry()
+        registry.register(self.gauges)
+        try:
+            self.metrics_server = metrics_http.serve(
+                make_wsgi_app(registry), port, self.options.metrics_host, "lakeslot-run-metrics")
+        except OSError as e:
+            raise RunFailed(EXIT_USAGE, f"cannot serve metrics on {self.options.metrics_host}:"
+                            f"{port}: {e.strerror or e}") from e
+        log.info("metrics on http://%s:%d/metrics", self.options.metrics_host,
+                 self.metrics_server.server_port)
+
+    def _export(self, status: PostgresIngestionStatus) -> None:
+        """The status (and the jobs' documents) into the served gauges."""
+        if self.gauges is None:
+            return
+        names = self.job.names
+        try:
+            apply_pass = self.staged.staging.read_apply_status()
+        except (OSError, ValueError):  # unreadable now: its series are left out until it is
+            apply_pass = None
+        self.gauges.set(names.namespace, names.name, ingestion_metrics.samples(
+            status, owner=names.owner, suspended=False, apply_pass=apply_pass,
+            snapshot=observe.snapshot_document(self.local)))
 
     def _control(self) -> tuple[list[TableName], int]:
         report = st.Report(PostgresIngestionStatus(tables=state.read_tables(self.local.state_dir)),
@@ -796,6 +842,7 @@ class _Session:
             log.warning("cannot compute the status: %s", st.first_line(e))
             return
         self._remember_positions(self.last_status)
+        self._export(self.last_status)
         self.display.show(self.last_status, time.monotonic() - self.started, self.target,
                           apply_seconds=self.apply_seconds)
 
@@ -827,6 +874,9 @@ class _Session:
         with contextlib.suppress(Exception):
             self._refresh_final()
         self.display.close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
 
     def _refresh_final(self) -> None:
         activity = observe.Activity(run_active=False, reader_outcome=self.reader.outcome()

@@ -5,17 +5,22 @@ Parsing is PyPI ``promql-parser`` (GreptimeDB's Rust port of Prometheus' own par
 error raises ``ValueError`` as ``promtool check rules`` would report it. :func:`metrics` walks
 the tree for every vector selector (also inside range selectors and function calls).
 
-:func:`evaluate` computes an *instant* expression on a :class:`tests.support.prometheus.Scrape`
-as Prometheus would at one evaluation: vector selectors with matchers (``=``, ``!=``, ``=~``,
-``!~``; regexes anchored like Prometheus'), ``sum``/``max``/``min``/``count`` by or without
-labels, comparisons and arithmetic with a scalar (a comparison filters), and ``and``/``or``/
-``unless`` with ``on(...)``/``ignoring(...)``. Anything else (range selectors, functions) raises
-``NotImplementedError``: such rules need a series over time, which one scrape is not. An alert's
-``for:`` is not evaluated (the test states the condition, not its duration).
+:func:`evaluate` computes an expression as Prometheus would at one evaluation, on a
+:class:`tests.support.prometheus.Scrape` or on a :class:`Timeline` of scrapes (evaluated at the
+time of its last one): vector selectors with matchers (``=``, ``!=``, ``=~``, ``!~``; regexes
+anchored like Prometheus'), ``sum``/``max``/``min``/``count`` by or without labels, comparisons
+and arithmetic with a scalar (a comparison filters), ``and``/``or``/``unless`` with
+``on(...)``/``ignoring(...)``, and on a timeline range selectors (``x[5m]``: the samples of the
+scrapes within the range before the evaluation time) under ``deriv`` (least-squares slope per
+second, series with fewer than two samples dropped) and ``changes`` (how often the value changed).
+Anything else raises ``NotImplementedError``. An instant selector reads the last scrape (no
+lookback of older ones). An alert's ``for:`` is not evaluated (the test states the condition, not
+its duration: ``for:`` is minutes and tests are seconds).
 """
 
 from __future__ import annotations
 
+import itertools
 import operator
 import re
 from collections.abc import Callable, Iterator
@@ -25,6 +30,18 @@ import promql_parser as pp
 from tests.support.prometheus import Labels, Scrape
 
 Vector = dict[Labels, float]
+Matrix = dict[Labels, list[tuple[float, float]]]  # (time, value), oldest first
+
+
+class Timeline(list[tuple[float, Scrape]]):
+    """Scrapes with the (Unix) time each was taken, oldest first."""
+
+    def take(self, scrape: Scrape, at: float) -> Scrape:
+        """Append ``scrape`` taken at ``at``; returns it."""
+        assert not self or at >= self[-1][0], "scrapes are taken in order"
+        self.append((at, scrape))
+        return scrape
+
 _COMPARE: dict[str, Callable[[float, float], bool]] = {
     "==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt,
     ">=": operator.ge, "<=": operator.le}
@@ -58,24 +75,66 @@ def _selectors(node) -> Iterator[pp.VectorSelector]:
         yield from _selectors(node.expr)
 
 
-def evaluate(expr: str, scrape: Scrape) -> Vector | float:
-    """The instant value of ``expr`` on ``scrape`` (a vector: labels without ``__name__``)."""
-    return _eval(parse(expr), scrape)
+def evaluate(expr: str, scrapes: Scrape | Timeline) -> Vector | float:
+    """The value of ``expr`` on one scrape, or on a timeline at the time of its last scrape (a
+    vector: labels without ``__name__``)."""
+    timeline = scrapes if isinstance(scrapes, Timeline) else Timeline([(0.0, scrapes)])
+    assert timeline, "nothing scraped"
+    return _eval(parse(expr), timeline)
 
 
-def _eval(node, scrape: Scrape) -> Vector | float:
+def _select(node: pp.VectorSelector, scrape: Scrape) -> Vector:
+    return {labels: value for (name, labels), value in scrape.items()
+            if name == node.name and all(_matches(m, dict(labels)) for m in node.matchers.matchers)}
+
+
+def _eval(node, timeline: Timeline) -> Vector | float:
     if isinstance(node, pp.NumberLiteral):
         return node.val
     if isinstance(node, pp.ParenExpr):
-        return _eval(node.expr, scrape)
+        return _eval(node.expr, timeline)
     if isinstance(node, pp.VectorSelector):
-        return {labels: value for (name, labels), value in scrape.items()
-                if name == node.name and all(_matches(m, dict(labels)) for m in node.matchers.matchers)}
+        return _select(node, timeline[-1][1])
     if isinstance(node, pp.AggregateExpr):
-        return _aggregate(node, _vector(_eval(node.expr, scrape)))
+        return _aggregate(node, _vector(_eval(node.expr, timeline)))
     if isinstance(node, pp.BinaryExpr):
-        return _binary(node, _eval(node.lhs, scrape), _eval(node.rhs, scrape))
-    raise NotImplementedError(f"not an instant expression on one scrape: {node}")
+        return _binary(node, _eval(node.lhs, timeline), _eval(node.rhs, timeline))
+    if isinstance(node, pp.Call) and node.func.name in _RANGE_FUNCTIONS \
+            and len(node.args) == 1 and isinstance(node.args[0], pp.MatrixSelector):
+        function = _RANGE_FUNCTIONS[node.func.name]
+        return {labels: value for labels, points in _range(node.args[0], timeline).items()
+                if (value := function(points)) is not None}
+    raise NotImplementedError(f"not supported on scrapes: {node}")
+
+
+def _range(node: pp.MatrixSelector, timeline: Timeline) -> Matrix:
+    """The samples of each series within ``node.range`` before the last scrape's time (its
+    start excluded, as in Prometheus)."""
+    now, span = timeline[-1][0], node.range.total_seconds()
+    matrix: Matrix = {}
+    for at, scrape in timeline:
+        if now - span < at <= now:
+            for labels, value in _select(node.vector_selector, scrape).items():
+                matrix.setdefault(labels, []).append((at, value))
+    return matrix
+
+
+def _deriv(points: list[tuple[float, float]]) -> float | None:
+    """Prometheus' ``deriv``: the slope of the least-squares line through the points."""
+    if len(points) < 2:
+        return None
+    mean_t = sum(t for t, _ in points) / len(points)
+    mean_v = sum(v for _, v in points) / len(points)
+    spread = sum((t - mean_t) ** 2 for t, _ in points)
+    return sum((t - mean_t) * (v - mean_v) for t, v in points) / spread if spread else None
+
+
+def _changes(points: list[tuple[float, float]]) -> float:
+    return float(sum(1 for (_, a), (_, b) in itertools.pairwise(points) if a != b))
+
+
+_RANGE_FUNCTIONS: dict[str, Callable[[list[tuple[float, float]]], float | None]] = {
+    "deriv": _deriv, "changes": _changes}
 
 
 def _vector(value: Vector | float) -> Vector:
