@@ -31,7 +31,9 @@ Password and CA
     A table whose snapshot was taken below this LSN is copied again (the operator passes the
     creation LSN of a slot it recreated after the old one was lost).
 ``--progress PATH|URI``
-    Where the progress JSON is written (see ``lakeslot.snapshot.progress``).
+    Where the progress JSON is written (see ``lakeslot.snapshot.progress``). Default:
+    ``snapshot-progress.json`` in staging, where the operator reads it (rows copied and estimated
+    per table, exported as metrics).
 ``--max-attempts N`` (3, at least 1)
     Attempts per range for transient failures.
 ``--master URL``
@@ -46,18 +48,21 @@ from collections.abc import Sequence
 
 from lakeslot import jobs, lsn
 from lakeslot.snapshot import job as snapshot_job
+from lakeslot.snapshot import progress as snapshot_progress
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-snapshot-lsn", type=int, default=0, metavar="N",
                         help="copy again a table whose snapshot was taken below this LSN")
-    parser.add_argument("--progress", metavar="PATH|URI", help="where the progress JSON goes")
+    parser.add_argument("--progress", metavar="PATH|URI",
+                        help="where the progress JSON goes (default: snapshot-progress.json in staging)")
     parser.add_argument("--max-attempts", type=jobs.positive_int, default=3, metavar="N",
                         help="attempts per range for transient failures (default %(default)s)")
 
 
 def _run(spark, job, args: argparse.Namespace, stop) -> snapshot_job.JobResult:
-    return snapshot_job.run(spark, job, progress=args.progress, max_attempts=args.max_attempts,
+    progress = args.progress or snapshot_progress.in_staging(job.ingestion.spec.staging.uri)
+    return snapshot_job.run(spark, job, progress=progress, max_attempts=args.max_attempts,
                             min_snapshot_lsn=args.min_snapshot_lsn)
 
 

@@ -16,6 +16,7 @@ import signal
 import subprocess
 from datetime import UTC, datetime
 
+import kubernetes.client
 import pytest
 
 from lakeslot import workloads
@@ -29,7 +30,8 @@ from lakeslot.staging.store import Staging
 from lakeslot_operator.handlers import build_registry
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.metrics import OperatorMetrics
-from lakeslot_operator.reconcile import Context
+from lakeslot_operator.reconcile import Context, Outcome, reconcile
+from spark_jobs import snapshot as snapshot_entry
 from tests.support import chart, promql
 from tests.support import local_support as ls
 from tests.support import operator_env as env
@@ -126,7 +128,53 @@ def test_series_of_a_deleted_or_silent_ingestion_disappear():
     assert ingestions() == set()
 
 
+def test_the_snapshots_progress_in_numbers():
+    document = {"tables": [
+        {"schema": "public", "name": "a", "state": "copying", "rowsEstimated": 1000, "rowsStaged": 250},
+        {"schema": "public", "name": "b", "state": "committed", "rowsEstimated": None, "rowsStaged": 7},
+        {"schema": "public", "name": "c", "state": "skipped", "rowsEstimated": 5, "rowsStaged": 0}]}
+    got = {(s.metric, s.labels): s.value for s in samples(PostgresIngestionStatus(), owner="shop/orders",
+                                                          suspended=False, snapshot=document)}
+    assert {k: v for k, v in got.items() if k[0].startswith("table_snapshot")} == {
+        ("table_snapshot_rows", ("public.a",)): 250, ("table_snapshot_rows_estimated", ("public.a",)): 1000,
+        ("table_snapshot_rows", ("public.b",)): 7}  # never analyzed: no estimate; skipped: not copied
+
+
 # end to end ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pg", ["pg15"], indirect=True)
+def test_the_snapshot_jobs_rows_reach_the_operators_metrics(api, pgdb, spark, spark_warehouse, tmp_path,
+                                                            monkeypatch):
+    """The snapshot SparkApplication's job, run here from its own arguments (simulated
+    spark-operator), writes its progress where the next reconcile reads it."""
+    with pgdb.connect() as conn:
+        ls.create_accounts(conn, 3_000)
+        estimated = conn.execute("SELECT reltuples::int8 FROM pg_class WHERE oid = 'accounts'::regclass").fetchone()
+    document = env.ingestion_document(NAME, pgdb, [ls.ACCOUNTS], warehouse=spark_warehouse.as_uri(),
+                                      staging=(tmp_path / "staging").as_uri(),
+                                      snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20})
+    env.create_ingestion(api, document, pgdb.cluster.password)
+
+    def reconciled() -> Outcome:
+        outcome = reconcile(env.get_ingestion(api, NAME) or {}, Context(kube=Kube(api)))
+        kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+            *env.CUSTOM, NAME, {"status": outcome.status})
+        return outcome
+
+    assert reconciled().snapshot is None  # no snapshot ran yet
+    (application,) = env.spark_applications(api).values()
+    monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
+    assert snapshot_entry.main(application["spec"]["arguments"], spark=spark) == 0
+    outcome = reconciled()
+    metrics = OperatorMetrics()
+    metrics.observe(env.NAMESPACE, NAME, outcome.status, suspended=False, events=outcome.events,
+                    apply_pass=outcome.apply_pass, snapshot=outcome.snapshot)
+    labels = {"namespace": env.NAMESPACE, "ingestion": NAME, "table": TABLE}
+    assert metrics.registry.get_sample_value("lakeslot_table_snapshot_rows", labels) == 3_000
+    assert estimated is not None and estimated[0] == 3_000
+    assert metrics.registry.get_sample_value("lakeslot_table_snapshot_rows_estimated", labels) == 3_000
 
 INGESTION = frozenset({("namespace", env.NAMESPACE), ("ingestion", NAME)})
 

@@ -19,6 +19,10 @@ generation). ``transient``: the table failed only because a range or its commit 
 transiently (retries exhausted): running the job again may succeed; otherwise its error is definite
 (a human must act on it).
 
+Where it goes: ``lakeslot run`` keeps it in its state directory; the operator's snapshot jobs write
+it into staging (:func:`in_staging`), which the operator reads anyway, so it outlives each driver
+(the operator exports its rows per table as metrics, :mod:`lakeslot.ingestion_metrics`).
+
 Invariants: the document is rewritten whole on every change, and readers never see a torn file
 (a local file is written next to it and renamed; an object store PUT is atomic). Writes from the
 driver's threads are serialised. Every change is also logged.
@@ -43,6 +47,7 @@ from lakeslot.source.tables import TableName
 
 log = logging.getLogger(__name__)
 VERSION = 1
+STAGING_FILE = "snapshot-progress.json"
 
 
 def _now() -> str:
@@ -123,6 +128,11 @@ class Progress:
         else:
             with fs.open_output_stream(path) as f:
                 f.write(data)
+
+
+def in_staging(staging_uri: str) -> str:
+    """The progress document's location in staging (next to the segments, which ignore it)."""
+    return f"{staging_uri.rstrip('/')}/{STAGING_FILE}"
 
 
 def read(location: str) -> dict:

@@ -71,6 +71,7 @@ from lakeslot.api.naming import IngestionNames
 from lakeslot.api.validation import parse_resource, problems_of
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.progress import MirrorProgress
+from lakeslot.snapshot import progress as snapshot_progress
 from lakeslot.source import connection, slot
 from lakeslot.source.tables import TableName
 from lakeslot.staging.store import Staging
@@ -93,6 +94,7 @@ class Outcome:
     status: dict
     events: list[st.Event]
     apply_pass: dict | None = None  # the apply job's last pass document (staging), for metrics
+    snapshot: dict | None = None  # the snapshot's progress document (staging), for metrics
 
 
 def reconcile(body: Mapping, ctx: Context) -> Outcome:
@@ -108,7 +110,8 @@ def reconcile(body: Mapping, ctx: Context) -> Outcome:
         return _outcome(report)
     reconciler = _Reconciler(ingestion, meta["uid"], ctx, report)
     reconciler.run()
-    return Outcome(report.status.to_document(), report.events, reconciler.apply_pass)
+    return Outcome(report.status.to_document(), report.events, reconciler.apply_pass,
+                   reconciler.snapshot)
 
 
 def _outcome(report: st.Report) -> Outcome:
@@ -128,6 +131,7 @@ class _Reconciler:
         self.snapshotting: set[TableName] = set()
         self.rejected: dict[str, child_health.Problem] = {}  # component → why the server refused it
         self.apply_pass: dict | None = None
+        self.snapshot: dict | None = None
 
     # the steps -----------------------------------------------------------------------------
 
@@ -336,6 +340,8 @@ class _Reconciler:
         freshness.record(self.r.status, self.ing.spec.staging.uri, self.r.now)
         with contextlib.suppress(OSError):  # staging unreadable: no apply job metrics either
             self.apply_pass = Staging(self.ing.spec.staging.uri, create=False).read_apply_status()
+        with contextlib.suppress(OSError, ValueError):  # none yet, or unreadable: no snapshot rows
+            self.snapshot = snapshot_progress.read(snapshot_progress.in_staging(self.ing.spec.staging.uri))
         kube = self.ctx.kube
         reader = self.rejected.get("reader") or child_health.reader_problem(
             kube.get_deployment(self.ns, children.reader_name(self.ing)),

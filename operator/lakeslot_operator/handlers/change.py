@@ -23,7 +23,8 @@ def handle(body: kopf.Body, patch: kopf.Patch, ctx: Context, metrics: OperatorMe
         outcome = reconcile(body, ctx)
     write(outcome, body, patch)
     metrics.observe(namespace, name, outcome.status, events=outcome.events,
-                    suspended=bool(body.get("spec", {}).get("suspend")), apply_pass=outcome.apply_pass)
+                    suspended=bool(body.get("spec", {}).get("suspend")), apply_pass=outcome.apply_pass,
+                    snapshot=outcome.snapshot)
 
 
 def write(outcome: Outcome, body: kopf.Body, patch: kopf.Patch) -> None:
