@@ -261,6 +261,7 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
             result = wait_for(caught_up, "the applied LSN of the mirror and freshness 0 in a scrape")
             assert _mine(result, "lakeslot_freshness_seconds") == 0
             assert _mine(result, "lakeslot_table_rows", table=TABLE) == 2_000
+            assert _mine(result, "lakeslot_table_snapshot_rows", table=TABLE) == 2_000  # (staging's document)
             assert _mine(result, "lakeslot_tables", state="Streaming") == 1
             assert _mine(result, "lakeslot_slot_active") == 0
             assert _mine(result, "lakeslot_slot_holder", kind="none") == 1

@@ -4,10 +4,10 @@
 operator (:mod:`lakeslot.status` builds the model): the source database (preflight, read-only;
 the slot's health and ``confirmed_flush_lsn`` = the reader's durable LSN; the current WAL LSN),
 each mirror table's ``lakeslot.lsn`` in Iceberg, the sealed segments in staging (changes not yet
-applied per table, and the commit time of the first one: freshness, :mod:`lakeslot.freshness`),
-and the state directory (is a run active — the run lock —, the snapshot's
-progress document, the reader's status file, the selection the run last recorded: a table no
-longer selected since is ``Removed``).
+applied per table, and the commit time of the first one: freshness, :mod:`lakeslot.freshness`;
+the snapshot's progress document), and the state directory (is a run active — the run lock —,
+the reader's status file, the selection the run last recorded: a table no longer selected since
+is ``Removed``).
 
 Invariants: observing changes nothing (no publication sync, no slot creation, no eviction); the
 password is used to connect and appears nowhere in the result.
@@ -103,9 +103,15 @@ class StagedCounter:
         return counts
 
 
+def snapshot_location(local: Local) -> str:
+    """Where a local run's snapshot writes its progress document: in staging, as under the
+    operator (one place for both, which the metrics read)."""
+    return snapshot_progress.in_staging(local.ingestion.spec.staging.uri)
+
+
 def snapshot_document(local: Local) -> dict | None:
     try:
-        return snapshot_progress.read(str(local.path("snapshot-progress.json")))
+        return snapshot_progress.read(snapshot_location(local))
     except (OSError, ValueError):
         return None
 

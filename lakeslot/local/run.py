@@ -381,7 +381,7 @@ class _Session:
         from lakeslot.snapshot import job as snapshot_job
 
         job_input = self.local.with_tables(tables)
-        progress = str(self.local.path("snapshot-progress.json"))
+        progress = observe.snapshot_location(self.local)
         worker = self._start("snapshot", lambda: snapshot_job.run(
             self.spark, job_input, progress=progress, min_snapshot_lsn=below))
         self._supervise(lambda: not worker.alive)
@@ -625,7 +625,7 @@ class _Session:
         def copy() -> object:
             try:
                 result = snapshot_job.run(self.spark, self.local.with_tables(wanted),
-                                          progress=str(self.local.path("snapshot-progress.json")),
+                                          progress=observe.snapshot_location(self.local),
                                           min_snapshot_lsn=min_snapshot_lsn)
             except Exception as e:
                 self._copied = dict.fromkeys(wanted, f"{type(e).__name__}: {st.first_line(e)}")

@@ -19,9 +19,9 @@ generation). ``transient``: the table failed only because a range or its commit 
 transiently (retries exhausted): running the job again may succeed; otherwise its error is definite
 (a human must act on it).
 
-Where it goes: ``lakeslot run`` keeps it in its state directory; the operator's snapshot jobs write
-it into staging (:func:`in_staging`), which the operator reads anyway, so it outlives each driver
-(the operator exports its rows per table as metrics, :mod:`lakeslot.ingestion_metrics`).
+Where it goes: into staging (:func:`in_staging`), under the operator (the snapshot job's default)
+and ``lakeslot run`` alike; the operator reads staging anyway, and the document outlives each
+driver (its rows per table are metrics, :mod:`lakeslot.ingestion_metrics`).
 
 Invariants: the document is rewritten whole on every change, and readers never see a torn file
 (a local file is written next to it and renamed; an object store PUT is atomic). Writes from the
