@@ -143,6 +143,57 @@ def test_the_snapshots_progress_in_numbers():
 # end to end ----------------------------------------------------------------------------------
 
 
+def _reconciled(api, metrics: OperatorMetrics) -> Outcome:
+    """One reconcile of the ingestion, its status written back and its outcome observed, as the
+    kopf handler does (lakeslot_operator.handlers.change)."""
+    body = env.get_ingestion(api, NAME) or {}
+    outcome = reconcile(body, Context(kube=Kube(api)))
+    kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
+        *env.CUSTOM, NAME, {"status": outcome.status})
+    metrics.observe(env.NAMESPACE, NAME, outcome.status, events=outcome.events,
+                    suspended=bool(body.get("spec", {}).get("suspend")), apply_pass=outcome.apply_pass,
+                    snapshot=outcome.snapshot)
+    return outcome
+
+
+@pytest.mark.parametrize("pg", ["pg18"], indirect=True)
+def test_slot_inactive_and_not_ready_fire_unless_the_ingestion_is_suspended(api, pgdb, tmp_path):
+    """Nobody streams from the slot (no reader runs) and the ingestion is not Ready: both alerts
+    fire, and both hold their fire once it is suspended (then nothing streams by design); retained
+    WAL still alerts while suspended."""
+    with pgdb.connect() as conn:
+        ls.create_accounts(conn, 10)
+    document = env.ingestion_document(NAME, pgdb, [ls.ACCOUNTS], warehouse=(tmp_path / "warehouse").as_uri(),
+                                      staging=(tmp_path / "staging").as_uri())
+    env.create_ingestion(api, document, pgdb.cluster.password)
+    metrics = OperatorMetrics()
+    server = metrics.serve(0, "127.0.0.1")
+    url = f"http://127.0.0.1:{server.server_port}/metrics"
+    try:
+        _reconciled(api, metrics)
+        alerts = _alerts(walRetainedBytes=int(_mine(scrape(url), "lakeslot_slot_retained_wal_bytes") or 0) + 100_000)
+        result = scrape(url)
+        assert _mine(result, "lakeslot_slot_active") == 0 and _mine(result, "lakeslot_suspended") == 0
+        assert _firing(alerts, "LakeslotSlotInactive", result) == {INGESTION: 0}
+        assert _firing(alerts, "LakeslotNotReady", result) == {INGESTION: 0}
+
+        kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            *env.CUSTOM, NAME, {"spec": {"suspend": True}})
+        with pgdb.connect() as conn:
+            conn.execute("INSERT INTO accounts (id, balance, note) SELECT i, 0, repeat(md5(i::text), 10)"
+                         " FROM generate_series(1000, 5000) AS i")  # retained while suspended
+        _reconciled(api, metrics)
+        result = scrape(url)
+        assert _mine(result, "lakeslot_suspended") == 1 and _mine(result, "lakeslot_slot_active") == 0
+        assert _mine(result, "lakeslot_condition", type="Ready", status="True") == 0
+        assert _firing(alerts, "LakeslotSlotInactive", result) == {}
+        assert _firing(alerts, "LakeslotNotReady", result) == {}
+        assert _firing(alerts, "LakeslotWalRetainedHigh", result) == {
+            INGESTION: _mine(result, "lakeslot_slot_retained_wal_bytes")}
+    finally:
+        server.shutdown()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("pg", ["pg15"], indirect=True)
 def test_the_snapshot_jobs_rows_reach_the_operators_metrics(api, pgdb, spark, spark_warehouse, tmp_path,
@@ -157,20 +208,12 @@ def test_the_snapshot_jobs_rows_reach_the_operators_metrics(api, pgdb, spark, sp
                                       snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20})
     env.create_ingestion(api, document, pgdb.cluster.password)
 
-    def reconciled() -> Outcome:
-        outcome = reconcile(env.get_ingestion(api, NAME) or {}, Context(kube=Kube(api)))
-        kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-            *env.CUSTOM, NAME, {"status": outcome.status})
-        return outcome
-
-    assert reconciled().snapshot is None  # no snapshot ran yet
+    metrics = OperatorMetrics()
+    assert _reconciled(api, metrics).snapshot is None  # no snapshot ran yet
     (application,) = env.spark_applications(api).values()
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
     assert snapshot_entry.main(application["spec"]["arguments"], spark=spark) == 0
-    outcome = reconciled()
-    metrics = OperatorMetrics()
-    metrics.observe(env.NAMESPACE, NAME, outcome.status, suspended=False, events=outcome.events,
-                    apply_pass=outcome.apply_pass, snapshot=outcome.snapshot)
+    assert _reconciled(api, metrics).snapshot is not None
     labels = {"namespace": env.NAMESPACE, "ingestion": NAME, "table": TABLE}
     assert metrics.registry.get_sample_value("lakeslot_table_snapshot_rows", labels) == 3_000
     assert estimated is not None and estimated[0] == 3_000
