@@ -5,7 +5,8 @@ What ``promtool check rules`` would check, with the PromQL parser of PyPI ``prom
 of Prometheus' own): every expression parses; every alert has a severity, a summary and a runbook
 link to a heading of the README's "Alerts" section. Every metric a rule or a dashboard query reads
 is one lakeslot defines (the operator's and the reader's registries); tests/test_operator_metrics.py
-checks the same names in real scrapes and makes alerts fire on scraped values.
+checks the same names in real scrapes, and every alert fires on scraped values in a test that
+creates its condition (there, tests/test_local_metrics.py and tests/test_alert_reader_restarting.py).
 """
 
 from __future__ import annotations
