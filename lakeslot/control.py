@@ -19,7 +19,11 @@ Steps, each gating the next:
    ``Resnapshot`` empties staging first (:func:`discard_staging`: the staged changes came from
    the lost slot and have a gap; a reader on the new slot may write right after it exists), then
    recreates the slot and records ``status.resnapshotBelowLsn``; every holder other than the
-   legitimate reader is terminated (stale-holder eviction, an event each).
+   legitimate reader is terminated (stale-holder eviction, an event each). A slot missing on a
+   server whose timeline differs from staging's was lost by a failover
+   (:func:`lakeslot.source.failover.lost_by_failover`) and follows ``onSlotLost`` too, instead
+   of being created afresh over the gap. ``status.slot.failoverSafe`` and the ``SlotReady``
+   message say whether a failover would keep the slot (:func:`lakeslot.source.failover.safety`).
 4. **Read the current WAL LSN** — the end of the lag measure and ``--once``'s target.
 
 The selection (``spec.source.schemas`` and listed tables) is resolved by every call of
@@ -44,10 +48,10 @@ import psycopg
 from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestion, SourceSpec
 from lakeslot.api.naming import IngestionNames
-from lakeslot.source import connection, ddl_capture, preflight, publication, slot
+from lakeslot.source import connection, ddl_capture, failover, preflight, publication, slot
 from lakeslot.source.tables import TableName, quote_ident, selected
 from lakeslot.staging.store import Staging
-from lakeslot.status import Report, first_line, slot_condition, table_rows
+from lakeslot.status import Report, first_line, lost_condition, slot_condition, table_rows
 
 Connect = Callable[..., psycopg.Connection]
 
@@ -77,10 +81,14 @@ def take_control(settings: connection.ConnectionSettings, ingestion: PostgresIng
                 return None
             if read_only:
                 health = slot.health(conn, names.slot)
+                lost = None if health is not None else _lost_by_failover(conn, ingestion)
+                if lost is not None:
+                    lost_condition(report, lost)
+                    return None
                 if health is None:
                     report.condition("SlotReady", False, "SlotMissing",
                                      f"slot {names.slot} does not exist yet: lakeslot run creates it")
-                elif not slot_condition(report, health):
+                elif not slot_condition(report, health, _failover_safety(conn, ingestion, health)):
                     return None
             else:
                 health = ensure_slot(conn, ingestion, report, legitimate=reader)
@@ -104,7 +112,8 @@ def check_source(conn: psycopg.Connection, ingestion: PostgresIngestion, report:
         conn, tables,
         key_columns={t: o.key_columns for t, o in options.items()},
         excluded_columns={t: o.exclude_columns for t, o in options.items()},
-        slot_name=names.slot)
+        slot_name=names.slot, failover_slot=source.failover_slot,
+        on_slot_lost=ingestion.spec.policies.on_slot_lost)
     failed = preflight.failures(findings)
     server = [f for f in failed if f.table is None]
     if server:
@@ -213,22 +222,27 @@ def selection_fingerprint(conn: psycopg.Connection, source: SourceSpec) -> tuple
 
 def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: Report, *,
                 legitimate: str | None) -> slot.SlotHealth | None:
-    """Ensure the slot, handle a lost one per ``onSlotLost``, terminate every holder other than
+    """Ensure the slot, handle a lost one per ``onSlotLost`` (a slot a failover lost counts as
+    lost, :func:`lakeslot.source.failover.lost_by_failover`), terminate every holder other than
     ``legitimate`` (the reader's application_name; None: no reader runs yet). The slot's
     health, or None when the step failed (``SlotReady`` says why)."""
     slot_name = IngestionNames.of(ingestion).slot
-    try:
-        ensured = slot.ensure(conn, slot_name)
-    except slot.SlotError as e:
-        report.condition("SlotReady", False, "SlotUnusable", str(e))
-        return None
-    if ensured.created:
-        assert ensured.creation_lsn is not None  # known whenever this call created the slot
-        report.tell("Normal", "SlotCreated", f"slot {slot_name} created at "
-                    f"{lsnlib.format(ensured.creation_lsn)}")
+    wanted = ingestion.spec.source.failover_slot
     health = slot.health(conn, slot_name)
-    assert health is not None  # ensured just now
-    lost = slot.lost_reason(health)
+    lost = _lost_by_failover(conn, ingestion) if health is None else None
+    if lost is None:
+        try:
+            ensured = slot.ensure(conn, slot_name, failover=wanted)
+        except slot.SlotError as e:
+            report.condition("SlotReady", False, "SlotUnusable", str(e))
+            return None
+        if ensured.created:
+            assert ensured.creation_lsn is not None  # known whenever this call created the slot
+            report.tell("Normal", "SlotCreated", f"slot {slot_name} created at "
+                        f"{lsnlib.format(ensured.creation_lsn)}")
+        health = slot.health(conn, slot_name)
+        assert health is not None  # ensured just now
+        lost = slot.lost_reason(health)
     if lost and ingestion.spec.policies.on_slot_lost == "Resnapshot":
         staging_uri = ingestion.spec.staging.uri
         try:
@@ -240,7 +254,7 @@ def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: 
                 "(e.g. object-store credentials in its environment) or delete the segments "
                 "there by hand"))
             return None
-        fresh = slot.recreate(conn, slot_name)
+        fresh = slot.recreate(conn, slot_name, failover=wanted)
         # recreate() drops the slot first, so its ensure() is the call that creates it.
         assert fresh.creation_lsn is not None
         report.status.resnapshot_below_lsn = lsnlib.format(fresh.creation_lsn)
@@ -251,14 +265,31 @@ def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: 
         health = slot.health(conn, slot_name)
         assert health is not None  # recreated just now
     elif lost:
-        slot_condition(report, health)
+        lost_condition(report, lost)
         return None
+    assert health is not None  # ensured, or recreated, above
     for eviction in slot.evict_stale_holders(conn, slot_name, legitimate):
         report.tell("Warning", "StaleHolderEvicted",
                     f"terminated backend {eviction.pid} ({eviction.application_name!r}) holding "
                     f"slot {slot_name}; the reader is {legitimate!r}")
-    slot_condition(report, health)
+    slot_condition(report, health, _failover_safety(conn, ingestion, health))
     return health
+
+
+def _lost_by_failover(conn: psycopg.Connection, ingestion: PostgresIngestion) -> str | None:
+    """Why the missing slot was lost by a failover, or None (no evidence, or staging cannot be
+    read from here: the operator may lack its credentials). Looking creates nothing."""
+    try:
+        return failover.lost_by_failover(conn, IngestionNames.of(ingestion).slot,
+                                         Staging(ingestion.spec.staging.uri, create=False))
+    except (OSError, ValueError):  # unreachable, or a segment pyarrow cannot read
+        return None
+
+
+def _failover_safety(conn: psycopg.Connection, ingestion: PostgresIngestion,
+                     health: slot.SlotHealth) -> failover.Safety:
+    return failover.safety(conn, health.name, failover=health.failover,
+                           on_slot_lost=ingestion.spec.policies.on_slot_lost)
 
 
 def discard_staging(uri: str) -> None:

@@ -37,7 +37,7 @@ from lakeslot.api.models import (
     TableStatus,
 )
 from lakeslot.mirror.progress import MirrorProgress
-from lakeslot.source import slot
+from lakeslot.source import failover, slot
 from lakeslot.source.tables import TableName
 
 # Reasons that waiting will not fix: the user must act (the message says how).
@@ -145,19 +145,30 @@ def summary(status: PostgresIngestionStatus) -> Summary:
 
 # status pieces -------------------------------------------------------------------------------
 
-def slot_condition(report: Report, health: slot.SlotHealth) -> bool:
-    """``status.slot`` and ``SlotReady`` for an existing slot; False when it is lost."""
+def slot_condition(report: Report, health: slot.SlotHealth,
+                   safety: failover.Safety | None = None) -> bool:
+    """``status.slot`` and ``SlotReady`` for an existing slot (``safety``: whether a failover
+    keeps it, said in the message when it would not); False when it is lost."""
     report.status.slot = slot_status(health)
     lost = slot.lost_reason(health)
     if lost:
-        report.condition("SlotReady", False, "SlotLost",
-                         f"{lost}. Changes are missing: fix the cause (e.g. raise "
-                         "max_slot_wal_keep_size), then set policies.onSlotLost: Resnapshot "
-                         "to recreate the slot, empty staging and copy every table again")
+        lost_condition(report, lost)
         return False
+    if safety is not None:
+        report.status.slot.failover_safe = safety.safe
+    note = f"; {safety.message}" if safety is not None and not safety.safe else ""
     report.condition("SlotReady", True, "SlotHealthy",
-                     f"slot {health.name} wal_status={health.wal_status}")
+                     f"slot {health.name} wal_status={health.wal_status}{note}")
     return True
+
+
+def lost_condition(report: Report, lost: str) -> None:
+    """``SlotReady: SlotLost`` saying why (``lost``) and the way out."""
+    report.condition("SlotReady", False, "SlotLost",
+                     f"{lost}. Changes are missing: fix the cause (e.g. raise "
+                     "max_slot_wal_keep_size, or make the slot a failover slot), then set "
+                     "policies.onSlotLost: Resnapshot to recreate the slot, empty staging and "
+                     "copy every table again")
 
 
 def snapshot_complete(report: Report) -> None:

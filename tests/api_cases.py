@@ -115,6 +115,9 @@ INVALID_CASES = [
         "spec.source.sslMode",
     ),
     InvalidCase("password-in-options", (("spec.source.options", {"password": "hunter2"}),), "spec.source.options"),
+    InvalidCase("host-list-to-any-server", (("spec.source.host", "pg-a,pg-b"),
+                                            ("spec.source.options", {"target_session_attrs": "any"})),
+                "spec.source.options"),
     # What a real cluster refuses later (lakeslot.api.cluster): Spark's volume for the CA Secret,
     # spark-operator's denied sparkConf keys, and keys lakeslot sets itself.
     InvalidCase(

@@ -141,6 +141,8 @@ class TableSpec(ApiModel):
 
 SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]
 VERIFYING_SSL_MODES = ("verify-ca", "verify-full")
+# libpq target_session_attrs that reach only a primary (a host list needs one of them).
+HA_SESSION_ATTRS = ("read-write", "primary")
 RESERVED_OPTIONS = (
     "host",
     "hostaddr",
@@ -178,7 +180,10 @@ class SourceSpec(ApiModel):
 
     host: Annotated[str, StringConstraints(min_length=1, max_length=253, pattern=r"^\S+$")] = Field(
         description="Host name or IP address of the PostgreSQL server (the primary: logical "
-        "replication slots live on the primary before PostgreSQL 17)."
+        "replication slots live on the primary before PostgreSQL 17), or a comma-separated libpq "
+        "host list of a primary and its standbys, all on `port` (e.g. pg-a,pg-b): every "
+        "connection then goes to the one that accepts writes (target_session_attrs=read-write "
+        "unless options set read-write or primary), so lakeslot follows a failover."
     )
     port: int = Field(5432, ge=1, le=65535, description="TCP port of the PostgreSQL server.")
     database: Identifier = Field(description="Database to replicate. Immutable: the slot and publication belong to it.")
@@ -213,6 +218,15 @@ class SourceSpec(ApiModel):
         "Permanent logical replication slot (lower-case letters, digits and underscore, at most "
         "63 bytes). Default: derived from namespace and name (see Names). The effective name is "
         "reported in status.slot.name. Cannot be changed or removed once set."
+    )
+    failover_slot: bool = Field(
+        False,
+        description="Create the slot as a failover slot (PostgreSQL 17+), which standbys running "
+        "with sync_replication_slots = on synchronize, so that it survives a promotion; list the "
+        "standbys' physical slots in the primary's synchronized_standby_slots. Point host at the "
+        "HA endpoint (a Service, or a host list: see host). status.slot.failoverSafe and the "
+        "SlotReady message say whether a failover keeps the slot. Takes effect when the slot is "
+        "created: an existing slot without failover is reported (SlotUnusable) until dropped.",
     )
     ddl_capture: Literal["Auto", "EventTrigger", "Catalog"] = Field(
         "Auto",
@@ -250,6 +264,17 @@ class SourceSpec(ApiModel):
             fix="list tables in source.tables or whole schemas in source.schemas",
             check=lambda source: bool(source.tables or source.schemas),
             field_path=".tables",
+        ),
+        Rule(
+            cel="!self.host.matches(',') || !has(self.options) || "
+            "!('target_session_attrs' in self.options) || "
+            "self.options['target_session_attrs'] in ['read-write', 'primary']",
+            message="a host list must lead every connection to the primary",
+            fix="remove target_session_attrs from options (lakeslot sets read-write for a host "
+            "list) or set it to read-write or primary",
+            check=lambda source: "," not in source.host
+            or source.options.get("target_session_attrs", "read-write") in HA_SESSION_ATTRS,
+            field_path=".options",
         ),
         Rule(
             cel="!has(self.sslMode) || !(self.sslMode in ['verify-ca', 'verify-full']) || has(self.caSecretRef)",
@@ -649,6 +674,11 @@ class SlotStatus(ApiModel):
         "Bytes of WAL that can still be written before the slot is in danger of being lost; absent without a limit."
     )
     retained_bytes: int | None = optional("Bytes of WAL retained by the slot (current WAL LSN - restart LSN).", ge=0)
+    failover_safe: bool | None = optional(
+        "Whether a failover to a standby keeps the slot: a PostgreSQL 17+ failover slot "
+        "(source.failoverSlot) with the standbys in synchronized_standby_slots, all streaming. "
+        "False: the SlotReady message says what a failover would do (policies.onSlotLost)."
+    )
 
 
 class TableStatus(ApiModel):

@@ -25,6 +25,10 @@ Invariants:
   side: a bare receive loop spent half its CPU in system calls without it, the reader ≈ 10 %
   more CPU); anything smaller is picked up when the wait times out (the stream's tick, 0.1 s).
 
+``TIMELINE_HISTORY`` (:meth:`ReplicationConnection.switchpoints`) answers where each ancestor
+timeline of the server's current one ended: after a failover (a promotion starts a new timeline),
+WAL below the point where the old timeline ended is the same on both, WAL above it may differ.
+
 Failure modes: a server-side error during COPY (backend terminated, publication dropped, slot
 invalidated) ends the copy; :meth:`ReplicationConnection.end_of_copy_error` turns the final
 result into the matching ``psycopg`` exception (with its SQLSTATE) so the caller can classify it.
@@ -83,6 +87,23 @@ class ReplicationConnection:
     def identify_system(self) -> SourceIdentity:
         system_id, timeline, _, _ = one_row(self.conn.execute("IDENTIFY_SYSTEM"))
         return SourceIdentity(str(system_id), int(timeline))
+
+    def switchpoints(self, timeline: int) -> dict[int, int]:
+        """Every ancestor of ``timeline`` → the LSN where it ended (where its successor in this
+        history begins), from the server's history file (``TIMELINE_HISTORY``; timeline 1 has
+        none). Lines are ``<parent timeline> <switchpoint LSN> <reason>``; ``#`` comments."""
+        if timeline <= 1:
+            return {}
+        content = one_row(self.conn.execute(
+            sql.SQL(f"TIMELINE_HISTORY {int(timeline)}")))[1]
+        if isinstance(content, bytes):
+            content = content.decode()
+        ends = {}
+        for line in content.splitlines():
+            fields = line.split("#", 1)[0].split()
+            if len(fields) >= 2:
+                ends[int(fields[0])] = lsn_text.parse(fields[1])
+        return ends
 
     def start(self, slot: str, start_lsn: int, options: dict[str, str]) -> None:
         """``START_REPLICATION SLOT <slot> LOGICAL <lsn> (<options>)``; raises the server's error

@@ -21,8 +21,11 @@ definite errors: ``PublicationMissing``, ``SlotMissing``, ``SlotLost``, ``SlotAh
 A session (DESIGN.md rules 4–7): connect (a metadata connection and a replication connection);
 verify the publication and the slot (exists, not lost); resume at the end of the last sealed
 segment (the slot's ``confirmed_flush_lsn`` when staging is empty) after checking that segment's
-system identifier and timeline against ``IDENTIFY_SYSTEM``; evict any other holder of the slot
-(:func:`lakeslot.source.slot.evict_stale_holders`); ``START_REPLICATION``; re-read the slot —
+system identifier and timeline against ``IDENTIFY_SYSTEM`` — another timeline (a failover) is
+accepted only when staging ends at or before the point where the staged timeline ended in the
+server's history (``TIMELINE_HISTORY``), which a failover slot with ``synchronized_standby_slots``
+guarantees; a slot missing on a new timeline is ``SlotLost`` (a failover lost it); evict any
+other holder of the slot (:func:`lakeslot.source.slot.evict_stale_holders`); ``START_REPLICATION``; re-read the slot —
 ``confirmed_flush_lsn`` beyond the resume point means someone advanced the slot past data staging
 does not have (PostgreSQL ≥ 15 would silently fast-forward): definite error; then stream
 (:mod:`lakeslot.reader.stream`).
@@ -43,6 +46,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import urlsplit, urlunsplit
@@ -56,7 +60,7 @@ from lakeslot.reader import DEFAULT_MAX_RETRY_SECONDS, DEFAULT_SEGMENT_MAX_BYTES
 from lakeslot.reader.metrics import Metrics
 from lakeslot.reader.protocol import ReplicationConnection, quote_list
 from lakeslot.reader.stream import HEALTH_INTERVAL_S, Stream, StreamSettings
-from lakeslot.source import connection, slot
+from lakeslot.source import connection, failover, slot
 from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings
 from lakeslot.staging.format import SourceIdentity
 from lakeslot.staging.store import Staging
@@ -110,8 +114,11 @@ def backoff(attempt: int) -> float:
 
 # checks --------------------------------------------------------------------------------------
 
-def check_source(meta: psycopg.Connection, config: ReaderConfig) -> slot.SlotHealth:
-    """The publication exists and the slot is usable; returns the slot's health."""
+def check_source(meta: psycopg.Connection, config: ReaderConfig,
+                 staging: Staging | None = None) -> slot.SlotHealth:
+    """The publication exists and the slot is usable; returns the slot's health. With
+    ``staging`` (at a session's start) a missing slot that a failover lost says so
+    (:func:`lakeslot.source.failover.lost_by_failover`)."""
     if meta.execute("SELECT 1 FROM pg_publication WHERE pubname = %s",
                     (config.publication,)).fetchone() is None:
         raise DefiniteError("PublicationMissing",
@@ -119,6 +126,11 @@ def check_source(meta: psycopg.Connection, config: ReaderConfig) -> slot.SlotHea
                             "recreate it (the operator does so for publications it manages) "
                             "and re-snapshot the tables whose changes were missed")
     health = slot.health(meta, config.slot)
+    lost = None if health is not None or staging is None else failover.lost_by_failover(
+        meta, config.slot, staging)
+    if lost is not None:
+        raise DefiniteError("SlotLost", f"{lost}; recreate the slot and re-snapshot "
+                            "(policies.onSlotLost: Resnapshot does both)")
     if health is None:
         raise DefiniteError("SlotMissing", f"replication slot {config.slot} does not exist "
                             "(dropped?); the changes since it was dropped are lost: re-snapshot")
@@ -129,10 +141,13 @@ def check_source(meta: psycopg.Connection, config: ReaderConfig) -> slot.SlotHea
     return health
 
 
-def check_resume(staging: Staging, health: slot.SlotHealth,
-                 source: SourceIdentity) -> int:
+def check_resume(staging: Staging, health: slot.SlotHealth, source: SourceIdentity,
+                 switchpoints: Callable[[], Mapping[int, int]] = dict) -> int:
     """Where to resume: the end of the last sealed segment, whose source must be this system
-    and timeline; the slot's confirmed_flush_lsn when staging is empty."""
+    and a timeline whose WAL up to that end is this server's too; the slot's
+    confirmed_flush_lsn when staging is empty. ``switchpoints``: the current timeline's history
+    (ancestor → where it ended, :meth:`ReplicationConnection.switchpoints`), asked only when the
+    timeline changed."""
     last = staging.resume_point()
     if last is None:
         # check_source found the slot; a logical slot has a confirmed_flush_lsn once created
@@ -146,11 +161,27 @@ def check_resume(staging: Staging, health: slot.SlotHealth,
                             f"the source is now system {source.system_id}; use a new staging "
                             "location and re-snapshot", last.end)
     if recorded.timeline != source.timeline:
-        raise DefiniteError("TimelineChanged",
-                            f"the source moved from timeline {recorded.timeline} to "
-                            f"{source.timeline} (failover or point-in-time recovery): WAL after "
-                            f"{lsn_text.format(last.end)} may differ from what was staged; "
-                            "re-snapshot", last.end)
+        ended = switchpoints().get(recorded.timeline)
+        if ended is None:
+            raise DefiniteError("TimelineChanged",
+                                f"the source moved from timeline {recorded.timeline} to "
+                                f"{source.timeline}, which does not descend from it "
+                                "(point-in-time recovery, or a standby of another history?): "
+                                f"what was staged up to {lsn_text.format(last.end)} may differ "
+                                "from its WAL; re-snapshot", last.end)
+        if last.end > ended:
+            raise DefiniteError("TimelineChanged",
+                                f"the source moved from timeline {recorded.timeline} to "
+                                f"{source.timeline} at {lsn_text.format(ended)} (failover or "
+                                f"point-in-time recovery), but staging ends at "
+                                f"{lsn_text.format(last.end)}: what was staged after the switch "
+                                "may be missing from the promoted server (only a failover slot "
+                                "with the standby in synchronized_standby_slots holds the reader "
+                                "back to what the standby has); re-snapshot", last.end)
+        # A failover slot's consumer gets only WAL the standby has (synchronized_standby_slots):
+        # everything staged is on the new timeline too.
+        log.info("the source moved from timeline %d to %d at %s, after the end of staging: "
+                 "resuming", recorded.timeline, source.timeline, lsn_text.format(ended))
     return last.end
 
 
@@ -187,11 +218,12 @@ class Session:
         meta = connection.connect(settings, config.app_name, long_running=True)
         repl = None
         try:
-            health = check_source(meta, config)
-            repl = ReplicationConnection(
+            health = check_source(meta, config, self.staging)
+            repl = stream_conn = ReplicationConnection(
                 connection.connect(settings, config.app_name, replication=True))
             source = repl.identify_system()
-            resume = check_resume(self.staging, health, source)
+            resume = check_resume(self.staging, health, source,
+                                  lambda: stream_conn.switchpoints(source.timeline))
             self.durable = resume
             if health.active and health.holder != config.app_name:
                 for e in slot.evict_stale_holders(meta, config.slot, config.app_name):

@@ -9,6 +9,10 @@ Invariants:
   ingestion and, for the reader, its pod. That string is the identity the slot's stale-holder
   eviction compares against, so it must be deterministic and unique per holder. PostgreSQL keeps
   only 63 bytes of printable ASCII: longer identities end in a stable hash instead of being cut.
+- A host list (``spec.source.host`` ``a,b``: a primary and its standbys on one port) reaches
+  only a server that accepts writes (``target_session_attrs=read-write`` unless the options set
+  ``primary``): after a failover every new session, the replication stream included, goes to the
+  promoted standby; libpq tries the hosts in order.
 - Sessions are in UTC with ISO dates, so the text form of every value is the same on every
   connection (snapshot COPY and pgoutput alike).
 - Sessions that run long operations (slot creation waits for running transactions, COPY of a
@@ -56,9 +60,11 @@ class ConnectionSettings:
     extra: dict[str, str] = field(default_factory=dict)
 
     def params(self) -> dict[str, str]:
-        """libpq parameters without the password (safe to log)."""
+        """libpq parameters without the password (safe to log). A host list (``a,b``) gets
+        ``target_session_attrs=read-write`` unless ``extra`` sets it: only the primary will do."""
+        ha = {"target_session_attrs": "read-write"} if "," in self.host else {}
         params = {"host": self.host, "port": str(self.port), "dbname": self.dbname,
-                  "user": self.user, "sslmode": self.sslmode, **self.extra}
+                  "user": self.user, "sslmode": self.sslmode, **ha, **self.extra}
         if self.sslrootcert:
             params["sslrootcert"] = self.sslrootcert
         return params

@@ -11,6 +11,11 @@ Invariants:
   publication: once such a table is in a publication that publishes updates and deletes, the
   application's own UPDATE and DELETE statements on it fail (FACTS.md).
 
+Failover (:func:`_failover`): whether a failover to a standby keeps the slot — a PostgreSQL 17+
+failover slot with streaming standbys in ``synchronized_standby_slots`` — or loses it, and then
+what ``policies.onSlotLost`` does; a passing finding either way (its message says which), except
+``source.failoverSlot`` on a server older than 17, which fails.
+
 Replica identity rules (what the mirror's key will be):
 
 - primary key with REPLICA IDENTITY DEFAULT → the primary key;
@@ -40,6 +45,7 @@ import psycopg
 from psycopg import sql
 
 from lakeslot import typemap
+from lakeslot.source import failover
 from lakeslot.source.connection import one_row, render_sql
 from lakeslot.source.tables import TableName, existing, quote_ident
 
@@ -77,12 +83,17 @@ def notes(findings: Sequence[Finding]) -> list[Finding]:
 def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
         key_columns: Mapping[TableName, Sequence[str]] | None = None,
         excluded_columns: Mapping[TableName, Sequence[str]] | None = None,
-        slot_name: str | None = None, manage_publication: bool = True) -> list[Finding]:
-    """All checks for these tables, in the order a user should address them."""
+        slot_name: str | None = None, manage_publication: bool = True,
+        failover_slot: bool = False, on_slot_lost: str = "Error") -> list[Finding]:
+    """All checks for these tables, in the order a user should address them.
+    ``failover_slot``/``on_slot_lost``: the spec's ``source.failoverSlot`` and
+    ``policies.onSlotLost``, for the failover check."""
     key_columns = key_columns or {}
     excluded_columns = excluded_columns or {}
     findings = [_server_version(conn), _wal_level(conn), *_headroom(conn, slot_name),
                 _replication_privilege(conn)]
+    if slot_name is not None:
+        findings.append(_failover(conn, slot_name, failover_slot, on_slot_lost))
     if manage_publication:
         findings.append(_create_privilege(conn))
     oids = existing(conn, tables)
@@ -147,6 +158,23 @@ def _headroom(conn: psycopg.Connection, slot_name: str | None) -> list[Finding]:
                 f"needs {need} (the reader and the snapshot)",
                 f"ALTER SYSTEM SET {setting} = {used + need + 2}; then restart PostgreSQL"))
     return findings
+
+
+def _failover(conn: psycopg.Connection, slot_name: str, wanted: bool,
+              on_slot_lost: str) -> Finding:
+    """Whether a failover keeps the slot (:func:`lakeslot.source.failover.safety`: what the
+    primary can tell); asking for a failover slot fails before PostgreSQL 17."""
+    version = conn.info.server_version
+    if wanted and version < failover.FAILOVER_SLOTS_VERSION:
+        return Finding("failover", False, f"source.failoverSlot needs PostgreSQL 17 or newer, "
+                       f"this is {version // 10000}",
+                       "upgrade the server, or set failoverSlot: false and rely on "
+                       "policies.onSlotLost after a failover")
+    existing = one_row(conn.execute(
+        "SELECT coalesce((SELECT (to_jsonb(s) ->> 'failover')::bool FROM pg_replication_slots s"
+        " WHERE slot_name = %s), %s)", (slot_name, wanted)))[0]
+    safety = failover.safety(conn, slot_name, failover=existing, on_slot_lost=on_slot_lost)
+    return Finding("failover", True, safety.message)
 
 
 def _replication_privilege(conn: psycopg.Connection) -> Finding:

@@ -102,10 +102,11 @@ def create_tables(conn) -> None:
 
 
 class Writer:
-    """:class:`ChaosWorkload` in a thread until :meth:`stop` (which re-raises its error)."""
+    """:class:`ChaosWorkload` (or ``workload``, a lighter kind of it) in a thread until
+    :meth:`stop` (which re-raises its error)."""
 
-    def __init__(self, db, seed: int) -> None:
-        self.db, self.rng = db, random.Random(seed)
+    def __init__(self, db, seed: int, workload: type[ChaosWorkload] = ChaosWorkload) -> None:
+        self.db, self.rng, self.workload = db, random.Random(seed), workload
         self.stopping = threading.Event()
         self.done = self.lost = 0  # units committed (or rolled back on purpose); lost to faults
         self.error: BaseException | None = None
@@ -118,7 +119,7 @@ class Writer:
             while not self.stopping.is_set():
                 try:
                     if workload is None:
-                        workload = ChaosWorkload(self.db.connect(), self.rng)
+                        workload = self.workload(self.db.connect(), self.rng)
                     workload.step()
                     self.done += 1
                     self.stopping.wait(PACE_S)

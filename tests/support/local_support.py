@@ -82,11 +82,12 @@ def spawn_run(path: Path, db, state_dir: Path, log: Path, *args: str) -> subproc
 
 
 def run_in_process(local: config.Local, spark, *, once: bool,
-                   during: Callable[[], T] | None = None,
+                   during: Callable[[], T] | None = None, expect: int = 0,
                    **options: Any) -> tuple[run.Result, T | None]:
     """``lakeslot run`` in this process, on the tests' Spark session (no JVM to start). With
     ``during``: streaming while ``during`` runs in a thread, then stopped with SIGTERM as a user
-    would stop it (a stand-in handler absorbs a signal that comes after the run ended).
+    would stop it (a stand-in handler absorbs a signal that comes after the run ended) — unless
+    the run ended by itself first. ``expect``: the run's exit code (asserted).
     ``options``: further :class:`run.Options`."""
     outcome: dict[str, Any] = {}
     finished = threading.Event()  # run.run returned or raised: no signal may follow it
@@ -118,7 +119,7 @@ def run_in_process(local: config.Local, spark, *, once: bool,
         signal.signal(signal.SIGTERM, previous)
     if "error" in outcome:
         raise outcome["error"]
-    assert result.code == 0, result.message
+    assert result.code == expect, result.message
     return result, outcome.get("value")
 
 

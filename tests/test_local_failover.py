@@ -1,0 +1,215 @@
+"""Failover under write load: a primary and a physical standby on this machine
+(:mod:`tests.support.failover_support`), ``lakeslot run`` streaming through the libpq host list
+``127.0.0.1,127.0.0.2`` (lakeslot adds ``target_session_attrs=read-write``), the chaos suite's
+concurrent workload writing through the same list; the primary is killed (``pg_ctl stop -m
+immediate``) mid-stream and the standby promoted.
+
+- PostgreSQL 18, ``source.failoverSlot: true``: the standby synchronizes the slot
+  (``sync_replication_slots``; the primary waits for it through ``synchronized_standby_slots``).
+  Before the failover the status says the slot is failover-safe. After it the reader resumes on
+  the promoted server's new timeline from staging (no re-snapshot: the mirrors keep their
+  snapshot LSN), the run never exits by itself, and after ``--once`` every mirror, read with
+  pyiceberg, equals the new primary row by row: nothing lost, nothing twice.
+- PostgreSQL 15: the status warns beforehand that a failover loses the slot and what
+  ``onSlotLost`` (Error) will do. After the failover the reader finds the slot missing on the new
+  timeline: the run stops with exit 3 and ``SlotLost`` saying a failover lost it; ``lakeslot
+  status`` says the same (not "does not exist yet"); a new run with ``onSlotLost: Error`` stops
+  again without creating a slot over the gap; with ``Resnapshot`` it recreates the slot, copies
+  every table again and ends equal to the new primary.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import yaml
+
+from lakeslot import lsn as lsn_text
+from lakeslot.exits import EXIT_DEFINITE
+from lakeslot.local import observe, run, state
+from lakeslot.mirror import progress as mirror_progress
+from lakeslot.reader import reader
+from lakeslot.reader.writer import SegmentWriter
+from lakeslot.source.connection import ConnectionSettings
+from lakeslot.staging.format import SourceIdentity
+from lakeslot.staging.store import Staging
+from tests.chaos import harness
+from tests.support import local_support as ls
+from tests.support.apply_support import assert_equal_to_source, lsn_now
+from tests.support.apply_workload import IDLE, KEYLESS, MAIN
+from tests.support.failover_support import HaDatabase, SteadyWorkload, failover_ready, ha_pair
+from tests.support.waiting import wait_for
+from tests.test_reader_segments import _slot
+
+TABLES = [MAIN, KEYLESS, IDLE, ls.ACCOUNTS]
+DEADLINE_S = 300
+WRITES_AFTER_PROMOTION = 30  # units of work the workload commits on the promoted server
+
+
+def test_a_new_timeline_is_resumed_only_if_staging_ends_before_the_old_one_ended(tmp_path):
+    staging = Staging(tmp_path.as_uri())
+    SegmentWriter(staging, 77, SourceIdentity("7", 1)).seal(300)
+    promoted = SourceIdentity("7", 2)
+    for ended in ({1: 300}, {1: 400}):  # the standby had everything staged: resume at its end
+        assert reader.check_resume(staging, _slot(77), promoted, ended.copy) == 300
+    with pytest.raises(reader.DefiniteError, match=r"at 0/12B .* staging ends at 0/12C") as e:
+        reader.check_resume(staging, _slot(77), promoted, lambda: {1: 299})
+    assert (e.value.reason, e.value.lsn) == ("TimelineChanged", 300)
+    with pytest.raises(reader.DefiniteError, match="does not descend from it"):
+        reader.check_resume(staging, _slot(77), SourceIdentity("7", 3), lambda: {2: 400})
+
+
+def test_a_host_list_connects_only_to_a_server_that_accepts_writes():
+    def params(host: str, **extra: str) -> dict[str, str]:
+        return ConnectionSettings(host, 5432, "db", "u", extra=extra).params()
+
+    assert "target_session_attrs" not in params("pg")
+    assert params("pg-a,pg-b")["target_session_attrs"] == "read-write"
+    assert params("pg-a,pg-b", target_session_attrs="primary")["target_session_attrs"] == "primary"
+
+
+@pytest.fixture
+def ha(request):
+    with ha_pair(request.param) as pair:
+        yield pair
+
+
+def _setup(ha, tmp_path, warehouse, **source):
+    """A database of the HA pair with the chaos tables, and a local ingestion through the host
+    list (spec.source fields ``source`` on top)."""
+    primary, standby = ha
+    primary.create_database("shop")
+    db = HaDatabase(primary, standby, "shop")
+    with db.connect() as conn:
+        harness.create_tables(conn)
+    path = tmp_path / "ingestion.yaml"
+    document = ls.write_ingestion(path, db, TABLES, tmp_path, warehouse=warehouse, source={
+        "host": db.hosts, **source, "tables": [
+            {"schema": t.schema, "name": t.name, **({"keyColumns": ["a"]} if t == KEYLESS else {})}
+            for t in TABLES]})
+    return db, path, document
+
+
+def _applied_past(local, position: int) -> bool:
+    try:
+        progress = mirror_progress.read(local.ingestion, TABLES)
+    except Exception:  # noqa: BLE001 - a commit in flight or the source failing over: read again
+        return False
+    return all(p.lsn is not None and p.lsn >= position for p in progress.values())
+
+
+def _sealed_end(local) -> int:
+    last = Staging(local.ingestion.spec.staging.uri).resume_point()
+    return 0 if last is None else last.end
+
+
+def _failover(db: HaDatabase, writer: harness.Writer) -> None:
+    """Kill the primary, promote the standby, and let the workload commit on it."""
+    db.cluster.stop("immediate")
+    db.standby.promote()
+    after = writer.done
+    wait_for(lambda: writer.done >= after + WRITES_AFTER_PROMOTION,
+             "the workload to write on the promoted server", deadline=DEADLINE_S)
+
+
+def _once(local, spark) -> run.Result:
+    return run.run(local, run.Options(once=True, spark=spark, out=io.StringIO(), interactive=False))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ha", ["pg18"], indirect=True)
+def test_a_failover_slot_survives_a_promotion_mid_stream_and_nothing_is_lost_or_doubled(
+        ha, tmp_path, spark, spark_warehouse):
+    db, path, _ = _setup(ha, tmp_path, spark_warehouse, failoverSlot=True)
+    local = ls.local(path, db, tmp_path / "state")
+    slot = local.job.names.slot
+    writer = harness.Writer(db, 18, SteadyWorkload)
+    snapshots, promoted = {}, []
+
+    def scenario() -> None:
+        first = lsn_now(db)
+        wait_for(lambda: _applied_past(local, first), "the snapshot and a first apply",
+                 deadline=DEADLINE_S, interval=1)
+        snapshots.update({t: p.snapshot_lsn for t, p in
+                          mirror_progress.read(local.ingestion, TABLES).items()})
+        status = observe.observe(local, observe.activity(local))
+        assert status.slot is not None and status.slot.failover_safe is True, status.slot
+        wait_for(lambda: failover_ready(db.standby, slot),
+                 "the standby to synchronize the failover slot", deadline=DEADLINE_S,
+                 interval=0.5)
+        _failover(db, writer)
+        promoted.append(lsn_now(db))
+        wait_for(lambda: _sealed_end(local) >= promoted[0],
+                 "the reader to stage past the promoted server's position", deadline=DEADLINE_S,
+                 interval=0.5)
+
+    try:
+        ls.run_in_process(local, spark, once=False, during=scenario)
+    finally:
+        writer.stop()
+    caught_up = _once(local, spark)
+    assert caught_up.code == 0, caught_up.message
+
+    with db.connect() as conn:  # the reader streamed from the promoted server's copy of the slot
+        failover, confirmed = conn.execute(
+            "SELECT failover, confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots"
+            " WHERE slot_name = %s", (lsn_text.format(promoted[0]), slot)).fetchone()
+    assert failover and confirmed
+    progress = mirror_progress.read(local.ingestion, TABLES)
+    assert {t: p.snapshot_lsn for t, p in progress.items()} == snapshots  # no re-snapshot
+    for table in TABLES:
+        assert_equal_to_source(db, spark_warehouse.as_uri(),
+                               local.job.names.mirror_identifier(table), table)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ha", ["pg15"], indirect=True)
+def test_before_17_a_failover_loses_the_slot_and_on_slot_lost_decides(
+        ha, tmp_path, spark, spark_warehouse):
+    db, path, document = _setup(ha, tmp_path, spark_warehouse)
+    local = ls.local(path, db, tmp_path / "state")
+    slot = local.job.names.slot
+    writer = harness.Writer(db, 15, SteadyWorkload)
+
+    def scenario() -> None:
+        first = lsn_now(db)
+        wait_for(lambda: _applied_past(local, first), "the snapshot and a first apply",
+                 deadline=DEADLINE_S, interval=1)
+        status = observe.observe(local, observe.activity(local))
+        assert status.slot is not None and status.slot.failover_safe is False
+        [ready] = [c for c in status.conditions if c.type == "SlotReady"]
+        assert ready.status == "True"
+        assert "PostgreSQL 15 keeps logical slots on the primary only" in ready.message
+        assert "stays stopped until policies.onSlotLost is set to Resnapshot" in ready.message
+        _failover(db, writer)
+        wait_for(lambda: not state.run_active(local.state_dir),
+                 "the run to stop by itself", deadline=DEADLINE_S)
+
+    try:
+        stopped, _ = ls.run_in_process(local, spark, once=False, during=scenario,
+                                       expect=EXIT_DEFINITE)
+    finally:
+        writer.stop()
+    assert "(SlotLost)" in stopped.message and "a failover" in stopped.message, stopped.message
+
+    status = observe.observe(local, observe.activity(local))
+    [ready] = [c for c in status.conditions if c.type == "SlotReady"]
+    assert (ready.status, ready.reason) == ("False", "SlotLost"), ready
+    assert "a failover (or point-in-time recovery) lost the slot" in ready.message
+    assert "policies.onSlotLost: Resnapshot" in ready.message
+
+    again = _once(local, spark)  # onSlotLost: Error — no slot is created over the gap
+    assert again.code == EXIT_DEFINITE and "lost the slot" in again.message, again.message
+    with db.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
+                            (slot,)).fetchone() == (0,)
+
+    document["spec"]["policies"] = {"onSlotLost": "Resnapshot"}
+    path.write_text(yaml.safe_dump(document, allow_unicode=True))
+    local = ls.local(path, db, tmp_path / "state")
+    recovered = _once(local, spark)
+    assert recovered.code == 0, recovered.message
+    for table in TABLES:
+        assert_equal_to_source(db, spark_warehouse.as_uri(),
+                               local.job.names.mirror_identifier(table), table)
