@@ -59,11 +59,15 @@ def _table_args(tables: Iterable[TableName]) -> list[str]:
 
 def reader_command(ingestion: PostgresIngestion) -> list[str]:
     source, names = ingestion.spec.source, IngestionNames.of(ingestion)
+    reader = ingestion.spec.reader
     command = ["lakeslot", "reader", "--ingestion", names.owner, "--slot", names.slot,
                "--publication", names.publication, "--staging", ingestion.spec.staging.uri,
                "--host", source.host, "--port", str(source.port), "--dbname", source.database,
                "--user", source.user, "--sslmode", source.ssl_mode,
-               "--metrics-port", str(READER_METRICS_PORT)]
+               "--metrics-port", str(READER_METRICS_PORT),
+               "--segment-max-seconds", f"{reader.seal_seconds(ingestion.spec.apply.trigger_interval_seconds):g}"]
+    if reader.segment_max_bytes is not None:
+        command += ["--segment-max-bytes", str(reader.segment_max_bytes)]
     if source.ca_secret_ref is not None:
         command += ["--sslrootcert", CA_FILE]
     for key, value in sorted(source.options.items()):  # no secrets: the API rejects password here

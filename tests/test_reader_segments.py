@@ -3,6 +3,7 @@ reader's command line (the operator's command parses, the start-up stays light).
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -10,8 +11,8 @@ import pytest
 
 from lakeslot import cli, workloads
 from lakeslot.api.models import PostgresIngestion
+from lakeslot.reader import DEFAULT_SEGMENT_MAX_BYTES, reader
 from lakeslot.reader import command as reader_command
-from lakeslot.reader import reader
 from lakeslot.reader.writer import SegmentWriter
 from lakeslot.source.slot import SlotHealth
 from lakeslot.source.tables import TableName
@@ -115,6 +116,25 @@ def test_the_operators_reader_command_parses_and_carries_the_source_options():
     assert settings.extra["target_session_attrs"] == "read-write"
 
 
+@pytest.mark.parametrize(("trigger", "reader", "seconds", "size"), [
+    (60, {}, 10.0, DEFAULT_SEGMENT_MAX_BYTES),  # the default interval: as before, 10 s
+    (1, {}, 0.5, DEFAULT_SEGMENT_MAX_BYTES),  # freshness in seconds: seal twice per pass
+    (5, {}, 2.5, DEFAULT_SEGMENT_MAX_BYTES),
+    (1, {"segmentMaxSeconds": 3, "segmentMaxBytes": 64 << 20}, 3.0, 64 << 20),
+])
+def test_the_reader_seals_segments_as_the_apply_trigger_needs(trigger, reader, seconds, size):
+    """The reader seals a segment at half the apply job's trigger interval (between 0.5 and
+    10 s) unless the spec says otherwise: segments sealed every 10 s kept freshness above 10 s
+    whatever triggerIntervalSeconds said."""
+    document = ingestion_document("orders", OfflineDatabase(), [TableName("public", "t")],
+                                  warehouse="/tmp/wh", staging="file:///tmp/staging")
+    document["spec"]["apply"] = {"triggerIntervalSeconds": trigger}
+    document["spec"]["reader"] = reader
+    command = workloads.reader_command(PostgresIngestion.model_validate(document))
+    config = reader_command.config(cli.build_parser().parse_args(command[1:]))
+    assert (config.segment_max_seconds, config.segment_max_bytes) == (seconds, size)
+
+
 def test_the_reader_command_stays_light():
     """Every ``lakeslot`` command builds the reader's parser, and the reader's start-up counts
     (local mode and the Deployment restart it): neither loads pydantic or the API models."""
@@ -126,3 +146,27 @@ def test_the_reader_command_stays_light():
     result = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
                             check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_retention_deletes_applied_old_segments_oldest_first_and_stops_at_the_first_to_keep(tmp_path):
+    """Retention looks at the segments it deletes and one more (a long retention of small
+    segments is a huge listing; stat-ing every one on every pass cost the apply job seconds)."""
+    staging = Staging(tmp_path.as_uri())
+    names = [SegmentName(10 * i, 10 * (i + 1)) for i in range(1, 7)]  # 10-20, 20-30, ... 60-70
+    now = 1_800_000_000
+    ages = [500, 400, 300, 50, 400, 400]  # seconds: the fourth is young, the fifth old again
+    for name, age in zip(names, ages, strict=True):
+        path = tmp_path / name.filename
+        path.write_bytes(b"")
+        os.utime(path, (now - age, now - age))
+    listing = staging.list()
+    assert listing == names
+    # floor 49: the first four are applied; the fourth is younger than 100 s, so it and every
+    # later segment stay even though the fifth is old
+    assert staging.delete_applied(listing, 49, now - 100) == 3
+    assert staging.list() == names[3:]
+    # everything applied and old: all but the one that reaches furthest (the reader resumes there)
+    os.utime(tmp_path / names[3].filename, (now - 500, now - 500))
+    assert staging.delete_applied(staging.list(), 69, now - 100) == 2
+    assert staging.list() == names[5:]
+    assert staging.delete_applied([], 69, now) == 0

@@ -46,6 +46,8 @@ SHORT_NAMES = ("pgi",)
 CATEGORIES = ("lakeslot",)
 
 MiB = 1 << 20
+# The reader's default seal age: half the apply trigger interval, within these bounds (seconds).
+DEFAULT_SEAL_MIN_S, DEFAULT_SEAL_MAX_S = 0.5, 10.0
 
 
 def section(model: type[ApiModel], description: str) -> Any:
@@ -412,9 +414,10 @@ class SinkSpec(ApiModel):
         "enabled: 'true', write.metadata.previous-versions-max: '100', and write.merge.mode, "
         "write.update.mode, write.delete.mode: merge-on-read (a MERGE writes the changed rows and "
         "position deletes, its cost follows the changes; maintenance compacts). The apply job expires "
-        "old snapshots hourly by history.expire.max-snapshot-age-ms and "
-        "history.expire.min-snapshots-to-keep (Iceberg's defaults: 5 days, 1): time travel "
-        "reaches that far back."
+        "old snapshots by history.expire.max-snapshot-age-ms and history.expire.min-snapshots-to-keep "
+        "(default: 1; time travel reaches that far back). Without max-snapshot-age-ms it keeps 3,600 "
+        "passes, at most Iceberg's 5 days: 60 h at apply.triggerIntervalSeconds 60, 1 h at 1 (every "
+        "commit rewrites the metadata file listing every snapshot kept)."
     )
 
 
@@ -540,6 +543,25 @@ class ReaderSpec(ApiModel):
         ge=100,
         le=60000,
     )
+    segment_max_seconds: float | None = optional(
+        "Seal the open change segment once it is this old (and WAL moved), so the apply job can see "
+        "it: freshness is at least this. Default: half of apply.triggerIntervalSeconds, between "
+        "0.5 and 10 s (no more segments than the apply job has passes; an idle source seals none).",
+        ge=0.1,
+        le=3600,
+    )
+    segment_max_bytes: int | None = optional(
+        "Seal the open change segment once it holds this many bytes of pgoutput data, whatever its "
+        "age: under high load segments stay large instead of many small files. Default: 128 MiB.",
+        ge=MiB,
+        le=1024 * MiB,
+    )
+
+    def seal_seconds(self, trigger_interval_seconds: int) -> float:
+        """``segmentMaxSeconds``, or its default for the apply job's trigger interval."""
+        if self.segment_max_seconds is not None:
+            return self.segment_max_seconds
+        return min(DEFAULT_SEAL_MAX_S, max(DEFAULT_SEAL_MIN_S, trigger_interval_seconds / 2))
 
 
 class ApplySpec(ApiModel):

@@ -76,6 +76,8 @@ def expectation(node: Node) -> str:
         return _string(node)
     if kind == "integer":
         return "an integer" + _range(node)
+    if kind == "number":
+        return "a number" + _range(node)
     if kind == "boolean":
         return "true or false"
     if kind == "array":

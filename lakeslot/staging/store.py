@@ -78,6 +78,25 @@ class Staging:
         """Remove a sealed segment (retention, or a recreated slot making staging obsolete)."""
         self.fs.delete_file(self._file(name.filename))
 
+    def delete_applied(self, names: builtins.list[SegmentName], floor: int, cutoff: float) -> int:
+        """Retention: delete the segments of ``names`` (a listing, in order) wholly at or below
+        ``floor`` (every table's position) and last modified at or before ``cutoff`` (Unix time),
+        oldest first, never the one that reaches furthest (where the reader resumes); returns
+        how many. Segments are sealed in LSN order, so the walk stops at the first one that must
+        stay: it looks at the segments it deletes and one more, not at everything retained (a
+        day of half-second segments is 170,000 files)."""
+        furthest = max(names, key=lambda n: (n.end, n.start), default=None)
+        deleted = 0
+        for name in names:
+            if name.end > floor + 1 or name == furthest:
+                break
+            info = self.fs.get_file_info(self._file(name.filename))
+            if info.mtime is None or info.mtime.timestamp() > cutoff:
+                break
+            self.delete(name)
+            deleted += 1
+        return deleted
+
     def metadata(self, name: SegmentName) -> SegmentMetadata:
         with self.fs.open_input_file(self._file(name.filename)) as f:
             return parse_metadata(name, pq.ParquetFile(f).metadata.metadata)
