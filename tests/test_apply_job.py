@@ -17,7 +17,9 @@ from lakeslot.apply import job as apply_job
 from lakeslot.apply import spread
 from lakeslot.apply.job import Hooks
 from lakeslot.apply.spread import routes
+from lakeslot.mirror import contract
 from lakeslot.mirror import progress as mirror_progress
+from lakeslot.mirror.catalog import Tables
 from lakeslot.mirror.contract import ERROR_PROPERTY, RESNAPSHOT_PROPERTY
 from lakeslot.source.tables import TableName
 from lakeslot.staging.store import Staging
@@ -184,6 +186,9 @@ def test_idle_tables_advance_and_progress_sees_it(pipeline):
     status = Staging(pipeline.staging).read_apply_status()
     assert status is not None
     assert [t["state"] for t in status["tables"]] == ["applied", "advanced", "advanced"]
+    totals = status["totals"]  # counters since the job started (the operator exports them)
+    assert (totals["passes"], totals["changes"], totals["retries"]) == (1, {str(MAIN): {"I": 1}}, {})
+    assert totals["seconds"]["merge"] > 0 and totals["startedAt"] <= status["updatedAt"]
 
 
 def test_a_key_change_keeping_a_toast_value_set_earlier_in_the_batch_is_exact(pipeline, caplog,
@@ -397,6 +402,24 @@ def test_old_snapshots_are_expired_by_the_tables_own_settings(pipeline):
     assert len(pipeline.snapshots(MAIN)) == 2 and len(pipeline.snapshots(IDLE)) == 2
     _assert_equal(pipeline, MAIN, "id")
     assert pipeline.snapshots(MAIN, CHANGES) and len(pipeline.snapshots(MAIN, CHANGES)) <= 2
+    # Without a maximum age of its own, a table keeps HISTORY_SNAPSHOTS passes (1 h at a trigger
+    # of 1 s): the fresh snapshots stay; asked for an age of 0, all but min-snapshots-to-keep go.
+    pipeline.spark.sql(f"ALTER TABLE {pipeline.target(MAIN)} UNSET TBLPROPERTIES "
+                       "('history.expire.max-snapshot-age-ms')")
+    fast = pipeline.with_spec(apply={"triggerIntervalSeconds": 1})
+    with pipeline.pgdb.connect() as conn:
+        workload = Workload(conn, random.Random(13))
+        for _ in range(2):
+            workload.transaction(2)
+            fast.seal()
+            assert fast.apply(expire_interval_s=0).ok
+    assert len(pipeline.snapshots(MAIN)) == 4 and len(pipeline.snapshots(IDLE)) == 2
+    assert contract.history_age_s(1) == 3600 and contract.history_age_s(60) == 60 * 3600
+    assert contract.history_age_s(86400) == contract.ICEBERG_MAX_SNAPSHOT_AGE_S
+    Tables(pipeline.spark, *pipeline.namespace.split(".", 1)).expire_snapshots(
+        fast.job_input().names.mirror_table(MAIN), 0)
+    assert len(pipeline.snapshots(MAIN)) == 2
+    _assert_equal(pipeline, MAIN, "id")
 
 
 def test_columns_added_with_a_default_get_it_in_existing_rows_even_after_a_crash(

@@ -98,6 +98,7 @@ from lakeslot.mirror.contract import (
     SCHEMA_CHANGE_PROPERTY,
     SEQ_COLUMN,
     SOURCE_FACTS_PROPERTY,
+    history_age_s,
     table_properties,
 )
 from lakeslot.source import ddl_capture, facts, keys
@@ -105,6 +106,7 @@ from lakeslot.source.columns import DescribeError, TypeCache, describe
 from lakeslot.source.connection import application_name, connect
 from lakeslot.source.tables import TableName, existing
 from lakeslot.spark_session import error_summary
+from lakeslot.staging.format import SegmentName
 from lakeslot.staging.relations import Column, Relation
 from lakeslot.staging.store import Staging
 from lakeslot.workloads import JobInput
@@ -189,6 +191,36 @@ class ApplyResult:
         return all(t.state not in ("failed", "retrying") for t in self.tables)
 
 
+@dataclass
+class Totals:
+    """What the job did since it started, for counters (the status document's ``totals``; the
+    operator exports them, :mod:`lakeslot.ingestion_metrics`): they only grow while the job
+    lives and start again at 0 with a new job (``startedAt`` says when), as Prometheus counters
+    do after a restart."""
+
+    started_at: str = field(default_factory=lambda: _now_text())
+    passes: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)  # per step of a pass
+    changes: dict[str, dict[str, int]] = field(default_factory=dict)  # table → op → changes applied
+    retries: dict[str, int] = field(default_factory=dict)  # what → transient failures retried
+    maintenance: dict[str, int] = field(default_factory=dict)  # ran | failed → table maintenance runs
+
+    def add_pass(self, result: PassResult, scanned: dict[TableName, spread.TableScan]) -> None:
+        self.passes += 1
+        for step, seconds in result.steps.items():
+            self.seconds[step] = self.seconds.get(step, 0.0) + seconds
+        for outcome in result.tables:
+            if outcome.state == "applied" and outcome.source in scanned:
+                ops = self.changes.setdefault(str(outcome.source), {})
+                for op, count in scanned[outcome.source].by_op:
+                    ops[op] = ops.get(op, 0) + count
+
+    def document(self) -> dict:
+        return {"startedAt": self.started_at, "passes": self.passes,
+                "seconds": {k: round(v, 6) for k, v in self.seconds.items()},
+                "changes": self.changes, "retries": self.retries, "maintenance": self.maintenance}
+
+
 class Steps:
     """Where a pass spends its time: seconds per named step, in the order first timed."""
 
@@ -260,6 +292,7 @@ class Applier:
         self._replayed: set[TableName] = set()  # this pass's: tables following DDL messages
         self._events: list[ddl_capture.DdlEvent] = []
         self.steps = Steps()  # this pass's
+        self.totals = Totals()
 
     def close(self) -> None:
         if self._conn is not None:
@@ -312,7 +345,7 @@ class Applier:
                     _cut_off, table, position, staged[0].start))
                 del states[table]
         with steps("scan"):
-            batch = spread.scan(self.staging, {t: _position(s) for t, s in states.items()},
+            batch = spread.scan(self.staging, staged, {t: _position(s) for t, s in states.items()},
                                 max_segments=self.max_segments)
         self.hooks("batch-read")
         planned: dict[TableName, _Planned] = {}
@@ -343,10 +376,11 @@ class Applier:
         with steps("maintenance"):
             self._expire(ordered)
             self._maintain(ordered)
-            deleted = self._retention(ordered)
+            deleted = self._retention(ordered, staged)
         self.hooks("after-retention")
         result = PassResult(batch.end, len(batch.segments) == self.max_segments, ordered, deleted,
                             steps.seconds)
+        self.totals.add_pass(result, batch.tables)
         with steps("status"):
             self._write_status(result)
         return result
@@ -384,6 +418,7 @@ class Applier:
                 return action()
             except TRANSIENT as e:
                 error = f"{type(e).__name__}: {error_summary(e)}"
+                self.totals.retries[what] = self.totals.retries.get(what, 0) + 1
                 log.warning("%s: transient error (attempt %d of %d): %s", what, attempt + 1,
                             self.max_attempts, error)
                 if attempt + 1 < self.max_attempts:
@@ -831,14 +866,17 @@ class Applier:
                     yield outcome.target + suffix
 
     def _expire(self, outcomes: tuple[TableOutcome, ...]) -> None:
-        """Expire old snapshots of the tables this pass committed to, at most once per
-        ``expire_interval_s`` each, by the tables' own ``history.expire.*`` properties (Iceberg's
-        default: older than 5 days, keeping the last). Failures only log: the data is safe."""
+        """Expire old snapshots of the tables this pass committed to, by the tables' own
+        ``history.expire.*`` properties, else older than
+        :func:`lakeslot.mirror.contract.history_age_s` (bounded by the trigger interval: the
+        snapshot count stays bounded), each table at most once per ``expire_interval_s`` or an
+        eighth of that age. Failures only log: the data is safe."""
+        age = history_age_s(self.spec.apply.trigger_interval_seconds)
         for target in self._targets(outcomes):
-            if not _first_within(self._expired, target, self.expire_interval_s):
+            if not _first_within(self._expired, target, min(self.expire_interval_s, age / 8)):
                 continue
             try:
-                self.tables.expire_snapshots(target)
+                self.tables.expire_snapshots(target, age)
             except TRANSIENT as e:
                 log.warning("%s: expiring old snapshots failed (retried later): %s", target,
                             error_summary(e))
@@ -854,29 +892,21 @@ class Applier:
             if not _first_within(self._looked, target, MAINTENANCE_LOOK_S):
                 continue  # (a look loads the table: not on every pass of a fast trigger)
             try:
-                self.maintainer.maintain(self.tables.iceberg_table(target), target)
+                if self.maintainer.maintain(self.tables.iceberg_table(target), target):
+                    self.totals.maintenance["ran"] = self.totals.maintenance.get("ran", 0) + 1
             except TRANSIENT as e:
+                self.totals.maintenance["failed"] = self.totals.maintenance.get("failed", 0) + 1
                 log.warning("%s: maintenance failed (tried again later): %s", target,
                             error_summary(e))
 
-    def _retention(self, outcomes: tuple[TableOutcome, ...]) -> int:
+    def _retention(self, outcomes: tuple[TableOutcome, ...], names: list[SegmentName]) -> int:
         if any(o.lsn is None for o in outcomes):
             return 0  # a table waits for its snapshot: every staged change may still be needed
         floor = min((o.lsn for o in outcomes if o.lsn is not None), default=None)
-        names = self.staging.list()
-        if floor is None or not names:
+        if floor is None:
             return 0
-        furthest = max(names, key=lambda n: (n.end, n.start))
-        cutoff = time.time() - self.spec.staging.retention_seconds
-        deleted = 0
-        for name in names:
-            if name.end > floor + 1 or name == furthest:
-                continue
-            path = f"{self.staging.path}/{name.filename}"
-            info = self.staging.fs.get_file_info(path)
-            if info.mtime is not None and info.mtime.timestamp() <= cutoff:
-                self.staging.fs.delete_file(path)
-                deleted += 1
+        deleted = self.staging.delete_applied(names, floor,
+                                              time.time() - self.spec.staging.retention_seconds)
         if deleted:
             log.info("retention removed %d segments at or below %s", deleted,
                      lsn_text.format(floor))
@@ -885,11 +915,16 @@ class Applier:
     def _write_status(self, result: PassResult) -> None:
         document = {
             "version": 1, "ingestion": self.job.names.owner,
-            "updatedAt": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "updatedAt": _now_text(),
             "batchEnd": None if result.end is None else lsn_text.format(result.end),
             "segmentsDeleted": result.deleted,
-            "tables": [t.document() for t in result.tables]}
+            "tables": [t.document() for t in result.tables],
+            "totals": self.totals.document()}
         self.staging.write_apply_status(document)
+
+
+def _now_text() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _first_within(marks: dict[str, float], key: str, interval_s: float) -> bool:

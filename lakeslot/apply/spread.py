@@ -109,6 +109,7 @@ class TableScan:
     changes: int = 0
     truncates: tuple[int, ...] = ()  # commit LSNs of its TRUNCATEs
     oids: frozenset[int] = frozenset()  # the OIDs its changes were described with
+    by_op: tuple[tuple[str, int], ...] = ()  # (op, changes): I insert, U update, D delete, T truncate
 
 
 @dataclass
@@ -128,15 +129,16 @@ class Batch:
         return self.segments[-1].end if self.segments else None
 
 
-def scan(staging: Staging, positions: Mapping[TableName, int], *, max_segments: int) -> Batch:
-    """Plan the next batch for tables at ``positions`` (see the module docstring, step 1)."""
-    names = staging.list()
+def scan(staging: Staging, names: list[SegmentName], positions: Mapping[TableName, int], *,
+         max_segments: int) -> Batch:
+    """Plan the next batch for tables at ``positions`` from the sealed segments ``names`` (the
+    pass's listing of staging, in order; see the module docstring, step 1)."""
     if not positions or not names:
         return Batch([])
     start = min(start_position(names, p) for p in positions.values())
     batch = Batch(chain(names, start)[:max_segments])
     ids: dict[Relation, int] = {}
-    counts: dict[TableName, int] = dict.fromkeys(positions, 0)
+    counts: dict[TableName, dict[str, int]] = {t: {} for t in positions}
     truncates: dict[TableName, list[int]] = {t: [] for t in positions}
     oids: dict[TableName, set[int]] = {t: set() for t in positions}
     floor = 0
@@ -158,16 +160,19 @@ def scan(staging: Staging, positions: Mapping[TableName, int], *, max_segments: 
             if not len(rows):
                 continue
             batch.units.append((name.filename, group, floor, local))
-            for gid, count in zip(*pc.value_counts(relation).flatten(), strict=True):
-                table = tables[gid.as_py()]
-                counts[table] += count.as_py()
+            by_op = pa.table({"gid": relation, "op": rows["op"]}).group_by(["gid", "op"]).aggregate(
+                [([], "count_all")])
+            for gid, op, count in zip(by_op["gid"], by_op["op"], by_op["count_all"], strict=True):
+                table, ops = tables[gid.as_py()], counts[tables[gid.as_py()]]
+                ops[op.as_py()] = ops.get(op.as_py(), 0) + count.as_py()
                 oids[table].add(batch.relations[gid.as_py()].oid)
             truncated = pc.equal(rows["op"], "T")
             for gid, lsn in zip(relation.filter(truncated).to_pylist(),
                                 rows["commit_lsn"].filter(truncated).to_pylist(), strict=True):
                 truncates[tables[gid]].append(lsn)
         floor = name.end
-    batch.tables = {t: TableScan(counts[t], tuple(truncates[t]), frozenset(oids[t]))
+    batch.tables = {t: TableScan(sum(counts[t].values()), tuple(truncates[t]), frozenset(oids[t]),
+                                 tuple(sorted(counts[t].items())))
                     for t in positions}
     return batch
 

@@ -39,6 +39,7 @@ makes Iceberg retry or fail; catalog and Spark errors surface as ``py4j`` errors
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from dataclasses import dataclass
 
@@ -51,6 +52,7 @@ from lakeslot.mirror.contract import (
     ERROR_PROPERTY,
     GENERATION_PROPERTY,
     LSN_PROPERTY,
+    MAX_SNAPSHOT_AGE_PROPERTY,
     OWN_COLUMNS,
     RESNAPSHOT_AUTOMATIC,
     RESNAPSHOT_PROPERTY,
@@ -350,10 +352,15 @@ class Tables(Catalog):
     def clear_error(self, table: str) -> None:
         self.set_properties(table, {}, (ERROR_PROPERTY, ERROR_LSN_PROPERTY, RESNAPSHOT_PROPERTY))
 
-    def expire_snapshots(self, table: str) -> None:
-        """Iceberg's expire_snapshots with the table's own history.expire.* settings."""
+    def expire_snapshots(self, table: str, default_age_s: float) -> None:
+        """Iceberg's expire_snapshots with the table's own history.expire.* settings; snapshots
+        older than ``default_age_s`` when the table sets no maximum age."""
         name = ".".join([*self.namespace.split("."), table]).replace("'", "''")
-        self._spark.sql(f"CALL {quote(self._name)}.system.expire_snapshots(table => '{name}')")
+        arguments = f"table => '{name}'"
+        if MAX_SNAPSHOT_AGE_PROPERTY not in self.iceberg_table(table).properties():
+            older = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=default_age_s)  # (sessions: UTC)
+            arguments += f", older_than => TIMESTAMP '{older:%Y-%m-%d %H:%M:%S.%f}'"
+        self._spark.sql(f"CALL {quote(self._name)}.system.expire_snapshots({arguments})")
 
     def commit_sql(self, table: str, statement: str, lsn: int) -> None:
         """Run a SQL statement that commits to ``table``, its commit tagged ``lakeslot.lsn``;

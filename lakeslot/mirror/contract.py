@@ -60,6 +60,22 @@ TABLE_DEFAULTS = {"write.metadata.delete-after-commit.enabled": "true",
                   "write.delete.mode": "merge-on-read"}
 
 
+# History: each pass commits to every table, so a table's snapshot count is its history's age
+# divided by apply.triggerIntervalSeconds, and every commit rewrites the whole metadata file, which
+# lists them all (measured: 3,600 snapshots make a 2.7 MB file, and a commit cost grows with it).
+# Unless a table sets history.expire.max-snapshot-age-ms itself, the apply job keeps
+# min(Iceberg's 5 days, HISTORY_SNAPSHOTS passes) of history: 5 days at the default trigger of
+# 120 s or more, 60 h at 60 s, 1 h at 1 s.
+MAX_SNAPSHOT_AGE_PROPERTY = "history.expire.max-snapshot-age-ms"
+ICEBERG_MAX_SNAPSHOT_AGE_S = 5 * 24 * 3600.0
+HISTORY_SNAPSHOTS = 3600
+
+
+def history_age_s(trigger_interval_seconds: float) -> float:
+    """How far back the apply job keeps a table's snapshots when the table does not say."""
+    return min(ICEBERG_MAX_SNAPSHOT_AGE_S, HISTORY_SNAPSHOTS * trigger_interval_seconds)
+
+
 def table_properties(user: Mapping[str, str]) -> dict[str, str]:
     """The properties of a table lakeslot creates, from ``sink.tableProperties``."""
     return {**TABLE_DEFAULTS, **user, "format-version": "2"}
