@@ -31,6 +31,7 @@ from lakeslot.local import observe, run, state
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.reader import reader
 from lakeslot.reader.writer import SegmentWriter
+from lakeslot.source import failover, preflight
 from lakeslot.source.connection import ConnectionSettings
 from lakeslot.staging.format import SourceIdentity
 from lakeslot.staging.store import Staging
@@ -67,6 +68,34 @@ def test_a_host_list_connects_only_to_a_server_that_accepts_writes():
     assert "target_session_attrs" not in params("pg")
     assert params("pg-a,pg-b")["target_session_attrs"] == "read-write"
     assert params("pg-a,pg-b", target_session_attrs="primary")["target_session_attrs"] == "primary"
+
+
+def test_preflight_and_status_say_what_a_failover_does_to_the_slot(pgdb, tmp_path):
+    with pgdb.connect() as conn:
+        major = conn.info.server_version // 10000
+        [wanted] = [f for f in preflight.run(conn, [], slot_name="s", failover_slot=True)
+                    if f.check == "failover"]
+        if major < 17:
+            assert not wanted.ok and "needs PostgreSQL 17" in wanted.message
+            safety = failover.safety(conn, "s", failover=False, on_slot_lost="Resnapshot")
+            assert not safety.safe and f"PostgreSQL {major} keeps logical slots" in safety.message
+            assert "the next start creates a new slot and copies every table" in safety.message
+        else:  # a failover slot, but no standby listed: not safe, and why
+            assert wanted.ok and "synchronized_standby_slots is empty" in wanted.message
+            safety = failover.safety(conn, "s", failover=False, on_slot_lost="Error")
+            assert not safety.safe and "is not a failover slot" in safety.message
+            assert "stays stopped until policies.onSlotLost is set to Resnapshot" in safety.message
+
+        staging = Staging(tmp_path.as_uri())
+        timeline = failover.current_timeline(conn)
+        assert timeline is not None  # a primary
+        assert failover.lost_by_failover(conn, "s", staging) is None  # nothing staged: no evidence
+        SegmentWriter(staging, 77, SourceIdentity("7", timeline)).seal(300)
+        assert failover.lost_by_failover(conn, "s", staging) is None  # same timeline: dropped
+        SegmentWriter(staging, 300, SourceIdentity("7", timeline + 1)).seal(400)
+        lost = failover.lost_by_failover(conn, "s", staging)
+        assert lost is not None and "changes after 0/190 are lost" in lost
+        assert f"writes timeline {timeline} while staging was read on timeline {timeline + 1}" in lost
 
 
 @pytest.fixture
