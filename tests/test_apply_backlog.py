@@ -22,6 +22,8 @@ from lakeslot.source.tables import TableName
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source, lsn_now
 from tests.support.reader_support import read_until
 
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
 BIG = TableName("public", "big")
 ROWS = 100_000
 CHANGES = int(os.environ.get("LAKESLOT_BACKLOG_CHANGES", "200000"))

@@ -18,6 +18,8 @@ from tests.support.apply_support import Pipeline
 from tests.support.apply_workload import IDLE, MAIN, Workload, create_tables
 from tests.support.operator_env import OfflineDatabase, ingestion_document
 
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -28,6 +28,8 @@ from tests.support import local_support as ls
 from tests.support.reader_support import current_lsn
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
 A, B = TableName("public", "wallet_a"), TableName("public", "wallet_b")
 ROWS, START = 40, 1_000
 TOTAL = 2 * ROWS * START

@@ -31,6 +31,8 @@ from tests.support import local_support as ls
 from tests.support.apply_support import lsn_now
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
 KEYLESS = TableName("public", "keyless")
 DEADLINE_S = 300
 

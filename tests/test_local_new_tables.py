@@ -33,6 +33,8 @@ from tests.support.apply_support import normal
 from tests.support.reader_support import current_lsn
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
 DEADLINE_S = 300
 SCHEMA = "app"
 STEADY, LATE = TableName(SCHEMA, "steady"), TableName(SCHEMA, "late")

@@ -17,6 +17,8 @@ from lakeslot.verify import checksums
 from tests.support import local_support as ls
 from tests.support.fixtures_pg import connection_settings
 
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
 RUN_DEADLINE_S = 420
 RENAMED, STEADY = TableName("public", "renamed"), TableName("public", "steady")
 

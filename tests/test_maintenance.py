@@ -19,6 +19,8 @@ from lakeslot.mirror.maintenance import Health, Record, due
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source, workload_pipeline
 from tests.support.apply_workload import KEYLESS, MAIN, Workload
 
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
 SPEC = MaintenanceSpec()
 MiB = 1 << 20
 NOW = 1_000_000.0

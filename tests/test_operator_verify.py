@@ -42,6 +42,8 @@ from tests.support.odd_names import ODD_TABLES, create_odd_tables
 from tests.support.pod_security import assert_restricted
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
 UID = "0f1e2d3c-0000-4000-8000-000000000002"
 CONFIG = children.OperatorConfig(image="registry.example/lakeslot:test")
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

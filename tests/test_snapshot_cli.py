@@ -20,6 +20,8 @@ from spark_jobs import snapshot as entry
 from tests.support.operator_env import NAMESPACE, OfflineDatabase, ingestion_document
 from tests.support.snapshot_helpers import snapshot_slots
 
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -19,6 +19,8 @@ from lakeslot.source.tables import TableName
 from tests.support.apply_support import Pipeline
 from tests.support.snapshot_helpers import mirror, mirror_rows
 
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
 T = TableName("public", "odd_values")
 SETTING = "spec.source.tables[].textColumns"
 TEXT = ["ts", "tstz", "n", "tsa"]

@@ -36,6 +36,8 @@ from tests.support import operator_env
 from tests.support.odd_names import ODD_TABLES, create_odd_tables
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
 VERIFY_DEADLINE_S = 300
 ODD = ODD_TABLES[1]  # "Sales ""EU"" 2024"."Line Items": both parts need quoting
 ODD_ARG = '"Sales ""EU"" 2024"."Line Items"'

@@ -9,11 +9,23 @@
   replication slot left in it, so tests cannot leak slots into each other.
 - ``restartable_pgdb``: the same in a cluster of its own per version, for tests that restart or
   stop PostgreSQL (the fault tests); ``wal_sender_timeout`` 5 s.
+
+Version matrix: a test runs on every version unless it is marked ``one_version`` (a module's
+``pytestmark``): tests whose subject does not depend on the server version — the apply job's
+passes over staged changes, verification, maintenance, local mode's process handling — run on
+one version each, chosen by a stable hash of the test's id, so each version carries about half
+of them and the suite stays within its time budget. Everything that talks to the server in a
+version-dependent way (the reader and pgoutput, slots, preflight, publications, snapshots, types,
+DDL capture, divergence, the scenario and chaos suites, failover) keeps both, and so does a test
+marked ``all_versions`` in a ``one_version`` module. With
+``LAKESLOT_TEST_ALL_VERSIONS=1`` every test runs on every version (a release check).
 """
 
 from __future__ import annotations
 
+import os
 import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -30,6 +42,38 @@ VERSIONS = {
 
 
 RESTARTABLE_SETTINGS = {"wal_sender_timeout": "'5s'"}  # (also what tells that cluster apart)
+VERSION_FIXTURES = ("pg", "restartable_pgdb")  # the fixtures parametrized over VERSIONS
+ALL_VERSIONS_ENV = "LAKESLOT_TEST_ALL_VERSIONS"
+
+
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "one_version: the subject does not depend on the "
+                            "PostgreSQL version: run on one version, chosen per test (see "
+                            "tests/support/fixtures_pg.py)")
+    config.addinivalue_line("markers", "all_versions: run on every version even in a "
+                            "one_version module")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Deselect the other versions of each ``one_version`` test (see the module docstring)."""
+    if os.environ.get(ALL_VERSIONS_ENV) == "1":
+        return
+    versions, keep, drop = sorted(VERSIONS), [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        version = next((callspec.params[f] for f in VERSION_FIXTURES
+                        if callspec is not None and f in callspec.params), None)
+        if (version is None or item.get_closest_marker("one_version") is None
+                or item.get_closest_marker("all_versions") is not None):
+            keep.append(item)
+            continue
+        others = "-".join(p for p in callspec.id.split("-") if p != version)
+        chosen = versions[zlib.crc32(f"{item.path.name}::{item.originalname}[{others}]".encode())
+                          % len(versions)]
+        (keep if version == chosen else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 class ClusterFactory:
