@@ -58,12 +58,14 @@ def pytest_collection_modifyitems(config, items) -> None:
     """Deselect the other versions of each ``one_version`` test (see the module docstring)."""
     if os.environ.get(ALL_VERSIONS_ENV) == "1":
         return
-    versions, keep, drop = sorted(VERSIONS), [], []
+    versions = sorted(VERSIONS)
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
     for item in items:
         callspec = getattr(item, "callspec", None)
-        version = next((callspec.params[f] for f in VERSION_FIXTURES
-                        if callspec is not None and f in callspec.params), None)
-        if (version is None or item.get_closest_marker("one_version") is None
+        version = None if callspec is None else next(
+            (callspec.params[f] for f in VERSION_FIXTURES if f in callspec.params), None)
+        if (callspec is None or version is None or item.get_closest_marker("one_version") is None
                 or item.get_closest_marker("all_versions") is not None):
             keep.append(item)
             continue
