@@ -51,7 +51,7 @@ from lakeslot.api.naming import IngestionNames
 from lakeslot.source import connection, ddl_capture, failover, preflight, publication, slot
 from lakeslot.source.tables import TableName, quote_ident, selected
 from lakeslot.staging.store import Staging
-from lakeslot.status import Report, first_line, lost_condition, slot_condition, table_rows
+from lakeslot.status import Report, first_line, lost_condition, slot_condition, slot_status, table_rows
 
 Connect = Callable[..., psycopg.Connection]
 
@@ -265,6 +265,8 @@ def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: 
         health = slot.health(conn, slot_name)
         assert health is not None  # recreated just now
     elif lost:
+        if health is not None:  # (a slot a failover lost has no health: it is gone)
+            report.status.slot = slot_status(health)  # wal_status lost: the metrics and alerts see it
         lost_condition(report, lost)
         return None
     assert health is not None  # ensured, or recreated, above

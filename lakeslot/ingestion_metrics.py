@@ -12,11 +12,12 @@ Invariants:
   told (:meth:`Gauges.forget`) or when nothing refreshed them for :data:`MAX_AGE_S` (a paused
   operator replica, a local run whose status cannot be computed: they stop reporting instead of
   repeating old values).
-- Cardinality is bounded by the resources, never by data: per ingestion at most 48 gauge series
-  (slot 11, conditions 7 types × 3 statuses, tables by state 5, apply outcomes 6, 5 more), per
-  table 7. Labels: ``namespace``, ``ingestion``; ``table`` (``schema.table``, quoted like psql)
-  on the per-table ones; ``state``, ``kind``, ``type``, ``status`` take only the values listed
-  below.
+- Cardinality is bounded by the resources, never by data: per ingestion at most 49 gauge series
+  (slot 11, conditions 7 types × 3 statuses, tables by state 5, apply outcomes 6, 6 more) and 14
+  counter series (steps 10, maintenance outcomes 2, 2 more), per table 7 gauges and 4 counters.
+  Labels: ``namespace``, ``ingestion``; ``table`` (``schema.table``, quoted like psql) on the
+  per-table ones; ``state``, ``kind``, ``type``, ``status``, ``step``, ``op``,
+  ``outcome`` take only the values listed below.
 
 The apply job's and the snapshot's figures come from the documents they rewrite whole
 (``apply-status.json`` in staging; the snapshot progress document, :mod:`lakeslot.snapshot.progress`)
@@ -58,6 +59,21 @@ Gauges (prefix ``lakeslot_``; "absent" means the series is not exported):
 ``apply_pass_tables{state}``            tables per outcome of the last pass (applied, advanced, current,
                                         waiting, failed, retrying)
 ``apply_pass_changes{table}``           changes the last pass applied to the table
+``apply_started_timestamp_seconds``     when the running apply job started (its counters count from then)
+======================================  ==================================================================
+
+Counters (``_total``), of the running apply job since it started (the status document's
+``totals``): they start again at 0 with a new job, as Prometheus expects of a restarted process
+(``rate``/``increase`` handle it):
+
+======================================  ==================================================================
+``apply_passes_total``                  passes
+``apply_pass_seconds_total{step}``      seconds spent per step of a pass (prepare, scan, plan, reduce,
+                                        evolve, changelog, parse, merge, maintenance, status)
+``apply_changes_total{table,op}``       changes applied per table and op (insert, update, delete,
+                                        truncate)
+``apply_retries_total``                 transient failures retried (storage, catalog, Spark, source)
+``apply_maintenance_runs_total{outcome}``  table maintenance runs that did work (ran) or failed
 ======================================  ==================================================================
 
 A table the snapshot skipped (its mirror already held a snapshot of that generation) has no
@@ -73,7 +89,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import get_args
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from lakeslot import lsn as lsnlib
@@ -119,12 +135,26 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "apply_last_pass_timestamp_seconds": ("When the apply job's last pass ended (Unix time)", ()),
     "apply_pass_tables": ("Tables per outcome of the apply job's last pass", ("state",)),
     "apply_pass_changes": ("Changes the apply job's last pass applied to the table", ("table",)),
+    "apply_started_timestamp_seconds": ("When the running apply job started (Unix time)", ()),
 }
+# name (without the prefix and _total) → (help, extra label names)
+COUNTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "apply_passes": ("Passes of the running apply job", ()),
+    "apply_pass_seconds": ("Seconds the running apply job spent per step of a pass", ("step",)),
+    "apply_changes": ("Changes the running apply job applied, per table and op", ("table", "op")),
+    "apply_retries": ("Transient failures the running apply job retried", ()),
+    "apply_maintenance_runs": ("Table maintenance runs of the running apply job that did work "
+                               "(ran) or failed", ("outcome",)),
+}
+STEPS = ("prepare", "scan", "plan", "reduce", "evolve", "changelog", "parse", "merge",
+         "maintenance", "status")
+OPS = {"I": "insert", "U": "update", "D": "delete", "T": "truncate"}
+MAINTENANCE_OUTCOMES = ("ran", "failed")
 
 
 @dataclass(frozen=True)
 class Sample:
-    metric: str  # a key of GAUGES
+    metric: str  # a key of GAUGES or COUNTERS
     labels: tuple[str, ...]  # the values of the metric's extra labels, in order
     value: float
 
@@ -184,7 +214,26 @@ def samples(status: PostgresIngestionStatus, *, owner: str, suspended: bool,
             put("apply_pass_tables", sum(1 for t in outcomes if t["state"] == state), state)
         for t in outcomes:
             put("apply_pass_changes", t.get("changes", 0), str(TableName(t["schema"], t["name"])))
+        totals = apply_pass.get("totals")
+        if totals is not None:
+            _totals(totals, put)
     return out
+
+
+def _totals(totals: Mapping, put: Callable[..., None]) -> None:
+    """The counters of the apply job's ``totals`` (only known steps, ops and outcomes)."""
+    started = datetime.fromisoformat(totals["startedAt"].replace("Z", "+00:00"))
+    put("apply_started_timestamp_seconds", started.timestamp())
+    put("apply_passes", totals.get("passes", 0))
+    seconds = totals.get("seconds", {})
+    for step in STEPS:
+        put("apply_pass_seconds", seconds.get(step, 0.0), step)
+    for table, ops in totals.get("changes", {}).items():
+        for op, name in OPS.items():
+            put("apply_changes", ops.get(op, 0), table, name)
+    put("apply_retries", sum(totals.get("retries", {}).values()))
+    for outcome in MAINTENANCE_OUTCOMES:
+        put("apply_maintenance_runs", totals.get("maintenance", {}).get(outcome, 0), outcome)
 
 
 def _holder_kind(holder: str | None, pid: int | None, owner: str, reader_pod: str | None) -> str:
@@ -218,9 +267,12 @@ class Gauges(Collector):
         with self._lock:
             fresh = {key: values for key, (at, values) in self._latest.items()
                      if now - at <= self._max_age}
-        families = {metric: GaugeMetricFamily(PREFIX + metric, help_,
-                                              labels=[*INGESTION_LABELS, *extra])
-                    for metric, (help_, extra) in GAUGES.items()}
+        families: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            metric: GaugeMetricFamily(PREFIX + metric, help_, labels=[*INGESTION_LABELS, *extra])
+            for metric, (help_, extra) in GAUGES.items()}
+        families.update({
+            metric: CounterMetricFamily(PREFIX + metric, help_, labels=[*INGESTION_LABELS, *extra])
+            for metric, (help_, extra) in COUNTERS.items()})
         for (namespace, name), values in sorted(fresh.items()):
             for s in values:
                 families[s.metric].add_metric([namespace, name, *s.labels], s.value)

@@ -104,6 +104,34 @@ def test_the_apply_jobs_last_pass_in_numbers():
                                                          suspended=False)})  # no document: no series
 
 
+def test_the_apply_jobs_totals_are_counters_from_its_start():
+    document = {"updatedAt": "2026-11-25T12:00:00.250000Z", "tables": [], "totals": {
+        "startedAt": "2026-11-25T11:00:00.000000Z", "passes": 7,
+        "seconds": {"merge": 3.5, "reduce": 1.25, "a-new-step": 9.0},
+        "changes": {"public.a": {"I": 5, "U": 2}, '"odd name".b': {"T": 1}},
+        "retries": {"public.a": 2, "reading lakeslot's DDL messages": 1},
+        "maintenance": {"ran": 3}}}
+    got = {(s.metric, s.labels): s.value for s in samples(
+        PostgresIngestionStatus(), owner="shop/orders", suspended=False, apply_pass=document)}
+    assert got[("apply_started_timestamp_seconds", ())] == NOW.timestamp() - 3600
+    assert got[("apply_passes", ())] == 7 and got[("apply_retries", ())] == 3
+    steps = {k[1][0]: v for k, v in got.items() if k[0] == "apply_pass_seconds"}
+    assert steps["merge"] == 3.5 and steps["reduce"] == 1.25 and steps["status"] == 0
+    assert "a-new-step" not in steps  # only the documented steps: bounded label values
+    assert {k[1]: v for k, v in got.items() if k[0] == "apply_changes" and v} == {
+        ("public.a", "insert"): 5, ("public.a", "update"): 2, ('"odd name".b', "truncate"): 1}
+    assert got[("apply_maintenance_runs", ("ran",))] == 3
+    assert got[("apply_maintenance_runs", ("failed",))] == 0
+    # exported as counters: a restarted job's smaller values are a reset, not a fall
+    metrics = OperatorMetrics()
+    metrics.observe("shop", "orders", {}, suspended=False, events=[], apply_pass=document)
+    assert metrics.registry.get_sample_value(
+        "lakeslot_apply_changes_total",
+        {"namespace": "shop", "ingestion": "orders", "table": "public.a", "op": "insert"}) == 5
+    assert metrics.registry.get_sample_value(
+        "lakeslot_apply_passes_total", {"namespace": "shop", "ingestion": "orders"}) == 7
+
+
 def test_series_of_a_deleted_or_silent_ingestion_disappear():
     clock = [0.0]
     metrics = OperatorMetrics(max_age=60, clock=lambda: clock[0])
@@ -383,6 +411,10 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
             wait_for(lambda: _mine(scrape(url), "lakeslot_apply_last_pass_timestamp_seconds") == ended,
                      "the apply job's last pass in the operator's metrics")
             assert _mine(scrape(url), "lakeslot_apply_pass_changes", table=TABLE) == outcome["changes"]
+            totals = last_pass["totals"]  # the job's counters since it started
+            assert _mine(scrape(url), "lakeslot_apply_passes_total") == totals["passes"] >= 1
+            assert sum(_mine(scrape(url), "lakeslot_apply_changes_total", table=TABLE, op=op) or 0
+                       for op in ("insert", "update", "delete", "truncate")) == outcome["changes"]
             wait_for(lambda: _mine(scrape(url), "lakeslot_table_freshness_seconds", table=TABLE) == 0,
                      "freshness 0 after the apply job caught up")
 
