@@ -145,7 +145,11 @@ def test_image_and_children_defaults_follow_the_release():
     assert operator_config(env) == children.OperatorConfig()  # what the chart sets is the default
     customized = chart.operator_container(chart.render(chart.VALUE_SETS["customized"]))
     assert customized["image"] == "registry.example/lakeslot:dev"
-    assert {e["name"]: e.get("value") for e in customized["env"]}["LAKESLOT_IMAGE"] == customized["image"]
+    customized_env = {e["name"]: e.get("value") for e in customized["env"]}
+    assert customized_env["LAKESLOT_IMAGE"] == customized["image"]
+    assert operator_config(customized_env).spark_pod_templates is True  # spark.podTemplates
+    with pytest.raises(ValueError, match="LAKESLOT_SPARK_POD_TEMPLATES"):
+        operator_config({**customized_env, "LAKESLOT_SPARK_POD_TEMPLATES": "yes"})
 
 
 @pytest.mark.parametrize("name", ["pod-monitor", "namespaced"])

@@ -1,28 +1,38 @@
 """Every child the operator builds meets what the cluster and spark-operator will check.
 
 For the examples and edge-case specs (names at the length limit, every ``sslMode``, a CA under a
-key other than ``ca.crt``, image pull secrets, a reader service account):
+key other than ``ca.crt``, image pull secrets, a reader service account), in both of the operator's
+Spark modes (``MODES``: security contexts for spark-operator's mutating webhook; and, for a
+spark-operator ≥ 2.1 without it, pod templates as well):
 
 - SparkApplications validate strictly (nothing pruned) against the schemas of spark-operator
-  v1beta2-1.3.8 and v2 (tests/data/spark-operator/: excerpts transcribed from the upstream API
-  types, each file naming its source; the full CRDs, 197k and 800k characters, were not copied),
-  and the core types inside them (the security contexts) against Kubernetes' own schemas, for the
-  oldest supported Kubernetes (1.29) and the newest the validator knows; and they round-trip
-  unchanged through spark-operator 2.4's own API models (PyPI ``kubeflow-spark-api``, generated
-  from its OpenAPI spec, corev1 types included);
+  v1beta2-1.3.8 (webhook mode only: it has no pod template field, and the check shows it would
+  prune one) and v2 (tests/data/spark-operator/: excerpts transcribed from the upstream API
+  types, each file naming its source; the full CRDs, 197k and 800k characters, were not copied,
+  and no PyPI, npm or Debian package ships them), and the core types inside them (the security
+  contexts, the pod templates) against Kubernetes' own schemas, for the oldest supported
+  Kubernetes (1.29) and the newest the validator knows; and they round-trip unchanged through
+  spark-operator 2.4's own API models (PyPI ``kubeflow-spark-api``, generated from its OpenAPI
+  spec, corev1 types included);
 - they pass the replay of spark-operator's published webhook rules (DNS-1035 names, denied
   sparkConf keys), and the replay itself refuses what it must;
 - Spark's own secret-mount naming (``<secret>-volume``, one file per key at the mount path) puts a
   file exactly where ``LAKESLOT_SOURCE_CA_FILE`` in the driver and executor environment says the
   CA is, and the job's connection settings read it from there;
 - every pod spec (reader, verification Job, Spark driver and executors) meets the ``restricted``
-  Pod Security Standard and carries the configured image pull secrets.
+  Pod Security Standard and carries the configured image pull secrets: the Spark pods as the
+  webhook makes them in webhook mode, as Spark builds them on the templates alone in template
+  mode (and the same with the webhook on as well: the two agree); webhook mode without the
+  webhook is the failure the templates exist for, and the check sees it.
 
-Not run here (and why): spark-operator itself and its webhook (a Go controller); the replay above
-stands in for the parts lakeslot's output depends on.
+Not run here (and why): spark-operator itself and its webhook (a Go controller) and Spark's pod
+building (pods need a cluster); the replay in tests/support/spark_operator.py stands in for the
+parts lakeslot's output depends on.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import kubernetes_validate
 import pydantic
@@ -43,6 +53,11 @@ from tests.support.pod_security import assert_restricted
 KUBE_VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 CONFIG = children.OperatorConfig(image="registry.example/lakeslot:1", image_pull_secrets=("registry",),
                                  reader_service_account="lakeslot-reader")
+# The operator's Spark modes: for spark-operator's webhook, and pod templates (no webhook, >= 2.1).
+MODES = {"webhook": CONFIG, "pod-templates": dataclasses.replace(CONFIG, spark_pod_templates=True)}
+# Which spark-operator schema each mode is for (v1beta2-1.3.8 has no pod template field).
+SCHEMA_MODES = [(version, mode) for version in sorted(spark_operator.SCHEMAS) for mode in sorted(MODES)
+                if not (version.startswith("v1beta2-1.3") and mode == "pod-templates")]
 CA_KEY = "ca.pem"  # the project's own fixture's key: not ca.crt
 SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 
@@ -70,19 +85,20 @@ def _ingestion(name: str) -> PostgresIngestion:
     return PostgresIngestion.model_validate(SPECS[name])
 
 
-def _applications(ingestion: PostgresIngestion) -> list[dict]:
+def _applications(ingestion: PostgresIngestion, config: children.OperatorConfig = CONFIG) -> list[dict]:
     generation = f"g{ingestion.spec.snapshot.resnapshot_generation}-0123abcd"
-    return [children.snapshot_application(ingestion, "uid", CONFIG, ["--x"], generation=generation),
-            children.apply_application(ingestion, "uid", CONFIG, ["--x"])]
+    return [children.snapshot_application(ingestion, "uid", config, ["--x"], generation=generation),
+            children.apply_application(ingestion, "uid", config, ["--x"])]
 
 
-def _pod_specs(ingestion: PostgresIngestion) -> dict[str, dict]:
+def _pod_specs(ingestion: PostgresIngestion, config: children.OperatorConfig = CONFIG, *,
+               webhook: bool = True) -> dict[str, dict]:
     reader = children.reader_deployment(ingestion, "uid", CONFIG, ["lakeslot", "reader"], replicas=1)
     job = children.verify_job(ingestion, "uid", CONFIG, ["lakeslot", "verify"], token="20250101T000000Z")
     pods = {"reader": reader["spec"]["template"]["spec"], "verify": job["spec"]["template"]["spec"]}
-    for app in _applications(ingestion):
+    for app in _applications(ingestion, config):
         for role in ("driver", "executor"):
-            view = spark_operator.pod_view(app, role, _secrets(ingestion))
+            view = spark_operator.pod_view(app, role, _secrets(ingestion), webhook=webhook)
             pods[f"{app['metadata']['labels'][children.COMPONENT_LABEL]}-{role}"] = view["pod"]
     return pods
 
@@ -92,18 +108,29 @@ def _secrets(ingestion: PostgresIngestion) -> dict[str, dict[str, str]]:
     return {} if ref is None else {ref.name: {ref.key: "-----BEGIN CERTIFICATE-----", "other": "x"}}
 
 
-@pytest.mark.parametrize("version", sorted(spark_operator.SCHEMAS))
+@pytest.mark.parametrize(("version", "mode"), SCHEMA_MODES)
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_spark_applications_validate_strictly_against_the_upstream_schema(name, version):
+def test_spark_applications_validate_strictly_against_the_upstream_schema(name, version, mode):
     schema = spark_operator.load_schema(version)
-    for app in _applications(_ingestion(name)):
+    for app in _applications(_ingestion(name), MODES[mode]):
         assert spark_operator.schema_problems(app, schema) == [], app["metadata"]["name"]
         for role in ("driver", "executor"):  # the core types inside, with Kubernetes' schemas
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {
                 "securityContext": app["spec"][role]["podSecurityContext"],
                 "containers": [{"name": "c", "image": "i", "securityContext": app["spec"][role]["securityContext"]}]}}
-            for kube in KUBE_VERSIONS:
-                kubernetes_validate.validate(pod, kube, strict=True)
+            template = app["spec"][role].get("template")
+            assert (template is not None) == MODES[mode].spark_pod_templates
+            objects = [pod] if template is None else [pod, {
+                "apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "x"}, "template": template}]
+            for obj in objects:
+                for kube in KUBE_VERSIONS:
+                    kubernetes_validate.validate(obj, kube, strict=True)
+
+
+def test_spark_operator_before_2_1_would_prune_the_pod_templates():
+    app = _applications(_ingestion("ingestion"), MODES["pod-templates"])[0]
+    assert spark_operator.schema_problems(app, spark_operator.load_schema("v1beta2-1.3.8")) == [
+        "fields the API server would prune: ['.spec.driver.template', '.spec.executor.template']"]
 
 
 def test_the_schema_check_refuses_a_field_upstream_does_not_have():
@@ -117,12 +144,13 @@ def test_the_schema_check_refuses_a_field_upstream_does_not_have():
     assert spark_operator.schema_problems(app, spark_operator.load_schema("v2"))
 
 
+@pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_spark_applications_round_trip_through_spark_operators_own_api_models(name):
+def test_spark_applications_round_trip_through_spark_operators_own_api_models(name, mode):
     """spark-operator 2.4's API models, generated from its OpenAPI spec (PyPI kubeflow-spark-api,
     corev1 types included): they validate types strictly and drop any field they do not know,
     so a round trip that changes nothing means every field is one spark-operator keeps."""
-    for app in _applications(_ingestion(name)):
+    for app in _applications(_ingestion(name), MODES[mode]):
         assert SparkApplicationModel.from_dict(app).to_dict() == app
 
 
@@ -171,10 +199,16 @@ def test_the_ca_is_where_the_spark_jobs_look_for_it(name):
             assert settings.sslrootcert == path
 
 
+@pytest.mark.parametrize("mode", sorted(MODES))
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_every_pod_is_restricted_and_pulls_with_the_configured_secrets(name):
+def test_every_pod_is_restricted_and_pulls_with_the_configured_secrets(name, mode):
+    """Webhook mode as spark-operator's webhook makes the Spark pods, template mode as Spark builds
+    them on the templates alone; template mode with the webhook running as well gives the same."""
     ingestion = _ingestion(name)
-    pods = _pod_specs(ingestion)
+    config = MODES[mode]
+    pods = _pod_specs(ingestion, config, webhook=not config.spark_pod_templates)
+    if config.spark_pod_templates:
+        assert _pod_specs(ingestion, config, webhook=True) == pods
     assert set(pods) == {"reader", "verify", "snapshot-driver", "snapshot-executor", "apply-driver",
                          "apply-executor"}
     for what, pod in pods.items():
@@ -184,6 +218,16 @@ def test_every_pod_is_restricted_and_pulls_with_the_configured_secrets(name):
     spark_account = ingestion.spec.spark.service_account or CONFIG.spark_service_account
     assert pods["reader"]["serviceAccountName"] == pods["verify"]["serviceAccountName"] == reader_account
     assert {pods[p]["serviceAccountName"] for p in pods if "-" in p} == {spark_account}
+
+
+def test_without_the_webhook_only_the_templates_make_spark_pods_restricted():
+    ingestion = _ingestion("ingestion")
+    templated = _pod_specs(ingestion, MODES["pod-templates"], webhook=False)
+    bare = _pod_specs(ingestion, MODES["webhook"], webhook=False)
+    for what in ("snapshot-driver", "snapshot-executor", "apply-driver", "apply-executor"):
+        assert_restricted(templated[what])
+        with pytest.raises(AssertionError):
+            assert_restricted(bare[what])
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

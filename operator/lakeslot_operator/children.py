@@ -32,10 +32,14 @@ Invariants:
 - Pods meet the ``restricted`` Pod Security Standard: non-root user 10001, no privilege
   escalation, every capability dropped, read-only root file system (``/tmp`` is an emptyDir),
   ``RuntimeDefault`` seccomp, no service account token. The Spark driver and executors get the
-  same container security context through the SparkApplication's ``securityContext`` /
-  ``podSecurityContext`` (applied by spark-operator's mutating webhook; their root file system
-  stays writable: Spark writes its work directory). Every pod lists the operator's
-  ``imagePullSecrets`` (the chart's, since they run the same image).
+  same contexts (their root file system stays writable: Spark writes its work directory) through
+  the SparkApplication's ``securityContext`` / ``podSecurityContext``, which spark-operator's
+  mutating webhook applies; with ``OperatorConfig.spark_pod_templates`` (for a spark-operator
+  ≥ 2.1 without its webhook) also through ``spec.{driver,executor}.template``, a pod template
+  Spark builds the pod on, keeping both contexts. Both at once agree (the webhook sets what the
+  template already says); spark-operator before 2.1 has no template field and would prune it, so
+  templates are never the default. Every pod lists the operator's ``imagePullSecrets`` (the
+  chart's, since they run the same image).
 - Spark mounts the CA Secret whole, each key a file of its own name, so the Spark pods get
   ``LAKESLOT_SOURCE_CA_FILE`` pointing at ``<mount>/<key>`` (``spark.kubernetes.driverEnv.*`` and
   ``spark.executorEnv.*``, honoured by Spark itself); the reader and the verification Job mount
@@ -55,7 +59,7 @@ import posixpath
 from dataclasses import dataclass
 
 from lakeslot.api.annotations import VERIFY
-from lakeslot.api.models import PostgresIngestion
+from lakeslot.api.models import DriverSpec, ExecutorSpec, PostgresIngestion
 from lakeslot.api.naming import namespace_of
 from lakeslot.spark_conf import iceberg_conf
 from lakeslot.workloads import CA_FILE, CA_FILE_ENV, PASSWORD_ENV, READER_METRICS_PORT, catalog_secret_env
@@ -68,6 +72,8 @@ CA_MOUNT = posixpath.dirname(CA_FILE)
 NAME_MAX = 63
 SPARK_NAME_MAX = NAME_MAX - len("-ui-svc")
 RUN_AS_USER = 10001
+# The Spark containers' names, as spark-operator passes them to Spark for its pod templates.
+SPARK_CONTAINERS = {"driver": "spark-kubernetes-driver", "executor": "spark-kubernetes-executor"}
 SNAPSHOT_TTL_SECONDS = 3600
 VERIFY_TTL_SECONDS = 3600
 VERIFY_DEADLINE_SECONDS = 6 * 3600
@@ -82,6 +88,9 @@ class OperatorConfig:
     image_pull_policy: str = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = ()  # names of Secrets in each ingestion's namespace
     reader_service_account: str | None = None  # None: the namespace's default service account
+    # Pod templates for the Spark driver and executors, for a spark-operator (>= 2.1) that runs
+    # without its mutating webhook: without either, their pods get no security context.
+    spark_pod_templates: bool = False
     # The reader's resources unless spec.reader.resources says otherwise: from the reader benchmark
     # (README, Performance: peak RSS 156 MB through a 1 GiB transaction, about one core at full
     # speed). No CPU limit: the reader must keep up with the walsender.
@@ -170,6 +179,24 @@ def _pod_security() -> dict:
 def _spark_container_security() -> dict:
     """The restricted profile for Spark's containers; the root file system stays writable."""
     return {**_container_security(), "readOnlyRootFilesystem": False, "runAsUser": RUN_AS_USER}
+
+
+def _spark_pod(role: str, resources: DriverSpec, role_labels: dict[str, str], account: str,
+               config: OperatorConfig) -> dict:
+    """A SparkApplication's ``driver`` or ``executor``: resources, labels, the service account
+    and the restricted security contexts, for the webhook and (``spark_pod_templates``) as a pod
+    template whose container has the name spark-operator tells Spark to build on
+    (``spark.kubernetes.{role}.podTemplateContainerName``)."""
+    pod: dict[str, object] = {"cores": resources.cores, "memory": resources.memory}
+    if isinstance(resources, ExecutorSpec):
+        pod["instances"] = resources.instances
+    pod.update({"labels": role_labels, "serviceAccount": account,
+                "securityContext": _spark_container_security(), "podSecurityContext": _pod_security()})
+    if config.spark_pod_templates:
+        pod["template"] = {"spec": {
+            "securityContext": _pod_security(),
+            "containers": [{"name": SPARK_CONTAINERS[role], "securityContext": _spark_container_security()}]}}
+    return pod
 
 
 def _reader_resources(ingestion: PostgresIngestion, config: OperatorConfig) -> dict:
@@ -333,14 +360,8 @@ def _spark_application(ingestion: PostgresIngestion, uid: str, config: OperatorC
         "restartPolicy": restart,
         "sparkConf": {**iceberg_conf(ingestion.spec.sink.catalog), **_secret_conf(ingestion),
                       **spark.spark_conf},
-        "driver": {"cores": driver.cores, "memory": driver.memory, "labels": role_labels,
-                   "serviceAccount": account,
-                   "securityContext": _spark_container_security(),
-                   "podSecurityContext": _pod_security()},
-        "executor": {"cores": executor.cores, "memory": executor.memory,
-                     "instances": executor.instances, "labels": role_labels, "serviceAccount": account,
-                     "securityContext": _spark_container_security(),
-                     "podSecurityContext": _pod_security()},
+        "driver": _spark_pod("driver", driver, role_labels, account, config),
+        "executor": _spark_pod("executor", executor, role_labels, account, config),
     }
     if config.image_pull_secrets:
         spec["imagePullSecrets"] = list(config.image_pull_secrets)

@@ -10,7 +10,9 @@ when it stops (the peering CRDs ship with the Helm chart).
 
 The children's defaults come from the environment the chart sets: ``LAKESLOT_IMAGE``,
 ``LAKESLOT_IMAGE_PULL_POLICY``, ``LAKESLOT_IMAGE_PULL_SECRETS`` (comma-separated Secret names),
-``LAKESLOT_SPARK_SERVICE_ACCOUNT``, ``LAKESLOT_READER_SERVICE_ACCOUNT``; ``POD_ID`` is kopf's
+``LAKESLOT_SPARK_SERVICE_ACCOUNT``, ``LAKESLOT_READER_SERVICE_ACCOUNT``,
+``LAKESLOT_SPARK_POD_TEMPLATES`` (``true``: pod templates for a spark-operator without its webhook;
+anything but ``true``/``false`` stops the operator at start); ``POD_ID`` is kopf's
 identity in the peering object, and ``LAKESLOT_PEERING_LIFETIME_S`` how long a replica that died
 keeps the others waiting (default :data:`lakeslot_operator.peering.LIFETIME_S`).
 """
@@ -50,7 +52,15 @@ def operator_config(environ: Mapping[str, str] | None = None) -> OperatorConfig:
                                       defaults.spark_service_account),
         image_pull_policy=env.get("LAKESLOT_IMAGE_PULL_POLICY", defaults.image_pull_policy),
         image_pull_secrets=secrets,
-        reader_service_account=env.get("LAKESLOT_READER_SERVICE_ACCOUNT") or None)
+        reader_service_account=env.get("LAKESLOT_READER_SERVICE_ACCOUNT") or None,
+        spark_pod_templates=_flag(env, "LAKESLOT_SPARK_POD_TEMPLATES", defaults.spark_pod_templates))
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    value = env.get(name, "").strip().lower()
+    if value not in ("", "true", "false"):
+        raise ValueError(f"{name} must be true or false, not {env[name]!r}")
+    return default if not value else value == "true"
 
 
 def run(*, namespaces: list[str], peering: str | None, liveness: str | None,

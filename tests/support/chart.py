@@ -76,6 +76,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
         "priorityClassName": "data-platform",
+        "spark": {**SERVED["spark"], "podTemplates": True},
         "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/cdc"}},
         "resources": {"requests": {"cpu": "200m", "memory": "300Mi"}, "limits": {"memory": "1Gi"}},
     },

@@ -13,12 +13,13 @@ def assert_restricted(pod: dict) -> None:
     assert all(set(volume) - {"name"} <= RESTRICTED_VOLUMES for volume in pod.get("volumes", []))
     pod_security = pod.get("securityContext", {})
     for container in pod["containers"] + pod.get("initContainers", []):
-        security = container["securityContext"]
+        security = container.get("securityContext") or {}
         assert security.get("runAsNonRoot", pod_security.get("runAsNonRoot")) is True
         assert security.get("runAsUser", pod_security.get("runAsUser")) != 0
         seccomp = security.get("seccompProfile", pod_security.get("seccompProfile"))
         assert seccomp is not None and seccomp["type"] in ("RuntimeDefault", "Localhost")
-        assert security["allowPrivilegeEscalation"] is False
+        assert security.get("allowPrivilegeEscalation") is False
         assert not security.get("privileged")
-        assert security["capabilities"]["drop"] == ["ALL"] and not security["capabilities"].get("add")
+        capabilities = security.get("capabilities") or {}
+        assert capabilities.get("drop") == ["ALL"] and not capabilities.get("add")
         assert all("hostPort" not in port for port in container.get("ports", []))

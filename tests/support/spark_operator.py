@@ -10,12 +10,17 @@ rules (neither can run here), for tests/test_spark_operator_contract.py.
   the name must be a DNS-1035 label, since the operator derives Service names from it, e.g. the UI
   Service ``<name>-ui-svc``) and ``validateSparkConf`` (internal/webhook/sparkconf_validator.go:
   denied keys, and ``spark.kubernetes.namespace`` only equal to the application's namespace).
-- ``pod_view``: the driver or executor pod Spark 3.5 and spark-operator's mutating webhook make of
-  an application, as far as lakeslot's settings go: environment variables from
+- ``pod_view``: the driver or executor pod Spark 3.5 and spark-operator make of an application, as
+  far as lakeslot's settings go: the role's pod template when there is one (spark-operator ≥ 2.1
+  writes ``spec.{driver,executor}.template`` to a file for ``spark.kubernetes.{role}.podTemplateFile``
+  and names the container to build on, ``spark-kubernetes-{role}``, in
+  ``podTemplateContainerName``; Spark keeps the template's security contexts and falls back to the
+  first container when none has that name), environment variables from
   ``spark.kubernetes.driverEnv.*`` / ``spark.executorEnv.*`` and ``secretKeyRef``s, a Secret named
   in ``spark.kubernetes.{driver,executor}.secrets.<name>=<path>`` mounted whole as the volume
-  ``<name>-volume`` (Spark's MountSecretsFeatureStep) with one file per key, and the role's
-  ``securityContext`` (the container) and ``podSecurityContext`` (the pod) applied by the webhook.
+  ``<name>-volume`` (Spark's MountSecretsFeatureStep) with one file per key, and, with ``webhook``
+  (spark-operator's mutating webhook running), the role's ``securityContext`` (the container) and
+  ``podSecurityContext`` (the pod) set over whatever the template said.
 """
 
 from __future__ import annotations
@@ -81,10 +86,12 @@ def webhook_problems(app: dict[str, Any]) -> list[str]:
     return problems
 
 
-def pod_view(app: dict[str, Any], role: str, secrets: dict[str, dict[str, str]]) -> dict[str, Any]:
+def pod_view(app: dict[str, Any], role: str, secrets: dict[str, dict[str, str]], *,
+             webhook: bool = True) -> dict[str, Any]:
     """The ``role`` ("driver"/"executor") pod: ``env`` (name → value, or ``secretKeyRef`` text),
     ``files`` (path → content from mounted Secrets, given as ``secrets``: name → key → value),
-    ``volumes`` (names), ``pod`` (a pod spec with the webhook's security contexts)."""
+    ``volumes`` (names), ``pod`` (a pod spec with the security contexts the template and, with
+    ``webhook``, spark-operator's mutating webhook give it)."""
     conf = app["spec"].get("sparkConf") or {}
     env_prefix = "spark.kubernetes.driverEnv." if role == "driver" else "spark.executorEnv."
     env = {key.removeprefix(env_prefix): value for key, value in conf.items() if key.startswith(env_prefix)}
@@ -100,11 +107,18 @@ def pod_view(app: dict[str, Any], role: str, secrets: dict[str, dict[str, str]])
             volumes.append({"name": secret + SECRET_VOLUME_SUFFIX, "secret": {"secretName": secret}})
             files.update({posixpath.join(mount, item): value for item, value in secrets[secret].items()})
     spec = app["spec"][role]
-    container = {"name": f"spark-kubernetes-{role}", "image": app["spec"]["image"],
-                 "securityContext": spec.get("securityContext", {})}
-    pod: dict[str, Any] = {"containers": [container], "volumes": volumes,
-                           "serviceAccountName": spec.get("serviceAccount"),
-                           "securityContext": spec.get("podSecurityContext", {})}
+    name = f"spark-kubernetes-{role}"
+    template = copy.deepcopy((spec.get("template") or {}).get("spec") or {})
+    containers = template.get("containers") or [{}]
+    base = next((c for c in containers if c.get("name") == name), containers[0])
+    container = {**base, "name": name, "image": app["spec"]["image"]}
+    pod: dict[str, Any] = {**template, "containers": [container], "volumes": volumes,
+                           "serviceAccountName": spec.get("serviceAccount")}
+    if webhook:
+        if "securityContext" in spec:
+            container["securityContext"] = spec["securityContext"]
+        if "podSecurityContext" in spec:
+            pod["securityContext"] = spec["podSecurityContext"]
     if app["spec"].get("imagePullSecrets"):
-        pod["imagePullSecrets"] = [{"name": name} for name in app["spec"]["imagePullSecrets"]]
+        pod["imagePullSecrets"] = [{"name": secret} for secret in app["spec"]["imagePullSecrets"]]
     return {"env": env, "files": files, "volumes": [v["name"] for v in volumes], "pod": pod}
