@@ -31,6 +31,7 @@ from lakeslot.api.models import (
     ApplyStatus,
     ConditionStatus,
     Phase,
+    PostgresIngestionSpec,
     PostgresIngestionStatus,
     ReaderStatus,
     SlotStatus,
@@ -48,6 +49,7 @@ READER_FAILING = "ReaderFailing"  # CrashLoopBackOff, ImagePullBackOff, progress
 APPLY_FAILED = "ApplyFailed"  # the apply SparkApplication is FAILED or SUBMISSION_FAILED
 CHILD_FAILURES = (CHILD_REJECTED, READER_FAILING, APPLY_FAILED)
 NEEDED_FOR_READY = ("SourceReady", "SlotReady", "SnapshotComplete", "Streaming")
+CATCHING_UP_MIN_S = 10.0  # a streaming ingestion this far behind or less is current
 _CONDITION_STATUS: dict[bool | None, ConditionStatus] = {True: "True", False: "False", None: "Unknown"}
 
 
@@ -273,11 +275,22 @@ def record_progress(report: Report, progress: Mapping[TableName, MirrorProgress]
     return applied
 
 
+def catching_up_after_s(spec: PostgresIngestionSpec) -> float:
+    """Freshness above which a streaming ingestion says it is catching up: more than twice what
+    a change waits in a steady stream (its segment's seal, then the next apply pass), and at
+    least :data:`CATCHING_UP_MIN_S`."""
+    trigger = spec.apply.trigger_interval_seconds
+    return max(CATCHING_UP_MIN_S, 2 * (spec.reader.seal_seconds(trigger) + trigger))
+
+
 def streaming(report: Report, applied: list[int], *, reader_problem: str | None,
-              apply_problem: str | None, reader_reason: str = "ReaderNotReady",
-              apply_reason: str = "ApplyNotRunning") -> None:
-    """``Streaming``: the first thing that keeps changes from flowing, else True (the reasons of
-    a problem default to the waiting ones; the operator passes :data:`CHILD_FAILURES` ones)."""
+              apply_problem: str | None, catching_up_after: float,
+              reader_reason: str = "ReaderNotReady", apply_reason: str = "ApplyNotRunning") -> None:
+    """``Streaming``: the first thing that keeps changes from flowing, else True — with reason
+    ``CatchingUp`` while the mirrors are more than ``catching_up_after`` seconds behind (a
+    backlog, or a new apply job's first passes), so the first minutes are not reported as
+    current (the reasons of a problem default to the waiting ones; the operator passes
+    :data:`CHILD_FAILURES` ones)."""
     if reader_problem:
         report.condition("Streaming", False, reader_reason, reader_problem)
     elif not applied:
@@ -286,8 +299,15 @@ def streaming(report: Report, applied: list[int], *, reader_problem: str | None,
     elif apply_problem:
         report.condition("Streaming", False, apply_reason, apply_problem)
     else:
-        report.condition("Streaming", True, "Streaming",
-                         f"{len(applied)} table(s) streaming, lag {report.status.lag_bytes} bytes")
+        flowing = f"{len(applied)} table(s) streaming, lag {report.status.lag_bytes} bytes"
+        behind = report.status.apply.lag_seconds if report.status.apply else None
+        if behind is not None and behind > catching_up_after:
+            report.condition("Streaming", True, "CatchingUp",
+                             f"{flowing}, {behind} s behind the source: the apply job is catching "
+                             f"up (a backlog, or its first passes warming up); current is within "
+                             f"{catching_up_after:g} s")
+        else:
+            report.condition("Streaming", True, "Streaming", flowing)
 
 
 def lsn_text(value: int | None) -> str | None:

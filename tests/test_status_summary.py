@@ -12,14 +12,18 @@ import pytest
 
 from lakeslot import status as st
 from lakeslot.api.models import (
+    ApplyStatus,
     Condition,
     ConditionStatus,
+    PostgresIngestion,
     PostgresIngestionStatus,
     SlotStatus,
     SnapshotStatus,
     TableState,
     TableStatus,
 )
+from lakeslot.source.tables import TableName
+from tests.support.operator_env import OfflineDatabase, ingestion_document
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 WAL_AT_RISK = ("the slot's WAL is beyond max_slot_wal_keep_size and about to be removed: the "
@@ -170,3 +174,32 @@ def test_summarize_writes_the_summary_into_the_report():
     assert (written["Degraded"].status, written["Degraded"].reason) == ("False", "Healthy")
     assert written["Ready"].observed_generation == 7
     assert report.status.phase == "Streaming"
+
+
+@pytest.mark.parametrize(("behind", "reason"), [(None, "Streaming"), (12, "Streaming"),
+                                                (13, "CatchingUp"), (600, "CatchingUp")])
+def test_streaming_says_when_the_mirrors_are_catching_up(behind, reason):
+    """Streaming stays True (the data flows, Ready holds) but a mirror far behind — a backlog,
+    or a new apply job's first passes — is reported as catching up, not as current."""
+    report = st.Report(PostgresIngestionStatus(conditions=ALL_TRUE, lag_bytes=4096,
+                                               apply=ApplyStatus(lag_seconds=behind)), 7, T0)
+    st.streaming(report, [100], reader_problem=None, apply_problem=None, catching_up_after=12)
+    report.summarize()
+    written = {cond.type: cond for cond in report.status.conditions}
+    assert (written["Streaming"].status, written["Streaming"].reason) == ("True", reason)
+    assert written["Ready"].status == "True"
+    if reason == "CatchingUp":
+        assert f"{behind} s behind the source" in written["Streaming"].message
+        assert "within 12 s" in written["Streaming"].message
+
+
+@pytest.mark.parametrize(("apply", "reader", "after"), [
+    ({}, {}, 2 * (10 + 60)),  # the defaults: a 10 s seal, a pass a minute
+    ({"triggerIntervalSeconds": 1}, {}, 10),  # 2 × (0.5 + 1) = 3: at least 10 s
+    ({"triggerIntervalSeconds": 5}, {"segmentMaxSeconds": 4}, 18),
+])
+def test_catching_up_is_relative_to_what_a_change_waits(apply, reader, after):
+    document = ingestion_document("orders", OfflineDatabase(), [TableName("public", "t")],
+                                  warehouse="/tmp/wh", staging="file:///tmp/staging")
+    document["spec"]["apply"], document["spec"]["reader"] = apply, reader
+    assert st.catching_up_after_s(PostgresIngestion.model_validate(document).spec) == after

@@ -143,7 +143,8 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
     freshness.record(report.status, ing.spec.staging.uri, report.now)
     _apply_errors(report, ing.spec.staging.uri)
     st.streaming(report, applied, reader_problem=_reader_problem(activity_now),
-                 apply_problem=activity_now.apply_problem)
+                 apply_problem=activity_now.apply_problem,
+                 catching_up_after=st.catching_up_after_s(ing.spec))
     report.summarize()
     return report.status
 

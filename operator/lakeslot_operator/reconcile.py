@@ -353,7 +353,8 @@ class _Reconciler:
                      reader_problem=reader.message if reader else None,
                      reader_reason=reader.reason if reader else "",
                      apply_problem=apply.message if apply else None,
-                     apply_reason=apply.reason if apply else "")
+                     apply_reason=apply.reason if apply else "",
+                     catching_up_after=st.catching_up_after_s(self.ing.spec))
 
 def source_settings(kube: Kube, namespace: str, source: SourceSpec) -> connection.ConnectionSettings:
     """Connection settings with the Secrets resolved (LookupError names a missing one)."""
