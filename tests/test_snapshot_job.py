@@ -229,6 +229,65 @@ def test_a_killed_task_is_retried_without_duplicates(spark, spark_warehouse, ice
     assert snapshot_slots(pgdb) == []
 
 
+def _leader(pgdb) -> list[int]:
+    with pgdb.connect() as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'lakeslot-snapshot-leader %%'"
+            " AND datname = current_database()")]
+
+
+def test_a_lost_exported_snapshot_copies_the_table_again_under_a_new_one(
+        spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path):
+    """The leader's session terminated while ranges wait to start (found by the chaos suite: the
+    table failed with a definite error and ``lakeslot run`` exited 3)."""
+    with pgdb.connect() as conn:
+        _accounts(conn)
+        expected = source_rows(conn, ACCOUNTS)
+    blocker = pgdb.connect(autocommit=False)
+    exported: list = []
+    outcome: dict[str, snapshot_job.JobResult] = {}
+
+    def on_exported(snapshot) -> None:
+        exported.append(snapshot)
+        if len(exported) == 1:  # the first followers wait at their COPY; the other ranges wait
+            blocker.execute("LOCK TABLE accounts IN ACCESS EXCLUSIVE MODE")
+
+    progress = str(tmp_path / "progress.json")
+    runner = threading.Thread(target=lambda: outcome.setdefault("result", snapshot_job.copy(
+        spark, make_job(pgdb, iceberg_namespace, [ACCOUNTS], target_range_bytes=8192 * 4,
+                        progress=progress),
+        snapshot_job.Hooks(on_exported=on_exported))))
+    runner.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not _waiting_followers(pgdb):
+            assert time.monotonic() < deadline and runner.is_alive(), "no follower reached the table"
+            time.sleep(0.1)
+        (pid,) = _leader(pgdb)
+        with pgdb.connect() as conn:
+            assert conn.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+        while pid in _leader(pgdb):
+            assert time.monotonic() < deadline, "the leader's session did not end"
+            time.sleep(0.1)
+    finally:
+        blocker.rollback()
+        blocker.close()
+        runner.join(300)
+    result = outcome["result"]
+    assert result.ok, [t.error for t in result.tables]
+    assert len(exported) == 2  # copied again, whole, under a second snapshot
+    assert result.snapshot_lsn == exported[1].lsn == _lsn_of_current_snapshot(
+        spark_warehouse, iceberg_namespace, ACCOUNTS)
+    copied = mirror_rows(spark_warehouse, iceberg_namespace, ACCOUNTS)
+    assert without_lsn(copied) == expected  # each row once: nothing of the lost attempt
+    data_files = mirror(spark_warehouse, iceberg_namespace, ACCOUNTS).inspect.files()
+    assert sum(data_files.column("record_count").to_pylist()) == len(expected)
+    (entry,) = snapshot_progress.read(progress)["tables"]
+    assert entry["state"] == "committed" and entry["error"] is None
+    assert entry["rowsStaged"] == len(expected) and entry["rangesDone"] == entry["rangesTotal"] > 2
+    assert snapshot_slots(pgdb) == []
+
+
 def test_skip_resnapshot_and_resume_after_a_failed_table(spark, spark_warehouse, iceberg_namespace, pgdb,
                                                          tmp_path):
     good, bad = TableName("public", "good"), TableName("public", "bad")

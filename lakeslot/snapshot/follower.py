@@ -31,7 +31,9 @@ Invariants:
 Failure modes: a definite error (:class:`DefiniteError` — table dropped or altered during the
 snapshot, heap rewritten, row-level security, missing privilege, statement timeout, the exported
 snapshot gone, a value with no faithful mapping, a NULL in a key column) comes back as
-``RangeResult.error``; it would fail again on retry. Anything else (connection lost, backend
+``RangeResult.error``; it would fail again on retry under the same snapshot (the exported snapshot
+gone — :class:`SnapshotLost` — is flagged ``snapshot_lost``: the job copies the table again under
+a new snapshot). Anything else (connection lost, backend
 terminated, executor lost) raises, so Spark and then the driver retry the range.
 """
 
@@ -82,6 +84,11 @@ class DefiniteError(RuntimeError):
     """Retrying cannot help; the message says what happened and what to do."""
 
 
+class SnapshotLost(DefiniteError):
+    """The exported snapshot is gone (the leader's session ended): no range can be read under it
+    any more, but the table can be copied again under a new one."""
+
+
 @dataclass(frozen=True)
 class RangeTask:
     settings: ConnectionSettings  # without the password
@@ -104,6 +111,7 @@ class RangeResult:
     files: tuple[str, ...] = ()
     rows: int = 0
     error: str | None = None  # a definite error; None on success
+    snapshot_lost: bool = False  # the error is SnapshotLost: a new exported snapshot would do
     cpu: dict[str, float] = field(default_factory=dict)  # process CPU seconds: read/convert/write
 
 
@@ -112,7 +120,7 @@ def run_task(task: RangeTask) -> RangeResult:
     try:
         return _copy_range(task)
     except DefiniteError as e:
-        return RangeResult(error=str(e))
+        return RangeResult(error=str(e), snapshot_lost=isinstance(e, SnapshotLost))
 
 
 def query(task: RangeTask) -> str:
@@ -189,6 +197,9 @@ def _transaction(task: RangeTask) -> Iterator:
             yield cursor
             cursor.execute("COMMIT")
     except adbc_driver_manager.DatabaseError as e:
+        if _snapshot_lost(e):
+            raise SnapshotLost(f"the exported snapshot is no longer available "
+                               f"({_server_message(e)}): the leader's session ended") from None
         message = _definite_message(task, e)
         if message is None:
             raise
@@ -213,10 +224,15 @@ def _definite_message(task: RangeTask, e: adbc_driver_manager.DatabaseError) -> 
     if state == "57014":
         return (f"statement_timeout canceled the copy of a range of {table} ({said}); raise "
                 "snapshot.statementTimeoutSeconds or lower snapshot.targetRangeBytes")
-    if "snapshot" in said and state in ("22023", "0A000", "55000"):
-        return (f"the exported snapshot is no longer available ({said}): the leader's transaction "
-                "ended; run the snapshot job again")
     return None
+
+
+def _snapshot_lost(e: adbc_driver_manager.DatabaseError) -> bool:
+    """Importing the exported snapshot failed because it is gone: PostgreSQL 15 says "invalid
+    snapshot identifier" (22023), 18 'snapshot "…" does not exist' (42704)."""
+    state, said = getattr(e, "sqlstate", None) or "", _server_message(e)
+    return ((state in ("22023", "0A000", "55000") and "snapshot" in said)
+            or (state == "42704" and said.startswith('snapshot "')))
 
 
 def _check_heap_unchanged(task: RangeTask, cursor) -> None:

@@ -27,6 +27,13 @@ Steps:
 4. When every table has committed or failed, the leader's transaction ends and its temporary slot
    is dropped (leader commits last).
 
+The exported snapshot lost while copying (the leader's session terminated or its connection
+broken): ranges that had imported it finish, the others fail with
+:class:`lakeslot.snapshot.follower.SnapshotLost`, and the tables they belong to are copied again,
+whole, under a new exported snapshot (up to ``max_attempts`` snapshots; then they fail
+``transient``). Their Iceberg transactions never committed, so nothing of the lost attempt is
+visible; each table records the snapshot it was committed under.
+
 Resuming: a job that dies after some tables committed is simply run again. Committed tables carry
 ``lakeslot.snapshot-generation`` and are skipped; the others are copied under a new snapshot (each
 table records its own ``s``). Data files of attempts that never committed are unreferenced
@@ -202,9 +209,26 @@ def _to_copy(catalog: Catalog, job: SnapshotJob,
 def _snapshot(spark, job: SnapshotJob, catalog: Catalog,
               todo: list[tuple[plan.TableRequest, MirrorState]], progress: Progress, hooks: Hooks,
               cpu: dict[str, float]) -> None:
+    """Copy ``todo`` under one exported snapshot; the tables whose snapshot was lost meanwhile
+    (the leader's session ended) again under a new one, up to ``max_attempts`` snapshots."""
     sc = spark.sparkContext
     if sc.master.startswith("local") and job.source.password:
         sc.environment[PASSWORD_ENV] = job.source.password
+    for attempt in range(1, job.max_attempts + 1):
+        lost = _under_one_snapshot(spark, job, catalog, todo, progress, hooks, cpu)
+        if not lost:
+            return
+        todo = [(request, state) for request, state in todo if request.source in lost]
+        log.warning("the exported snapshot was lost while copying %s (snapshot %d of %d)%s",
+                    ", ".join(map(str, lost)), attempt, job.max_attempts,
+                    ": copying again under a new one" if attempt < job.max_attempts else "")
+
+
+def _under_one_snapshot(spark, job: SnapshotJob, catalog: Catalog,
+                        todo: list[tuple[plan.TableRequest, MirrorState]], progress: Progress,
+                        hooks: Hooks, cpu: dict[str, float]) -> set[TableName]:
+    """Copy ``todo`` under a new exported snapshot; the tables that failed only because that
+    snapshot was lost (their entries say so, ``transient``)."""
     app = application_name("snapshot-leader", job.ingestion)
     with leader.exported_snapshot(job.source, app) as snapshot:
         progress.snapshot_lsn = snapshot.lsn
@@ -225,6 +249,7 @@ def _snapshot(spark, job: SnapshotJob, catalog: Catalog,
         _copy(spark, job, runs, progress.job)
         if hooks.before_release:
             hooks.before_release(snapshot)
+    return {run.plan.request.source for run in runs if run.snapshot_lost}
 
 
 def _plan(job: SnapshotJob, snapshot: leader.Snapshot, requests: list[plan.TableRequest]
@@ -251,7 +276,7 @@ class _TableRun:
         self.progress, self.cpu = progress, cpu
         self.files: list[str] = []
         self.rows = self.done = 0
-        self.failed = False
+        self.failed = self.snapshot_lost = False
         self._lock = threading.Lock()
 
     @classmethod
@@ -278,7 +303,8 @@ class _TableRun:
         run = cls(table_plan, write, tasks, snapshot.lsn, progress, cpu,
                   resnapshot=state.generation is not None)
         progress.table(request.source, state="copying", rows_estimated=table_plan.rows_estimate,
-                       ranges_total=len(tasks))
+                       ranges_total=len(tasks), rows_staged=0, ranges_done=0, error=None,
+                       transient=False)
         if not tasks:  # a partitioned table without partitions
             run._commit()
         return run
@@ -306,10 +332,13 @@ class _TableRun:
             return
         self.progress.table(self.plan.request.source, state="committed", lsn=self.lsn)
 
-    def fail(self, error: str, *, transient: bool = False) -> None:
+    def fail(self, error: str, *, transient: bool = False, snapshot_lost: bool = False) -> None:
+        """Fail the table (once); ``snapshot_lost``: only because the exported snapshot is gone
+        (transient: a new snapshot would do)."""
         with self._lock:
             if not self.failed:
-                self._fail_locked(error, transient=transient)
+                self.snapshot_lost = snapshot_lost
+                self._fail_locked(error, transient=transient or snapshot_lost)
 
     def _fail_locked(self, error: str, *, transient: bool = False) -> None:
         self.failed = True
@@ -343,7 +372,7 @@ def _copy_range(spark, job: SnapshotJob, run: _TableRun, task: follower.RangeTas
                         task.table, attempt + 1, job.max_attempts, last_error)
             continue
         if result.error:
-            run.fail(result.error)
+            run.fail(result.error, snapshot_lost=result.snapshot_lost)
         else:
             run.add(result)
         return
