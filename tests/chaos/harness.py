@@ -32,7 +32,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +42,7 @@ from psycopg import Rollback
 from lakeslot import pgcluster
 from lakeslot.local import state
 from lakeslot.local.tree import alive, descendants
+from lakeslot.mirror import progress as mirror_progress
 from tests.support import apply_workload
 from tests.support import local_support as ls
 from tests.support.fixtures_pg import Database
@@ -242,6 +243,16 @@ class Supervisor:
         return 0
 
 
+def applied_past(local, tables, position: int) -> bool:
+    """Every mirror of ``tables`` has committed and its ``lakeslot.lsn`` is at or past
+    ``position`` (False while unreadable)."""
+    try:
+        progress = mirror_progress.read(local.ingestion, tables)
+    except Exception:  # noqa: BLE001 - no mirror yet, a commit in flight or a fault: read again later
+        return False
+    return all(p.lsn is not None and p.lsn >= position for p in progress.values())
+
+
 # the faults ---------------------------------------------------------------------------------
 
 @dataclass
@@ -249,7 +260,8 @@ class Context:
     supervisor: Supervisor
     cluster: pgcluster.Cluster
     slot: str
-    staging: Path
+    staging: Path  # a tmpfs mount (:func:`staging_on_tmpfs`) when staging_full may strike
+    warehouse: Path  # local mode's hadoop catalog: tables' metadata and data under it
     wal_sender_timeout_s: float
     rng: random.Random
 
@@ -356,9 +368,106 @@ def staging_unwritable(c: Context) -> str:
     return f"staging unwritable for {seconds:.1f} s"
 
 
+def staging_full(c: Context) -> str:
+    """The staging filesystem full for a while: the tmpfs under staging shrunk to what it holds
+    (writes fail with ENOSPC; renames, reads and deletes go on), then given its size back. It
+    lasts its seeded length and at least until the run noticed it (:func:`_until_noticed`)."""
+    assert os.path.ismount(c.staging), f"{c.staging} is not a tmpfs (see staging_on_tmpfs)"
+    seconds = c.rng.uniform(3, 10)
+    marks = _log_sizes(c)
+    full = wait_for(lambda: _shrink_to_used(c.staging), "the staging tmpfs to be made full")
+    try:
+        noticed = _until_noticed(c, marks, seconds)
+    finally:
+        _remount(c.staging, f"size={STAGING_TMPFS}")
+    return f"staging full (ENOSPC, {full >> 10} KiB used) for {noticed:.1f} s"
+
+
+def _shrink_to_used(mount: Path) -> int:
+    """Remount ``mount`` at the size it uses (0 when a write raced it and the remount failed)."""
+    stat = os.statvfs(mount)
+    used = (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+    return used if _remount(mount, f"size={max(used, stat.f_frsize)}", check=False) else 0
+
+
+def _remount(mount: Path, size: str, check: bool = True) -> bool:
+    done = subprocess.run(["mount", "-o", f"remount,{size}", str(mount)], capture_output=True,
+                          text=True, check=False)
+    assert done.returncode == 0 or not check, f"remounting {mount} {size}: {done.stderr}"
+    return done.returncode == 0
+
+
+STAGING_TMPFS = "1g"  # the staging tmpfs's size outside the fault (it holds unapplied segments)
+
+
+@contextlib.contextmanager
+def staging_on_tmpfs(staging: Path) -> Iterator[None]:
+    """Staging on a tmpfs of its own (staging_full needs a filesystem that can be made full);
+    fails with mount's message where mounting is impossible (it needs CAP_SYS_ADMIN)."""
+    staging.mkdir(parents=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={STAGING_TMPFS}", "tmpfs",
+                           str(staging)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, f"staging_full needs a tmpfs for staging: {done.stderr}"
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "--lazy", str(staging)], check=True)
+
+
+def catalog_down(c: Context) -> str:
+    """The Iceberg catalog unavailable for a while. Local mode's catalog is a hadoop catalog: the
+    warehouse directory, each table's metadata (``metadata/``: the versions' JSON files and the
+    version hint) beneath it. The warehouse and every ``metadata`` directory are made immutable
+    (``chattr +i``: even root cannot create, rename or delete in them), so every commit and every
+    table creation fails; reading the committed tables goes on. The outage lasts its seeded
+    length and at least until the run noticed it (:func:`_until_noticed`)."""
+    seconds = c.rng.uniform(5, 15)
+    frozen = [c.warehouse, *sorted(p for p in c.warehouse.rglob("metadata") if p.is_dir())]
+    marks = _log_sizes(c)
+    subprocess.run(["chattr", "+i", *map(str, frozen)], check=True)
+    try:
+        noticed = _until_noticed(c, marks, seconds)
+    finally:
+        subprocess.run(["chattr", "-i", *map(str, frozen)], check=True)
+    return f"Iceberg catalog unavailable (metadata immutable) for {noticed:.1f} s"
+
+
+NOTICE_DEADLINE_S = 300  # an outage must be noticed within this (an apply pass takes up to ~1 min)
+
+
+def _log_sizes(c: Context) -> dict[Path, int]:
+    """Where the run's and its reader's logs end now (see :func:`_until_noticed`)."""
+    logs = [c.supervisor.log, c.supervisor.state_dir / "reader.log"]
+    return {log: log.stat().st_size if log.exists() else 0 for log in logs}
+
+
+def _until_noticed(c: Context, marks: dict[Path, int], seconds: float) -> float:
+    """Hold an outage for ``seconds`` (its seeded length), and then until the run's or its
+    reader's log has a warning or error past ``marks`` (an attempt failed on it: a fault that
+    struck between two attempts would test nothing); how long it lasted."""
+    started = time.monotonic()
+    time.sleep(seconds)  # the outage's length (a fault parameter)
+
+    def noticed() -> bool:
+        for log, mark in marks.items():
+            with open(log, "rb") as f:
+                f.seek(mark)
+                if any(word in line for line in f for word in NOTICED):
+                    return True
+        return False
+
+    wait_for(noticed, "the run or its reader to notice the outage (a warning in a log)",
+             deadline=NOTICE_DEADLINE_S, interval=0.5)
+    return time.monotonic() - started
+
+
+NOTICED = (b" WARNING ", b" ERROR ", b'"level": "warning"', b'"level": "error"')
+
+
 FAULTS: dict[str, Callable[[Context], str]] = {f.__name__: f for f in (
     kill_run, kill_reader, kill_spark_jvm, sigterm_run, terminate_walsender, restart_fast,
-    restart_immediate, source_down, reader_frozen, staging_unwritable)}
+    restart_immediate, source_down, reader_frozen, staging_unwritable, staging_full,
+    catalog_down)}
 
 
 def schedule(rng: random.Random, rounds: int, offset: int,

@@ -8,7 +8,9 @@ round: a seeded delay, one fault (:data:`tests.chaos.harness.FAULTS`: SIGKILL of
 of the reader alone, of the Spark JVM alone; SIGTERM of the run; ``pg_terminate_backend`` of the
 walsender; PostgreSQL fast and immediate restart; the source down for longer than
 ``wal_sender_timeout``; the reader frozen until the walsender times out on it; staging
-unwritable), then the mirrors must get past the source's WAL position taken after the fault (the
+unwritable; staging full — ENOSPC from a tmpfs mounted for staging when that fault is scheduled;
+the Iceberg catalog unavailable — the hadoop catalog's metadata made immutable; the last two last
+until the run or its reader logged a failed attempt), then the mirrors must get past the source's WAL position taken after the fault (the
 pipeline recovered by itself; a run that exited is started again, as a supervisor would — but by
 itself it may exit only where the fault allows it: exit 1 after its Spark JVM was killed). After
 the rounds: the workload stops, the run is stopped with SIGTERM (exit 0), ``lakeslot run --once``
@@ -23,6 +25,7 @@ failure message); ``LAKESLOT_CHAOS_FAULTS`` (comma-separated names) restricts th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import time
@@ -31,7 +34,6 @@ from collections import Counter
 import pytest
 
 from lakeslot.local.tree import alive
-from lakeslot.mirror import progress as mirror_progress
 from tests.chaos import harness
 from tests.support import local_support as ls
 from tests.support.apply_support import assert_equal_to_source, lsn_now
@@ -48,15 +50,6 @@ RECOVERY_DEADLINE_S = 300  # a fault's recovery (a run restart includes a JVM st
 CATCH_UP_DEADLINE_S = 600
 MAX_DELAY_S = 6.0  # a fault strikes up to this long after the previous round recovered
 TABLES = [MAIN, KEYLESS, IDLE, ls.ACCOUNTS]
-
-
-def _applied_past(local, position: int) -> bool:
-    """Every mirror's ``lakeslot.lsn`` is at or past ``position`` (False while unreadable)."""
-    try:
-        progress = mirror_progress.read(local.ingestion, TABLES)
-    except Exception:  # noqa: BLE001 - a commit in flight or a fault: read again later
-        return False
-    return all(p.lsn is not None and p.lsn >= position for p in progress.values())
 
 
 @pytest.mark.slow
@@ -76,32 +69,36 @@ def test_faults_at_random_moments_under_write_load_lose_nothing(restartable_pgdb
     local = ls.local(path, db, state_dir)
     supervisor = harness.Supervisor(path, db, state_dir, log)
     context = harness.Context(supervisor, db.cluster, local.job.names.slot, tmp_path / "staging",
-                              WAL_SENDER_TIMEOUT_S, rng)
+                              tmp_path / "warehouse", WAL_SENDER_TIMEOUT_S, rng)
     offset = 0 if db.cluster.major < 18 else len(harness.FAULTS) // 2
+    faults = harness.schedule(rng, ROUNDS, offset, ONLY)
     injected: Counter = Counter()
     started = time.monotonic()
-    writer = harness.Writer(db, seed)
-    try:
-        supervisor.start()
-        first = lsn_now(db)
-        wait_for(lambda: supervisor.ensure_running() and _applied_past(local, first),
-                 f"the first snapshot and apply; {replay}", deadline=RECOVERY_DEADLINE_S, interval=2)
-        print(f"snapshot and first apply done at {time.monotonic() - started:.0f} s")
-        for number, kind in enumerate(harness.schedule(rng, ROUNDS, offset, ONLY), 1):
-            time.sleep(rng.uniform(0, MAX_DELAY_S))  # when the fault strikes (its parameter)
-            what = harness.FAULTS[kind](context)
-            injected[kind] += 1
-            target = lsn_now(db)
-            wait_for(lambda: supervisor.ensure_running() and _applied_past(local, target),  # noqa: B023
-                     f"round {number} ({what}): the mirrors to get past {target:X}; {replay}",
-                     deadline=RECOVERY_DEADLINE_S, interval=2)
-            print(f"round {number}: {what}; recovered at {time.monotonic() - started:.0f} s")
-    finally:
-        transactions = writer.stop()
-    supervisor.ensure_running()
-    supervisor.finish()
-    assert supervisor.once(CATCH_UP_DEADLINE_S) == 0, f"{replay}\n{supervisor.tail()}"
-    supervisor.close()
+    with contextlib.ExitStack() as stack:
+        if "staging_full" in faults:  # a filesystem that can be made full
+            stack.enter_context(harness.staging_on_tmpfs(context.staging))
+        writer = harness.Writer(db, seed)
+        try:
+            supervisor.start()
+            first = lsn_now(db)
+            wait_for(lambda: supervisor.ensure_running() and harness.applied_past(local, TABLES, first),
+                     f"the first snapshot and apply; {replay}", deadline=RECOVERY_DEADLINE_S, interval=2)
+            print(f"snapshot and first apply done at {time.monotonic() - started:.0f} s")
+            for number, kind in enumerate(faults, 1):
+                time.sleep(rng.uniform(0, MAX_DELAY_S))  # when the fault strikes (its parameter)
+                what = harness.FAULTS[kind](context)
+                injected[kind] += 1
+                target = lsn_now(db)
+                wait_for(lambda: supervisor.ensure_running() and harness.applied_past(local, TABLES, target),  # noqa: B023
+                         f"round {number} ({what}): the mirrors to get past {target:X}; {replay}",
+                         deadline=RECOVERY_DEADLINE_S, interval=2)
+                print(f"round {number}: {what}; recovered at {time.monotonic() - started:.0f} s")
+        finally:
+            transactions = writer.stop()
+        supervisor.ensure_running()
+        supervisor.finish()
+        assert supervisor.once(CATCH_UP_DEADLINE_S) == 0, f"{replay}\n{supervisor.tail()}"
+        supervisor.close()
 
     for table in TABLES:
         assert_equal_to_source(db, (tmp_path / "warehouse").as_uri(),

@@ -1,0 +1,129 @@
+"""Faults that land while the initial snapshot copies: the run finishes the snapshot (restarting
+it, or retrying its ranges) and every mirror ends equal to its source, row by row, with no row
+lost or duplicated, and no process or temporary slot left behind.
+
+Invariants checked: after each fault the run (kept running by :class:`tests.chaos.harness.
+Supervisor`, as systemd or Kubernetes would) commits the snapshot by itself; by itself it exits
+only where the fault allows it (exit 1 after its Spark JVM was killed); once a concurrent writer
+stopped and the stream got past the source's position, the mirror is read with pyiceberg,
+independently of lakeslot, and compared with its source.
+
+Each fault is injected while a snapshot job copies (its progress document in staging says
+``running`` with a table ``copying``; after a kill, a new job's document, not the killed one's),
+after a seeded delay of up to :data:`MAX_DELAY_S`. The faults (:data:`FAULTS`), in a seeded
+order: SIGKILL of the run, SIGKILL of its Spark JVM, ``pg_terminate_backend`` of the followers'
+backends (the ranges' COPY sessions), and of the leader (the session holding the exported
+snapshot and its temporary slot).
+
+Failure modes it catches: a snapshot that never finishes (a deadline names the fault and the
+seed), a run that exits where it must ride the fault out, a mirror with rows missing or twice
+(an uncommitted attempt's files committed, a range copied twice), a temporary slot or a process
+outliving the run. One PostgreSQL version (``one_version``): the snapshot's machinery does not
+depend on it. ``LAKESLOT_CHAOS_SEED`` replays a seed (printed at the start and in every failure).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+
+import pytest
+
+from lakeslot.local import observe
+from lakeslot.local.tree import alive
+from tests.chaos import harness
+from tests.support import local_support as ls
+from tests.support.apply_support import assert_equal_to_source, lsn_now
+from tests.support.fixtures_pg import Database
+from tests.support.waiting import wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.one_version]
+
+ROWS = 60_000  # 6 ranges of 1 MiB at parallelism 2: a snapshot copies for a few seconds
+SEED = os.environ.get("LAKESLOT_CHAOS_SEED")
+MAX_DELAY_S = 1.0
+DEADLINE_S = 300
+FOLLOWERS = "lakeslot-snapshot %"  # application_name of the followers (not -leader, -plan)
+LEADER = "lakeslot-snapshot-leader %"
+
+
+def _backends(db, pattern: str) -> list[int]:
+    """The pids of lakeslot's snapshot sessions whose application_name is like ``pattern``."""
+    with db.connect() as conn:
+        return [r[0] for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s", (pattern,))]
+
+
+def _terminate(db, pattern: str, what: str) -> str:
+    pids = wait_for(lambda: _backends(db, pattern), what)
+    with db.connect() as conn:
+        for pid in pids:
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    return f"pg_terminate_backend of {what} {pids}"
+
+
+FAULTS: dict[str, Callable[[harness.Context, Database], str]] = {
+    "kill_run": lambda c, db: harness.kill_run(c),
+    "kill_spark_jvm": lambda c, db: harness.kill_spark_jvm(c),
+    "terminate_copies": lambda c, db: _terminate(db, FOLLOWERS, "the followers' backends"),
+    "terminate_leader": lambda c, db: _terminate(db, LEADER, "the exported snapshot's holder")}
+RESTARTS = {"kill_run", "kill_spark_jvm"}  # the faults after which a new snapshot job starts
+
+
+def _copying(local, stale: str | None) -> str | None:
+    """The id of the snapshot job copying now (its progress document says so), unless it is
+    ``stale`` (a killed run's document stays "running")."""
+    document = observe.snapshot_document(local)
+    if (document is None or document["job"] == stale or document["state"] != "running"
+            or not any(t["state"] == "copying" for t in document["tables"])):
+        return None
+    return document["job"]
+
+
+@pytest.mark.timeout(900)
+def test_faults_while_the_snapshot_copies_lose_and_duplicate_nothing(restartable_pgdb, tmp_path):
+    seed = int(SEED) if SEED else random.SystemRandom().randrange(2**32)
+    replay = f"snapshot-fault seed {seed} (replay: LAKESLOT_CHAOS_SEED={seed})"
+    print(f"\n{replay}")
+    rng = random.Random(seed)
+    db = restartable_pgdb
+    with db.connect() as conn:
+        ls.create_accounts(conn, ROWS)
+    path, state_dir, log = tmp_path / "ingestion.yaml", tmp_path / "state", tmp_path / "run.log"
+    ls.write_ingestion(path, db, [ls.ACCOUNTS], tmp_path)
+    local = ls.local(path, db, state_dir)
+    supervisor = harness.Supervisor(path, db, state_dir, log)
+    context = harness.Context(supervisor, db.cluster, local.job.names.slot, tmp_path / "staging",
+                              tmp_path / "warehouse", 5, rng)
+    order = sorted(FAULTS)
+    rng.shuffle(order)
+    started = time.monotonic()
+    writer = ls.Workload(db, [ls.ACCOUNTS], {ls.ACCOUNTS: "balance"})
+    stale = None
+    try:
+        supervisor.start()
+        for number, kind in enumerate(order, 1):
+            job = wait_for(lambda: supervisor.ensure_running() and _copying(local, stale),  # noqa: B023
+                           f"round {number} ({kind}): a snapshot copying; {replay}",
+                           deadline=DEADLINE_S)
+            time.sleep(rng.uniform(0, MAX_DELAY_S))  # where in the copy it lands (its parameter)
+            what = FAULTS[kind](context, db)
+            stale = job if kind in RESTARTS else None
+            print(f"round {number}: {what} at {time.monotonic() - started:.0f} s")
+    finally:
+        transactions = writer.stop()
+    target = lsn_now(db)
+    wait_for(lambda: supervisor.ensure_running() and harness.applied_past(local, [ls.ACCOUNTS], target),
+             f"the snapshot committed and the stream past {target:X}; {replay}", deadline=DEADLINE_S,
+             interval=1)
+    supervisor.finish()
+    supervisor.close()
+    assert_equal_to_source(db, (tmp_path / "warehouse").as_uri(),
+                           local.job.names.mirror_identifier(ls.ACCOUNTS), ls.ACCOUNTS)
+    wait_for(lambda: not alive(supervisor.seen), f"no process left behind; {replay}")
+    assert ls.temporary_slots(db) == [], replay
+    print(f"{replay}: faults {order} in {time.monotonic() - started:.0f} s on PostgreSQL "
+          f"{db.cluster.major}; run exits {dict(supervisor.exits)}; {transactions} transactions "
+          "during the snapshots; equal")
