@@ -10,9 +10,10 @@ walsender; PostgreSQL fast and immediate restart; the source down for longer tha
 ``wal_sender_timeout``; the reader frozen until the walsender times out on it; staging
 unwritable; staging full — ENOSPC from a tmpfs mounted for staging when that fault is scheduled;
 the Iceberg catalog unavailable — the hadoop catalog's metadata made immutable; the last two last
-until the run or its reader logged a failed attempt), then the mirrors must get past the source's WAL position taken after the fault (the
-pipeline recovered by itself; a run that exited is started again, as a supervisor would — but by
-itself it may exit only where the fault allows it: exit 1 after its Spark JVM was killed). After
+until the run or its reader logged a failed attempt), then the mirrors must get past the source's
+WAL position taken after the fault (the pipeline recovered by itself; a run that exited is
+started again, as a supervisor would — but by itself it may exit only where the fault allows it:
+exit 1 after its Spark JVM was killed). After
 the rounds: the workload stops, the run is stopped with SIGTERM (exit 0), ``lakeslot run --once``
 catches up (exit 0), and each mirror is read with pyiceberg, independently of lakeslot's readers,
 and compared with its source row by row.

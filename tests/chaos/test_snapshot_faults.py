@@ -101,11 +101,11 @@ def test_faults_while_the_snapshot_copies_lose_and_duplicate_nothing(restartable
     rng.shuffle(order)
     started = time.monotonic()
     writer = ls.Workload(db, [ls.ACCOUNTS], {ls.ACCOUNTS: "balance"})
-    stale = None
+    stale: str | None = None
     try:
         supervisor.start()
         for number, kind in enumerate(order, 1):
-            job = wait_for(lambda: supervisor.ensure_running() and _copying(local, stale),  # noqa: B023
+            job = wait_for(lambda: _copying(local, stale) if supervisor.ensure_running() else None,  # noqa: B023
                            f"round {number} ({kind}): a snapshot copying; {replay}",
                            deadline=DEADLINE_S)
             time.sleep(rng.uniform(0, MAX_DELAY_S))  # where in the copy it lands (its parameter)
