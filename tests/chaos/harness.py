@@ -477,6 +477,12 @@ def schedule(rng: random.Random, rounds: int, offset: int,
     every kind)."""
     kinds = sorted(only or FAULTS)
     assert set(kinds) <= set(FAULTS), f"unknown faults: {set(kinds) - set(FAULTS)}"
-    rng.shuffle(kinds)
-    return [kinds[(offset + i) % len(kinds)] for i in range(rounds)]
+    return cycle(rng, kinds, rounds, offset)
+
+
+def cycle(rng: random.Random, kinds, rounds: int, offset: int = 0) -> list[str]:
+    """``rounds`` of ``kinds``, each once per that many rounds, in a seeded order from ``offset``."""
+    order = sorted(kinds)
+    rng.shuffle(order)
+    return [order[(offset + i) % len(order)] for i in range(rounds)]
 
