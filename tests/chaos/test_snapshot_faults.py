@@ -14,7 +14,9 @@ after a seeded delay of up to :data:`MAX_DELAY_S`. ``LAKESLOT_SNAPSHOT_FAULT_ROU
 (CI: 2, so that the test stays near a minute and a half; 4 or more inject every kind) from
 :data:`FAULTS`, in a seeded order: SIGKILL of the run, SIGKILL of its Spark JVM,
 ``pg_terminate_backend`` of the followers' backends (the ranges' COPY sessions), and of the leader
-(the session holding the exported snapshot and its temporary slot).
+(the session holding the exported snapshot and its temporary slot). After a fault the same job
+must ride out (the two terminations), it must finish another range before the next fault, so that
+each fault's recovery is seen, not masked by the next kill.
 
 Failure modes it catches: a snapshot that never finishes (a deadline names the fault and the
 seed), a run that exits where it must ride the fault out, a mirror with rows missing or twice
@@ -84,6 +86,20 @@ def _copying(local, stale: str | None) -> str | None:
     return document["job"]
 
 
+def _position(local) -> tuple[str | None, int]:
+    """The current snapshot job's snapshot LSN and the ranges it finished ((None, 0): none)."""
+    document = observe.snapshot_document(local)
+    if document is None:
+        return None, 0
+    return document["snapshotLsn"], sum(t["rangesDone"] for t in document["tables"])
+
+
+def _moved_on(local, at: tuple[str | None, int]) -> bool:
+    """The snapshot job finished a range since ``at`` (under the same snapshot, or a new one)."""
+    lsn, done = _position(local)
+    return done > at[1] if lsn == at[0] else done > 0
+
+
 @pytest.mark.timeout(900)
 def test_faults_while_the_snapshot_copies_lose_and_duplicate_nothing(restartable_pgdb, tmp_path):
     seed = int(SEED) if SEED else random.SystemRandom().randrange(2**32)
@@ -112,8 +128,13 @@ def test_faults_while_the_snapshot_copies_lose_and_duplicate_nothing(restartable
                            deadline=DEADLINE_S)
             time.sleep(rng.uniform(0, MAX_DELAY_S))  # where in the copy it lands (its parameter)
             what = FAULTS[kind](context, db)
-            stale = job if kind in RESTARTS else None
             print(f"round {number}: {what} at {time.monotonic() - started:.0f} s")
+            stale = job if kind in RESTARTS else None
+            if kind not in RESTARTS:  # the same job rides it out: it must copy on before the next
+                at = _position(local)
+                wait_for(lambda: supervisor.ensure_running() and _moved_on(local, at),  # noqa: B023
+                         f"round {number} ({what}): the snapshot to copy on; {replay}",
+                         deadline=DEADLINE_S)
     finally:
         transactions = writer.stop()
     target = lsn_now(db)
