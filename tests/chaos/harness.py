@@ -124,7 +124,11 @@ class Writer:
                     workload.step()
                     self.done += 1
                     self.stopping.wait(PACE_S)
-                except psycopg.OperationalError:  # the source restarts or is down: reconnect
+                except (psycopg.OperationalError, psycopg.Rollback) as e:
+                    # the source restarts or is down: reconnect (a Rollback to a savepoint
+                    # escapes when the connection broke while rolling back: the unit is lost)
+                    if isinstance(e, psycopg.Rollback) and (workload is None or not workload.conn.broken):
+                        raise
                     self.lost += 1
                     if workload is not None:
                         with contextlib.suppress(psycopg.Error):
