@@ -21,6 +21,8 @@ from tests.support.fixtures_pg import connection_settings
 from tests.support.odd_names import ODD_TABLES, create_odd_tables
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
 RUN_DEADLINE_S = 420
 ODD = [ODD_TABLES[0], ODD_TABLES[2]]  # a schema and a table name that need quoting
 
