@@ -394,12 +394,16 @@ def test_old_snapshots_are_expired_by_the_tables_own_settings(pipeline):
     pipeline = pipeline.with_spec(sink={"tableProperties": keep_briefly})
     pipeline.start_slot()
     pipeline.snapshot()
-    with pipeline.pgdb.connect() as conn:
-        workload = Workload(conn, random.Random(12))
-        for _ in range(4):
-            workload.transaction(2)
-            pipeline.seal()
-            assert pipeline.apply(expire_interval_s=0).ok
+
+    def passes(pipeline: Pipeline, seed: int, count: int) -> None:
+        with pipeline.pgdb.connect() as conn:
+            workload = Workload(conn, random.Random(seed))
+            for _ in range(count):
+                workload.transaction(2)
+                pipeline.seal()
+                assert pipeline.apply(expire_interval_s=0).ok
+
+    passes(pipeline, 12, 4)
     properties = pipeline.spark.sql(f"SHOW TBLPROPERTIES {pipeline.target(MAIN)}").collect()
     assert {r.key: r.value for r in properties}["write.metadata.delete-after-commit.enabled"] == "true"
     assert len(pipeline.snapshots(MAIN)) == 2 and len(pipeline.snapshots(IDLE)) == 2
@@ -410,12 +414,7 @@ def test_old_snapshots_are_expired_by_the_tables_own_settings(pipeline):
     pipeline.spark.sql(f"ALTER TABLE {pipeline.target(MAIN)} UNSET TBLPROPERTIES "
                        "('history.expire.max-snapshot-age-ms')")
     fast = pipeline.with_spec(apply={"triggerIntervalSeconds": 1})
-    with pipeline.pgdb.connect() as conn:
-        workload = Workload(conn, random.Random(13))
-        for _ in range(2):
-            workload.transaction(2)
-            fast.seal()
-            assert fast.apply(expire_interval_s=0).ok
+    passes(fast, 13, 2)
     assert len(pipeline.snapshots(MAIN)) == 4 and len(pipeline.snapshots(IDLE)) == 2
     assert contract.history_age_s(1) == 3600 and contract.history_age_s(60) == 60 * 3600
     assert contract.history_age_s(86400) == contract.ICEBERG_MAX_SNAPSHOT_AGE_S

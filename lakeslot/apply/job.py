@@ -254,8 +254,7 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
             started = time.monotonic()
             result.last = applier.run_pass()
             result.passes += 1
-            for step, seconds in result.last.steps.items():
-                result.steps[step] = result.steps.get(step, 0.0) + seconds
+            result.steps = applier.totals.seconds  # (every pass of this run: the applier's)
             if stop.is_set() or (once and not result.last.capped):
                 return result
             if not result.last.capped:  # passes start every interval; a long one is followed at once
