@@ -8,7 +8,9 @@ and how long ago the last Iceberg commit was.
 
 Invariant: it only reads; a status it cannot render is shown as far as it goes, never raised.
 On a terminal a frame is rewritten in place (ANSI cursor movement); otherwise one line is logged
-when the phase or a condition changes and at most every :data:`LOG_EVERY_S` seconds besides.
+when the phase or a condition changes and at most every :data:`LOG_EVERY_S` seconds besides, and
+on a change each failing condition with its reason and message (e.g. the reader retrying a
+full staging: ``Streaming: StagingUnwritable: …``).
 """
 
 from __future__ import annotations
@@ -72,14 +74,20 @@ def frame(local: Local, status: PostgresIngestionStatus, elapsed: float,
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
               for r in rows]
-    problems = [c for c in status.conditions
-                if (c.status == "False" and c.type != "Degraded") or
-                (c.type == "Degraded" and c.status == "True")]
-    lines += [f"{c.type}: {c.reason}: {c.message.splitlines()[0] if c.message else ''}"[:160]
-              for c in problems if c.type != "Ready"]
+    lines += condition_lines(status)
     lines += [f"{t.schema_name}.{t.name}: {t.message.splitlines()[0]}"[:160]
               for t in status.tables if t.message]
     return lines
+
+
+def condition_lines(status: PostgresIngestionStatus) -> list[str]:
+    """One line per failing condition but Ready (which repeats the first): type, reason and
+    the message's first line."""
+    problems = [c for c in status.conditions
+                if (c.status == "False" and c.type != "Degraded") or
+                (c.type == "Degraded" and c.status == "True")]
+    return [f"{c.type}: {c.reason}: {c.message.splitlines()[0] if c.message else ''}"[:160]
+            for c in problems if c.type != "Ready"]
 
 
 def summary_line(status: PostgresIngestionStatus, apply_seconds: float | None = None) -> str:
@@ -117,6 +125,9 @@ class Display:
         now = time.monotonic()
         if final or key != self._last_key or now - self._last_log >= LOG_EVERY_S:
             log.info("%s", summary_line(status, apply_seconds))
+            if key != self._last_key and not final:  # what changed, with the reasons' words
+                for line in condition_lines(status):
+                    log.info("  %s", line)
             for line in frame(self.local, status, elapsed, target)[2:] if final else ():
                 log.info("  %s", line)
             self._last_key, self._last_log = key, now

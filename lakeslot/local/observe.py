@@ -18,7 +18,10 @@ exceptions; so ``lakeslot status`` always prints a status.
 
 Local-mode reasons next to the operator's: ``SlotMissing`` (SlotReady: no run created the slot
 yet), ``NotSnapshotted`` (SnapshotComplete: tables without a snapshot and no run copying them),
-``ReaderNotReady`` says "no local run is active" or the reader's definite error.
+``ReaderNotReady`` says "no local run is active" or the reader's definite error. A reader that
+runs but retries a transient error (its status file, :mod:`lakeslot.stream_status`, says
+``retrying``) makes ``Streaming`` False with the reader's reason — ``StagingUnwritable``,
+``SourceUnreachable``, ``ReaderRetrying`` — and its error, until it makes progress again.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from lakeslot import control, freshness
+from lakeslot import control, freshness, stream_status
 from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestionStatus, SnapshotStatus
 from lakeslot.local import state
@@ -142,7 +145,8 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
     _staged(report, staged or StagedCounter(ing.spec.staging.uri), progress, snapshotting)
     freshness.record(report.status, ing.spec.staging.uri, report.now)
     _apply_errors(report, ing.spec.staging.uri)
-    st.streaming(report, applied, reader_problem=_reader_problem(activity_now),
+    reader_reason, reader_problem = reader_state(activity_now) or ("", None)
+    st.streaming(report, applied, reader_problem=reader_problem, reader_reason=reader_reason,
                  apply_problem=activity_now.apply_problem,
                  catching_up_after=st.catching_up_after_s(ing.spec))
     report.summarize()
@@ -229,6 +233,16 @@ def _apply_errors(report: st.Report, staging_uri: str) -> None:
         row.message = f"apply {outcome['state']}: {outcome['error']}"
 
 
+def reader_state(activity_now: Activity) -> tuple[str, str] | None:
+    """The ``Streaming`` condition's reason and message for the reader, None when it streams:
+    a running reader's own problem (retrying a transient error: its status document), else why
+    no reader runs."""
+    if activity_now.reader_running:
+        return stream_status.problem(activity_now.reader_outcome)
+    problem = _reader_problem(activity_now)
+    return None if problem is None else ("ReaderNotReady", problem)
+
+
 def _reader_problem(activity_now: Activity) -> str | None:
     if activity_now.reader_running:
         return None
@@ -242,4 +256,5 @@ def _reader_problem(activity_now: Activity) -> str | None:
     if not activity_now.run_active:
         return "no local run is active: start one with lakeslot run -f FILE"
     return "the reader process is not running" + (
-        f" (last outcome: {outcome.get('reason')}: {outcome.get('message')})" if outcome else "")
+        f" (last outcome: {outcome.get('reason')}: {outcome.get('message')})"
+        if stream_status.is_final(outcome) else "")

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakeslot import lsn as lsnlib
-from lakeslot import workloads
+from lakeslot import stream_status, workloads
 from lakeslot.local import deathsig, tree
 from lakeslot.local.config import Local
 from lakeslot.source import connection
@@ -92,7 +92,8 @@ class ReaderProcess:
         return self.process.poll()
 
     def outcome(self) -> dict:
-        """The reader's status file (written when it exits), or {} when it left none."""
+        """The reader's status file (its state while it runs, its outcome once it exited), or {}
+        when it left none."""
         try:
             return json.loads(self.status_file.read_text())
         except (OSError, ValueError):
@@ -110,16 +111,18 @@ class ReaderProcess:
 
 
 def describe_exit(code: int, outcome: Mapping) -> str:
-    """What a reader's end says: its status file's reason and message, else how it ended (a
-    signal, or an exit before it could write its status file)."""
-    if outcome.get("reason"):
+    """What a reader's end says: its status file's outcome, else how it ended (a signal, or an
+    exit before it could write its outcome; a running state it left says what it was doing)."""
+    if stream_status.is_final(outcome):
         return f"exit {code}, {outcome['reason']}: {outcome.get('message')}"
+    problem = stream_status.problem(outcome)
+    doing = f"; it was retrying: {problem[0]}: {problem[1]}" if problem else ""
     if code < 0:
         try:
-            return f"killed by {signal.Signals(-code).name}"
+            return f"killed by {signal.Signals(-code).name}{doing}"
         except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit {code} without a status file (see its log)"
+            return f"killed by signal {-code}{doing}"
+    return f"exit {code} without a status file (see its log){doing}"
 
 
 def runs_reader(pid: int, pod: str) -> bool:

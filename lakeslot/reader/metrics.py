@@ -1,7 +1,9 @@
 """Prometheus metrics and the health endpoint of the replication reader.
 
 Served on one port (the reader Deployment's ``metrics`` port): ``/metrics`` in Prometheus' text
-format, ``/healthz`` for the liveness and readiness probes. Every metric lives in the reader's
+format, ``/healthz`` for the liveness and readiness probes, ``/status`` the reader's status document
+(:mod:`lakeslot.stream_status`: streaming, or retrying with the reason and error — how the
+operator learns why a running reader makes no progress). Every metric lives in the reader's
 own registry (no process-global state, so tests can run readers side by side).
 
 Metrics (all prefixed ``lakeslot_reader_``):
@@ -24,7 +26,9 @@ Failure mode: a port already in use raises ``OSError`` at start (the reader exit
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Callable
 from wsgiref.simple_server import WSGIServer
 
 import pyarrow as pa
@@ -78,11 +82,16 @@ class Metrics:
                 self.changes.labels(op).inc(count)
         self.segment_rows.inc(len(ops))
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> WSGIServer:
-        """Serve ``/metrics`` and ``/healthz`` from a daemon thread; returns the server."""
+    def serve(self, port: int, host: str = "0.0.0.0", *,
+              status: Callable[[], dict] | None = None) -> WSGIServer:
+        """Serve ``/metrics``, ``/healthz`` and (with ``status``) ``/status`` from a daemon
+        thread; returns the server."""
         prometheus = make_wsgi_app(self.registry)
 
         def app(environ, start_response):
+            if status is not None and environ.get("PATH_INFO") == "/status":
+                start_response("200 OK", [("Content-Type", "application/json")])
+                return [json.dumps(status()).encode() + b"\n"]
             if environ.get("PATH_INFO") == "/healthz":
                 ok = self.healthy()
                 start_response("200 OK" if ok else "503 Service Unavailable",

@@ -12,11 +12,15 @@ Exit codes (:mod:`lakeslot.exits`): ``0`` stopped cleanly (SIGTERM/SIGINT, or ``
 or transient errors persisted for ``--max-retry-seconds``; ``2`` bad arguments; ``3`` definite
 error — restarting cannot help, a human or the operator must act (the status file says why).
 
-Status file (written atomically on exit): ``{"state": "stopped" | "failed", "definite": bool,
-"reason": str, "message": str, "lsn": durable LSN text or null, "time": ISO-8601}``. Reasons of
-definite errors: ``PublicationMissing``, ``SlotMissing``, ``SlotLost``, ``SlotAhead``,
-``TimelineChanged``, ``SystemChanged``, ``ProtocolError``; of others: ``Stopped``,
-``RetriesExhausted``, ``Crashed``.
+Status document (:mod:`lakeslot.stream_status`): while the reader runs, ``state`` is
+``running``, or ``retrying`` with a reason (``StagingUnwritable``, ``SourceUnreachable``,
+``ReaderRetrying``) and the error while a transient error keeps it from making progress
+(:mod:`lakeslot.reader.health`: written to the status file on a change, at most every 2 s, and
+served at ``/status`` with the metrics); at exit the outcome is written atomically:
+``{"state": "stopped" | "failed", "definite": bool, "reason": str, "message": str, "lsn":
+durable LSN text or null, "time": ISO-8601}``. Reasons of definite errors: ``PublicationMissing``,
+``SlotMissing``, ``SlotLost``, ``SlotAhead``, ``TimelineChanged``, ``SystemChanged``,
+``ProtocolError``; of others: ``Stopped``, ``RetriesExhausted``, ``Crashed``.
 
 A session (DESIGN.md rules 4–7): connect (a metadata connection and a replication connection);
 verify the publication and the slot (exists, not lost); resume at the end of the last sealed
@@ -49,14 +53,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors
 
 from lakeslot import lsn as lsn_text
+from lakeslot import stream_status
 from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
 from lakeslot.reader import DEFAULT_MAX_RETRY_SECONDS, DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SEGMENT_MAX_SECONDS, pgoutput
+from lakeslot.reader.health import Health, describe, redact, write_document
 from lakeslot.reader.metrics import Metrics
 from lakeslot.reader.protocol import ReplicationConnection, quote_list
 from lakeslot.reader.stream import HEALTH_INTERVAL_S, Stream, StreamSettings
@@ -206,8 +211,9 @@ def check_not_ahead(health: slot.SlotHealth | None, resume: int) -> None:
 class Session:
     """One pair of connections and one replication stream."""
 
-    def __init__(self, config: ReaderConfig, metrics: Metrics, stop: threading.Event) -> None:
-        self.config, self.metrics, self.stop = config, metrics, stop
+    def __init__(self, config: ReaderConfig, metrics: Metrics, stop: threading.Event,
+                 health: Health) -> None:
+        self.config, self.metrics, self.stop, self.health = config, metrics, stop, health
         self.started = False
         self.durable: int | None = None
 
@@ -236,6 +242,7 @@ class Session:
                 raise
             check_not_ahead(slot.health(meta, config.slot), resume)
             self.started = True
+            self.health.started()
             removed = self.staging.remove_temporaries()
             log.info("streaming from %s", lsn_text.format(resume),
                      extra={"slot": config.slot, "resume_lsn": lsn_text.format(resume),
@@ -243,7 +250,8 @@ class Session:
             stream = Stream(
                 repl, self.staging, pgoutput.RelationCache(self._type_names(meta)), resume,
                 source, self._stream_settings(meta), self.metrics,
-                should_stop=self.stop.is_set, check_health=lambda: self._health(meta))
+                should_stop=self.stop.is_set, check_health=lambda: self._health(meta),
+                on_progress=self.health.progress)
             try:
                 self.durable = stream.run()
             except BaseException:
@@ -291,17 +299,21 @@ class Session:
 TRANSIENT = (psycopg.Error, OSError)  # re-verified by the next session's checks
 
 
-def run(config: ReaderConfig, *, stop: threading.Event, metrics: Metrics) -> int | None:
+def run(config: ReaderConfig, *, stop: threading.Event, metrics: Metrics,
+        health: Health | None = None) -> int | None:
     """Sessions until stopped; returns the durable LSN (None if no session ever started).
     Raises :class:`DefiniteError`, or :class:`RetriesExhausted` when no session could start for
-    ``max_retry_seconds``."""
+    ``max_retry_seconds``. ``health`` hears of every transient error and every session start
+    (:mod:`lakeslot.reader.health`)."""
+    health = health or Health(None, settle_s=settle_seconds(config))
     attempt, last_start, durable = 0, time.monotonic(), None
     while True:
-        session = Session(config, metrics, stop)
+        session = Session(config, metrics, stop, health)
         try:
             return session.run()
         except TRANSIENT as e:
             error = e
+            health.failed(e)
         except pgoutput.ProtocolError as e:
             raise DefiniteError("ProtocolError", f"the replication stream could not be decoded: "
                                 f"{e}", session.durable) from e
@@ -312,43 +324,34 @@ def run(config: ReaderConfig, *, stop: threading.Event, metrics: Metrics) -> int
         if time.monotonic() - last_start > config.max_retry_seconds:
             raise RetriesExhausted(
                 f"no replication session could start for {config.max_retry_seconds:.0f} s; "
-                f"last error: {_describe(error)}") from error
+                f"last error: {describe(error)}") from error
         delay = backoff(attempt)
         attempt += 1
-        log.warning("transient error, retrying in %.1f s: %s", delay, _describe(error),
+        log.warning("transient error, retrying in %.1f s: %s", delay, describe(error),
                     extra={"error": type(error).__name__})
         resume_at = time.monotonic() + delay
         while not stop.is_set() and time.monotonic() < resume_at:
             metrics.beat()
+            health.tick()
             stop.wait(min(1.0, resume_at - time.monotonic()))
         if stop.is_set():
             return durable
         metrics.reconnects.inc()
 
 
-def _describe(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
-
-
-def redact(uri: str) -> str:
-    """A staging URI fit for logs: without user info and query (where credentials can hide)."""
-    parts = urlsplit(uri)
-    netloc = parts.netloc.rpartition("@")[2]
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+def settle_seconds(config: ReaderConfig) -> float:
+    """How long a session must stream without an error to clear a reported problem when nothing
+    was sealed: longer than a segment may stay open while WAL moves (so a write was due), and a
+    health check of the source ran."""
+    return config.segment_max_seconds + config.health_interval
 
 
 def write_status(path: str, state: str, *, definite: bool, reason: str, message: str,
                  lsn: int | None) -> None:
     """Write the outcome atomically (temporary file + rename)."""
-    status = {"state": state, "definite": definite, "reason": reason, "message": message,
-              "lsn": None if lsn is None else lsn_text.format(lsn),
-              "time": datetime.now(UTC).isoformat()}
-    temp = f"{path}.tmp-{os.getpid()}"
-    with open(temp, "w") as f:
-        json.dump(status, f)
-        f.write("\n")
-    os.replace(temp, path)
+    write_document(path, stream_status.document(
+        state, definite=definite, reason=reason, message=message,
+        lsn=None if lsn is None else lsn_text.format(lsn), now=datetime.now(UTC)))
 
 
 def main(config: ReaderConfig, *, status_file: str | None = None,
@@ -358,14 +361,15 @@ def main(config: ReaderConfig, *, status_file: str | None = None,
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     metrics = Metrics()
+    health = Health(status_file, settle_s=settle_seconds(config), staging_uri=config.staging_uri)
     log.info("reader starting as %r", config.app_name,
              extra={"ingestion": config.ingestion, "slot": config.slot,
                     "publication": config.publication, "staging": redact(config.staging_uri)})
     outcome: tuple[str, bool, str, str, int | None, int]
     try:
         if metrics_port is not None:
-            metrics.serve(metrics_port)
-        durable = run(config, stop=stop, metrics=metrics)
+            metrics.serve(metrics_port, status=health.document)
+        durable = run(config, stop=stop, metrics=metrics, health=health)
         outcome = ("stopped", False, "Stopped", "the reader stopped cleanly", durable,
                    EXIT_OK)
     except DefiniteError as e:
@@ -376,7 +380,7 @@ def main(config: ReaderConfig, *, status_file: str | None = None,
         outcome = ("failed", False, "RetriesExhausted", str(e), None, EXIT_FAILED)
     except Exception as e:
         log.exception("the reader crashed")
-        outcome = ("failed", False, "Crashed", _describe(e), None, EXIT_FAILED)
+        outcome = ("failed", False, "Crashed", describe(e), None, EXIT_FAILED)
     state, definite, reason, message, lsn, code = outcome
     if status_file:
         write_status(status_file, state, definite=definite, reason=reason, message=message,

@@ -28,6 +28,8 @@ the copy its ``psycopg`` exception); staging problems raise ``OSError``; a strea
 does not understand raises :class:`lakeslot.reader.pgoutput.ProtocolError`. The caller decides
 what is transient. ``check_health`` (called every ``health_interval``) raises the caller's
 definite errors, e.g. when the publication was dropped while the database is idle.
+``on_progress(durable, sealed=...)`` (optional) hears of every housekeeping tick and every seal:
+the reader's health (:mod:`lakeslot.reader.health`) clears a reported problem on progress.
 """
 
 from __future__ import annotations
@@ -66,7 +68,8 @@ class Stream:
     def __init__(self, repl: ReplicationConnection, staging: Staging,
                  cache: pgoutput.RelationCache, start: int, source: SourceIdentity,
                  settings: StreamSettings, metrics: Metrics, *,
-                 should_stop: Callable[[], bool], check_health: Callable[[], None]) -> None:
+                 should_stop: Callable[[], bool], check_health: Callable[[], None],
+                 on_progress: Callable[..., None] | None = None) -> None:
         self.repl = repl
         self.staging = staging
         self.cache = cache
@@ -75,6 +78,7 @@ class Stream:
         self.metrics = metrics
         self.should_stop = should_stop
         self.check_health = check_health
+        self.on_progress = on_progress
         self.durable = self.pending_end = self.received = start
         self.in_transaction = False
         self.batch = Batch()
@@ -191,6 +195,8 @@ class Stream:
         if now >= self._next_health:
             self._next_health = now + self.settings.health_interval
             self.check_health()
+        if self.on_progress is not None:
+            self.on_progress(self.durable, sealed=False)
         self._next_tick = min(now + TICK_S, self._next_feedback, self._next_health,
                               self.segment_opened + self.settings.segment_max_seconds)
         return False
@@ -210,6 +216,8 @@ class Stream:
         name = self.segment.seal(self.pending_end)
         self.durable = self.pending_end
         self.metrics.segments_sealed.inc()
+        if self.on_progress is not None:
+            self.on_progress(self.durable, sealed=True)
         log.info("sealed segment %s", name.filename,
                  extra={"segment": name.filename, "rows": self.segment.rows,
                         "durable_lsn": lsn_text.format(self.durable)})

@@ -38,6 +38,10 @@ the ``Verified`` condition, ``status.verification``).
 
 Failure modes: PostgreSQL unreachable or a catalog error → the relevant condition is False with
 the error text (never a password: libpq's messages do not contain it) and the timer retries.
+A reader that runs but retries a transient error (staging full or unwritable, the source
+unreachable from its pod) says so at ``/status`` (:mod:`lakeslot_operator.reader_status`): its
+reason (``StagingUnwritable``, ``SourceUnreachable``, ``ReaderRetrying``) and error make
+``Streaming`` False until it makes progress again.
 A child the API server refuses to create or change (a 4xx but 409/429:
 :func:`lakeslot_operator.child_health.is_rejection`) becomes ``ChildRejected`` with the server's
 message on the condition the child serves (``Streaming`` for the reader and the apply job,
@@ -63,7 +67,7 @@ import psycopg
 import pydantic
 from kubernetes.client.exceptions import ApiException
 
-from lakeslot import control, freshness, resnapshot, workloads
+from lakeslot import control, freshness, resnapshot, stream_status, workloads
 from lakeslot import lsn as lsnlib
 from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SourceSpec
@@ -75,7 +79,7 @@ from lakeslot.snapshot import progress as snapshot_progress
 from lakeslot.source import connection, slot
 from lakeslot.source.tables import TableName
 from lakeslot.staging.store import Staging
-from lakeslot_operator import child_health, children, scheduling, verification
+from lakeslot_operator import child_health, children, reader_status, scheduling, verification
 from lakeslot_operator.kube import Kube
 
 OPERATOR_CONNECT_TIMEOUT_S = "10"
@@ -87,6 +91,8 @@ class Context:
     config: children.OperatorConfig = field(default_factory=children.OperatorConfig)
     connect: Callable[..., psycopg.Connection] = connection.connect
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    # the status document a running reader pod serves (lakeslot_operator.reader_status)
+    reader_status: Callable[[Mapping], dict | None] = reader_status.fetch
 
 
 @dataclass
@@ -161,13 +167,16 @@ class _Reconciler:
 
     # children ------------------------------------------------------------------------------
 
-    def _reader_pod(self) -> str | None:
+    def _live_reader_pod(self) -> dict | None:
         pods = self.ctx.kube.list_pods(self.ns, {children.INGESTION_LABEL: self.ing.metadata.name,
                                                  children.COMPONENT_LABEL: "reader"})
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")
                 and p.get("status", {}).get("phase") in ("Pending", "Running")]
-        return max(live, key=lambda p: p["metadata"]["creationTimestamp"])["metadata"]["name"] \
-            if live else None
+        return max(live, key=lambda p: p["metadata"]["creationTimestamp"]) if live else None
+
+    def _reader_pod(self) -> str | None:
+        pod = self._live_reader_pod()
+        return pod["metadata"]["name"] if pod else None
 
     def _reader_identity(self) -> str | None:
         pod = self._reader_pod()
@@ -346,7 +355,7 @@ class _Reconciler:
         reader = self.rejected.get("reader") or child_health.reader_problem(
             kube.get_deployment(self.ns, children.reader_name(self.ing)),
             kube.list_pods(self.ns, {children.INGESTION_LABEL: self.ing.metadata.name,
-                                     children.COMPONENT_LABEL: "reader"}))
+                                     children.COMPONENT_LABEL: "reader"})) or self._reader_retrying()
         apply = self.rejected.get("apply") or child_health.apply_problem(
             kube.get_spark_application(self.ns, children.apply_name(self.ing)))
         st.streaming(self.r, applied,
@@ -355,6 +364,13 @@ class _Reconciler:
                      apply_problem=apply.message if apply else None,
                      apply_reason=apply.reason if apply else "",
                      catching_up_after=st.catching_up_after_s(self.ing.spec))
+
+    def _reader_retrying(self) -> child_health.Problem | None:
+        """A running reader's own problem (a transient error it retries), as it reports it."""
+        pod = self._live_reader_pod()
+        problem = stream_status.problem(self.ctx.reader_status(pod)) if pod else None
+        return child_health.Problem(*problem) if problem else None
+
 
 def source_settings(kube: Kube, namespace: str, source: SourceSpec) -> connection.ConnectionSettings:
     """Connection settings with the Secrets resolved (LookupError names a missing one)."""

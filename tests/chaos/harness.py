@@ -360,15 +360,23 @@ def _slot_released(c: Context) -> bool:
     return row is not None and not row[0]
 
 
-def staging_unwritable(c: Context) -> str:
-    """The staging directory immutable (``chattr +i``: even root cannot create, rename or
-    delete in it) for a while: seals and retention fail, reads go on."""
-    seconds = c.rng.uniform(3, 10)
-    subprocess.run(["chattr", "+i", str(c.staging)], check=True)
+@contextlib.contextmanager
+def immutable(*paths: Path) -> Iterator[None]:
+    """``paths`` immutable (``chattr +i``: even root cannot create, rename or delete in a
+    directory so marked; reading goes on) while the block runs."""
+    subprocess.run(["chattr", "+i", *map(str, paths)], check=True)
     try:
-        time.sleep(seconds)  # the outage's length (a fault parameter)
+        yield
     finally:
-        subprocess.run(["chattr", "-i", str(c.staging)], check=True)
+        subprocess.run(["chattr", "-i", *map(str, paths)], check=True)
+
+
+def staging_unwritable(c: Context) -> str:
+    """The staging directory immutable (:func:`immutable`) for a while: seals and retention
+    fail, reads go on."""
+    seconds = c.rng.uniform(3, 10)
+    with immutable(c.staging):
+        time.sleep(seconds)  # the outage's length (a fault parameter)
     return f"staging unwritable for {seconds:.1f} s"
 
 
@@ -379,15 +387,15 @@ def staging_full(c: Context) -> str:
     assert os.path.ismount(c.staging), f"{c.staging} is not a tmpfs (see staging_on_tmpfs)"
     seconds = c.rng.uniform(3, 10)
     marks = _log_sizes(c)
-    full = wait_for(lambda: _shrink_to_used(c.staging), "the staging tmpfs to be made full")
+    full = wait_for(lambda: shrink_to_used(c.staging), "the staging tmpfs to be made full")
     try:
         noticed = _until_noticed(c, marks, seconds)
     finally:
-        _remount(c.staging, f"size={STAGING_TMPFS}")
+        restore_size(c.staging)
     return f"staging full (ENOSPC, {full >> 10} KiB used) for {noticed:.1f} s"
 
 
-def _shrink_to_used(mount: Path) -> int:
+def shrink_to_used(mount: Path) -> int:
     """Remount ``mount`` at the size it uses (0 when a write raced it and the remount failed)."""
     stat = os.statvfs(mount)
     used = (stat.f_blocks - stat.f_bfree) * stat.f_frsize
@@ -402,6 +410,11 @@ def _remount(mount: Path, size: str, check: bool = True) -> bool:
 
 
 STAGING_TMPFS = "1g"  # the staging tmpfs's size outside the fault (it holds unapplied segments)
+
+
+def restore_size(mount: Path) -> None:
+    """The staging tmpfs back at its size outside the fault (writes succeed again)."""
+    _remount(mount, f"size={STAGING_TMPFS}")
 
 
 @contextlib.contextmanager
@@ -428,11 +441,8 @@ def catalog_down(c: Context) -> str:
     seconds = c.rng.uniform(5, 15)
     frozen = [c.warehouse, *sorted(p for p in c.warehouse.rglob("metadata") if p.is_dir())]
     marks = _log_sizes(c)
-    subprocess.run(["chattr", "+i", *map(str, frozen)], check=True)
-    try:
+    with immutable(*frozen):
         noticed = _until_noticed(c, marks, seconds)
-    finally:
-        subprocess.run(["chattr", "-i", *map(str, frozen)], check=True)
     return f"Iceberg catalog unavailable (metadata immutable) for {noticed:.1f} s"
 
 
