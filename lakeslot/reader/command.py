@@ -78,8 +78,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a further libpq parameter (spec.source.options; repeatable)")
     p.add_argument("--pod", help="identity in application_name (default $POD_NAME, else the host name)")
     p.add_argument("--metrics-port", type=int, metavar="N", help="serve /metrics and /healthz on this port")
-    p.add_argument("--status-file", metavar="PATH", help="write the status as JSON here: retrying a transient error (on a change, at most "
-                        "every 2 s) and the outcome on exit")
+    p.add_argument("--status-file", metavar="PATH",
+                   help="write the status as JSON here: retrying a transient error (on a change, "
+                        "at most every 2 s) and the outcome on exit")
     p.add_argument("--segment-max-bytes", type=int, metavar="N",
                    default=defaults.DEFAULT_SEGMENT_MAX_BYTES,
                    help="seal a segment after this much pgoutput data (default %(default)s)")
