@@ -11,7 +11,11 @@ with a batch (DESIGN.md "Scale"). A pass over a batch:
    time, vectorised; memory is one row group's.
 2. :func:`reduce` (executors, one Spark job for every table with changes). A batch of at most
    :data:`SERIAL_CHANGES` changes is read and folded by one task in stream order — no shuffle,
-   the cheapest pass for the small batches of a source that is caught up. Otherwise tasks read
+   the cheapest pass for the small batches of a source that is caught up. A larger one goes
+   through :mod:`lakeslot.apply.latest`: the latest change of each key is found vectorised,
+   from compact rows, and only the winning rows are read again; the changes of *entangled* keys
+   (key changes, unchanged TOAST values that need an earlier change) and of tables that path
+   does not cover (schema changes, TRUNCATE, changelog…) are folded as follows. Tasks read
    the row groups, keep each tracked table's changes above its position (rows of a zombie's overlapping
    segment below the previous segment's end are skipped), translate column names across renames
    (:func:`translations`), and route each change by (table, key) — a key change to both keys'
@@ -52,7 +56,7 @@ import json
 import logging
 import math
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
@@ -62,7 +66,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from lakeslot.apply import ddl
+from lakeslot.apply import ddl, latest
 from lakeslot.apply.changes import (
     BOTH,
     KEEP,
@@ -75,6 +79,7 @@ from lakeslot.apply.changes import (
     TableError,
     start_position,
 )
+from lakeslot.apply.latest import NOTHING, UNIT
 from lakeslot.source.ddl_capture import PREFIX as DDL_PREFIX
 from lakeslot.source.tables import TableName
 from lakeslot.staging.format import SegmentName, chain, tuple_of
@@ -84,9 +89,6 @@ from lakeslot.staging.store import Staging
 log = logging.getLogger(__name__)
 CHANGES_PER_PARTITION = 200_000  # more partitions for bigger batches: bounded executor memory
 SERIAL_CHANGES = 50_000  # up to this many, one task reads and folds the batch (no shuffle)
-NOTHING = 2**63 - 1  # a position no commit LSN is above
-UNIT = pa.schema([pa.field("segment", pa.string()), pa.field("row_group", pa.int32()),
-                  pa.field("floor", pa.int64()), pa.field("relations", pa.list_(pa.int32()))])
 ROUTED = pa.schema([
     pa.field("t", pa.int32()), pa.field("lsn", pa.int64()), pa.field("seq", pa.int64()),
     pa.field("op", pa.string()), pa.field("rel", pa.int32()), pa.field("epoch", pa.int32()),
@@ -183,11 +185,8 @@ def _changes_above(rows: pa.Table, local: Sequence[int], floor: int, bounds: pa.
     ``local`` maps the segment's relation index to a global id (-1: not tracked), rows below
     ``floor`` belong to the previous segment, and ``bounds`` holds each global id's position
     (only changes above it are taken)."""
-    gid = pc.fill_null(pc.take(pa.array(local, pa.int32()), rows["relation"].cast(pa.int32())), -1)
-    keep = pc.and_(pc.greater_equal(gid, 0), pc.greater_equal(rows["commit_lsn"], floor))
-    rows, gid = rows.filter(keep), gid.filter(keep)
-    above = pc.greater(rows["commit_lsn"], pc.take(bounds, gid))
-    return rows.filter(above), gid.filter(above)
+    index, gid = latest.taken(rows, local, floor, bounds)
+    return rows.take(index), gid
 
 
 def _messages(rows: pa.Table, start: int) -> list[tuple[int, int, bytes]]:
@@ -281,19 +280,36 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
         configs = [replace(c, single=True) for c in configs]
     index = {c.table: i for i, c in enumerate(configs)}
     rel_table = [index.get(TableName(r.schema, r.table), -1) for r in batch.relations]
-    units = [(s, g, f, list(local)) for s, g, f, local in batch.units]
+    units = [(s, g, f, tuple(local)) for s, g, f, local in batch.units]
     targets = [0] if serial else _partition_values(spark, partitions)
     router = _Router(staging_uri, list(configs), rel_table, batch.relations, targets)
     folder = _Folder(list(configs), batch.relations)
-    rdd = spark.sparkContext.parallelize(units, 1 if serial else max(1, len(units)))
+    rdd = spark.sparkContext.parallelize([(*u, i) for i, u in enumerate(units)],
+                                         1 if serial else max(1, len(units)))
     read = spark.createDataFrame(rdd, from_arrow_schema(UNIT))
+    layouts = [None if serial else latest.covered(
+        batch.relations, c.table, c.key, c.names, truncated=bool(batch.tables[c.table].truncates),
+        plain=not (c.single or c.changelog or c.check_unique or c.renames)) for c in configs]
+    decided = None
     if serial:  # one task reads the batch in stream order and folds it: no shuffle, no sort
         frame = read.mapInArrow(_Serial(router, folder), from_arrow_schema(REDUCED))
-    else:
-        frame = (read.mapInArrow(router, from_arrow_schema(ROUTED))
-                 .repartition(partitions, "part")
-                 .sortWithinPartitions("t", "lsn", "seq", "role")
-                 .mapInArrow(folder, from_arrow_schema(REDUCED)))
+    elif not any(layouts):
+        frame = _folded(read.mapInArrow(router, from_arrow_schema(ROUTED)), partitions, folder)
+    else:  # the latest change per key found vectorised; the fold only for entangled keys
+        decided = (read.mapInArrow(latest.Keys(staging_uri, rel_table, [c.position for c in configs],
+                                               layouts), from_arrow_schema(latest.COMPACT))
+                   .repartition(partitions, "t", "key")
+                   .mapInArrow(latest.Group(), from_arrow_schema(latest.DECIDED))
+                   .persist(StorageLevel.MEMORY_AND_DISK))
+
+        def pointers(kind: str) -> DataFrame:
+            return (decided.filter(F.col("kind") == kind).repartition(partitions, "unit")
+                    .sortWithinPartitions("unit", "row"))
+
+        winners = pointers("W").mapInArrow(latest.Winners(staging_uri, units, layouts, REDUCED),
+                                           from_arrow_schema(REDUCED))
+        picked = pointers("S").mapInArrow(_Picked(router, units), from_arrow_schema(ROUTED))
+        frame = winners.unionByName(_folded(picked, partitions, folder))
     frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     found = {c.table: TableReduced() for c in configs}
     first: dict[TableName, dict[tuple[int, int], tuple[int, int]]] = {c.table: {} for c in configs}
@@ -322,7 +338,15 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
         found[config.table].relations = list(dict.fromkeys(
             ddl.translations(batch.relations[gid], config.renames)[epoch]
             for (gid, epoch), _ in sorted(uses.items(), key=lambda item: item[1])))
+    if decided is not None:  # the frame is computed and persisted: the pointers are not needed
+        decided.unpersist()
     return Reduced(frame, index, found)
+
+
+def _folded(routed: DataFrame, partitions: int, folder: _Folder) -> DataFrame:
+    """Routed changes shuffled to their key's partition and folded there in commit order."""
+    return (routed.repartition(partitions, "part").sortWithinPartitions("t", "lsn", "seq", "role")
+            .mapInArrow(folder, from_arrow_schema(REDUCED)))
 
 
 def warm_up(spark) -> None:
@@ -373,6 +397,21 @@ class _Serial:
         return self.folder(self.router(units))
 
 
+@dataclass(frozen=True)
+class _Picked:
+    """Routes the changes that ``S`` pointers (sorted by unit and row) point at
+    (:mod:`lakeslot.apply.latest`)."""
+
+    router: _Router
+    units: list[tuple[str, int, int, tuple[int, ...]]]
+
+    def __call__(self, pointers: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        staging = Staging(self.router.staging_uri, create=False)
+        keys: dict[tuple[int, int], list[int] | None] = {}
+        for _, rows, gid in latest.pointed(staging, self.units, pointers, latest.CHANGE_COLUMNS):
+            yield self.router.route(rows, gid.to_pylist(), keys)
+
+
 @dataclass
 class _Router:
     """Reads row groups and routes each tracked change (see the module docstring)."""
@@ -393,12 +432,12 @@ class _Router:
         for units_batch in units:
             for unit in units_batch.to_pylist():
                 rows = staging.read_row_group(SegmentName.parse(unit["segment"]),  # type: ignore[arg-type]
-                                              unit["row_group"])
+                                              unit["row_group"], latest.CHANGE_COLUMNS)
                 rows, gid = _changes_above(rows, unit["relations"], unit["floor"], bounds)
                 if len(rows):
-                    yield self._route(rows, gid.to_pylist(), keys)
+                    yield self.route(rows, gid.to_pylist(), keys)
 
-    def _route(self, rows: pa.Table, gids: list[int], keys: dict) -> pa.RecordBatch:
+    def route(self, rows: pa.Table, gids: list[int], keys: dict) -> pa.RecordBatch:
         out: dict[str, list] = {f.name: [] for f in ROUTED}
         lsns, seqs, ops = (rows[c].to_pylist() for c in ("commit_lsn", "seq", "op"))
         new_kinds, new_values = rows["new_kinds"].to_pylist(), rows["new_values"].to_pylist()
@@ -472,7 +511,7 @@ class _Folder:
     configs: list[TableConfig]
     relations: list[Relation]
 
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         folds: dict[int, _Fold] = {}
         for batch in batches:
             for row in _rows(batch):
