@@ -112,6 +112,8 @@ def check_source(conn: psycopg.Connection, ingestion: PostgresIngestion, report:
         conn, tables,
         key_columns={t: o.key_columns for t, o in options.items()},
         excluded_columns={t: o.exclude_columns for t, o in options.items()},
+        text_columns={t: o.text_columns for t, o in options.items()},
+        partition_by={t: o.partition_fields() for t, o in options.items()},
         slot_name=names.slot, failover_slot=source.failover_slot,
         on_slot_lost=ingestion.spec.policies.on_slot_lost)
     failed = preflight.failures(findings)

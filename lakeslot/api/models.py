@@ -20,9 +20,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints
+from pydantic_core import PydanticCustomError
 
 from lakeslot.api import cluster
+from lakeslot.api.partitioning import PartitionField, PartitionSpecError, parse_all
 from lakeslot.api.rules import ApiModel, ListKeys, Rule
 from lakeslot.api.types import (
     Identifier,
@@ -102,6 +104,15 @@ class SecretEnvVar(ApiModel):
     )
 
 
+def _partition_fields(entries: list[str]) -> list[str]:
+    """Refuses a partitionBy that does not parse, with the parser's message."""
+    try:
+        parse_all(entries)
+    except PartitionSpecError as e:
+        raise PydanticCustomError("partition_by", "{reason}", {"reason": str(e)}) from None
+    return entries
+
+
 class TableSpec(ApiModel):
     """One source table, named by schema and table exactly as PostgreSQL stores them."""
 
@@ -131,6 +142,25 @@ class TableSpec(ApiModel):
         "this list of an existing table takes effect at its next re-snapshot; a column also in "
         "excludeColumns is excluded."
     )
+    partition_by: Annotated[
+        list[Annotated[str, StringConstraints(min_length=1, max_length=200)]],
+        AfterValidator(_partition_fields),
+        Field(max_length=16),
+    ] = listing(
+        "Partition spec of the mirror table, one Iceberg transform per entry, in order: a column "
+        "(identity), bucket(N, column), truncate(W, column), years(column), months(column), "
+        "days(column) or hours(column), e.g. [\"bucket(16, id)\", \"days(created_at)\"]. A column "
+        "is written as PostgreSQL stores it, in double quotes when it has spaces or punctuation "
+        "(days(\"Created At\")). Preflight checks each column exists and suits its transform "
+        "(years/months/days: date or timestamp[tz]; hours: timestamp[tz]; truncate: integer, "
+        "numeric, text, bytea; bucket: not boolean, floating point or arrays); a bad entry fails "
+        "the table with the reason, as does a listed column later renamed or dropped at the "
+        "source, until partitionBy is fixed. Changing it for an existing mirror evolves the "
+        "mirror's partition spec in place at the next apply pass (files already written keep "
+        "their layout until rewritten or re-snapshotted). Empty: a table lakeslot creates or "
+        "re-snapshots is unpartitioned, and emptying a list lakeslot applied makes later writes "
+        "unpartitioned. See Partitioned mirrors."
+    )
     resnapshot_generation: int = Field(
         0,
         ge=0,
@@ -139,6 +169,10 @@ class TableSpec(ApiModel):
         "records the value it acted on in status.tables[].observedResnapshotGeneration.",
     )
 
+
+    def partition_fields(self) -> tuple[PartitionField, ...]:
+        """``partitionBy`` parsed (valid: the model checked it)."""
+        return parse_all(self.partition_by)
 
 
 SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]

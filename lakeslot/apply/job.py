@@ -87,6 +87,7 @@ from pyspark.sql import functions as F
 
 from lakeslot import lsn as lsn_text
 from lakeslot import typemap
+from lakeslot.api.partitioning import PartitionSpecError
 from lakeslot.apply import changes, columns, ddl, merge, spread
 from lakeslot.apply.changes import TableError
 from lakeslot.mirror import maintenance
@@ -396,7 +397,7 @@ class Applier:
 
         try:
             result = self._retried(str(table), definite_or_transient)
-        except (TableError, typemap.MappingError) as e:
+        except (TableError, typemap.MappingError, PartitionSpecError) as e:
             return self._fail(table, str(e), getattr(e, "resnapshot", True),
                               getattr(e, "automatic", False))
         if isinstance(result, _Exhausted):
@@ -458,6 +459,8 @@ class Applier:
                                 resnapshot=state.resnapshot_required)
         if state.stale_error:
             self.tables.clear_error(target)
+        options = self.job.table_spec(table)  # partitionBy changed: evolve the spec in place
+        self.tables.partition(target, options.partition_fields() if options else (), state.properties)
         if not state.key:
             raise TableError(f"{table}: the mirror table has no identifier fields (key); set "
                              "keyColumns for the table and re-snapshot it")
@@ -477,7 +480,8 @@ class Applier:
         except (typemap.MappingError, DescribeError) as e:
             raise TableError(f"table {table}: {e}") from None
         self.tables.create(target, typemap.mirror_schema(mapped),
-                           table_properties(self.spec.sink.table_properties), 0)
+                           table_properties(self.spec.sink.table_properties), 0,
+                           options.partition_fields() if options else ())
 
     # one table -----------------------------------------------------------------------------
 

@@ -15,8 +15,9 @@ Invariants:
   not exist, ``replaceTransaction`` when it does (a re-snapshot, or an empty table created
   beforehand). It sets the schema (:func:`lakeslot.typemap.mirror_schema`: format v2, identifier
   fields = the key, ``_lakeslot_lsn``), the table properties, and appends every data file the
-  followers wrote. Readers see either the old table (or none) or the complete copy; a job that
-  dies before the commit leaves nothing behind in the catalog.
+  followers wrote, then sets the partition spec of ``partitionBy``
+  (:mod:`lakeslot.mirror.partitions`). Readers see either the old table (or none) or the
+  complete copy; a job that dies before the commit leaves nothing behind in the catalog.
 - Which tables are snapshotted (:meth:`Catalog.state`): generation ``g`` when the property
   ``lakeslot.snapshot-generation`` is ``g`` (set in the same commit as the data), or generation
   0 when its snapshot lineage carries ``lakeslot.lsn`` (a table snapshotted before the property
@@ -41,11 +42,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType
 
+from lakeslot.api.partitioning import PartitionField, PartitionSpecError, type_problems
+from lakeslot.mirror import partitions
 from lakeslot.mirror.contract import (
     BACKFILL_PROPERTY,
     ERROR_LSN_PROPERTY,
@@ -54,6 +58,7 @@ from lakeslot.mirror.contract import (
     LSN_PROPERTY,
     MAX_SNAPSHOT_AGE_PROPERTY,
     OWN_COLUMNS,
+    PARTITION_PROPERTY,
     RESNAPSHOT_AUTOMATIC,
     RESNAPSHOT_PROPERTY,
     RESNAPSHOT_SUMMARY,
@@ -126,8 +131,16 @@ class Catalog:
             snapshot = loaded.snapshot(parent) if parent is not None else None
         return MirrorState(True, None, current is not None)
 
+    def java_table(self, namespace: str, table: str):
+        """The Java Iceberg table, refreshed."""
+        loaded = self._catalog.loadTable(self._identifier(namespace, table))
+        loaded.refresh()
+        return loaded
+
     def begin(self, namespace: str, table: str, schema: Schema, properties: dict[str, str],
-              replace: bool) -> MirrorWrite:
+              replace: bool, partition: Sequence[PartitionField] = ()) -> MirrorWrite:
+        """An open create (or ``replace``) transaction; ``partition``: the spec the commit sets
+        (after appending the unpartitioned files, see :mod:`lakeslot.mirror.partitions`)."""
         jvm = self._jvm
         props = jvm.java.util.HashMap()
         for key, value in properties.items():
@@ -137,14 +150,14 @@ class Catalog:
             jvm.org.apache.iceberg.SchemaParser.fromJson(schema.model_dump_json()),
         ).withProperties(props)
         return MirrorWrite(jvm, builder.replaceTransaction() if replace
-                           else builder.createTransaction())
+                           else builder.createTransaction(), tuple(partition))
 
 
 class MirrorWrite:
     """An open create/replace transaction of one mirror table."""
 
-    def __init__(self, jvm, transaction) -> None:
-        self._jvm, self._txn = jvm, transaction
+    def __init__(self, jvm, transaction, partition: tuple[PartitionField, ...] = ()) -> None:
+        self._jvm, self._txn, self._partition = jvm, transaction, partition
         self._table = transaction.table()
 
     def schema(self) -> Schema:
@@ -184,6 +197,7 @@ class MirrorWrite:
         if resnapshot:
             append.set(RESNAPSHOT_SUMMARY, "true")
         append.commit()
+        partitions.evolve(self._jvm, self._txn, self._txn.table(), self._partition)
         self._txn.commitTransaction()
 
 
@@ -258,9 +272,7 @@ class Tables(Catalog):
 
     def iceberg_table(self, table: str):
         """The Java Iceberg table, refreshed."""
-        loaded = self._catalog.loadTable(self._identifier(self.namespace, table))
-        loaded.refresh()
-        return loaded
+        return self.java_table(self.namespace, table)
 
     def load(self, table: str) -> TableState | None:
         if not self._catalog.tableExists(self._identifier(self.namespace, table)):
@@ -270,10 +282,30 @@ class Tables(Catalog):
             self._jvm.org.apache.iceberg.SchemaParser.toJson(loaded.schema()))
         return TableState(position_of(loaded), schema, dict(loaded.properties()))
 
-    def create(self, table: str, schema: Schema, properties: dict[str, str], lsn: int) -> None:
-        """Create the table empty, at position ``lsn``, in one commit."""
-        write = self.begin(self.namespace, table, schema, properties, replace=False)
+    def create(self, table: str, schema: Schema, properties: dict[str, str], lsn: int,
+               partition: Sequence[PartitionField] = ()) -> None:
+        """Create the table empty, at position ``lsn``, partitioned by ``partition``, in one
+        commit."""
+        write = self.begin(self.namespace, table, schema, properties, replace=False,
+                           partition=partition)
         write.commit([], lsn)
+
+    def partition(self, table: str, fields: Sequence[PartitionField],
+                  properties: Mapping[str, str]) -> bool:
+        """Evolve the table's partition spec to ``fields`` when the ``partitionBy`` recorded in its
+        ``properties`` (as just loaded: :data:`PARTITION_PROPERTY`) differs (a metadata commit: no
+        snapshot, the position stays); a table never given one keeps its spec while ``fields`` is
+        empty. Whether it changed anything. :class:`PartitionSpecError` when the mirror's
+        columns cannot take ``fields`` (e.g. a textColumns change not yet re-snapshotted)."""
+        if properties.get(PARTITION_PROPERTY, "") == partitions.spec_text(fields):
+            return False
+        state = self.load(table)
+        assert state is not None  # the caller just loaded it
+        problems = type_problems(fields, state.data_columns())
+        if problems:
+            raise PartitionSpecError(f"mirror {table}: " + "; ".join(map(str, problems)))
+        loaded = self.iceberg_table(table)
+        return partitions.evolve(self._jvm, loaded, loaded, fields)
 
     def advance(self, table: str, lsn: int) -> None:
         """An empty commit recording that the table reflects ``lsn`` (no data changes)."""

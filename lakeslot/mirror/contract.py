@@ -9,9 +9,11 @@ Invariants:
   same commit as the data, and so is :data:`SOURCE_FACTS_PROPERTY` (the source table's OID,
   columns' attnums and partitions as of the snapshot, updated when the apply job adds columns);
   :data:`BACKFILL_PROPERTY` by the apply job in the commit that adds a
-  column with a default; the error properties by the apply job when it stops a table — the error
-  is in force only while the table's position equals :data:`ERROR_LSN_PROPERTY`
-  (:func:`apply_error`), so a re-snapshot, which moves the position, lifts it.
+  column with a default; :data:`PARTITION_PROPERTY` (the table's ``partitionBy``, canonical) in
+  every commit that sets the partition spec from it; the error properties by the apply job when
+  it stops a table — the error is in force only while the table's position equals
+  :data:`ERROR_LSN_PROPERTY` (:func:`apply_error`), so a re-snapshot, which moves the position,
+  lifts it.
 - Columns: the source's, plus :data:`LSN_COLUMN` (commit LSN of the row's last change) in the
   mirror; the changelog table adds :data:`OP_COLUMN` and :data:`SEQ_COLUMN`.
 - Tables lakeslot creates are format v2 with :data:`TABLE_DEFAULTS` unless
@@ -39,6 +41,7 @@ RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"  # "true", or RESNAPSHOT_AU
 MAINTENANCE_PROPERTY = "lakeslot.last-maintenance"  # the last maintenance run's outcome, as text
 MAINTENANCE_AT_PROPERTY = "lakeslot.last-maintenance-at"  # ... when it ran (Unix seconds)
 ORPHANS_AT_PROPERTY = "lakeslot.last-orphan-removal-at"  # when orphan files were last removed
+PARTITION_PROPERTY = "lakeslot.partition-by"  # the partitionBy the mirror's spec was last set to
 RESNAPSHOT_AUTOMATIC = "automatic"  # lakeslot copies the table again by itself (onSchemaChange)
 
 # columns

@@ -26,6 +26,9 @@ Steps:
    range commits it with ``lakeslot.lsn = s``.
 4. When every table has committed or failed, the leader's transaction ends and its temporary slot
    is dropped (leader commits last).
+5. A table with ``partitionBy`` was committed with that spec but unpartitioned files (followers
+   do not split by partition): its files are rewritten into the spec on Spark's executors
+   (:func:`lakeslot.mirror.partitions.lay_out`, a ``replace`` commit keeping ``lakeslot.lsn``).
 
 The exported snapshot lost while copying (the leader's session terminated or its connection
 broken): ranges that had imported it finish, the others fail with
@@ -63,6 +66,7 @@ from dataclasses import dataclass, field
 from py4j.protocol import Py4JJavaError
 
 from lakeslot import typemap
+from lakeslot.mirror import partitions
 from lakeslot.mirror.catalog import Catalog, MirrorState, MirrorWrite
 from lakeslot.mirror.contract import GENERATION_PROPERTY, SNAPSHOT_LSN_PROPERTY, SOURCE_FACTS_PROPERTY, table_properties
 from lakeslot.snapshot import follower, leader, plan
@@ -114,7 +118,7 @@ class SnapshotJob:
                 return plan.TableRequest(table, job.names.mirror_table(table))
             return plan.TableRequest(table, job.names.mirror_table(table),
                                      tuple(options.key_columns), tuple(options.exclude_columns),
-                                     tuple(options.text_columns))
+                                     tuple(options.text_columns), options.partition_fields())
 
         return cls(
             source=job.source(environ), tables=tuple(request(t) for t in job.tables),
@@ -180,6 +184,7 @@ def copy(spark, job: SnapshotJob, hooks: Hooks | None = None) -> JobResult:
         todo = _to_copy(catalog, job, progress)
         if todo:
             _snapshot(spark, job, catalog, todo, progress, hooks or Hooks(), cpu)
+            _lay_out(spark, job, catalog, [request for request, _ in todo], progress)
     except Exception as e:
         progress.finish(error=f"{type(e).__name__}: {e}")
         raise
@@ -204,6 +209,28 @@ def _to_copy(catalog: Catalog, job: SnapshotJob,
         else:
             todo.append((request, state))
     return todo
+
+
+def _lay_out(spark, job: SnapshotJob, catalog: Catalog, copied: list[plan.TableRequest],
+             progress: Progress) -> None:
+    """Rewrite the files of each table just committed with a partition spec into that spec (the
+    followers wrote them unpartitioned: :mod:`lakeslot.mirror.partitions`), after the exported
+    snapshot is released. A failure only delays the layout: the data is complete and correct."""
+    for request in copied:
+        entry = progress.tables[request.source]
+        if entry.state != "committed" or not request.partition_by:
+            continue
+        try:
+            table = catalog.java_table(job.namespace, request.target)
+            rewritten = partitions.lay_out(spark, table, entry.lsn)
+        except Py4JJavaError as e:
+            log.warning("%s: the snapshot is committed, but laying its files out by the partition "
+                        "spec failed (reads are correct; run Iceberg's rewrite_data_files with "
+                        "options map('rewrite-all','true') or re-snapshot to lay them out): %s",
+                        request.source, _failure_summary(e))
+            continue
+        log.info("%s: %d data files laid out by partition spec %s", request.source, rewritten,
+                 partitions.spec_text(request.partition_by))
 
 
 def _snapshot(spark, job: SnapshotJob, catalog: Catalog,
@@ -289,7 +316,8 @@ class _TableRun:
                       SNAPSHOT_LSN_PROPERTY: str(snapshot.lsn),
                       SOURCE_FACTS_PROPERTY: recorded.to_json()}
         write = catalog.begin(job.namespace, request.target,
-                              typemap.mirror_schema(table_plan.columns), properties, state.exists)
+                              typemap.mirror_schema(table_plan.columns), properties, state.exists,
+                              request.partition_by)
         schema = typemap.arrow_schema(write.schema(), table_plan.columns)
         options = write.write_options()
         settings = follower.without_password(job.source)

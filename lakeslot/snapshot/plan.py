@@ -16,7 +16,8 @@ Invariants:
   duplicate key value or a NULL in a key column fails the table before anything is copied.
 
 Failure modes (a :class:`TableFailure`, a definite error for that table only): the table does not
-exist (dropped before the snapshot), a listed key/excluded/text column does not exist, the table
+exist (dropped before the snapshot), a listed key/excluded/text column does not exist, a
+``partitionBy`` column is missing or of a type its transform cannot take, the table
 has no key, a column type is unsupported or cannot be a key (:class:`lakeslot.typemap.MappingError`),
 the configured key columns do not identify the rows (:class:`lakeslot.source.keys.KeyColumnsError`), a leaf
 partition is not an ordinary table (a foreign table cannot be read by ctid).
@@ -32,6 +33,8 @@ import psycopg
 from psycopg import sql
 
 from lakeslot import typemap
+from lakeslot.api import partitioning
+from lakeslot.api.partitioning import PartitionField
 from lakeslot.source import columns, keys
 from lakeslot.source.connection import one_row
 from lakeslot.source.tables import TableName, existing
@@ -48,6 +51,7 @@ class TableRequest:
     key_columns: tuple[str, ...] = ()
     exclude_columns: tuple[str, ...] = ()
     text_columns: tuple[str, ...] = ()
+    partition_by: tuple[PartitionField, ...] = ()  # the mirror's partition spec (partitionBy)
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,7 @@ def inspect(conn: psycopg.Connection, requests: Sequence[TableRequest], *,
             heaps, rows = _heaps(conn, request, oid)
             if request.key_columns:
                 keys.check(conn, request.source, oid, request.key_columns)
+            _check_partition_by(request, mapped)
         except (typemap.MappingError, columns.DescribeError, keys.KeyColumnsError) as e:
             plans.append(TableFailure(request, f"table {request.source}: {e}"))
             continue
@@ -127,6 +132,17 @@ def inspect(conn: psycopg.Connection, requests: Sequence[TableRequest], *,
                        for r in page_ranges(heap.pages, pages_per_range, tid_range_scan))
         plans.append(TablePlan(request, mapped, rows, ranges))
     return plans
+
+
+def _check_partition_by(request: TableRequest, mapped: Sequence[typemap.ColumnMapping]) -> None:
+    """partitionBy against the columns as of the snapshot (preflight checked them earlier; the
+    table may have changed since)."""
+    problems = partitioning.type_problems(
+        request.partition_by, {c.name: c.iceberg(0) for c in mapped},
+        left_out=dict.fromkeys(request.exclude_columns, "excluded (excludeColumns)"),
+        source_types={c.name: c.pg.name + "[]" * c.pg.array for c in mapped})
+    if problems:
+        raise columns.DescribeError("; ".join(map(str, problems)))
 
 
 def _heaps(conn: psycopg.Connection, request: TableRequest, oid: int) -> tuple[list[Heap], int | None]:

@@ -34,6 +34,10 @@ of the mirror by snapshot and apply alike (:func:`lakeslot.source.columns.descri
 mirrored as NULL; the table passes with a note (:attr:`Finding.note`, shown as the table's
 message) saying how to get it (upgrade to 18, or make it stored). A key column among them fails
 the table.
+
+Partition spec (:func:`_partition_by`): each ``partitionBy`` field must name a column the mirror
+has (not excluded, not an unsent generated column) whose mirrored Iceberg type its transform
+takes (``textColumns`` are strings); otherwise the table fails, naming the field and the fix.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ import psycopg
 from psycopg import sql
 
 from lakeslot import typemap
+from lakeslot.api import partitioning
+from lakeslot.api.partitioning import PartitionField
 from lakeslot.source import failover
 from lakeslot.source.connection import one_row, render_sql
 from lakeslot.source.tables import TableName, existing, quote_ident
@@ -83,13 +89,17 @@ def notes(findings: Sequence[Finding]) -> list[Finding]:
 def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
         key_columns: Mapping[TableName, Sequence[str]] | None = None,
         excluded_columns: Mapping[TableName, Sequence[str]] | None = None,
+        text_columns: Mapping[TableName, Sequence[str]] | None = None,
+        partition_by: Mapping[TableName, Sequence[PartitionField]] | None = None,
         slot_name: str | None = None, manage_publication: bool = True,
         failover_slot: bool = False, on_slot_lost: str = "Error") -> list[Finding]:
     """All checks for these tables, in the order a user should address them.
     ``failover_slot``/``on_slot_lost``: the spec's ``source.failoverSlot`` and
-    ``policies.onSlotLost``, for the failover check."""
+    ``policies.onSlotLost``, for the failover check; ``text_columns``/``partition_by``: the
+    tables' ``textColumns`` and parsed ``partitionBy``, for the partition check."""
     key_columns = key_columns or {}
     excluded_columns = excluded_columns or {}
+    text_columns, partition_by = text_columns or {}, partition_by or {}
     findings = [_server_version(conn), _wal_level(conn), *_headroom(conn, slot_name),
                 _replication_privilege(conn)]
     if slot_name is not None:
@@ -106,6 +116,11 @@ def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
             continue
         findings += _table_checks(conn, table, oid, list(key_columns.get(table, ())),
                                   list(excluded_columns.get(table, ())), manage_publication)
+        if partition_by.get(table):
+            findings.append(_partition_by(conn, table, oid, list(key_columns.get(table, ())),
+                                          list(excluded_columns.get(table, ())),
+                                          list(text_columns.get(table, ())),
+                                          partition_by[table]))
     return findings
 
 
@@ -422,3 +437,33 @@ def _column_types(conn: psycopg.Connection, table: TableName, oid: int,
                 table))
     return findings or [Finding("column_types", True, "every column type is supported",
                                 table=table)]
+
+
+def _partition_by(conn: psycopg.Connection, table: TableName, oid: int, key_columns: list[str],
+                  excluded: list[str], text: list[str],
+                  fields: Sequence[PartitionField]) -> Finding:
+    """Every ``partitionBy`` field names a column the mirror has, of a type its transform takes
+    (decided on the mirror's Iceberg types: :func:`lakeslot.api.partitioning.type_problems`)."""
+    from lakeslot.source import columns  # (columns imports this module)
+
+    check = "partition_by"
+    try:
+        mapped = columns.describe(conn, oid, key_columns=key_columns, exclude_columns=excluded,
+                                  text_columns=text)
+    except (typemap.MappingError, columns.DescribeError):
+        # the key, column and type checks above report it; the spec is checked once they pass
+        return Finding(check, True, "partitionBy not checked until the table's other checks pass",
+                       table=table)
+    left_out = dict.fromkeys(excluded, "excluded (excludeColumns)")
+    left_out.update((c, "a generated column logical replication does not send here")
+                    for c in unpublished_generated_columns(conn, oid) if c not in left_out)
+    problems = partitioning.type_problems(
+        fields, {c.name: c.iceberg(0) for c in mapped}, left_out=left_out,
+        source_types={c.name: c.pg.name + "[]" * c.pg.array for c in mapped})
+    if problems:
+        return Finding(check, False, "; ".join(f"partitionBy {p.field}: {p.problem}"
+                                               for p in problems),
+                       "; ".join(dict.fromkeys(p.fix for p in problems))
+                       + " (spec.source.tables[].partitionBy of this table)", table)
+    return Finding(check, True, "partitioned by " + ", ".join(f.canonical for f in fields),
+                   table=table)
