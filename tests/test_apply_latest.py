@@ -130,7 +130,7 @@ def _latest(stream: list[Change], config: TableConfig, partitions: int):
                             truncated=False)
     assert layout is not None
     rows = _segment_rows(stream)
-    keys = latest.Keys("unused", [0], [0], [layout])
+    keys = latest.Keys("unused", [], 1, [0], [0], [layout])
     compact = pa.Table.from_batches(list(keys._compact(
         rows, pa.array([0] * len(rows), pa.int32()), pa.array(range(len(rows)), pa.int64()), 0)),
         schema=latest.COMPACT)

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import DataFrame
 
 from lakeslot.source.tables import TableName
 from lakeslot.staging.format import SegmentName
@@ -59,9 +60,8 @@ from lakeslot.staging.relations import Relation
 from lakeslot.staging.store import Staging
 
 NOTHING = 2**63 - 1  # a position no commit LSN is above
-UNIT = pa.schema([pa.field("segment", pa.string()), pa.field("row_group", pa.int32()),
-                  pa.field("floor", pa.int64()), pa.field("relations", pa.list_(pa.int32())),
-                  pa.field("unit", pa.int32())])
+Unit = tuple[str, int, int, tuple[int, ...]]
+# ^ a row group of the batch: (segment file, row group, floor, local relation → global id or -1)
 COMPACT = pa.schema([
     pa.field("t", pa.int32()), pa.field("key", pa.string()), pa.field("lsn", pa.int64()),
     pa.field("seq", pa.int64()), pa.field("op", pa.string()), pa.field("unit", pa.int32()),
@@ -72,6 +72,23 @@ DECIDED = pa.schema([
     pa.field("kind", pa.string()), pa.field("op", pa.string()), pa.field("lsn", pa.int64())])
 CHANGE_COLUMNS = ["commit_lsn", "seq", "op", "relation", "new_kinds", "new_values", "old_kinds",
                   "old_values"]
+
+
+def slices(spark, count: int) -> DataFrame:
+    """``count`` tasks, each given its slice number, for executors that read the batch's units
+    (:func:`units_of`): a JVM range, so a task runs Python once — a Python task costs a fixed
+    0.1-0.5 s on a small machine, a Python RDD of the units would double it."""
+    return spark.range(0, count, numPartitions=count)
+
+
+def units_of(ids: Iterable[pa.RecordBatch], units: Sequence[Unit], count: int
+             ) -> Iterator[tuple[int, Unit]]:
+    """The units (with their index) of the slices a task was given (:func:`slices`); one slice
+    of one takes them all, in batch order."""
+    for batch in ids:
+        for first in batch.column(0).to_pylist():
+            for i in range(first, len(units), count):
+                yield i, units[i]
 
 
 def taken(rows: pa.Table, local: Sequence[int], floor: int, bounds: pa.Array
@@ -143,21 +160,22 @@ class Keys:
     """Executors, step 1: row groups → compact rows (see the module docstring)."""
 
     staging_uri: str
+    units: list[Unit]
+    count: int  # slices
     tables: list[int]  # global relation id → the table's index, or -1 (not reduced now)
     positions: list[int]  # table index → its position
     layouts: list[Layout | None]  # table index → its layout when covered
 
-    def __call__(self, units: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def __call__(self, ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         staging = Staging(self.staging_uri, create=False)
         bounds = pa.array([self.positions[t] if t >= 0 else NOTHING for t in self.tables] or [0],
                           pa.int64())
-        for batch in units:
-            for unit in batch.to_pylist():
-                rows = staging.read_row_group(SegmentName.parse(unit["segment"]),  # type: ignore[arg-type]
-                                              unit["row_group"], CHANGE_COLUMNS)
-                index, gid = taken(rows, unit["relations"], unit["floor"], bounds)
-                if len(index):
-                    yield from self._compact(rows.take(index), gid, index, unit["unit"])
+        for unit, (segment, group, floor, local) in units_of(ids, self.units, self.count):
+            rows = staging.read_row_group(SegmentName.parse(segment), group,  # type: ignore[arg-type]
+                                          CHANGE_COLUMNS)
+            index, gid = taken(rows, local, floor, bounds)
+            if len(index):
+                yield from self._compact(rows.take(index), gid, index, unit)
 
     def _compact(self, rows: pa.Table, gid: pa.Array, index: pa.Array, unit: int
                  ) -> Iterator[pa.RecordBatch]:
@@ -269,7 +287,7 @@ def _decided(rows: pa.Table, kind: str, op) -> pa.RecordBatch:
          _array(rows["lsn"])], schema=DECIDED)
 
 
-def pointed(staging: Staging, units: Sequence[tuple[str, int, int, tuple[int, ...]]],
+def pointed(staging: Staging, units: Sequence[Unit],
             pointers: Iterable[pa.RecordBatch], columns: list[str]
             ) -> Iterator[tuple[pa.Table, pa.Table, pa.Array]]:
     """The rows that pointers sorted by (unit, row) point at, a row group at a time:
@@ -292,7 +310,7 @@ def pointed(staging: Staging, units: Sequence[tuple[str, int, int, tuple[int, ..
         yield _read(staging, units[current], pending, columns)
 
 
-def _read(staging: Staging, unit: tuple[str, int, int, tuple[int, ...]],
+def _read(staging: Staging, unit: Unit,
           pending: list[pa.RecordBatch], columns: list[str]
           ) -> tuple[pa.Table, pa.Table, pa.Array]:
     pointers = pa.Table.from_batches(pending)
@@ -313,7 +331,7 @@ class Winners:
     ``L`` row per table (see the module docstring)."""
 
     staging_uri: str
-    units: list[tuple[str, int, int, tuple[int, ...]]]
+    units: list[Unit]
     layouts: list[Layout | None]
     schema: pa.Schema  # lakeslot.apply.spread.REDUCED
 

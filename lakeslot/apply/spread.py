@@ -79,7 +79,7 @@ from lakeslot.apply.changes import (
     TableError,
     start_position,
 )
-from lakeslot.apply.latest import NOTHING, UNIT
+from lakeslot.apply.latest import NOTHING, Unit
 from lakeslot.source.ddl_capture import PREFIX as DDL_PREFIX
 from lakeslot.source.tables import TableName
 from lakeslot.staging.format import SegmentName, chain, tuple_of
@@ -280,13 +280,12 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
         configs = [replace(c, single=True) for c in configs]
     index = {c.table: i for i, c in enumerate(configs)}
     rel_table = [index.get(TableName(r.schema, r.table), -1) for r in batch.relations]
-    units = [(s, g, f, tuple(local)) for s, g, f, local in batch.units]
+    units: list[Unit] = [(s, g, f, tuple(local)) for s, g, f, local in batch.units]
+    count = 1 if serial else max(1, min(len(units), partitions))  # tasks reading the units
     targets = [0] if serial else _partition_values(spark, partitions)
-    router = _Router(staging_uri, list(configs), rel_table, batch.relations, targets)
+    router = _Router(staging_uri, list(configs), rel_table, batch.relations, targets, units, count)
     folder = _Folder(list(configs), batch.relations)
-    rdd = spark.sparkContext.parallelize([(*u, i) for i, u in enumerate(units)],
-                                         1 if serial else max(1, len(units)))
-    read = spark.createDataFrame(rdd, from_arrow_schema(UNIT))
+    read = latest.slices(spark, count)
     layouts = [None if serial else latest.covered(
         batch.relations, c.table, c.key, c.names, truncated=bool(batch.tables[c.table].truncates),
         plain=not (c.single or c.changelog or c.check_unique or c.renames)) for c in configs]
@@ -296,8 +295,9 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
     elif not any(layouts):
         frame = _folded(read.mapInArrow(router, from_arrow_schema(ROUTED)), partitions, folder)
     else:  # the latest change per key found vectorised; the fold only for entangled keys
-        decided = (read.mapInArrow(latest.Keys(staging_uri, rel_table, [c.position for c in configs],
-                                               layouts), from_arrow_schema(latest.COMPACT))
+        keys = latest.Keys(staging_uri, units, count, rel_table, [c.position for c in configs],
+                           layouts)
+        decided = (read.mapInArrow(keys, from_arrow_schema(latest.COMPACT))
                    .repartition(partitions, "t", "key")
                    .mapInArrow(latest.Group(), from_arrow_schema(latest.DECIDED))
                    .persist(StorageLevel.MEMORY_AND_DISK))
@@ -306,10 +306,11 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
             return (decided.filter(F.col("kind") == kind).repartition(partitions, "unit")
                     .sortWithinPartitions("unit", "row"))
 
-        winners = pointers("W").mapInArrow(latest.Winners(staging_uri, units, layouts, REDUCED),
-                                           from_arrow_schema(REDUCED))
-        picked = pointers("S").mapInArrow(_Picked(router, units), from_arrow_schema(ROUTED))
-        frame = winners.unionByName(_folded(picked, partitions, folder))
+        frame = pointers("W").mapInArrow(latest.Winners(staging_uri, units, layouts, REDUCED),
+                                         from_arrow_schema(REDUCED))
+        if decided.filter(F.col("kind") == "S").count():  # (no Python: the JVM counts)
+            picked = pointers("S").mapInArrow(_Picked(router, units), from_arrow_schema(ROUTED))
+            frame = frame.unionByName(_folded(picked, partitions, folder))
     frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     found = {c.table: TableReduced() for c in configs}
     first: dict[TableName, dict[tuple[int, int], tuple[int, int]]] = {c.table: {} for c in configs}
@@ -393,8 +394,8 @@ class _Serial:
     router: _Router
     folder: _Folder
 
-    def __call__(self, units: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return self.folder(self.router(units))
+    def __call__(self, ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return self.folder(self.router(ids))
 
 
 @dataclass(frozen=True)
@@ -403,7 +404,7 @@ class _Picked:
     (:mod:`lakeslot.apply.latest`)."""
 
     router: _Router
-    units: list[tuple[str, int, int, tuple[int, ...]]]
+    units: list[Unit]
 
     def __call__(self, pointers: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         staging = Staging(self.router.staging_uri, create=False)
@@ -421,21 +422,22 @@ class _Router:
     rel_table: list[int]  # global relation id → index in configs, or -1
     relations: list[Relation]
     targets: list[int]  # part value per partition
+    units: list[Unit]
+    count: int  # slices (lakeslot.apply.latest.slices)
 
-    def __call__(self, units: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def __call__(self, ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         staging = Staging(self.staging_uri, create=False)
         # each relation's table position; a table not reduced now takes nothing
         bounds = pa.array([self.configs[t].position if t >= 0 else NOTHING
                            for t in self.rel_table] or [0], pa.int64())
         # (gid, epoch) → key positions in the relation, or None (not carried)
         keys: dict[tuple[int, int], list[int] | None] = {}
-        for units_batch in units:
-            for unit in units_batch.to_pylist():
-                rows = staging.read_row_group(SegmentName.parse(unit["segment"]),  # type: ignore[arg-type]
-                                              unit["row_group"], latest.CHANGE_COLUMNS)
-                rows, gid = _changes_above(rows, unit["relations"], unit["floor"], bounds)
-                if len(rows):
-                    yield self.route(rows, gid.to_pylist(), keys)
+        for _, (segment, group, floor, local) in latest.units_of(ids, self.units, self.count):
+            rows = staging.read_row_group(SegmentName.parse(segment), group,  # type: ignore[arg-type]
+                                          latest.CHANGE_COLUMNS)
+            rows, gid = _changes_above(rows, local, floor, bounds)
+            if len(rows):
+                yield self.route(rows, gid.to_pylist(), keys)
 
     def route(self, rows: pa.Table, gids: list[int], keys: dict) -> pa.RecordBatch:
         out: dict[str, list] = {f.name: [] for f in ROUTED}
