@@ -1,22 +1,22 @@
 """The vectorised latest-change-per-key path (lakeslot.apply.latest) against the reference fold
-(lakeslot.apply.changes.Reducer): the executors' steps run here on Arrow rows in the staging
-format (step 2, a window, on the tests' Spark session), over random streams PostgreSQL could
-send — inserts, updates (some changing the key, some leaving a TOASTed column unchanged),
-deletes, REPLICA IDENTITY DEFAULT and FULL, composite keys whose parts would collide if joined
-naively, and now and then a change without its key. Reading row groups back from staging is
-covered by the apply job's tests with large batches (tests/test_apply_backlog.py) and by
-``SERIAL_CHANGES = 0`` in tests/test_apply_job.py."""
+(lakeslot.apply.changes.Reducer), without Spark: the executors' steps run here on Arrow rows in
+the staging format, over random streams PostgreSQL could send — inserts, updates (some changing
+the key, some leaving a TOASTed column unchanged), deletes, REPLICA IDENTITY DEFAULT and FULL,
+composite keys whose parts would collide if joined naively, and now and then a change without
+its key. Spark's part (shuffles, reading row groups back) is covered by the apply job's tests
+with large batches (tests/test_apply_backlog.py) and by ``SERIAL_CHANGES = 0`` in
+tests/test_apply_job.py."""
 
 from __future__ import annotations
 
 import random
 import re
+import zlib
 from collections.abc import Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from pyspark.sql.pandas.types import from_arrow_schema
 
 from lakeslot.apply import latest
 from lakeslot.apply.changes import Change, Reducer, TableError
@@ -124,36 +124,21 @@ def _reference(stream: list[Change], config: TableConfig):
     return _finals(output.finals(reducer)), output.keeps
 
 
-def _layout(config: TableConfig, relation: Relation) -> latest.Layout:
-    layout = latest.covered([relation], T, config.key, config.names, plain=True, truncated=False)
+def _latest(stream: list[Change], config: TableConfig, partitions: int):
+    """Keys, then Group per hash partition, then Winners for W pointers and the fold for S."""
+    layout = latest.covered([stream[0].relation], T, config.key, config.names, plain=True,
+                            truncated=False)
     assert layout is not None
-    return layout
-
-
-def _compact(stream: list[Change], config: TableConfig, t: int) -> pa.Table:
-    """Step 1 (Keys) over one stream, its compact rows marked as table ``t``."""
     rows = _segment_rows(stream)
-    keys = latest.Keys("unused", [], 1, [0], [0], [_layout(config, stream[0].relation)])
+    keys = latest.Keys("unused", [], 1, [0], [0], [layout])
     compact = pa.Table.from_batches(list(keys._compact(
         rows, pa.array([0] * len(rows), pa.int32()), pa.array(range(len(rows)), pa.int64()), 0)),
         schema=latest.COMPACT)
-    return compact.set_column(0, "t", pa.array([t] * len(compact), pa.int32()))
-
-
-def _decided(spark, compacts: list[pa.Table], partitions: int) -> dict[int, pa.Table]:
-    """Step 2 (decide, on Spark) over every stream at once: each stream's pointers by row."""
-    frame = spark.createDataFrame(pa.concat_tables(compacts).to_pandas(),
-                                  schema=from_arrow_schema(latest.COMPACT))
-    decided = pa.Table.from_pandas(latest.decide(frame, partitions).toPandas(),
-                                   preserve_index=False)
-    return {t: decided.filter(pc.equal(decided["t"], t)).sort_by([("row", "ascending")])
-            for t in range(len(compacts))}
-
-
-def _latest(stream: list[Change], config: TableConfig, decided: pa.Table):
-    """Step 3: Winners for the W pointers, the fold for the S ones."""
-    rows = _segment_rows(stream)
-    layout = _layout(config, stream[0].relation)
+    part = [zlib.crc32(k.encode()) % partitions for k in compact["key"].to_pylist()]
+    decided = pa.Table.from_batches(
+        [b for p in range(partitions) for b in latest.Group()(
+            iter(compact.filter(pa.array([x == p for x in part])).to_batches()))],
+        schema=latest.DECIDED).sort_by([("unit", "ascending"), ("row", "ascending")])
     chosen = decided.filter(pc.equal(decided["kind"], "W"))
     kept: set[int] = set()
     winners = latest.Winners("unused", [], [layout], REDUCED)
@@ -166,27 +151,23 @@ def _latest(stream: list[Change], config: TableConfig, decided: pa.Table):
 
 
 @pytest.mark.parametrize("identity", ["default", "full"])
-def test_the_latest_change_per_key_equals_the_fold(spark, identity):
+def test_the_latest_change_per_key_equals_the_fold(identity):
     config = TableConfig(T, 0, ("a", "b"), ("a", "b", "v", "big"))
-    streams = []
+    compared = errors = simple = entangled = 0
     for seed in range(200):
         rng = random.Random(seed)
-        streams.append(_stream(rng, identity, rng.randint(5, 80)))
-    compacts = [_compact(stream, config, t) for t, stream in enumerate(streams)]
-    compared = errors = simple = entangled = 0
-    for partitions in (1, 3):
-        decided = _decided(spark, compacts, partitions)
-        for t, stream in enumerate(streams):
-            try:
-                expected, keeps = _reference(stream, config)
-            except TableError as e:  # the same definite error, found by the fold of that change
-                with pytest.raises(TableError, match=f"^{re.escape(str(e))}$"):
-                    _latest(stream, config, decided[t])
-                errors += 1
-                continue
-            found, kept, (winners, slow) = _latest(stream, config, decided[t])
-            assert found == expected, (t, partitions)
-            assert kept == keeps, (t, partitions)
+        stream = _stream(rng, identity, rng.randint(5, 80))
+        try:
+            expected, keeps = _reference(stream, config)
+        except TableError as e:  # the same definite error, found by the fold of that change
+            with pytest.raises(TableError, match=f"^{re.escape(str(e))}$"):
+                _latest(stream, config, 3)
+            errors += 1
+            continue
+        for partitions in (1, 3):
+            found, kept, (winners, slow) = _latest(stream, config, partitions)
+            assert found == expected, (seed, partitions)
+            assert kept == keeps, (seed, partitions)
             simple, entangled = simple + winners, entangled + slow
             compared += 1
     assert compared > 250 and errors > 10, (compared, errors)

@@ -297,8 +297,10 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
     else:  # the latest change per key found vectorised; the fold only for entangled keys
         keys = latest.Keys(staging_uri, units, count, rel_table, [c.position for c in configs],
                            layouts)
-        decided = latest.decide(read.mapInArrow(keys, from_arrow_schema(latest.COMPACT)),
-                                partitions).persist(StorageLevel.MEMORY_AND_DISK)
+        decided = (read.mapInArrow(keys, from_arrow_schema(latest.COMPACT))
+                   .repartition(partitions, "t", "key")
+                   .mapInArrow(latest.Group(), from_arrow_schema(latest.DECIDED))
+                   .persist(StorageLevel.MEMORY_AND_DISK))
 
         def pointers(kind: str) -> DataFrame:
             return (decided.filter(F.col("kind") == kind).repartition(partitions, "unit")
