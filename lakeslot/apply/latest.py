@@ -4,12 +4,13 @@
 few thousand changes). A large batch goes through this module instead, on the executors, all
 of it vectorised over Arrow:
 
-1. :class:`Keys` (a task per core, each reading its share of the row groups): every change of a tracked table above its table's
-   position becomes a compact row — table, key text, commit LSN, seq, op, a pointer (unit = row
-   group of the batch, row within it) and three flags: ``toast`` (the new tuple has an
-   unchanged TOAST value), ``moved`` (an update changed the key: one row for the old key, one
-   for the new, the same pointer) and ``whole`` (the change goes to the fold whatever its key
-   says: its table is not *covered*, see :func:`covered`, or its key cannot be read).
+1. :class:`Keys` (a task per core, each reading its share of the row groups): every change of
+   a tracked table above its table's position becomes a compact row — table, key text, commit
+   LSN, seq, op, a pointer (unit = row group of the batch, row within it) and three flags:
+   ``toast`` (the new tuple has an unchanged TOAST value), ``moved`` (an update changed the key:
+   one row for the old key, one for the new, the same pointer) and ``whole`` (the change goes to
+   the fold whatever its key says: its table is not *covered*, see :func:`covered`, or its key
+   cannot be read).
 2. :class:`Group` (partitioned by table and key; compact rows only, never values): per key, in
    commit order, either the last change wins — a ``W`` pointer with the row's final op — or the
    key is *entangled* and every change of it is an ``S`` pointer for the fold. (A Spark window
