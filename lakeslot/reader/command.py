@@ -126,7 +126,8 @@ def config(args: argparse.Namespace) -> ReaderConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Run the reader process as ``args`` say; its exit status (see the module docstring)."""
-    from lakeslot.reader import reader
+    from lakeslot.reader import orphan, reader
 
     reader.configure_logging()
+    orphan.watch()
     return reader.main(config(args), status_file=args.status_file, metrics_port=args.metrics_port)
