@@ -227,6 +227,23 @@ class Supervisor:
         """Stop sampling (after the last run)."""
         self._sampling.set()
 
+    @contextlib.contextmanager
+    def abandoned_on_failure(self) -> Iterator[None]:
+        """On a failure inside: SIGKILL every process a run started that is still alive (else a
+        failed test leaves a run streaming, holding its slot and loading the machine for the
+        tests after it — seen after a soak's failed round), then let the failure through."""
+        try:
+            yield
+        except BaseException:
+            self.close()
+            pids = set(self.seen)
+            if self.process is not None:
+                pids |= {self.process.pid} | descendants(self.process.pid)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            raise
+
     def current_reader(self) -> int:
         """The pid of this run's reader once it runs (0 until then)."""
         info = state.read_run(self.state_dir)

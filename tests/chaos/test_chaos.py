@@ -29,12 +29,13 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import subprocess
 import time
 from collections import Counter
 
 import pytest
 
-from lakeslot.local.tree import alive
+from lakeslot.local.tree import alive, descendants
 from tests.chaos import harness
 from tests.support import local_support as ls
 from tests.support.apply_support import assert_equal_to_source, lsn_now
@@ -78,6 +79,7 @@ def test_faults_at_random_moments_under_write_load_lose_nothing(restartable_pgdb
     with contextlib.ExitStack() as stack:
         if "staging_full" in faults:  # a filesystem that can be made full
             stack.enter_context(harness.staging_on_tmpfs(context.staging))
+        stack.enter_context(supervisor.abandoned_on_failure())  # a failed round leaves nothing
         writer = harness.Writer(db, seed)
         try:
             supervisor.start()
@@ -122,3 +124,14 @@ def test_the_schedule_covers_every_fault_across_the_two_versions():
     first, second = (harness.schedule(random.Random(7), half, offset) for offset in (0, half))
     assert sorted(first + second) == sorted(harness.FAULTS)
     assert harness.schedule(rng, 3, 0) == harness.schedule(random.Random(7), 3, 0)  # seeded
+
+
+def test_a_failure_inside_leaves_no_run_process_alive(tmp_path):
+    """A failed round kills what the runs started (a real process tree stands in for a run)."""
+    supervisor = harness.Supervisor(tmp_path / "ingestion.yaml", None, tmp_path, tmp_path / "log")  # type: ignore[arg-type]
+    supervisor.process = subprocess.Popen(["sh", "-c", "sleep 300 & wait"])
+    child = wait_for(lambda: descendants(supervisor.run.pid), "the stand-in run's child")
+    with pytest.raises(AssertionError, match="a round failed"), supervisor.abandoned_on_failure():
+        raise AssertionError("a round failed")
+    supervisor.run.wait(10)
+    wait_for(lambda: not alive(child), "the run's child to be gone")

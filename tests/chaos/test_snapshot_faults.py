@@ -120,28 +120,29 @@ def test_faults_while_the_snapshot_copies_lose_and_duplicate_nothing(restartable
     started = time.monotonic()
     writer = ls.Workload(db, [ls.ACCOUNTS], {ls.ACCOUNTS: "balance"})
     stale: str | None = None
-    try:
-        supervisor.start()
-        for number, kind in enumerate(order, 1):
-            job = wait_for(lambda: _copying(local, stale) if supervisor.ensure_running() else None,  # noqa: B023
-                           f"round {number} ({kind}): a snapshot copying; {replay}",
-                           deadline=DEADLINE_S)
-            time.sleep(rng.uniform(0, MAX_DELAY_S))  # where in the copy it lands (its parameter)
-            what = FAULTS[kind](context, db)
-            print(f"round {number}: {what} at {time.monotonic() - started:.0f} s")
-            stale = job if kind in RESTARTS else None
-            if kind not in RESTARTS:  # the same job rides it out: it must copy on before the next
-                at = _position(local)
-                wait_for(lambda: supervisor.ensure_running() and _moved_on(local, at),  # noqa: B023
-                         f"round {number} ({what}): the snapshot to copy on; {replay}",
-                         deadline=DEADLINE_S)
-    finally:
-        transactions = writer.stop()
-    target = lsn_now(db)
-    wait_for(lambda: supervisor.ensure_running() and harness.applied_past(local, [ls.ACCOUNTS], target),
-             f"the snapshot committed and the stream past {target:X}; {replay}", deadline=DEADLINE_S,
-             interval=1)
-    supervisor.finish()
+    with supervisor.abandoned_on_failure():  # a failed round leaves nothing running
+        try:
+            supervisor.start()
+            for number, kind in enumerate(order, 1):
+                job = wait_for(lambda: _copying(local, stale) if supervisor.ensure_running() else None,  # noqa: B023
+                               f"round {number} ({kind}): a snapshot copying; {replay}",
+                               deadline=DEADLINE_S)
+                time.sleep(rng.uniform(0, MAX_DELAY_S))  # where in the copy it lands (its parameter)
+                what = FAULTS[kind](context, db)
+                print(f"round {number}: {what} at {time.monotonic() - started:.0f} s")
+                stale = job if kind in RESTARTS else None
+                if kind not in RESTARTS:  # the same job rides it out: it must copy on before the next
+                    at = _position(local)
+                    wait_for(lambda: supervisor.ensure_running() and _moved_on(local, at),  # noqa: B023
+                             f"round {number} ({what}): the snapshot to copy on; {replay}",
+                             deadline=DEADLINE_S)
+        finally:
+            transactions = writer.stop()
+        target = lsn_now(db)
+        wait_for(lambda: supervisor.ensure_running() and harness.applied_past(local, [ls.ACCOUNTS], target),
+                 f"the snapshot committed and the stream past {target:X}; {replay}", deadline=DEADLINE_S,
+                 interval=1)
+        supervisor.finish()
     supervisor.close()
     assert_equal_to_source(db, (tmp_path / "warehouse").as_uri(),
                            local.job.names.mirror_identifier(ls.ACCOUNTS), ls.ACCOUNTS)
