@@ -88,7 +88,7 @@ from pyspark.sql import functions as F
 from lakeslot import lsn as lsn_text
 from lakeslot import typemap
 from lakeslot.api.partitioning import PartitionSpecError
-from lakeslot.apply import changes, columns, ddl, merge, spread
+from lakeslot.apply import changes, columns, ddl, merge, spread, warmup
 from lakeslot.apply.changes import TableError
 from lakeslot.mirror import maintenance
 from lakeslot.mirror.catalog import Tables, TableState
@@ -250,7 +250,7 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
     result = ApplyResult()
     try:
         if not once:
-            spread.warm_up(spark)
+            warmup.warm_up(spark)
         while True:
             started = time.monotonic()
             result.last = applier.run_pass()

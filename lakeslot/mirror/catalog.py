@@ -385,14 +385,17 @@ class Tables(Catalog):
         self.set_properties(table, {}, (ERROR_PROPERTY, ERROR_LSN_PROPERTY, RESNAPSHOT_PROPERTY))
 
     def expire_snapshots(self, table: str, default_age_s: float) -> None:
-        """Iceberg's expire_snapshots with the table's own history.expire.* settings; snapshots
-        older than ``default_age_s`` when the table sets no maximum age."""
-        name = ".".join([*self.namespace.split("."), table]).replace("'", "''")
-        arguments = f"table => '{name}'"
-        if MAX_SNAPSHOT_AGE_PROPERTY not in self.iceberg_table(table).properties():
-            older = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=default_age_s)  # (sessions: UTC)
-            arguments += f", older_than => TIMESTAMP '{older:%Y-%m-%d %H:%M:%S.%f}'"
-        self._spark.sql(f"CALL {quote(self._name)}.system.expire_snapshots({arguments})")
+        """Expire old snapshots (and delete the files only they referenced) by the table's own
+        history.expire.* settings; snapshots older than ``default_age_s`` when the table sets no
+        maximum age. Iceberg's Java action on the driver, not the Spark procedure: for the few
+        hundred snapshots a mirror keeps it costs milliseconds where the procedure's Spark jobs
+        cost seconds (measured 1-3 s on 2 cores), a stall in the pass's freshness."""
+        loaded = self.iceberg_table(table)
+        expire = loaded.expireSnapshots()
+        if MAX_SNAPSHOT_AGE_PROPERTY not in loaded.properties():
+            older = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=default_age_s)
+            expire = expire.expireOlderThan(int(older.timestamp() * 1000))
+        expire.commit()
 
     def commit_sql(self, table: str, statement: str, lsn: int) -> None:
         """Run a SQL statement that commits to ``table``, its commit tagged ``lakeslot.lsn``;

@@ -1,0 +1,36 @@
+"""The apply job's warm-up (lakeslot.apply.warmup) on the tests' real Spark session: it runs its
+scratch MERGEs through the apply path, leaves nothing behind — no directory, no catalog conf, no
+namespace or table in the ingestion's catalog — and never fails the job."""
+
+from __future__ import annotations
+
+from lakeslot.apply import warmup
+
+
+def _namespaces(spark) -> set[str]:
+    return {r[0] for r in spark.sql("SHOW NAMESPACES IN lakeslot").collect()}
+
+
+def test_the_warm_up_merges_on_a_scratch_table_and_leaves_nothing_behind(spark, tmp_path):
+    before = _namespaces(spark)
+    warmed = warmup.warm_up(spark, tmp_path)
+    assert warmed.merges == warmup.ROUNDS
+    assert list(tmp_path.iterdir()) == []
+    assert not [k for k, _ in spark.sparkContext.getConf().getAll() if "warmup" in k]
+    assert not [r for r in spark.sql("SET").collect() if warmup.CATALOG in r[0]]
+    assert _namespaces(spark) == before
+    again = warmup.warm_up(spark, tmp_path)  # a second warm-up gets a catalog of its own
+    assert again.merges == warmup.ROUNDS and list(tmp_path.iterdir()) == []
+
+
+def test_a_failing_warm_up_leaves_the_job_cold_but_running(spark, tmp_path):
+    not_a_directory = tmp_path / "file"
+    not_a_directory.write_text("")
+    warmed = warmup.warm_up(spark, not_a_directory)
+    assert warmed.merges == 0
+
+
+def test_the_scratch_merges_run_only_where_executors_share_the_drivers_files():
+    assert warmup.merges_here("local[2]") and warmup.merges_here("local")
+    assert not warmup.merges_here("k8s://https://kubernetes.default.svc:443")
+    assert not warmup.merges_here("spark://master:7077")
