@@ -13,20 +13,21 @@ def _namespaces(spark) -> set[str]:
 
 def test_the_warm_up_merges_on_a_scratch_table_and_leaves_nothing_behind(spark, tmp_path):
     before = _namespaces(spark)
-    warmed = warmup.warm_up(spark, tmp_path)
+    warmed = warmup.warm_up(spark, tmp_path, again=True)
     assert warmed.merges == warmup.ROUNDS
     assert list(tmp_path.iterdir()) == []
     assert not [k for k, _ in spark.sparkContext.getConf().getAll() if "warmup" in k]
     assert not [r for r in spark.sql("SET").collect() if warmup.CATALOG in r[0]]
     assert _namespaces(spark) == before
-    again = warmup.warm_up(spark, tmp_path)  # a second warm-up gets a catalog of its own
+    again = warmup.warm_up(spark, tmp_path, again=True)  # (in a catalog of its own)
     assert again.merges == warmup.ROUNDS and list(tmp_path.iterdir()) == []
+    assert warmup.warm_up(spark, tmp_path).merges == 0  # a restarted apply job: warm already
 
 
 def test_a_failing_warm_up_leaves_the_job_cold_but_running(spark, tmp_path):
     not_a_directory = tmp_path / "file"
     not_a_directory.write_text("")
-    warmed = warmup.warm_up(spark, not_a_directory)
+    warmed = warmup.warm_up(spark, not_a_directory, again=True)
     assert warmed.merges == 0
 
 

@@ -53,6 +53,9 @@ COLUMNS = (("id", "int8", -1, "{n}"), ("i", "int4", -1, "{n}"),
            ("ratio", "float8", -1, "0.{n}"), ("day", "date", -1, "2026-11-25"))
 
 
+_WARMED: set[str] = set()  # the Spark applications warmed up in this process
+
+
 @dataclass(frozen=True)
 class Warmed:
     merges: int  # MERGEs run on the scratch table
@@ -65,12 +68,17 @@ def merges_here(master: str) -> bool:
     return master.startswith("local")
 
 
-def warm_up(spark, directory: str | Path | None = None) -> Warmed:
-    """Warm the session up (see the module docstring); the scratch catalog lives in a new
-    temporary directory in ``directory`` (default: the system's), deleted afterwards. Never
+def warm_up(spark, directory: str | Path | None = None, *, again: bool = False) -> Warmed:
+    """Warm the session up (see the module docstring), once per Spark application (a restarted
+    apply job in the same JVM finds it warm) unless ``again``; the scratch catalog lives in a
+    new temporary directory in ``directory`` (default: the system's), deleted afterwards. Never
     raises."""
     started = time.monotonic()
     merges = 0
+    application = spark.sparkContext.applicationId
+    if application in _WARMED and not again:
+        return Warmed(0, 0.0)
+    _WARMED.add(application)
     try:
         spread.warm_up(spark)
         if merges_here(spark.sparkContext.master):
