@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.read_amplification [--rows 200000] [--passes 200]
                                                  [--changes-per-pass 500] [--pg 15|18]
 
-For each setting of ``spec.sink.maintenance`` (off, then on with its minimum interval, 60 s), one
+For each setting of ``spec.sink.maintenance`` (off, then on with its defaults), one
 run starts a throwaway PostgreSQL (``lakeslot.pgcluster``) with the ``bench`` table of ``--rows``
 rows, snapshots it with the real snapshot job (local[2] Spark, hadoop catalog), keeps the real
 reader streaming, and then makes ``--passes`` apply passes: each writes ``--changes-per-pass``
@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--pg", choices=("15", "18"), default="18")
     args = parser.parse_args()
     results = {"off": one_setting(args, {"enabled": False}),
-               "on": one_setting(args, {"enabled": True, "intervalSeconds": 60})}
+               "on": one_setting(args, {"enabled": True})}
     print(f"PostgreSQL {args.pg}, table {args.rows:,} rows, {args.passes} apply passes of "
           f"{args.changes_per_pass} changes (merge-on-read)")
     for setting, r in results.items():

@@ -27,15 +27,47 @@ NOW = 1_000_000.0
 QUIET = Health(data_files=3, delete_files=0, records=1000, position_deletes=0, bytes=3 * MiB)
 
 
+MESSY = Health(data_files=3, delete_files=SPEC.delete_file_threshold, records=1000,
+               position_deletes=10, bytes=3 * MiB)
+
+
 def test_nothing_is_due_on_a_healthy_table_or_within_the_interval():
     assert not due(QUIET, Record(), SPEC, 512 * MiB, NOW)
-    messy = Health(data_files=3, delete_files=SPEC.delete_file_threshold, records=1000,
-                   position_deletes=10, bytes=3 * MiB)
-    assert due(messy, Record(), SPEC, 512 * MiB, NOW).why == f"{messy.delete_files} delete files"
-    recently = Record(at=NOW - SPEC.interval_seconds + 1)
-    assert not due(messy, recently, SPEC, 512 * MiB, NOW)
-    assert due(messy, Record(at=NOW - SPEC.interval_seconds), SPEC, 512 * MiB, NOW)
-    assert not due(messy, Record(), SPEC.model_copy(update={"enabled": False}), 512 * MiB, NOW)
+    assert due(MESSY, Record(), SPEC, 512 * MiB, NOW).why == f"{MESSY.delete_files} delete files"
+    hourly = SPEC.model_copy(update={"interval_seconds": 3600})
+    recently = Record(at=NOW - 3600 + 1)
+    assert not due(MESSY, recently, hourly, 512 * MiB, NOW)
+    assert due(MESSY, Record(at=NOW - 3600), hourly, 512 * MiB, NOW)
+    assert not due(MESSY, Record(), SPEC.model_copy(update={"enabled": False}), 512 * MiB, NOW)
+
+
+def test_maintenance_takes_at_most_its_share_of_the_time():
+    """After a run of d seconds, the next waits d × (1 − share) ÷ share (share 0.2: 4 d), or
+    intervalSeconds if that is longer: a table that compacts fast is compacted often."""
+    assert SPEC.max_time_share == 0.2 and SPEC.interval_seconds == 0
+    took_2s = Record(at=NOW - 7.9, took=2.0)  # 2 s of compaction: 8 s later at the earliest
+    assert not due(MESSY, took_2s, SPEC, 512 * MiB, NOW)
+    assert due(MESSY, Record(at=NOW - 8.0, took=2.0), SPEC, 512 * MiB, NOW)
+    took_60s = Record(at=NOW - 200, took=60.0)  # a big table: 4 minutes later
+    assert not due(MESSY, took_60s, SPEC, 512 * MiB, NOW)
+    assert due(MESSY, Record(at=NOW - 240, took=60.0), SPEC, 512 * MiB, NOW)
+    half = SPEC.model_copy(update={"max_time_share": 0.5})
+    assert due(MESSY, Record(at=NOW - 60, took=60.0), half, 512 * MiB, NOW)
+    assert not due(MESSY, Record(at=NOW - 59, took=60.0), half, 512 * MiB, NOW)
+    slow_interval = SPEC.model_copy(update={"interval_seconds": 600})
+    assert not due(MESSY, Record(at=NOW - 300, took=1.0), slow_interval, 512 * MiB, NOW)
+
+
+def test_an_idle_table_has_any_delete_file_compacted_away():
+    """Below every threshold a table in use keeps its few delete files; once a pass finds it idle
+    they go, so readers of a quiet table merge nothing."""
+    few = Health(data_files=3, delete_files=2, records=1000, position_deletes=10, bytes=3 * MiB)
+    assert not due(few, Record(), SPEC, 512 * MiB, NOW)
+    assert due(few, Record(), SPEC, 512 * MiB, NOW, idle=True).why == "idle with 2 delete files"
+    assert not due(few, Record(at=NOW - 1, took=1.0), SPEC, 512 * MiB, NOW, idle=True)
+    assert not due(QUIET, Record(), SPEC, 512 * MiB, NOW, idle=True)  # nothing to merge
+    assert not due(few, Record(), SPEC.model_copy(update={"enabled": False}), 512 * MiB, NOW,
+                   idle=True)
 
 
 def test_deleted_rows_and_surplus_small_files_make_compaction_due():
@@ -66,12 +98,16 @@ def test_the_record_survives_on_the_table_and_nonsense_reads_as_never():
     assert Record.of({"lakeslot.last-maintenance-at": "soon"}) == Record()
     assert Record.of({"lakeslot.last-maintenance-at": "12.5",
                       "lakeslot.last-orphan-removal-at": "3"}) == Record(12.5, 3.0)
+    assert Record.of({"lakeslot.last-maintenance-at": "12.5",
+                      "lakeslot.last-maintenance-seconds": "2.250"}) == Record(12.5, took=2.25)
+    assert Record.of({"lakeslot.last-maintenance-seconds": "nan"}).took == 0.0
 
 
 @pytest.fixture
 def pipeline(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, monkeypatch):
     return workload_pipeline(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path,
-                             monkeypatch, sink={"maintenance": {"deleteFileThreshold": 2}})
+                             monkeypatch, sink={"maintenance": {"deleteFileThreshold": 2,
+                                                                "intervalSeconds": 3600}})
 
 
 def _snapshots(spark_warehouse, pipeline: Pipeline, table) -> list:

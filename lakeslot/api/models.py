@@ -401,8 +401,16 @@ class MaintenanceSpec(ApiModel):
         "Off: readers slow down as delete files pile up; run Iceberg's procedures yourself.",
     )
     interval_seconds: int = Field(
-        900, ge=60, le=86400,
-        description="At least this long between two maintenance runs of the same table.",
+        0, ge=0, le=86400,
+        description="At least this long between two maintenance runs of the same table (0: as "
+        "often as maxTimeShare allows).",
+    )
+    max_time_share: float = Field(
+        0.2, ge=0.01, le=1,
+        description="Largest share of the time a table's maintenance may take: after a run that "
+        "took d seconds, the table waits at least d × (1 − share) ÷ share seconds before the next "
+        "(at 0.2: a table compacted in 2 s may be compacted again 8 s later, one that takes a "
+        "minute, 4 minutes later).",
     )
     budget_seconds: int = Field(
         120, ge=1, le=3600,

@@ -114,7 +114,7 @@ from lakeslot.workloads import JobInput
 
 log = logging.getLogger(__name__)
 EXPIRE_INTERVAL_S = 3600.0
-MAINTENANCE_LOOK_S = 30.0  # how often maintenance looks at a table's health, at most
+MAINTENANCE_LOOK_S = 5.0  # how often maintenance looks at a table's health, at most
 POINTS = ("batch-read", "after-evolve", "after-changelog", "before-merge", "after-merge",
           "after-tables", "after-retention")
 TRANSIENT = (Py4JError, PythonException, OSError, psycopg.OperationalError)
@@ -889,13 +889,15 @@ class Applier:
         table until ``maintenance.budgetSeconds`` is spent; the rest waits for the next pass.
         Failures only log (and are recorded on the table): the data is safe."""
         deadline = time.monotonic() + self.spec.sink.maintenance.budget_seconds
+        idle = set(self._targets(tuple(o for o in outcomes if o.state == "advanced")))
         for target in self._targets(outcomes):
             if not self.spec.sink.maintenance.enabled or time.monotonic() >= deadline:
                 return
             if not _first_within(self._looked, target, MAINTENANCE_LOOK_S):
                 continue  # (a look loads the table: not on every pass of a fast trigger)
             try:
-                if self.maintainer.maintain(self.tables.iceberg_table(target), target):
+                if self.maintainer.maintain(self.tables.iceberg_table(target), target,
+                                            idle=target in idle):
                     self.totals.maintenance["ran"] = self.totals.maintenance.get("ran", 0) + 1
             except TRANSIENT as e:
                 self.totals.maintenance["failed"] = self.totals.maintenance.get("failed", 0) + 1

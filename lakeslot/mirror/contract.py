@@ -40,6 +40,7 @@ ERROR_LSN_PROPERTY = "lakeslot.apply-error-lsn"
 RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"  # "true", or RESNAPSHOT_AUTOMATIC
 MAINTENANCE_PROPERTY = "lakeslot.last-maintenance"  # the last maintenance run's outcome, as text
 MAINTENANCE_AT_PROPERTY = "lakeslot.last-maintenance-at"  # ... when it ran (Unix seconds)
+MAINTENANCE_SECONDS_PROPERTY = "lakeslot.last-maintenance-seconds"  # ... how long it took
 ORPHANS_AT_PROPERTY = "lakeslot.last-orphan-removal-at"  # when orphan files were last removed
 PARTITION_PROPERTY = "lakeslot.partition-by"  # the partitionBy the mirror's spec was last set to
 RESNAPSHOT_AUTOMATIC = "automatic"  # lakeslot copies the table again by itself (onSchemaChange)

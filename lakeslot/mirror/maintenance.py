@@ -22,12 +22,16 @@ Invariants:
 - **Orphan files**: only files older than ``orphanFileAgeHours`` are deleted, so files a
   snapshot or write is still producing (written before their commit) are never touched.
 - What is due is decided by :func:`due` (pure) from the current snapshot's summary totals, and
-  when maintenance last ran, recorded on the table with its outcome (table properties: no
-  snapshot, the position is untouched), so a restarted job does not compact again at once.
+  when maintenance last ran and how long it took, recorded on the table with its outcome (table
+  properties: no snapshot, the position is untouched), so a restarted job does not compact again
+  at once. Its cost is bounded by ``maxTimeShare``: after a run of d seconds the table waits
+  d × (1 − share) ÷ share — small tables are compacted often (their readers see little debris),
+  big ones rarely (their debris is small beside them). A table idle in a pass has its delete
+  files compacted away as soon as that allows, so readers of a quiet table merge nothing.
 
 Failure modes: a failing action (a conflict with a re-snapshot, storage or catalog errors) is
 logged and recorded in :data:`MAINTENANCE_PROPERTY` (status shows it as ``lastMaintenance``); the data is
-never at risk and the table is tried again after ``intervalSeconds``. An action cannot be
+never at risk and the table is tried again after :meth:`Record.next_at`. An action cannot be
 interrupted: a compaction started near the end of the budget finishes.
 """
 
@@ -46,6 +50,7 @@ from lakeslot.mirror.contract import (
     LSN_PROPERTY,
     MAINTENANCE_AT_PROPERTY,
     MAINTENANCE_PROPERTY,
+    MAINTENANCE_SECONDS_PROPERTY,
     MAINTENANCE_SUMMARY,
     ORPHANS_AT_PROPERTY,
 )
@@ -78,20 +83,30 @@ class Health:
 
 @dataclass(frozen=True)
 class Record:
-    """When maintenance last ran and when it last removed orphan files (Unix seconds), from the
-    table's properties (:data:`MAINTENANCE_AT_PROPERTY`, :data:`ORPHANS_AT_PROPERTY`)."""
+    """When maintenance last ran, when it last removed orphan files (Unix seconds) and how long
+    its last run took, from the table's properties (:data:`MAINTENANCE_AT_PROPERTY`,
+    :data:`ORPHANS_AT_PROPERTY`, :data:`MAINTENANCE_SECONDS_PROPERTY`)."""
 
     at: float = -math.inf
     orphans_at: float = -math.inf
+    took: float = 0.0
 
     @classmethod
     def of(cls, properties: Mapping[str, str]) -> Record:
-        def seconds(name: str) -> float:
+        def seconds(name: str, absent: float = -math.inf) -> float:
             try:
-                return float(properties[name])
+                value = float(properties[name])
             except (KeyError, ValueError):
-                return -math.inf  # absent or unreadable: as if it never ran
-        return cls(seconds(MAINTENANCE_AT_PROPERTY), seconds(ORPHANS_AT_PROPERTY))
+                return absent  # absent or unreadable: as if it never ran
+            return value if math.isfinite(value) else absent
+        return cls(seconds(MAINTENANCE_AT_PROPERTY), seconds(ORPHANS_AT_PROPERTY),
+                   max(0.0, seconds(MAINTENANCE_SECONDS_PROPERTY, 0.0)))
+
+    def next_at(self, spec: MaintenanceSpec) -> float:
+        """The earliest time of the next run: ``intervalSeconds`` after this one, and late
+        enough that maintenance takes at most ``maxTimeShare`` of the time."""
+        share = spec.max_time_share
+        return self.at + max(float(spec.interval_seconds), self.took * (1 - share) / share)
 
 
 @dataclass(frozen=True)
@@ -106,12 +121,13 @@ class Due:
 
 
 def due(health: Health, last: Record, spec: MaintenanceSpec, target_file_bytes: int,
-        now: float) -> Due:
+        now: float, *, idle: bool = False) -> Due:
     """What maintenance a table needs now: compaction once delete files, deleted rows or surplus
-    small files pass their thresholds, never within ``intervalSeconds`` of the last run; orphan
-    files are looked for with a compaction, at most once a day (a table that never needs
-    compacting writes none)."""
-    if not spec.enabled or now - last.at < spec.interval_seconds:
+    small files pass their thresholds — or, when the table was ``idle`` (no change in the pass),
+    once it has any delete file — never before :meth:`Record.next_at`; orphan files are looked
+    for with a compaction, at most once a day (a table that never needs compacting writes
+    none)."""
+    if not spec.enabled or now < last.next_at(spec):
         return Due()
     needed = max(1, math.ceil(health.bytes / max(target_file_bytes, 1)))
     reasons = []
@@ -121,6 +137,8 @@ def due(health: Health, last: Record, spec: MaintenanceSpec, target_file_bytes: 
         reasons.append(f"{health.position_deletes} deleted rows of {health.records}")
     if health.data_files - needed >= spec.small_file_threshold:
         reasons.append(f"{health.data_files} data files where {needed} would do")
+    if idle and health.delete_files and not reasons:
+        reasons.append(f"idle with {health.delete_files} delete files")
     orphans = (bool(reasons) and spec.orphan_file_age_hours > 0
                and now - last.orphans_at >= ORPHAN_INTERVAL_S)
     return Due(", ".join(reasons), orphans)
@@ -134,9 +152,11 @@ class Maintainer:
         self._actions = spark._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
             spark._jsparkSession)
 
-    def maintain(self, table, name: str, *, now: float | None = None) -> str | None:
-        """Maintain the Java Iceberg ``table`` (refreshed) if anything is due; returns the outcome
-        (None: nothing was due). Errors are recorded on the table, then re-raised."""
+    def maintain(self, table, name: str, *, now: float | None = None,
+                 idle: bool = False) -> str | None:
+        """Maintain the Java Iceberg ``table`` (refreshed) if anything is due (``idle``: it had no
+        change in the pass); returns the outcome (None: nothing was due). Errors are recorded on
+        the table, then re-raised."""
         now = time.time() if now is None else now
         current = table.currentSnapshot()
         if current is None:
@@ -144,7 +164,7 @@ class Maintainer:
         summary = dict(current.summary())
         last = Record.of(dict(table.properties()))
         target = int(table.properties().get("write.target-file-size-bytes") or 512 << 20)
-        work = due(Health.of(summary), last, self.spec, target, now)
+        work = due(Health.of(summary), last, self.spec, target, now, idle=idle)
         if not work:
             return None
         position = position_of(table)  # (a foreign compaction on top keeps its parent's)
@@ -157,10 +177,11 @@ class Maintainer:
         except Exception as e:
             outcome = (f"{_stamp(now)}: failed ({'; '.join(done) or 'nothing done'}): "
                        f"{error_summary(e)}")
-            self._record(table, outcome, now)
+            self._record(table, outcome, now, time.monotonic() - started)
             raise
-        outcome = f"{_stamp(now)}: {'; '.join(done)} in {time.monotonic() - started:.1f} s"
-        self._record(table, outcome, now, orphans=work.orphans)
+        took = time.monotonic() - started
+        outcome = f"{_stamp(now)}: {'; '.join(done)} in {took:.1f} s"
+        self._record(table, outcome, now, took, orphans=work.orphans)
         log.info("%s: maintenance: %s", name, outcome)
         return outcome
 
@@ -229,9 +250,11 @@ class Maintainer:
         result = self._actions.deleteOrphanFiles(table).olderThan(older_than).execute()
         return f"{_size(result.orphanFileLocations())} orphan files removed"
 
-    def _record(self, table, outcome: str, at: float, *, orphans: bool = False) -> None:
+    def _record(self, table, outcome: str, at: float, took: float, *,
+                orphans: bool = False) -> None:
         update = (table.updateProperties().set(MAINTENANCE_PROPERTY, outcome)
-                  .set(MAINTENANCE_AT_PROPERTY, repr(at)))
+                  .set(MAINTENANCE_AT_PROPERTY, repr(at))
+                  .set(MAINTENANCE_SECONDS_PROPERTY, f"{took:.3f}"))
         if orphans:
             update = update.set(ORPHANS_AT_PROPERTY, repr(at))
         update.commit()
