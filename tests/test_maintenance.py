@@ -179,3 +179,34 @@ def test_the_apply_job_compacts_delete_files_away_and_keeps_the_position(pipelin
     assert (mirror_progress.read(pipeline.ingestion, [MAIN])[MAIN].lsn or 0) > position
     assert_mirror_equals_source(pipeline, spark_warehouse, MAIN)
     assert_mirror_equals_source(pipeline, spark_warehouse, KEYLESS)
+
+
+def test_a_quiet_source_leaves_its_mirror_without_delete_files(pipeline, spark_warehouse):
+    """Below every threshold, the delete files a busy mirror keeps are compacted away by the
+    first pass that finds nothing new for it — also when nothing at all was sealed, as when the
+    source is quiet — so readers of a quiet mirror merge nothing."""
+    busy = pipeline.with_spec(sink={"maintenance": {"deleteFileThreshold": 1000,
+                                                    "intervalSeconds": 0}})
+    busy.start_slot()
+    busy.snapshot()
+    with busy.pgdb.connect() as conn:
+        workload = Workload(conn, random.Random(5))
+        for _ in range(2):
+            workload.run(6)
+            busy.seal()
+            assert busy.apply().ok
+    busy_now = _snapshots(spark_warehouse, busy, MAIN)[-1]
+    assert int(busy_now.summary.get("total-delete-files")) >= 1  # below the threshold: kept
+    assert busy_now.summary.get(MAINTENANCE_SUMMARY) is None
+
+    assert busy.apply().ok  # nothing sealed since: the table is idle
+    history = _snapshots(spark_warehouse, busy, MAIN)
+    since = [s.summary.get(MAINTENANCE_SUMMARY) for s in history
+             if s.sequence_number > busy_now.sequence_number]
+    assert since and since[0] == "compaction" and None not in since, since
+    quiet = history[-1]
+    assert quiet.summary.get("total-delete-files") == "0"
+    assert quiet.summary.get(LSN_PROPERTY) == busy_now.summary.get(LSN_PROPERTY)
+    assert _live_rows(quiet) == _live_rows(busy_now)
+    assert "idle with" in (mirror_progress.read(busy.ingestion, [MAIN])[MAIN].maintenance or "")
+    assert_mirror_equals_source(busy, spark_warehouse, MAIN)

@@ -239,10 +239,12 @@ class Steps:
 
 def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None,
         hooks: Hooks | None = None, max_segments: int = 256, max_attempts: int = 3,
-        environ=None, expire_interval_s: float = EXPIRE_INTERVAL_S) -> ApplyResult:
+        environ=None, expire_interval_s: float = EXPIRE_INTERVAL_S,
+        on_pass: Callable[[PassResult], None] | None = None) -> ApplyResult:
     """Apply staged changes to ``job.tables`` (see the module docstring). ``once``: passes until
     everything sealed when it started is applied, then return; otherwise until ``stop`` is set,
     a pass starting every ``spec.apply.triggerIntervalSeconds`` (at once after a longer one).
+    ``on_pass`` is given each pass's outcome as it ends (benchmarks time passes with it).
     Returns the last pass's outcome."""
     applier = Applier(spark, job, hooks or Hooks(), max_segments, max_attempts, environ,
                       expire_interval_s)
@@ -256,6 +258,8 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
             result.last = applier.run_pass()
             result.passes += 1
             result.steps = applier.totals.seconds  # (every pass of this run: the applier's)
+            if on_pass is not None:
+                on_pass(result.last)
             if stop.is_set() or (once and not result.last.capped):
                 return result
             if not result.last.capped:  # passes start every interval; a long one is followed at once
@@ -859,11 +863,13 @@ class Applier:
 
     # table maintenance, retention and status --------------------------------------------------
 
-    def _targets(self, outcomes: tuple[TableOutcome, ...]) -> Iterator[str]:
-        """The Iceberg tables this pass committed to: mirrors and their changelog tables."""
+    def _targets(self, outcomes: tuple[TableOutcome, ...],
+                 states: tuple[str, ...] = ("applied", "advanced")) -> Iterator[str]:
+        """The Iceberg tables of ``outcomes`` in ``states`` — by default those this pass
+        committed to —: mirrors and their changelog tables."""
         suffix = self.spec.sink.changelog.suffix if self.spec.sink.changelog.enabled else None
         for outcome in outcomes:
-            if outcome.state in ("applied", "advanced"):
+            if outcome.state in states:
                 yield outcome.target
                 if suffix:
                     yield outcome.target + suffix
@@ -889,8 +895,10 @@ class Applier:
         table until ``maintenance.budgetSeconds`` is spent; the rest waits for the next pass.
         Failures only log (and are recorded on the table): the data is safe."""
         deadline = time.monotonic() + self.spec.sink.maintenance.budget_seconds
-        idle = set(self._targets(tuple(o for o in outcomes if o.state == "advanced")))
-        for target in self._targets(outcomes):
+        # idle: no change in this pass (nothing sealed for it, or nothing sealed at all — a
+        # quiet source: such a table is looked at too, its delete files are compacted away)
+        idle = set(self._targets(outcomes, ("advanced", "current")))
+        for target in self._targets(outcomes, ("applied", "advanced", "current")):
             if not self.spec.sink.maintenance.enabled or time.monotonic() >= deadline:
                 return
             if not _first_within(self._looked, target, MAINTENANCE_LOOK_S):
