@@ -1,5 +1,6 @@
 """The apply job's warm-up (lakeslot.apply.warmup) on the tests' real Spark session: it runs its
-scratch MERGEs through the apply path, leaves nothing behind — no directory, no catalog conf, no
+scratch MERGEs through the apply path and compacts their table as maintenance would, leaves
+nothing behind — no directory, no catalog conf, no
 namespace or table in the ingestion's catalog — and never fails the job."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ def _namespaces(spark) -> set[str]:
 def test_the_warm_up_merges_on_a_scratch_table_and_leaves_nothing_behind(spark, tmp_path):
     before = _namespaces(spark)
     warmed = warmup.warm_up(spark, tmp_path, again=True)
-    assert warmed.merges == warmup.ROUNDS
+    assert warmed.merges == warmup.ROUNDS and warmed.compacted
     assert list(tmp_path.iterdir()) == []
     assert not [k for k, _ in spark.sparkContext.getConf().getAll() if "warmup" in k]
     assert not [r for r in spark.sql("SET").collect() if warmup.CATALOG in r[0]]
@@ -28,7 +29,7 @@ def test_a_failing_warm_up_leaves_the_job_cold_but_running(spark, tmp_path):
     not_a_directory = tmp_path / "file"
     not_a_directory.write_text("")
     warmed = warmup.warm_up(spark, not_a_directory, again=True)
-    assert warmed.merges == 0
+    assert warmed.merges == 0 and not warmed.compacted
 
 
 def test_the_scratch_merges_run_only_where_executors_share_the_drivers_files():
