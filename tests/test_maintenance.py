@@ -6,7 +6,10 @@ the mirror — read with pyiceberg — stays equal to the source through further
 from __future__ import annotations
 
 import math
+import os
 import random
+import time
+from pathlib import Path
 
 import pytest
 
@@ -14,7 +17,12 @@ from lakeslot.api.models import MaintenanceSpec
 from lakeslot.mirror import maintenance
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.catalogs import load_hadoop_table
-from lakeslot.mirror.contract import LSN_PROPERTY, MAINTENANCE_SUMMARY
+from lakeslot.mirror.contract import (
+    LSN_PROPERTY,
+    MAINTENANCE_AT_PROPERTY,
+    MAINTENANCE_SUMMARY,
+    ORPHANS_AT_PROPERTY,
+)
 from lakeslot.mirror.maintenance import Health, Record, due
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source, workload_pipeline
 from tests.support.apply_workload import KEYLESS, MAIN, Workload
@@ -84,13 +92,18 @@ def test_deleted_rows_and_surplus_small_files_make_compaction_due():
 
 
 def test_orphan_files_are_looked_for_with_a_compaction_at_most_daily():
+    """A day after the first compaction at the earliest (it starts the clock: a new table's
+    orphans are younger than orphanFileAgeHours), then at most daily."""
     messy = Health(data_files=3, delete_files=50, records=10, position_deletes=5, bytes=MiB)
-    assert due(messy, Record(), SPEC, 512 * MiB, NOW).orphans
+    first = due(messy, Record(), SPEC, 512 * MiB, NOW)
+    assert first and not first.orphans
+    a_day_ago = Record(at=-math.inf, orphans_at=NOW - maintenance.ORPHAN_INTERVAL_S)
+    assert due(messy, a_day_ago, SPEC, 512 * MiB, NOW).orphans
     yesterday = Record(at=-math.inf, orphans_at=NOW - maintenance.ORPHAN_INTERVAL_S + 1)
     assert not due(messy, yesterday, SPEC, 512 * MiB, NOW).orphans
     never = SPEC.model_copy(update={"orphan_file_age_hours": 0})
-    assert not due(messy, Record(), never, 512 * MiB, NOW).orphans
-    assert not due(QUIET, Record(), SPEC, 512 * MiB, NOW).orphans
+    assert not due(messy, a_day_ago, never, 512 * MiB, NOW).orphans
+    assert not due(QUIET, a_day_ago, SPEC, 512 * MiB, NOW).orphans
 
 
 def test_the_record_survives_on_the_table_and_nonsense_reads_as_never():
@@ -210,3 +223,44 @@ def test_a_quiet_source_leaves_its_mirror_without_delete_files(pipeline, spark_w
     assert _live_rows(quiet) == _live_rows(busy_now)
     assert "idle with" in (mirror_progress.read(busy.ingestion, [MAIN])[MAIN].maintenance or "")
     assert_mirror_equals_source(busy, spark_warehouse, MAIN)
+
+
+def test_orphan_files_older_than_the_age_are_removed_a_day_after_the_first_compaction(
+        pipeline, spark_warehouse):
+    """The first compaction starts the orphan clock and deletes nothing; a compaction a day
+    later deletes the files under the table's location that no snapshot references and that are
+    older than orphanFileAgeHours — a younger one (a write not yet committed) stays."""
+    pipeline.start_slot()
+    pipeline.snapshot()
+    with pipeline.pgdb.connect() as conn:
+        workload = Workload(conn, random.Random(8))
+        while not (mirror_progress.read(pipeline.ingestion, [MAIN])[MAIN].maintenance or ""):
+            workload.run(6)
+            pipeline.seal()
+            assert pipeline.apply().ok
+        first = mirror_progress.read(pipeline.ingestion, [MAIN])[MAIN].maintenance
+        assert first is not None and "compacted (" in first and "orphan" not in first
+        loaded = load_hadoop_table(spark_warehouse.as_uri(),
+                                   pipeline.job_input().names.mirror_identifier(MAIN))
+        assert loaded is not None
+        started = float(loaded.properties[ORPHANS_AT_PROPERTY])  # the clock started
+        data = Path(loaded.location().removeprefix("file:")) / "data"
+        old, young = data / "failed-write-old.parquet", data / "failed-write-young.parquet"
+        for orphan in (old, young):
+            orphan.write_bytes(b"never committed")
+        hours_100 = time.time() - 100 * 3600  # older than orphanFileAgeHours (72)
+        os.utime(old, (hours_100, hours_100))
+        a_day_earlier = started - maintenance.ORPHAN_INTERVAL_S
+        pipeline.spark.sql(  # as if both happened a day ago (the fixture's interval is an hour)
+            f"ALTER TABLE {pipeline.target(MAIN)} SET TBLPROPERTIES ("
+            f"'{ORPHANS_AT_PROPERTY}' = '{a_day_earlier!r}', "
+            f"'{MAINTENANCE_AT_PROPERTY}' = '{a_day_earlier!r}')")
+        for _ in range(10):  # until the delete files call for the next compaction
+            workload.run(6)
+            pipeline.seal()
+            assert pipeline.apply().ok
+            if (later := mirror_progress.read(pipeline.ingestion, [MAIN])[MAIN].maintenance) != first:
+                break
+    assert later is not None and "compacted (" in later and "1 orphan files removed" in later, later
+    assert not old.exists() and young.exists()
+    assert_mirror_equals_source(pipeline, spark_warehouse, MAIN)
