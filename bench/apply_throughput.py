@@ -12,8 +12,9 @@ inserts, 10% deletes, in transactions of 1,000 changes — and measures, in the 
 - the reader: the real ``lakeslot reader`` process from the slot until everything is sealed
   (changes/s of the reader on this backlog, the limit upstream of the apply job);
 - the apply job: ``lakeslot.apply.job.run(once=True)`` in the session the snapshot warmed up,
-  until every sealed change is applied (changes/s), with the driver's peak RSS (Python process)
-  and the JVM's (local mode: the executors live in it too);
+  until every sealed change is applied and the maintenance it triggered is done (changes/s),
+  and until the last pass had committed (every change visible to readers), with the driver's
+  peak RSS (Python process) and the JVM's (local mode: the executors live in it too);
 - a bare MERGE: the same keys' final rows (read from PostgreSQL, written to Parquet, read by
   Spark) MERGEd into the mirror with the statement shape the apply job uses — no lakeslot code,
   the engine's limit on this machine (the rows are already equal by then, so the MERGE rewrites
@@ -120,9 +121,16 @@ def main() -> None:
         written, touched, backlog_s, reader_s = stage(args.changes)
 
         python_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        committed: list[float] = []  # when each pass had committed its tables (before maintenance)
+
+        def point(name: str, _table) -> None:
+            if name == "after-tables":
+                committed.append(time.monotonic())
+
         started = time.monotonic()
-        result = apply_job.run(spark, job, once=True)
+        result = apply_job.run(spark, job, once=True, hooks=apply_job.Hooks(point))
         apply_s = time.monotonic() - started
+        visible_s = committed[-1] - started
         python_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         assert result.ok, result.tables
         # before the bare MERGE below, which writes the source's values into the same rows
@@ -160,6 +168,8 @@ def main() -> None:
     print(f"apply   {apply_s:6.1f} s  {written / apply_s:9,.0f} changes/s  ({result.passes} "
           f"passes; driver peak RSS {python_peak / 2**20:,.0f} MiB, was {python_before / 2**20:,.0f}"
           f" before; JVM peak RSS {jvm_peak / 2**20:,.0f} MiB)")
+    print(f"        {visible_s:6.1f} s  {written / visible_s:9,.0f} changes/s  until the last change "
+          "was visible (the rest: maintenance the passes triggered)")
     print("apply steps: " + ", ".join(f"{k} {v:.1f} s" for k, v in getattr(result, "steps", {}).items()))
     print(f"bare MERGE {bare_s:6.1f} s for {len(keys):,} keys")
     print(f"apply ÷ reader {reader_s / apply_s:.2f}   apply ÷ bare MERGE {bare_s / apply_s:.2f}   "
