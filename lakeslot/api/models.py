@@ -428,9 +428,9 @@ class MaintenanceSpec(ApiModel):
     )
     orphan_file_age_hours: int = Field(
         72, ge=0,
-        description="Once a day, delete files under a table's location that no snapshot "
-        "references and that are older than this (0: never). Keep it longer than any snapshot "
-        "or write takes.",
+        description="Once a day with a compaction (the first time a day after the table's first "
+        "compaction), delete files under a table's location that no snapshot references and that "
+        "are older than this (0: never). Keep it longer than any snapshot or write takes.",
     )
 
 
