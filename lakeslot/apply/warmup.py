@@ -3,7 +3,8 @@
 A new JVM runs its first MERGEs 2-4× slower than later ones (class loading, Janino code
 generation, JIT of Spark's and Iceberg's scan, join, Parquet and commit paths; measured on a
 2-core machine: 4.4 s, 1.9 s, 1.8 s, 1.5 s, then ≈1.2 s for the same small MERGE), its first
-compaction too (3.1 s, then 0.8 s for a 36k-row mirror), and its Python workers start cold.
+compaction ≈ 1.5× (1.8 s, then 1.1 s for the same 16 MERGEs' debris), and its Python workers
+start cold.
 Paid by real passes, that cost lands in the freshness of the first minutes (a pass waits for
 the maintenance before it). :func:`warm_up` pays it before the first pass instead:
 
