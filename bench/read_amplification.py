@@ -95,13 +95,17 @@ def one_setting(args, maintenance: dict) -> dict:
         passes_s = time.monotonic() - started
 
         equal = common.mirror_equals_source(cluster, warehouse)
-        mirror = load_hadoop_table(Path(warehouse).as_uri(), ("bench", "public__bench"))
+
+        def load(name: str):
+            return load_hadoop_table(Path(warehouse).as_uri(), ("bench", name))
+
+        mirror = load("public__bench")
         current = mirror.current_snapshot() if mirror is not None else None
         assert mirror is not None and current is not None and current.summary is not None
         summary = current.summary
 
         spark.sql(f"CREATE TABLE {FRESH} AS SELECT * FROM {MIRROR}")
-        fresh = load_hadoop_table(Path(warehouse).as_uri(), ("bench", "fresh_copy"))
+        fresh = load("fresh_copy")
         assert fresh is not None
 
         def spark_scan(name: str):
@@ -129,7 +133,7 @@ def one_setting(args, maintenance: dict) -> dict:
             deadline, quiet = time.monotonic() + QUIET_S, time.monotonic()
             while time.monotonic() < deadline and delete_files(mirror) != "0":
                 assert apply_job.run(spark, job, once=True).ok
-                mirror = load_hadoop_table(Path(warehouse).as_uri(), ("bench", "public__bench"))
+                mirror = load("public__bench")
             figures["quiet"] = amplification(mirror)
             figures["quiet s"] = time.monotonic() - quiet
         spark.stop()
