@@ -19,6 +19,11 @@ Invariants:
   and written NULL by every later change. Anything else is incompatible.
 - ``onSchemaChange: Error`` turns every change into a definite error; otherwise added columns
   are added and everything else marks the table for re-snapshot.
+- :func:`spark_parse` is the same parse as :func:`parser`'s, in the JVM, for the types where a
+  Spark cast is exact on PostgreSQL's text form (numbers, bool, strings, dates, timestamps):
+  every value it accepts gets the value the Python parser gives (``tests/test_spark_parse.py``
+  checks the two side by side); every value the Python parser rejects, it flags — the caller
+  then parses with :func:`parser`, whose error is the one reported.
 
 Failure mode: :class:`lakeslot.typemap.MappingError` (unsupported type) becomes a definite error of
 the table, marked for re-snapshot with the column excluded or fixed.
@@ -30,6 +35,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pyiceberg.types import DecimalType, IcebergType, ListType
+from pyspark.sql import types as spark_types
 
 from lakeslot import typemap
 from lakeslot.staging.relations import Column, Relation
@@ -58,6 +64,37 @@ def parser(name: str, iceberg: IcebergType, delimiter: str = ",") -> typemap.Col
         return typemap.map_column(name, typemap.PgType(element.name, typmod=element.typmod,
                                                        array=True, delimiter=delimiter))
     return typemap.map_column(name, _pg_of(iceberg))
+
+
+_SPARK_CASTS = (spark_types.IntegerType, spark_types.LongType, spark_types.FloatType,
+                spark_types.DoubleType)  # PostgreSQL's text form of these casts exactly
+_SPARK_TIMESTAMPS = (spark_types.TimestampNTZType, spark_types.TimestampType)
+
+
+def spark_parse(spark_type: spark_types.DataType, text: str) -> tuple[str, str] | None:
+    """Spark SQL parsing the string column ``text`` (a name of lakeslot's, unquoted) into a
+    mirror column of ``spark_type`` as :func:`parser` does, and an expression that is true where
+    :func:`parser` would reject the value (see the module docstring); None where no Spark cast
+    is exact (binary, uuid, lists: they parse in Python). ``try_cast``: NULL, never an error,
+    whatever ``spark.sql.ansi.enabled`` says."""
+    column = f"`{text}`"
+    if isinstance(spark_type, spark_types.StringType):
+        return column, "false"
+    if isinstance(spark_type, spark_types.BooleanType):
+        return f"({column} = 't')", "false"  # typemap: 't' is true, anything else false
+    cast = f"try_cast({column} AS {spark_type.simpleString()})"
+    rejected = f"{cast} IS NULL"
+    if isinstance(spark_type, spark_types.DecimalType):  # PostgreSQL prints the column's scale:
+        # more digits would be rounded by the cast, 'NaN' is not a decimal (typemap: NUMERIC_NAN)
+        digits = f"([.][0-9]{{0,{spark_type.scale}}})?" if spark_type.scale else ""
+        rejected += f" OR NOT {column} RLIKE '^-?[0-9]+{digits}$'"
+    elif isinstance(spark_type, spark_types.DateType):  # typemap: OUT_OF_RANGE (BC, infinity,
+        rejected += f" OR length({column}) <> 10"  # years after 9999, which Spark would take)
+    elif isinstance(spark_type, _SPARK_TIMESTAMPS):
+        rejected += f" OR substring({column}, 5, 1) <> '-' OR {column} LIKE '% BC'"
+    elif not isinstance(spark_type, _SPARK_CASTS):
+        return None
+    return cast, f"({column} IS NOT NULL AND ({rejected}))"
 
 
 FIRST_NORMAL_OID = 16384  # PostgreSQL's FirstNormalObjectId: below it, only built-in objects
