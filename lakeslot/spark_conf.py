@@ -3,8 +3,8 @@ SparkApplications (no PySpark import, so the operator stays light).
 
 Invariants: the same arguments give the same dict. ``iceberg_conf`` enables Iceberg's SQL
 extensions, defines one catalog (``sink.catalog``, translated by
-:func:`lakeslot.mirror.catalogs.spark_conf`) and runs the session and the driver/executor JVMs in
-UTC. Secret-backed catalog properties are never part of it (jobs set them at runtime).
+:func:`lakeslot.mirror.catalogs.spark_conf`), runs the session and the driver/executor JVMs in
+UTC, and starts Python workers through :mod:`lakeslot.spark_daemon` (a cheaper task start). Secret-backed catalog properties are never part of it (jobs set them at runtime).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def iceberg_conf(catalog: CatalogSpec, *, jars: Sequence[str | Path] = ()) -> di
         "spark.sql.session.timeZone": "UTC",
         "spark.driver.extraJavaOptions": UTC_JVM_OPTIONS,
         "spark.executor.extraJavaOptions": UTC_JVM_OPTIONS,
+        "spark.python.daemon.module": "lakeslot.spark_daemon",
     }
     if jars:
         conf["spark.jars"] = ",".join(str(j) for j in jars)
