@@ -79,33 +79,38 @@ def spark_types(spark) -> dict[str, DataType]:
     return {name: schema[f"c{i}"].dataType for i, name in enumerate(kinds)}
 
 
-def _jvm(spark, spark_types, iceberg: IcebergType, values: list) -> tuple[pa.Array, list[bool]]:
-    parsed = columns.spark_parse(spark_types[str(iceberg)], "t")
-    assert parsed is not None, f"{iceberg} has a Spark cast"
-    value, rejected = parsed
-    frame = spark.createDataFrame([(v,) for v in values], "t string").select(
-        F.expr(value).alias("v"), F.expr(rejected).alias("r"))
+def _jvm(spark, spark_types, iceberg: IcebergType, values: list
+         ) -> tuple[pa.Array, list[bool], list[str]]:
+    """The values parsed in the JVM, whether each is rejected, and why."""
+    parse = columns.spark_parse(spark_types[str(iceberg)], "t")
+    assert parse is not None, f"{iceberg} has a Spark cast"
+    frame = spark.createDataFrame([(v,) for v in values], "t string").selectExpr(
+        f"{parse.value} AS v", f"{parse.rejected or 'false'} AS r", f"{parse.reason} AS why")
     table = pa.Table.from_batches(frame._collect_as_arrow())
-    return table["v"].combine_chunks(), table["r"].to_pylist()
+    return table["v"].combine_chunks(), table["r"].to_pylist(), table["why"].to_pylist()
 
 
 @pytest.mark.parametrize(("iceberg", "values"), ACCEPTED, ids=[str(t) for t, _ in ACCEPTED])
 def test_the_jvm_parses_every_value_as_the_python_parser_does(spark, spark_types, iceberg,
                                                               values):
     expected = columns.parser("v", iceberg).from_text(values)
-    got, rejected = _jvm(spark, spark_types, iceberg, values)
+    got, rejected, _ = _jvm(spark, spark_types, iceberg, values)
     assert rejected == [False] * len(values)
     got = got.cast(expected.type)  # (the JVM's timestamps come in the session's zone)
     assert [repr(v) for v in got.to_pylist()] == [repr(v) for v in expected.to_pylist()]
 
 
 @pytest.mark.parametrize(("iceberg", "values"), REJECTED, ids=[str(t) for t, _ in REJECTED])
-def test_the_jvm_flags_every_value_the_python_parser_rejects(spark, spark_types, iceberg, values):
+def test_the_jvm_rejects_every_value_the_python_parser_rejects_for_the_same_reason(
+        spark, spark_types, iceberg, values):
     parser = columns.parser("v", iceberg)
-    for value in values:
-        with pytest.raises((typemap.UnmappableValue, pa.ArrowInvalid)):
+    _, rejected, reasons = _jvm(spark, spark_types, iceberg, values)
+    assert rejected == [True] * len(values)
+    for value, reason in zip(values, reasons, strict=True):
+        with pytest.raises((typemap.UnmappableValue, pa.ArrowInvalid)) as raised:
             parser.from_text([value])
-    assert _jvm(spark, spark_types, iceberg, values)[1] == [True] * len(values)
+        if isinstance(raised.value, typemap.UnmappableValue):  # (else: digits a cast would round)
+            assert reason == raised.value.reason, value
 
 
 def test_types_without_an_exact_spark_cast_parse_in_python(spark_types):
@@ -154,7 +159,7 @@ EXPECTED = [
 def _typed(spark, spark_types, types: list[IcebergType], rows: list[tuple]
            ) -> tuple[list[tuple], bool]:
     """The view typed_source registers, as text (timestamps in UTC), and whether it was
-    parsed in the JVM (its ``rejected`` column)."""
+    parsed in the JVM (its plan runs no Python)."""
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     source = merge.typed_source(_reduced(spark, rows), "public.t", _state(types),
                                 _spark_schema(spark_types, types), [2], NAMES, {},
@@ -163,8 +168,8 @@ def _typed(spark, spark_types, types: list[IcebergType], rows: list[tuple]
         frame = spark.table(source.view)
         shown = frame.select(*[F.col(c).cast("string") for c in
                                ["c0", "c1", "c2", "c3", "c4", "k2", "s0", "op", "lsn"]])
-        return ([tuple(r) for r in shown.orderBy("lsn").collect()],
-                "rejected" in frame.columns)
+        plan = frame._jdf.queryExecution().executedPlan().toString()
+        return [tuple(r) for r in shown.orderBy("lsn").collect()], "MapInArrow" not in plan
     finally:
         merge.drop(spark, source)
 
@@ -190,9 +195,13 @@ def test_a_column_without_a_spark_cast_parses_the_table_in_python_with_the_same_
     assert got == _text(EXPECTED)  # (the bytes of "x", shown as a string, are "x")
 
 
-def test_a_value_the_jvm_flags_is_reported_by_the_python_parser(spark, spark_types):
-    bad = [(["4", "NaN", None, "z", None], "vvnvn", None, "I", 13)]
+@pytest.mark.parametrize("jvm", [True, False], ids=["jvm", "python"])
+def test_a_value_no_mirror_type_holds_is_the_python_parsers_definite_error(spark, spark_types,
+                                                                            jvm):
+    types = TYPES if jvm else [*TYPES[:3], BinaryType(), TYPES[4]]
+    bad = [(["4", "NaN", None, None, None], "vvnnn", None, "I", 13)]
+    with pytest.raises(typemap.UnmappableValue) as python:
+        columns.parser("amount", DecimalType(10, 2)).from_text(["NaN"])
     with pytest.raises(TRANSIENT) as raised:  # (as Spark delivers an executor's error)
-        _typed(spark, spark_types, TYPES, ROWS + bad)
-    error = merge.definite_error(raised.value)
-    assert error is not None and typemap.NUMERIC_NAN in str(error) and "'amount'" in str(error)
+        _typed(spark, spark_types, types, bad)
+    assert str(merge.definite_error(raised.value)) == f"public.t: {python.value}"

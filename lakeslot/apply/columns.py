@@ -21,9 +21,9 @@ Invariants:
   are added and everything else marks the table for re-snapshot.
 - :func:`spark_parse` is the same parse as :func:`parser`'s, in the JVM, for the types where a
   Spark cast is exact on PostgreSQL's text form (numbers, bool, strings, dates, timestamps):
-  every value it accepts gets the value the Python parser gives (``tests/test_spark_parse.py``
-  checks the two side by side); every value the Python parser rejects, it flags — the caller
-  then parses with :func:`parser`, whose error is the one reported.
+  every value it accepts gets the value the Python parser gives, and every value the Python
+  parser rejects it flags, with the same reason (``tests/test_spark_parse.py`` checks the two
+  side by side).
 
 Failure mode: :class:`lakeslot.typemap.MappingError` (unsupported type) becomes a definite error of
 the table, marked for re-snapshot with the column excluded or fixed.
@@ -71,30 +71,49 @@ _SPARK_CASTS = (spark_types.IntegerType, spark_types.LongType, spark_types.Float
 _SPARK_TIMESTAMPS = (spark_types.TimestampNTZType, spark_types.TimestampType)
 
 
-def spark_parse(spark_type: spark_types.DataType, text: str) -> tuple[str, str] | None:
-    """Spark SQL parsing the string column ``text`` (a name of lakeslot's, unquoted) into a
-    mirror column of ``spark_type`` as :func:`parser` does, and an expression that is true where
-    :func:`parser` would reject the value (see the module docstring); None where no Spark cast
-    is exact (binary, uuid, lists: they parse in Python). ``try_cast``: NULL, never an error,
-    whatever ``spark.sql.ansi.enabled`` says."""
-    column = f"`{text}`"
+@dataclass(frozen=True)
+class SparkParse:
+    """A text column parsed in the JVM (:func:`spark_parse`): Spark SQL expressions."""
+
+    value: str
+    rejected: str | None  # true where :func:`parser` rejects the value; None: it never does
+    reason: str  # a string: why, in :class:`lakeslot.typemap.UnmappableValue`'s words
+
+
+def sql_text(value: str) -> str:
+    """A Spark SQL expression for the string ``value``, whatever it holds (hex: nothing to
+    escape; Spark folds it to a constant)."""
+    return f"decode(unhex('{value.encode().hex()}'), 'UTF-8')"
+
+
+def spark_parse(spark_type: spark_types.DataType, name: str) -> SparkParse | None:
+    """The string column ``name`` (one lakeslot named) parsed in the JVM into a mirror column of
+    ``spark_type`` as :func:`parser` parses it (see the module docstring); None where no Spark
+    cast is exact (binary, uuid, lists: they parse in Python). ``try_cast``: NULL, never an
+    error, whatever ``spark.sql.ansi.enabled`` says."""
+    text = f"`{name}`"
     if isinstance(spark_type, spark_types.StringType):
-        return column, "false"
-    if isinstance(spark_type, spark_types.BooleanType):
-        return f"({column} = 't')", "false"  # typemap: 't' is true, anything else false
-    cast = f"try_cast({column} AS {spark_type.simpleString()})"
-    rejected = f"{cast} IS NULL"
+        return SparkParse(text, None, "''")
+    if isinstance(spark_type, spark_types.BooleanType):  # typemap: 't' is true, all else false
+        return SparkParse(f"({text} = 't')", None, "''")
+    kind = spark_type.simpleString()
+    value = f"try_cast({text} AS {kind})"
+    rejected, reason = f"{value} IS NULL", sql_text(f"which is not a {kind}")
     if isinstance(spark_type, spark_types.DecimalType):  # PostgreSQL prints the column's scale:
-        # more digits would be rounded by the cast, 'NaN' is not a decimal (typemap: NUMERIC_NAN)
+        # more digits would be rounded by the cast; NaN and ±Infinity are not decimals
         digits = f"([.][0-9]{{0,{spark_type.scale}}})?" if spark_type.scale else ""
-        rejected += f" OR NOT {column} RLIKE '^-?[0-9]+{digits}$'"
-    elif isinstance(spark_type, spark_types.DateType):  # typemap: OUT_OF_RANGE (BC, infinity,
-        rejected += f" OR length({column}) <> 10"  # years after 9999, which Spark would take)
+        rejected += f" OR NOT {text} RLIKE '^-?[0-9]+{digits}$'"
+        reason = (f"CASE WHEN {text} = 'NaN' THEN {sql_text(typemap.NUMERIC_NAN)} "
+                  f"ELSE {sql_text(f'which {kind} cannot hold')} END")
+    elif isinstance(spark_type, spark_types.DateType):  # BC, ±infinity, and years after 9999,
+        rejected += f" OR length({text}) <> 10"  # which Spark would take
+        reason = sql_text(typemap.OUT_OF_RANGE)
     elif isinstance(spark_type, _SPARK_TIMESTAMPS):
-        rejected += f" OR substring({column}, 5, 1) <> '-' OR {column} LIKE '% BC'"
+        rejected += f" OR substring({text}, 5, 1) <> '-' OR {text} LIKE '% BC'"
+        reason = sql_text(typemap.OUT_OF_RANGE)
     elif not isinstance(spark_type, _SPARK_CASTS):
         return None
-    return cast, f"({column} IS NOT NULL AND ({rejected}))"
+    return SparkParse(value, f"({text} IS NOT NULL AND ({rejected}))", reason)
 
 
 FIRST_NORMAL_OID = 16384  # PostgreSQL's FirstNormalObjectId: below it, only built-in objects

@@ -31,7 +31,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.types import IcebergType
 from pyspark import StorageLevel
-from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
@@ -91,9 +90,9 @@ def typed_source(rows, table: str, state: TableState, spark_schema: StructType,
     text, of a column a change does not carry — it came before the column was added, so the row
     holds the column's default — else NULL). Persisted: the caller drops it with :func:`drop`.
     Parsed in the JVM where Spark's casts are exact (:func:`_spark_parsed`: no Python worker,
-    no rows crossing to Python and back), else in Python (:class:`_Parse`), where an unmappable
-    value fails the first Spark action on the view with a message carrying :data:`DEFINITE`
-    (see :func:`definite_error`)."""
+    no rows crossing to Python and back), else in Python (:class:`_Parse`); either way an
+    unmappable value fails the first Spark action on the view with the Python parser's message,
+    carrying :data:`DEFINITE` (see :func:`definite_error`)."""
     data = state.data_columns()
     names = list(data)
     key = [names.index(k) for k in state.key]
@@ -107,56 +106,63 @@ def typed_source(rows, table: str, state: TableState, spark_schema: StructType,
            StructField("seq", LongType())])
     positions = [layout.index(n) for n in names]
     texts = [(absent or {}).get(n) for n in names]
-    frame = _spark_parsed(rows, schema, positions, key, keeps, texts)
+    frame = _spark_parsed(rows, table, schema, names, positions, key, keeps, texts)
     if frame is None:
         parse = _Parse(table, [(n, t, delimiters.get(n, ",")) for n, t in data.items()],
                        positions, key, keeps, texts, to_arrow_schema(schema))
         frame = rows.select("values", "flags", "source", "op", "lsn", "seq").mapInArrow(
-            parse, schema).persist(StorageLevel.MEMORY_AND_DISK)  # parsed once, by its first use
+            parse, schema)
+    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)  # parsed once, by its first use
     view = f"lakeslot_apply_{uuid.uuid4().hex}"
     frame.createOrReplaceTempView(view)
     return Source(view, names, keeps, key, bool(keeps))
 
 
-def _spark_parsed(rows, schema: StructType, positions: Sequence[int], key: Sequence[int],
-                  keeps: Sequence[int], absent: Sequence[str | None]):
-    """The typed rows parsed in the JVM (:func:`lakeslot.apply.columns.spark_parse`), persisted,
-    or None when a column has no exact Spark cast or some value is one the Python parser rejects
-    (the caller then parses in Python, which reports it). The check is the Spark job that parses
-    (and persists) every row; the view keeps its ``rejected`` column (false in every row), so
-    :func:`drop` releases what was persisted."""
+def _spark_parsed(rows, table: str, schema: StructType, names: Sequence[str],
+                  positions: Sequence[int], key: Sequence[int], keeps: Sequence[int],
+                  absent: Sequence[str | None]):
+    """The typed rows parsed in the JVM (:func:`lakeslot.apply.columns.spark_parse`), or None
+    when a column has no exact Spark cast. A value the Python parser rejects fails the first
+    action on them with the Python parser's definite error (:data:`DEFINITE`). Two projections
+    written as SQL text: a handful of Py4J calls, where building them as columns took ~600 (0.1 s
+    of every pass); every text in them is :func:`~lakeslot.apply.columns.sql_text`."""
     fields = {f.name: f.dataType for f in schema.fields}
-    values = _every([columns.spark_parse(fields[f"c{i}"], f"t{i}") for i in range(len(positions))])
-    keys = _every([columns.spark_parse(fields[f"s{j}"], f"u{j}") for j in range(len(key))])
-    if values is None or keys is None:
+    values = [columns.spark_parse(fields[f"c{i}"], f"t{i}") for i in range(len(positions))]
+    keys = [columns.spark_parse(fields[f"s{j}"], f"u{j}") for j in range(len(key))]
+
+    def checked(parse: columns.SparkParse | None, text: str, column: str) -> str:
+        assert parse is not None  # (checked below)
+        if parse.rejected is None:
+            return parse.value
+        # the Python parser's words around the value (its repr: quoted, as PostgreSQL prints
+        # nothing to escape in these types) and the reason
+        value, reason = "\x00", "\x01"
+        words = f"{DEFINITE}{table}: {typemap.UnmappableValue(reason, 0, value, column)}"
+        before, rest = words.split(repr(value))
+        between, after = rest.split(reason)
+        message = (f"concat({columns.sql_text(before + chr(39))}, `{text}`, "
+                   f"{columns.sql_text(chr(39) + between)}, {parse.reason}, "
+                   f"{columns.sql_text(after)})")
+        return f"CASE WHEN {parse.rejected} THEN raise_error({message}) ELSE {parse.value} END"
+
+    if any(p is None for p in values + keys):
         return None
 
-    def flag(i: int):
-        return F.substring("flags", positions[i] + 1, 1)
+    def flag(i: int) -> str:
+        return f"substring(flags, {positions[i] + 1}, 1)"
 
     texts = []
-    for i, position in enumerate(positions):
-        text = F.when(flag(i) == "v", F.try_element_at("values", F.lit(position + 1)))
-        if absent[i] is not None:
-            text = text.when(flag(i) == "a", F.lit(absent[i]))
-        texts.append(text.alias(f"t{i}"))
-    texts += [F.try_element_at("source", F.lit(j + 1)).alias(f"u{j}") for j in range(len(key))]
-    texts += [(flag(i) == "k").alias(f"k{i}") for i in keeps]
-    frame = rows.select(*texts, "op", "lsn", "seq").select(
-        *[F.expr(value).alias(f"c{i}") for i, (value, _) in enumerate(values)],
+    for i, (position, text) in enumerate(zip(positions, absent, strict=True)):
+        default = f" WHEN {flag(i)} = 'a' THEN {columns.sql_text(text)}" if text is not None else ""
+        texts.append(f"CASE WHEN {flag(i)} = 'v' THEN try_element_at(`values`, {position + 1})"
+                     f"{default} END AS t{i}")
+    texts += [f"try_element_at(source, {j + 1}) AS u{j}" for j in range(len(key))]
+    texts += [f"{flag(i)} = 'k' AS k{i}" for i in keeps]
+    return rows.selectExpr(*texts, "op", "lsn", "seq").selectExpr(
+        *[f"{checked(p, f't{i}', names[i])} AS c{i}" for i, p in enumerate(values)],
         *[f"k{i}" for i in keeps],
-        *[F.expr(value).alias(f"s{j}") for j, (value, _) in enumerate(keys)],
-        "op", "lsn", "seq",
-        F.expr(" OR ".join(rejected for _, rejected in values + keys)).alias("rejected"),
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    if frame.filter("rejected").count():
-        frame.unpersist()
-        return None
-    return frame
-
-
-def _every(parses: list[tuple[str, str] | None]) -> list[tuple[str, str]] | None:
-    return None if any(p is None for p in parses) else [p for p in parses if p is not None]
+        *[f"{checked(p, f'u{j}', names[key[j]])} AS s{j}" for j, p in enumerate(keys)],
+        "op", "lsn", "seq")
 
 
 def definite_error(error: Exception) -> TableError | None:
