@@ -18,8 +18,9 @@ A pass (:meth:`Applier.run_pass`):
    the changes above its own position (DESIGN.md rule 3: rewind and idempotency in one rule).
    The rows themselves are read, routed by key and reduced on the executors, one Spark job for
    every table with changes (:func:`lakeslot.apply.spread.reduce`), and parsed into the mirror's
-   types there (:func:`lakeslot.apply.merge.typed_source`): the driver never handles a change
-   row by row, and its memory does not grow with the batch (DESIGN.md "Scale").
+   types there (:func:`lakeslot.apply.merge.typed_source`: by Spark's casts where they are exact,
+   else by the shared Python type mapping): the driver never handles a change row by row, and
+   its memory does not grow with the batch (DESIGN.md "Scale").
 3. Per table: first the source facts (:mod:`lakeslot.source.facts`: dropped and re-created,
    renamed or re-added columns, partitions attached, detached, dropped or truncated — what no
    row change shows) → marked for re-snapshot; TRUNCATE per ``onTruncate``; schema changes per
