@@ -4,7 +4,8 @@ SparkApplications (no PySpark import, so the operator stays light).
 Invariants: the same arguments give the same dict. ``iceberg_conf`` enables Iceberg's SQL
 extensions, defines one catalog (``sink.catalog``, translated by
 :func:`lakeslot.mirror.catalogs.spark_conf`), runs the session and the driver/executor JVMs in
-UTC, and starts Python workers through :mod:`lakeslot.spark_daemon` (a cheaper task start). Secret-backed catalog properties are never part of it (jobs set them at runtime).
+UTC, and starts Python workers through :mod:`lakeslot.spark_daemon` (a cheaper task start).
+Secret-backed catalog properties are never part of it (jobs set them at runtime).
 """
 
 from __future__ import annotations
