@@ -6,6 +6,9 @@ does to a big table — 70% updates of random rows (a tenth of them changing the
 inserts, 10% deletes, in transactions of 1,000 — with a TOASTed column left unchanged by most
 updates.
 
+The same backlog, 20,000 changes of it, also goes through the one-task path of a serial batch
+(``spread.SERIAL_CHANGES`` above it): the latest-change path's steps in one task, no shuffle.
+
 CI runs it with 200,000 changes (the same parallel path, within the suite's time budget); the
 million is ``LAKESLOT_BACKLOG_CHANGES=1000000 ./dev test tests/test_apply_backlog.py`` (about 2.5
 minutes per PostgreSQL version on a 2-core machine)."""
@@ -29,9 +32,9 @@ ROWS = 100_000
 CHANGES = int(os.environ.get("LAKESLOT_BACKLOG_CHANGES", "200000"))
 
 
-def _backlog(conn, rng: random.Random) -> int:
+def _backlog(conn, rng: random.Random, changes: int) -> int:
     written, next_id = 0, ROWS + 1
-    while written < CHANGES:
+    while written < changes:
         ids = [rng.randint(1, next_id) for _ in range(800)]
         updates, moved, deletes = ids[:630], ids[630:700], ids[700:]
         with conn.transaction():
@@ -50,9 +53,14 @@ def _backlog(conn, rng: random.Random) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("one_task", [False, True], ids=["parallel", "one-task"])
 def test_a_large_backlog_is_reduced_on_the_executors_and_the_mirror_equals_the_source(
-        spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, monkeypatch):
+        spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, monkeypatch, one_task):
     monkeypatch.setenv("LAKESLOT_SOURCE_PASSWORD", pgdb.cluster.password)
+    changes = 20_000 if one_task else CHANGES
+    if one_task:
+        monkeypatch.setattr(spread, "SERIAL_CHANGES", 10 * changes)
+        monkeypatch.setattr(spread, "ONE_TASK_LATEST_CHANGES", 1)
     with pgdb.connect() as conn:
         conn.execute("CREATE TABLE big (id bigint PRIMARY KEY, qty int, note text, doc text)")
         conn.execute("ALTER TABLE big ALTER COLUMN doc SET STORAGE EXTERNAL")
@@ -65,10 +73,13 @@ def test_a_large_backlog_is_reduced_on_the_executors_and_the_mirror_equals_the_s
     pipeline.start_slot()
     pipeline.snapshot()
     with pgdb.connect(autocommit=True) as conn:
-        written = _backlog(conn, random.Random(5))
+        written = _backlog(conn, random.Random(5), changes)
     read_until(pgdb, pipeline.staging, lsn_now(pgdb))
-    assert written >= CHANGES
-    assert written > spread.SERIAL_CHANGES  # the parallel path, over several partitions
+    assert written >= changes
+    if one_task:
+        assert spread.ONE_TASK_LATEST_CHANGES <= written <= spread.SERIAL_CHANGES
+    else:
+        assert written > spread.SERIAL_CHANGES  # the parallel path, over several partitions
     result = pipeline.apply()
     assert result.ok, result.tables
     assert_mirror_equals_source(pipeline, spark_warehouse, BIG)

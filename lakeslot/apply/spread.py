@@ -10,8 +10,10 @@ with a batch (DESIGN.md "Scale"). A pass over a batch:
    messages. It reads one row group's small columns (LSNs, op, relation, message payload) at a
    time, vectorised; memory is one row group's.
 2. :func:`reduce` (executors, one Spark job for every table with changes). A batch of at most
-   :data:`SERIAL_CHANGES` changes is read and folded by one task in stream order — no shuffle,
-   the cheapest pass for the small batches of a source that is caught up. A larger one goes
+   :data:`SERIAL_CHANGES` changes is reduced by one task — no shuffle, the cheapest pass for the
+   batches of a source that is caught up —: folded in stream order below
+   :data:`ONE_TASK_LATEST_CHANGES`, else through the latest-change path's steps in that task
+   (:class:`_OneTask`). A larger one goes
    through :mod:`lakeslot.apply.latest`: the latest change of each key is found vectorised,
    from compact rows, and only the winning rows are read again; the changes of *entangled* keys
    (key changes, unchanged TOAST values that need an earlier change) and of tables that path
@@ -88,7 +90,8 @@ from lakeslot.staging.store import Staging
 
 log = logging.getLogger(__name__)
 CHANGES_PER_PARTITION = 200_000  # more partitions for bigger batches: bounded executor memory
-SERIAL_CHANGES = 50_000  # up to this many, one task reads and folds the batch (no shuffle)
+SERIAL_CHANGES = 50_000  # up to this many, one task reduces the batch (no shuffle)
+ONE_TASK_LATEST_CHANGES = 2_000  # from this many, that task takes the latest-change path
 ROUTED = pa.schema([
     pa.field("t", pa.int32()), pa.field("lsn", pa.int64()), pa.field("seq", pa.int64()),
     pa.field("op", pa.string()), pa.field("rel", pa.int32()), pa.field("epoch", pa.int32()),
@@ -276,6 +279,8 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
     changes = sum(batch.tables[t].changes for t in wanted)
     partitions = max(spark.sparkContext.defaultParallelism, math.ceil(changes / CHANGES_PER_PARTITION))
     serial = changes <= SERIAL_CHANGES or partitions == 1 or all(c.single for c in configs)
+    # (before serial batches are marked single: the latest-change path is for plain tables)
+    plain = [not (c.single or c.changelog or c.check_unique or c.renames) for c in configs]
     if serial:
         configs = [replace(c, single=True) for c in configs]
     index = {c.table: i for i, c in enumerate(configs)}
@@ -286,17 +291,22 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
     router = _Router(staging_uri, list(configs), rel_table, batch.relations, targets, units, count)
     folder = _Folder(list(configs), batch.relations)
     read = latest.slices(spark, count)
-    layouts = [None if serial else latest.covered(
-        batch.relations, c.table, c.key, c.names, truncated=bool(batch.tables[c.table].truncates),
-        plain=not (c.single or c.changelog or c.check_unique or c.renames)) for c in configs]
+    layouts = [latest.covered(batch.relations, c.table, c.key, c.names, plain=p,
+                              truncated=bool(batch.tables[c.table].truncates))
+               for c, p in zip(configs, plain, strict=True)]
+    keys = latest.Keys(staging_uri, units, count, rel_table, [c.position for c in configs],
+                       layouts)
+    winners = latest.Winners(staging_uri, units, layouts, REDUCED)
     decided = None
-    if serial:  # one task reads the batch in stream order and folds it: no shuffle, no sort
+    if serial and (changes < ONE_TASK_LATEST_CHANGES or not any(layouts)):
+        # one task reads the batch in stream order and folds it: no shuffle, no sort
         frame = read.mapInArrow(_Serial(router, folder), from_arrow_schema(REDUCED))
+    elif serial:  # the same task finds the latest change per key, vectorised, and folds the rest
+        frame = read.mapInArrow(_OneTask(keys, winners, _Picked(router, units), folder),
+                                from_arrow_schema(REDUCED))
     elif not any(layouts):
         frame = _folded(read.mapInArrow(router, from_arrow_schema(ROUTED)), partitions, folder)
     else:  # the latest change per key found vectorised; the fold only for entangled keys
-        keys = latest.Keys(staging_uri, units, count, rel_table, [c.position for c in configs],
-                           layouts)
         decided = (read.mapInArrow(keys, from_arrow_schema(latest.COMPACT))
                    .repartition(partitions, "t", "key")
                    .mapInArrow(latest.Group(), from_arrow_schema(latest.DECIDED))
@@ -306,8 +316,7 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
             return (decided.filter(F.col("kind") == kind).repartition(partitions, "unit")
                     .sortWithinPartitions("unit", "row"))
 
-        frame = pointers("W").mapInArrow(latest.Winners(staging_uri, units, layouts, REDUCED),
-                                         from_arrow_schema(REDUCED))
+        frame = pointers("W").mapInArrow(winners, from_arrow_schema(REDUCED))
         if decided.filter(F.col("kind") == "S").count():  # (no Python: the JVM counts)
             picked = pointers("S").mapInArrow(_Picked(router, units), from_arrow_schema(ROUTED))
             frame = frame.unionByName(_folded(picked, partitions, folder))
@@ -396,6 +405,29 @@ class _Serial:
 
     def __call__(self, ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         return self.folder(self.router(ids))
+
+
+@dataclass(frozen=True)
+class _OneTask:
+    """The latest-change path (:mod:`lakeslot.apply.latest`) in one task: compact rows, grouped
+    as one partition, the winners read back, and the changes left to the fold folded in stream
+    order (pointers sorted by row group and row are stream order: what :class:`_Serial` folds)."""
+
+    keys: latest.Keys
+    winners: latest.Winners
+    picked: _Picked
+    folder: _Folder
+
+    def __call__(self, ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        decided = pa.Table.from_batches(list(latest.Group()(self.keys(ids))),
+                                        schema=latest.DECIDED)
+
+        def pointers(kind: str) -> list[pa.RecordBatch]:
+            return (decided.filter(pc.equal(decided["kind"], kind))
+                    .sort_by([("unit", "ascending"), ("row", "ascending")]).to_batches())
+
+        yield from self.winners(pointers("W"))
+        yield from self.folder(self.picked(pointers("S")))
 
 
 @dataclass(frozen=True)
