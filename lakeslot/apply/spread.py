@@ -10,10 +10,10 @@ with a batch (DESIGN.md "Scale"). A pass over a batch:
    messages. It reads one row group's small columns (LSNs, op, relation, message payload) at a
    time, vectorised; memory is one row group's.
 2. :func:`reduce` (executors, one Spark job for every table with changes). A batch of at most
-   :data:`SERIAL_CHANGES` changes is reduced by one task — no shuffle, the cheapest pass for the
-   batches of a source that is caught up —: folded in stream order below
-   :data:`ONE_TASK_LATEST_CHANGES`, else through the latest-change path's steps in that task
-   (:class:`_OneTask`). A larger one goes
+   :data:`SERIAL_CHANGES` changes — or :data:`ONE_TASK_MAX_CHANGES` on a job of at most
+   :data:`ONE_TASK_CORES` cores, where shuffles cost more than they spread — is reduced by one
+   task, without a shuffle: folded in stream order below :data:`ONE_TASK_LATEST_CHANGES`, else
+   through the latest-change path's steps in that task (:class:`_OneTask`). A larger one goes
    through :mod:`lakeslot.apply.latest`: the latest change of each key is found vectorised,
    from compact rows, and only the winning rows are read again; the changes of *entangled* keys
    (key changes, unchanged TOAST values that need an earlier change) and of tables that path
@@ -90,7 +90,11 @@ from lakeslot.staging.store import Staging
 
 log = logging.getLogger(__name__)
 CHANGES_PER_PARTITION = 200_000  # more partitions for bigger batches: bounded executor memory
-SERIAL_CHANGES = 50_000  # up to this many, one task reduces the batch (no shuffle)
+SERIAL_CHANGES = 50_000  # up to this many, one task reduces the batch (no shuffle)...
+ONE_TASK_CORES, ONE_TASK_MAX_CHANGES = 4, 1_200_000  # ... and up to this many on so few cores:
+# measured on 2 cores, 1M changes: one task 3.2-3.5 s, the parallel path 6.8 s (its shuffles
+# and row conversions cost ≈ 4× the CPU: it wins from about 5 cores); the task's Python worker
+# grew by 125 MB for them (≈ 125 B a change), within what Spark sets aside for Python
 ONE_TASK_LATEST_CHANGES = 2_000  # from this many, that task takes the latest-change path
 ROUTED = pa.schema([
     pa.field("t", pa.int32()), pa.field("lsn", pa.int64()), pa.field("seq", pa.int64()),
@@ -278,7 +282,9 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
     wanted = {c.table for c in configs}
     changes = sum(batch.tables[t].changes for t in wanted)
     partitions = max(spark.sparkContext.defaultParallelism, math.ceil(changes / CHANGES_PER_PARTITION))
-    serial = changes <= SERIAL_CHANGES or partitions == 1 or all(c.single for c in configs)
+    cores = spark.sparkContext.defaultParallelism
+    serial = (changes <= SERIAL_CHANGES or partitions == 1 or all(c.single for c in configs)
+              or (cores <= ONE_TASK_CORES and changes <= ONE_TASK_MAX_CHANGES))
     # (before serial batches are marked single: the latest-change path is for plain tables)
     plain = [not (c.single or c.changelog or c.check_unique or c.renames) for c in configs]
     if serial:
