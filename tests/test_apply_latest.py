@@ -3,9 +3,9 @@
 the staging format, over random streams PostgreSQL could send — inserts, updates (some changing
 the key, some leaving a TOASTed column unchanged), deletes, REPLICA IDENTITY DEFAULT and FULL,
 composite keys whose parts would collide if joined naively, and now and then a change without
-its key. Spark's part (shuffles, reading row groups back) is covered by the apply job's tests
-with large batches (tests/test_apply_backlog.py) and by ``SERIAL_CHANGES = 0`` in
-tests/test_apply_job.py."""
+its key. Spark's part (shuffles, reading row groups back, the same steps in one task) is
+covered by the apply job's tests with large batches (tests/test_apply_backlog.py: the parallel
+and the one-task path) and by ``SERIAL_CHANGES = 0`` in tests/test_apply_job.py."""
 
 from __future__ import annotations
 
