@@ -58,7 +58,7 @@ ACCEPTED: list[tuple[IcebergType, list[str | None]]] = [
 ]
 # values the Python parser rejects (a definite error of the table): the JVM must flag each
 REJECTED: list[tuple[IcebergType, list[str]]] = [
-    (DecimalType(10, 2), ["NaN", "1.005", "123456789.00"]),
+    (DecimalType(10, 2), ["NaN", "Infinity", "-Infinity", "1.005", "123456789.00"]),
     (DateType(), ["infinity", "-infinity", "2024-01-01 BC", "10000-01-01"]),
     (TimestampType(), ["infinity", "-infinity", "2024-01-01 00:00:00 BC", "10000-01-01 00:00:00"]),
     (TimestamptzType(), ["infinity", "-infinity", "0001-12-31 23:00:00+00 BC",
@@ -195,13 +195,14 @@ def test_a_column_without_a_spark_cast_parses_the_table_in_python_with_the_same_
     assert got == _text(EXPECTED)  # (the bytes of "x", shown as a string, are "x")
 
 
+@pytest.mark.parametrize("value", ["NaN", "-Infinity"])
 @pytest.mark.parametrize("jvm", [True, False], ids=["jvm", "python"])
 def test_a_value_no_mirror_type_holds_is_the_python_parsers_definite_error(spark, spark_types,
-                                                                            jvm):
+                                                                            jvm, value):
     types = TYPES if jvm else [*TYPES[:3], BinaryType(), TYPES[4]]
-    bad = [(["4", "NaN", None, None, None], "vvnnn", None, "I", 13)]
+    bad = [(["4", value, None, None, None], "vvnnn", None, "I", 13)]
     with pytest.raises(typemap.UnmappableValue) as python:
-        columns.parser("amount", DecimalType(10, 2)).from_text(["NaN"])
+        columns.parser("amount", DecimalType(10, 2)).from_text([value])
     with pytest.raises(TRANSIENT) as raised:  # (as Spark delivers an executor's error)
         _typed(spark, spark_types, types, bad)
     assert str(merge.definite_error(raised.value)) == f"public.t: {python.value}"

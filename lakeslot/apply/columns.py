@@ -104,6 +104,8 @@ def spark_parse(spark_type: spark_types.DataType, name: str) -> SparkParse | Non
         digits = f"([.][0-9]{{0,{spark_type.scale}}})?" if spark_type.scale else ""
         rejected += f" OR NOT {text} RLIKE '^-?[0-9]+{digits}$'"
         reason = (f"CASE WHEN {text} = 'NaN' THEN {sql_text(typemap.NUMERIC_NAN)} "
+                  f"WHEN {text} IN ('Infinity', '-Infinity') THEN "
+                  f"{sql_text(typemap.NUMERIC_INFINITY)} "
                   f"ELSE {sql_text(f'which {kind} cannot hold')} END")
     elif isinstance(spark_type, spark_types.DateType):  # BC, ±infinity, and years after 9999,
         rejected += f" OR length({text}) <> 10"  # which Spark would take
