@@ -113,7 +113,10 @@ def test_copy_equals_the_source_as_of_s_while_it_changes(spark, spark_warehouse,
     (entry,) = document["tables"]
     assert document["state"] == "succeeded" and entry["state"] == "committed"
     assert entry["rangesTotal"] > 1 and entry["rangesDone"] == entry["rangesTotal"]
-    assert entry["rowsStaged"] == len(copied) and entry["rowsEstimated"] == 3000
+    assert entry["rowsStaged"] == len(copied)
+    # pg_class.reltuples: 3,000 as _accounts analyzed it, unless autovacuum analyzed the table
+    # again during the churn (seen once in a suite run: 3,034)
+    assert abs(entry["rowsEstimated"] - 3000) <= 300
     assert snapshot_slots(pgdb) == []
 
     table = mirror(spark_warehouse, iceberg_namespace, ACCOUNTS)
