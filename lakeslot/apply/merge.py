@@ -129,9 +129,11 @@ def _spark_parsed(rows, table: str, schema: StructType, names: Sequence[str],
     fields = {f.name: f.dataType for f in schema.fields}
     values = [columns.spark_parse(fields[f"c{i}"], f"t{i}") for i in range(len(positions))]
     keys = [columns.spark_parse(fields[f"s{j}"], f"u{j}") for j in range(len(key))]
+    if any(p is None for p in values + keys):
+        return None
 
     def checked(parse: columns.SparkParse | None, text: str, column: str) -> str:
-        assert parse is not None  # (checked below)
+        assert parse is not None  # (returned above otherwise)
         if parse.rejected is None:
             return parse.value
         # the Python parser's words around the value (its repr: quoted, as PostgreSQL prints
@@ -144,9 +146,6 @@ def _spark_parsed(rows, table: str, schema: StructType, names: Sequence[str],
                    f"{columns.sql_text(chr(39) + between)}, {parse.reason}, "
                    f"{columns.sql_text(after)})")
         return f"CASE WHEN {parse.rejected} THEN raise_error({message}) ELSE {parse.value} END"
-
-    if any(p is None for p in values + keys):
-        return None
 
     def flag(i: int) -> str:
         return f"substring(flags, {positions[i] + 1}, 1)"

@@ -281,8 +281,8 @@ def reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]
 def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]) -> Reduced:
     wanted = {c.table for c in configs}
     changes = sum(batch.tables[t].changes for t in wanted)
-    partitions = max(spark.sparkContext.defaultParallelism, math.ceil(changes / CHANGES_PER_PARTITION))
     cores = spark.sparkContext.defaultParallelism
+    partitions = max(cores, math.ceil(changes / CHANGES_PER_PARTITION))
     serial = (changes <= SERIAL_CHANGES or partitions == 1 or all(c.single for c in configs)
               or (cores <= ONE_TASK_CORES and changes <= ONE_TASK_MAX_CHANGES))
     # (before serial batches are marked single: the latest-change path is for plain tables)
