@@ -53,9 +53,10 @@ arrays of the above                    list<element>            more than one di
 =====================================  =======================  ================================
 
 ``p'``/``s'``: ``numeric(p,s)`` becomes ``decimal(max(p,s) - min(s,0), max(s,0))`` (PostgreSQL 15
-allows a negative scale and a scale above the precision). Known gap: a snapshot's native read of a
-``numeric(p ≤ 18, s)`` column fails on ±Infinity with PostgreSQL's own error ("cannot convert
-infinity to bigint"), not with :data:`NUMERIC_INFINITY` (its check column flags only NaN).
+allows a negative scale and a scale above the precision). ±Infinity cannot reach a decimal:
+PostgreSQL rejects it in a ``numeric(p,s)`` ("numeric field overflow"), and a column altered to
+unconstrained ``numeric`` no longer maps to the mirror's decimal (a type change); the parsers
+still flag it (:data:`NUMERIC_INFINITY`) rather than trust that.
 
 The rule for a value with no faithful mapping is always the same: it is never altered. The
 conversion raises :class:`UnmappableValue` naming the column, the reason and (where known) the

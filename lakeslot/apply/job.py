@@ -559,7 +559,8 @@ class Applier:
         qualified = self.tables.qualified(target)
         with self.steps("parse"):
             source = self._source_view(table, state, target, reduced.rows(table, "F"),
-                                       mine.keeps, relations, config.names)
+                                       mine.keeps, relations, config.names,
+                                       reused=config.check_unique and not scanned.truncates)
         try:
             if config.check_unique and not scanned.truncates:
                 held = self.spark.sql(merge.duplicates_sql(source, qualified)).collect()
@@ -577,7 +578,7 @@ class Applier:
 
     def _source_view(self, table: TableName, state: TableState, target: str, rows,
                      keeps: frozenset[int], relations: list[Relation],
-                     layout: tuple[str, ...]) -> merge.Source:
+                     layout: tuple[str, ...], reused: bool = False) -> merge.Source:
         qualified = self.tables.qualified(target)
         delimiters: dict[str, str] = {}
         excluded = self._excluded(table)
@@ -589,7 +590,7 @@ class Applier:
         not_carried = [n for n in state.data_columns() if any(n not in d for d in described)]
         absent = self._missing_values(table, not_carried)[0] if not_carried else {}
         source = merge.typed_source(rows, str(table), state, self.spark.table(qualified).schema,
-                                    keeps, layout, delimiters, absent)
+                                    keeps, layout, delimiters, absent, reused)
         if source.resolves:
             missing = self.spark.sql(merge.missing_sql(source, qualified)).collect()
             if missing:

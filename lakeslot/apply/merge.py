@@ -81,14 +81,18 @@ DEFINITE = "lakeslot definite error: "  # marks an executor's error that is not 
 
 def typed_source(rows, table: str, state: TableState, spark_schema: StructType,
                  keeps: Iterable[int], layout: Sequence[str], delimiters: Mapping[str, str],
-                 absent: Mapping[str, str] | None = None) -> Source:
+                 absent: Mapping[str, str] | None = None, reused: bool = False) -> Source:
     """One table's reduced rows (:data:`lakeslot.apply.spread.REDUCED`, a DataFrame) parsed into
     the mirror's types on the executors and registered as a temporary view shaped for
     :func:`resolved_sql` (``keeps``: the columns some row keeps from the mirror; ``layout``: the
     column of each position of the rows' values; ``delimiters``:
     each array column's element delimiter in the source's text form; ``absent``: the value, as
     text, of a column a change does not carry — it came before the column was added, so the row
-    holds the column's default — else NULL). Persisted: the caller drops it with :func:`drop`.
+    holds the column's default — else NULL). The caller drops it with :func:`drop`. Persisted
+    (parsed once, by its first use) when read more than once: when some row keeps a value from
+    the mirror (:func:`missing_sql` reads it before the MERGE) or when ``reused`` (the caller
+    reads it before the MERGE too); otherwise the MERGE parses the rows as it reads them
+    (persisting 777k parsed rows took 2 s in one task, as long as their parse).
     Parsed in the JVM where Spark's casts are exact (:func:`_spark_parsed`: no Python worker,
     no rows crossing to Python and back), else in Python (:class:`_Parse`); either way an
     unmappable value fails the first Spark action on the view with the Python parser's message,
@@ -112,7 +116,8 @@ def typed_source(rows, table: str, state: TableState, spark_schema: StructType,
                        positions, key, keeps, texts, to_arrow_schema(schema))
         frame = rows.select("values", "flags", "source", "op", "lsn", "seq").mapInArrow(
             parse, schema)
-    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)  # parsed once, by its first use
+    if keeps or reused:
+        frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
     view = f"lakeslot_apply_{uuid.uuid4().hex}"
     frame.createOrReplaceTempView(view)
     return Source(view, names, keeps, key, bool(keeps))
@@ -123,19 +128,22 @@ def _spark_parsed(rows, table: str, schema: StructType, names: Sequence[str],
                   absent: Sequence[str | None]):
     """The typed rows parsed in the JVM (:func:`lakeslot.apply.columns.spark_parse`), or None
     when a column has no exact Spark cast. A value the Python parser rejects fails the first
-    action on them with the Python parser's definite error (:data:`DEFINITE`). Two projections
-    written as SQL text: a handful of Py4J calls, where building them as columns took ~600 (0.1 s
-    of every pass); every text in them is :func:`~lakeslot.apply.columns.sql_text`."""
+    action on them with the Python parser's definite error (:data:`DEFINITE`). Three projections
+    written as SQL text — the texts, their parsed values, the values checked — so each value is
+    parsed once (one projection parsing and checking measured 1.6× as long), in a handful of
+    Py4J calls, where building them as columns took ~600 (0.1 s of every pass); every text in
+    them is :func:`~lakeslot.apply.columns.sql_text`."""
     fields = {f.name: f.dataType for f in schema.fields}
-    values = [columns.spark_parse(fields[f"c{i}"], f"t{i}") for i in range(len(positions))]
-    keys = [columns.spark_parse(fields[f"s{j}"], f"u{j}") for j in range(len(key))]
-    if any(p is None for p in values + keys):
+    columns_ = [(f"c{i}", f"t{i}", names[i]) for i in range(len(positions))]
+    columns_ += [(f"s{j}", f"u{j}", names[key[j]]) for j in range(len(key))]
+    parses = [columns.spark_parse(fields[out], text, f"p_{out}") for out, text, _ in columns_]
+    if any(p is None for p in parses):
         return None
 
-    def checked(parse: columns.SparkParse | None, text: str, column: str) -> str:
+    def checked(parse: columns.SparkParse | None, out: str, text: str, column: str) -> str:
         assert parse is not None  # (returned above otherwise)
         if parse.rejected is None:
-            return parse.value
+            return f"p_{out}"
         # the Python parser's words around the value (its repr: quoted, as PostgreSQL prints
         # nothing to escape in these types) and the reason
         value, reason = "\x00", "\x01"
@@ -145,7 +153,7 @@ def _spark_parsed(rows, table: str, schema: StructType, names: Sequence[str],
         message = (f"concat({columns.sql_text(before + chr(39))}, `{text}`, "
                    f"{columns.sql_text(chr(39) + between)}, {parse.reason}, "
                    f"{columns.sql_text(after)})")
-        return f"CASE WHEN {parse.rejected} THEN raise_error({message}) ELSE {parse.value} END"
+        return f"CASE WHEN {parse.rejected} THEN raise_error({message}) ELSE p_{out} END"
 
     def flag(i: int) -> str:
         return f"substring(flags, {positions[i] + 1}, 1)"
@@ -157,11 +165,13 @@ def _spark_parsed(rows, table: str, schema: StructType, names: Sequence[str],
                      f"{default} END AS t{i}")
     texts += [f"try_element_at(source, {j + 1}) AS u{j}" for j in range(len(key))]
     texts += [f"{flag(i)} = 'k' AS k{i}" for i in keeps]
+    typed = [f"{checked(p, out, text, column)} AS {out}"
+             for p, (out, text, column) in zip(parses, columns_, strict=True)]
     return rows.selectExpr(*texts, "op", "lsn", "seq").selectExpr(
-        *[f"{checked(p, f't{i}', names[i])} AS c{i}" for i, p in enumerate(values)],
-        *[f"k{i}" for i in keeps],
-        *[f"{checked(p, f'u{j}', names[key[j]])} AS s{j}" for j, p in enumerate(keys)],
-        "op", "lsn", "seq")
+        "*", *[f"{p.value} AS p_{out}" for p, (out, _, _) in zip(parses, columns_, strict=True)
+               if p is not None]
+    ).selectExpr(*typed[:len(positions)], *[f"k{i}" for i in keeps], *typed[len(positions):],
+                 "op", "lsn", "seq")
 
 
 def definite_error(error: Exception) -> TableError | None:
@@ -175,7 +185,7 @@ def definite_error(error: Exception) -> TableError | None:
 
 def drop(spark, source: Source) -> None:
     """Release a source of :func:`typed_source`."""
-    spark.table(source.view).unpersist()
+    spark.table(source.view).unpersist()  # (nothing when it was not persisted)
     spark.catalog.dropTempView(source.view)
 
 
