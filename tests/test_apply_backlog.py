@@ -7,9 +7,11 @@ inserts, 10% deletes, in transactions of 1,000 — with a TOASTed column left un
 updates.
 
 The same backlog also goes through the one-task path (``spread._OneTask``: the latest-change
-path's steps in one task, no shuffle — what a job of few cores runs).
+path's steps in one task, no shuffle — what a job of few cores runs), and through that path
+replicated over the cores (each task groups every key, reads back its share of the winners; the
+first folds the entangled keys: what such a job runs for a large batch).
 
-CI runs it with 200,000 changes on the parallel path and 20,000 on the one-task path (within the
+CI runs it with 200,000 changes on the parallel path and 20,000 on the one-task paths (within the
 suite's time budget); the million, on both, is ``LAKESLOT_TEST_ALL_VERSIONS=1
 LAKESLOT_BACKLOG_CHANGES=1000000 ./dev test tests/test_apply_backlog.py`` (PostgreSQL 15 and 18)."""
 
@@ -54,14 +56,17 @@ def _backlog(conn, rng: random.Random, changes: int) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("one_task", [False, True], ids=["parallel", "one-task"])
+@pytest.mark.parametrize("copies", [0, 1, 2], ids=["parallel", "one-task", "replicated"])
 def test_a_large_backlog_is_reduced_on_the_executors_and_the_mirror_equals_the_source(
-        spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, monkeypatch, one_task):
+        spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, monkeypatch, copies):
     monkeypatch.setenv("LAKESLOT_SOURCE_PASSWORD", pgdb.cluster.password)
+    one_task = copies > 0
     changes = 20_000 if one_task and not LONGER else CHANGES
     if one_task:  # (whatever this machine's cores)
         monkeypatch.setattr(spread, "ONE_TASK_LATEST_CHANGES", 1)
         monkeypatch.setattr(spread, "ONE_TASK_CORES", 1 << 20)
+        monkeypatch.setattr(spread, "REPLICATED_CHANGES", 1 if copies > 1 else 1 << 40)
+        assert copies == 1 or spark.sparkContext.defaultParallelism == copies  # (local[2])
     else:  # (on a machine of few cores, one task would take it)
         monkeypatch.setattr(spread, "ONE_TASK_CORES", 0)
     with pgdb.connect() as conn:

@@ -13,7 +13,9 @@ with a batch (DESIGN.md "Scale"). A pass over a batch:
    :data:`SERIAL_CHANGES` changes — or :data:`ONE_TASK_MAX_CHANGES` on a job of at most
    :data:`ONE_TASK_CORES` cores, where shuffles cost more than they spread — is reduced by one
    task, without a shuffle: folded in stream order below :data:`ONE_TASK_LATEST_CHANGES`, else
-   through the latest-change path's steps in that task (:class:`_OneTask`). A larger one goes
+   through the latest-change path's steps in that task (:class:`_OneTask`; from
+   :data:`REPLICATED_CHANGES`, in one task per core, each reading back a share of the
+   winners). A larger one goes
    through :mod:`lakeslot.apply.latest`: the latest change of each key is found vectorised,
    from compact rows, and only the winning rows are read again; the changes of *entangled* keys
    (key changes, unchanged TOAST values that need an earlier change) and of tables that path
@@ -61,6 +63,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import StorageLevel
@@ -96,6 +99,9 @@ ONE_TASK_CORES, ONE_TASK_MAX_CHANGES = 4, 1_200_000  # ... and up to this many o
 # and row conversions cost ≈ 4× the CPU: it wins from about 5 cores); the task's Python worker
 # grew by 125 MB for them (≈ 125 B a change), within what Spark sets aside for Python
 ONE_TASK_LATEST_CHANGES = 2_000  # from this many, that task takes the latest-change path
+REPLICATED_CHANGES = 500_000  # from this many, one such task per core (:class:`_OneTask`):
+# 1M changes on 2 cores, warm: 9.4 s against 10.1 s to visible (reduce 3.2 s, the MERGE's parse
+# 1.1 s, against 3.5 and 1.4 s; twice the reduce's CPU); 100k: no gain (3.1 s either way)
 ROUTED = pa.schema([
     pa.field("t", pa.int32()), pa.field("lsn", pa.int64()), pa.field("seq", pa.int64()),
     pa.field("op", pa.string()), pa.field("rel", pa.int32()), pa.field("epoch", pa.int32()),
@@ -308,8 +314,10 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
         # one task reads the batch in stream order and folds it: no shuffle, no sort
         frame = read.mapInArrow(_Serial(router, folder), from_arrow_schema(REDUCED))
     elif serial:  # the same task finds the latest change per key, vectorised, and folds the rest
-        frame = read.mapInArrow(_OneTask(keys, winners, _Picked(router, units), folder),
-                                from_arrow_schema(REDUCED))
+        copies = cores if changes >= REPLICATED_CHANGES else 1
+        frame = latest.slices(spark, copies).mapInArrow(
+            _OneTask(keys, winners, _Picked(router, units), folder, copies),
+            from_arrow_schema(REDUCED))
     elif not any(layouts):
         frame = _folded(read.mapInArrow(router, from_arrow_schema(ROUTED)), partitions, folder)
     else:  # the latest change per key found vectorised; the fold only for entangled keys
@@ -415,25 +423,36 @@ class _Serial:
 
 @dataclass(frozen=True)
 class _OneTask:
-    """The latest-change path (:mod:`lakeslot.apply.latest`) in one task: compact rows, grouped
-    as one partition, the winners read back, and the changes left to the fold folded in stream
-    order (pointers sorted by row group and row are stream order: what :class:`_Serial` folds)."""
+    """The latest-change path (:mod:`lakeslot.apply.latest`) without a shuffle: compact rows,
+    grouped as one partition, the winners read back, and the changes left to the fold folded in
+    stream order (pointers sorted by row group and row are stream order: what :class:`_Serial`
+    folds). ``copies`` tasks may run it, each given its number: each groups every key (cheaper
+    than shuffling the compact rows, which costs more CPU than the grouping it would spread)
+    and reads back the winners of its share of the row groups; the first also folds. So the
+    winners, and the parse that reads them, spread over the cores."""
 
-    keys: latest.Keys
+    keys: latest.Keys  # reading every unit: one slice
     winners: latest.Winners
     picked: _Picked
     folder: _Folder
+    copies: int
 
     def __call__(self, ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        decided = pa.Table.from_batches(list(latest.Group()(self.keys(ids))),
+        mine = [i for batch in ids for i in batch.column(0).to_pylist()]
+        every = [pa.record_batch([pa.array([0], pa.int64())], names=["id"])]
+        decided = pa.Table.from_batches(list(latest.Group()(self.keys(every))),
                                         schema=latest.DECIDED)
 
-        def pointers(kind: str) -> list[pa.RecordBatch]:
-            return (decided.filter(pc.equal(decided["kind"], kind))
-                    .sort_by([("unit", "ascending"), ("row", "ascending")]).to_batches())
+        def pointers(kind: str, share: bool) -> list[pa.RecordBatch]:
+            chosen = decided.filter(pc.equal(decided["kind"], kind))
+            if share and self.copies > 1:
+                chosen = chosen.filter(pa.array(np.isin(
+                    chosen["unit"].to_numpy() % self.copies, mine)))
+            return chosen.sort_by([("unit", "ascending"), ("row", "ascending")]).to_batches()
 
-        yield from self.winners(pointers("W"))
-        yield from self.folder(self.picked(pointers("S")))
+        yield from self.winners(pointers("W", share=True))
+        if 0 in mine:
+            yield from self.folder(self.picked(pointers("S", share=False)))
 
 
 @dataclass(frozen=True)
