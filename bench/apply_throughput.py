@@ -13,7 +13,7 @@ inserts, 10% deletes, in transactions of 1,000 changes — and measures, in the 
   (changes/s of the reader on this backlog, the limit upstream of the apply job);
 - the apply job: ``lakeslot.apply.job.run(once=True)`` in the session the snapshot and three
   apply passes warmed up (a small batch, one above ``spread.ONE_TASK_LATEST_CHANGES`` and one above
-  ``spread.SERIAL_CHANGES``: each path a batch may take on this machine),
+  ``spread.SERIAL_CHANGES``, replicated: each path a batch may take on this machine),
   until every sealed change is applied and the maintenance it triggered is done (changes/s),
   and until the last pass had committed (every change visible to readers), with the driver's
   peak RSS (Python process) and the JVM's (local mode: the executors live in it too);
@@ -121,12 +121,16 @@ def main() -> None:
 
         # warm-up: a long-running apply job is warm (workers, plans, JIT) on each of its paths —
         # a small batch folded by one task, a bigger one reduced by one task's latest-change
-        # steps, and a large one by those or, on more cores, by the parallel latest-change path
-        # (measured: that path's first 100k-change batch in a JVM took 3.8 s to reduce, the
-        # next 1.8 s)
+        # steps, and a large one by those steps replicated over the cores or, on more cores, by
+        # the parallel latest-change path (measured: that path's first 100k-change batch in a
+        # JVM took 3.8 s to reduce, the next 1.8 s); the last warm-up batch is smaller than
+        # spread.REPLICATED_CHANGES, which it lowers for that batch only
+        replicated = spread.REPLICATED_CHANGES
         for changes in (1000, spread.ONE_TASK_LATEST_CHANGES + 3000, spread.SERIAL_CHANGES + 10_000):
             stage(changes)
+            spread.REPLICATED_CHANGES = min(replicated, changes)
             assert apply_job.run(spark, job, once=True).ok
+            spread.REPLICATED_CHANGES = replicated
         written, touched, backlog_s, reader_s = stage(args.changes)
 
         python_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
