@@ -4,7 +4,8 @@ SparkApplications (no PySpark import, so the operator stays light).
 Invariants: the same arguments give the same dict. ``iceberg_conf`` enables Iceberg's SQL
 extensions, defines one catalog (``sink.catalog``, translated by
 :func:`lakeslot.mirror.catalogs.spark_conf`), runs the session and the driver/executor JVMs in
-UTC, and starts Python workers through :mod:`lakeslot.spark_daemon` (a cheaper task start).
+UTC, starts Python workers through :mod:`lakeslot.spark_daemon` (a cheaper task start), and lets
+a join build a hash table of its small side instead of sorting both (the apply job's MERGE).
 Secret-backed catalog properties are never part of it (jobs set them at runtime).
 """
 
@@ -28,6 +29,11 @@ def iceberg_conf(catalog: CatalogSpec, *, jars: Sequence[str | Path] = ()) -> di
         "spark.driver.extraJavaOptions": UTC_JVM_OPTIONS,
         "spark.executor.extraJavaOptions": UTC_JVM_OPTIONS,
         "spark.python.daemon.module": "lakeslot.spark_daemon",
+        # the apply job's MERGE joins the mirror (right outer) with the changes: a shuffled hash
+        # join building the changes' side when every partition of it is at most this (64 MB,
+        # AQE's advisory partition size, the least it takes), not a sort of both sides — 5M-row
+        # table, 100k changes: 2.0 s against 3.3-4.0 s; a bigger side sorts as before
+        "spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold": "64m",
     }
     if jars:
         conf["spark.jars"] = ",".join(str(j) for j in jars)
