@@ -26,6 +26,7 @@ from lakeslot.api.crd import PRINTER_COLUMNS, openapi_schema
 from lakeslot.api.models import API_VERSION, CONDITION_TYPES, KIND, SHORT_NAMES
 from lakeslot.api.naming import HASH_DIGITS, default_replication_name
 from lakeslot.api.types import IDENTIFIER_MAX_BYTES
+from lakeslot.spark_conf import TUNING
 
 Node = dict[str, Any]
 
@@ -190,6 +191,13 @@ def _spark_conf_section() -> str:
         "namespace; lakeslot always runs applications in the ingestion's namespace, so it refuses the key);",
         f"- set by lakeslot itself, which a value of yours would silently replace: {reserved}, {prefixes}, "
         f"and `{CATALOG_CONF_PREFIX}<sink.catalog.name>` with its sub-keys.",
+        "",
+        "Defaults lakeslot sets, which a value of yours replaces: "
+        + ", ".join(f"`{key}` = `{value}`" for key, value in TUNING.items())
+        + " (Python workers start without the archives Spark puts on their path, 25 ms less "
+        "per task; the apply job's MERGE builds a hash table of the changes when every shuffle "
+        "partition of them is at most 64 MB, instead of sorting the mirror: 2.0 s against "
+        "3.3–4.0 s for 100k changes into a 5M-row table).",
     ])
 
 

@@ -100,7 +100,7 @@ ONE_TASK_CORES, ONE_TASK_MAX_CHANGES = 4, 1_200_000  # ... and up to this many o
 # grew by 125 MB for them (≈ 125 B a change), within what Spark sets aside for Python
 ONE_TASK_LATEST_CHANGES = 2_000  # from this many, that task takes the latest-change path
 REPLICATED_CHANGES = 500_000  # from this many, one such task per core (:class:`_OneTask`):
-# 1M changes on 2 cores, warm: 9.4 s against 10.1 s to visible (reduce 3.2 s, the MERGE's parse
+# 1M changes on 2 cores, warm: 9.4 s against 10.1 s with the compaction (reduce 3.2 s, the MERGE's parse
 # 1.1 s, against 3.5 and 1.4 s; twice the reduce's CPU); 100k: no gain (3.1 s either way)
 ROUTED = pa.schema([
     pa.field("t", pa.int32()), pa.field("lsn", pa.int64()), pa.field("seq", pa.int64()),
