@@ -8,12 +8,15 @@ from __future__ import annotations
 import math
 import os
 import random
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from psycopg import sql
 
 from lakeslot.api.models import MaintenanceSpec
+from lakeslot.apply import job as apply_job
 from lakeslot.mirror import maintenance
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.catalogs import load_hadoop_table
@@ -223,6 +226,48 @@ def test_a_quiet_source_leaves_its_mirror_without_delete_files(pipeline, spark_w
     assert _live_rows(quiet) == _live_rows(busy_now)
     assert "idle with" in (mirror_progress.read(busy.ingestion, [MAIN])[MAIN].maintenance or "")
     assert_mirror_equals_source(busy, spark_warehouse, MAIN)
+
+
+def test_an_idle_settled_mirror_is_not_looked_at_again_until_a_pass_changes_it(
+        pipeline, spark_warehouse, monkeypatch):
+    """A look at a table's health loads it (a catalog call). A long-running apply job looks at
+    an idle table until a look finds it settled — no delete file, nothing that could fall due
+    whatever the time — and then no more until a pass changes it: the change's pass looks, the
+    next (idle) one compacts the delete file it left, the one after finds it settled again."""
+    monkeypatch.setattr(apply_job, "MAINTENANCE_LOOK_S", 0.0)  # (else every 5 s at most)
+    looks: list[tuple[int, bool]] = []  # (pass, idle) of each look at MAIN's mirror
+    passes: list[apply_job.PassResult] = []
+    main = pipeline.job_input().names.mirror_table(MAIN)
+    maintain = maintenance.Maintainer.maintain
+
+    def counted(self, table, name, **options):  # the real maintenance, counted
+        if name.endswith(main):
+            looks.append((len(passes) + 1, options["idle"]))
+        return maintain(self, table, name, **options)
+
+    monkeypatch.setattr(maintenance.Maintainer, "maintain", counted)
+    fast = pipeline.with_spec(apply={"triggerIntervalSeconds": 1})
+    fast.start_slot()
+    fast.snapshot()
+    stop = threading.Event()
+
+    def on_pass(result) -> None:
+        passes.append(result)
+        if len(passes) == 4:  # an update (a delete file in the mirror), sealed before pass 5
+            with fast.pgdb.connect() as conn:
+                conn.execute(sql.SQL("UPDATE {0} SET amount = amount + 1 WHERE id = (SELECT min(id) "
+                                     "FROM {0})").format(MAIN.sql()))
+            fast.seal()
+        if len(passes) == 9:
+            stop.set()
+
+    assert apply_job.run(fast.spark, fast.job_input(), once=False, stop=stop,
+                         on_pass=on_pass).ok
+    assert looks == [(1, True), (5, False), (6, True), (7, True)], looks
+    history = _snapshots(spark_warehouse, fast, MAIN)
+    assert [s.summary.get(MAINTENANCE_SUMMARY) for s in history].count("compaction") == 1
+    assert history[-1].summary.get("total-delete-files") == "0"
+    assert_mirror_equals_source(fast, spark_warehouse, MAIN)
 
 
 def test_orphan_files_older_than_the_age_are_removed_a_day_after_the_first_compaction(

@@ -116,6 +116,7 @@ from lakeslot.workloads import JobInput
 log = logging.getLogger(__name__)
 EXPIRE_INTERVAL_S = 3600.0
 MAINTENANCE_LOOK_S = 5.0  # how often maintenance looks at a table's health, at most
+SETTLED_LOOK_S = 600.0  # ... and at an idle table a look found settled (see _maintain)
 POINTS = ("batch-read", "after-evolve", "after-changelog", "before-merge", "after-merge",
           "after-tables", "after-retention")
 TRANSIENT = (Py4JError, PythonException, OSError, psycopg.OperationalError)
@@ -288,6 +289,7 @@ class Applier:
         self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
         self.maintainer = maintenance.Maintainer(spark, spec.sink.maintenance)
         self._looked: dict[str, float] = {}  # table → monotonic time maintenance last looked
+        self._settled: dict[str, float] = {}  # table → when a look found it settled (monotonic)
         self._facts: dict[TableName, facts.TableFacts | None] | None = None  # this pass's
         # this pass's: column → (missing value, written by a rewrite) — see _missing_values
         self._defaults: dict[TableName, dict[str, tuple[str | None, bool]]] = {}
@@ -895,7 +897,13 @@ class Applier:
     def _maintain(self, outcomes: tuple[TableOutcome, ...]) -> None:
         """Compaction and clean-up where due (:mod:`lakeslot.mirror.maintenance`), table after
         table until ``maintenance.budgetSeconds`` is spent; the rest waits for the next pass.
-        Failures only log (and are recorded on the table): the data is safe."""
+        Failures only log (and are recorded on the table): the data is safe.
+
+        A look loads the table (a catalog call, and reads its metadata): at most every
+        :data:`MAINTENANCE_LOOK_S`, and an idle table that a look found *settled* — nothing can
+        fall due before its data changes — is not looked at again until a pass changes it (or
+        :data:`SETTLED_LOOK_S` has passed: another writer's commits), so a quiet table costs
+        the catalog nothing pass after pass."""
         deadline = time.monotonic() + self.spec.sink.maintenance.budget_seconds
         # idle: no change in this pass (nothing sealed for it, or nothing sealed at all — a
         # quiet source: such a table is looked at too, its delete files are compacted away)
@@ -903,12 +911,18 @@ class Applier:
         for target in self._targets(outcomes, ("applied", "advanced", "current")):
             if not self.spec.sink.maintenance.enabled or time.monotonic() >= deadline:
                 return
+            if target not in idle:
+                self._settled.pop(target, None)  # its data changed: anything may be due
+            elif time.monotonic() - self._settled.get(target, -math.inf) < SETTLED_LOOK_S:
+                continue
             if not _first_within(self._looked, target, MAINTENANCE_LOOK_S):
                 continue  # (a look loads the table: not on every pass of a fast trigger)
             try:
-                if self.maintainer.maintain(self.tables.iceberg_table(target), target,
-                                            idle=target in idle):
+                table = self.tables.iceberg_table(target)
+                if self.maintainer.maintain(table, target, idle=target in idle):
                     self.totals.maintenance["ran"] = self.totals.maintenance.get("ran", 0) + 1
+                elif self.maintainer.settled(table):
+                    self._settled[target] = time.monotonic()
             except TRANSIENT as e:
                 self.totals.maintenance["failed"] = self.totals.maintenance.get("failed", 0) + 1
                 log.warning("%s: maintenance failed (tried again later): %s", target,

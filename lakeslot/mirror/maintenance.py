@@ -168,8 +168,7 @@ class Maintainer:
             return None
         summary = dict(current.summary())
         last = Record.of(dict(table.properties()))
-        target = int(table.properties().get("write.target-file-size-bytes") or 512 << 20)
-        work = due(Health.of(summary), last, self.spec, target, now, idle=idle)
+        work = due(Health.of(summary), last, self.spec, _target_file_bytes(table), now, idle=idle)
         if not work:
             return None
         position = position_of(table)  # (a foreign compaction on top keeps its parent's)
@@ -190,6 +189,16 @@ class Maintainer:
                      orphans=work.orphans or not math.isfinite(last.orphans_at))
         log.info("%s: maintenance: %s", name, outcome)
         return outcome
+
+    def settled(self, table) -> bool:
+        """Whether nothing can fall due on the Java Iceberg ``table`` before its data changes:
+        :func:`due` finds no reason even for an idle table, whenever it is asked (no delete
+        file, no threshold reached; orphan files are only looked for with a compaction)."""
+        current = table.currentSnapshot()
+        if current is None:
+            return True
+        return not due(Health.of(dict(current.summary())), Record(), self.spec,
+                       _target_file_bytes(table), 0.0, idle=True)
 
     def _compact(self, table, lsn: str | None, why: str) -> str:
         """Rewrites every data file that has deletes (and small ones), then the delete files left
@@ -264,6 +273,10 @@ class Maintainer:
         if orphans:
             update = update.set(ORPHANS_AT_PROPERTY, repr(at))
         update.commit()
+
+
+def _target_file_bytes(table) -> int:
+    return int(table.properties().get("write.target-file-size-bytes") or 512 << 20)
 
 
 def _each(iterable):
