@@ -559,12 +559,12 @@ class Applier:
             self.tables.advance(target, lsn)
             return TableOutcome(table, target, "advanced", lsn, ddl=applied)
         qualified = self.tables.qualified(target)
+        check_unique = config.check_unique and not scanned.truncates
         with self.steps("parse"):
             source = self._source_view(table, state, target, reduced.rows(table, "F"),
-                                       mine.keeps, relations, config.names,
-                                       reused=config.check_unique and not scanned.truncates)
+                                       mine.keeps, relations, config.names, reused=check_unique)
         try:
-            if config.check_unique and not scanned.truncates:
+            if check_unique:
                 held = self.spark.sql(merge.duplicates_sql(source, qualified)).collect()
                 if held:
                     self._duplicate(table, state, tuple(held[0]), "in this batch, and the mirror "

@@ -136,12 +136,12 @@ def _spark_parsed(rows, table: str, schema: StructType, names: Sequence[str],
     fields = {f.name: f.dataType for f in schema.fields}
     columns_ = [(f"c{i}", f"t{i}", names[i]) for i in range(len(positions))]
     columns_ += [(f"s{j}", f"u{j}", names[key[j]]) for j in range(len(key))]
-    parses = [columns.spark_parse(fields[out], text, f"p_{out}") for out, text, _ in columns_]
-    if any(p is None for p in parses):
+    found = [columns.spark_parse(fields[out], text, f"p_{out}") for out, text, _ in columns_]
+    parses = [p for p in found if p is not None]
+    if len(parses) < len(found):
         return None
 
-    def checked(parse: columns.SparkParse | None, out: str, text: str, column: str) -> str:
-        assert parse is not None  # (returned above otherwise)
+    def checked(parse: columns.SparkParse, out: str, text: str, column: str) -> str:
         if parse.rejected is None:
             return f"p_{out}"
         # the Python parser's words around the value (its repr: quoted, as PostgreSQL prints
@@ -168,8 +168,7 @@ def _spark_parsed(rows, table: str, schema: StructType, names: Sequence[str],
     typed = [f"{checked(p, out, text, column)} AS {out}"
              for p, (out, text, column) in zip(parses, columns_, strict=True)]
     return rows.selectExpr(*texts, "op", "lsn", "seq").selectExpr(
-        "*", *[f"{p.value} AS p_{out}" for p, (out, _, _) in zip(parses, columns_, strict=True)
-               if p is not None]
+        "*", *[f"{p.value} AS p_{out}" for p, (out, _, _) in zip(parses, columns_, strict=True)]
     ).selectExpr(*typed[:len(positions)], *[f"k{i}" for i in keeps], *typed[len(positions):],
                  "op", "lsn", "seq")
 
