@@ -15,8 +15,11 @@ after a seeded delay of up to :data:`MAX_DELAY_S`. ``LAKESLOT_SNAPSHOT_FAULT_ROU
 :data:`FAULTS`, in a seeded order: SIGKILL of the run, SIGKILL of its Spark JVM,
 ``pg_terminate_backend`` of the followers' backends (the ranges' COPY sessions), and of the leader
 (the session holding the exported snapshot and its temporary slot). After a fault the same job
-must ride out (the two terminations), it must finish another range before the next fault, so that
-each fault's recovery is seen, not masked by the next kill.
+must ride out (the two terminations), it must finish another range or commit a table before the
+next fault, so that each fault's recovery is seen, not masked by the next kill. A termination of
+the followers that lands after the copy's last range (the delay can outlast a short copy on a busy
+machine) finds nobody to end: the round prints "missed" rather than waiting for backends that
+will not come; a termination of the leader while the last table commits leaves only the commit.
 
 Failure modes it catches: a snapshot that never finishes (a deadline names the fault and the
 seed), a run that exits where it must ride the fault out, a mirror with rows missing or twice
@@ -34,7 +37,7 @@ from collections.abc import Callable
 
 import pytest
 
-from lakeslot.local import observe
+from lakeslot.local import config, observe
 from lakeslot.local.tree import alive
 from tests.chaos import harness
 from tests.support import local_support as ls
@@ -60,19 +63,24 @@ def _backends(db, pattern: str) -> list[int]:
             "SELECT pid FROM pg_stat_activity WHERE application_name LIKE %s", (pattern,))]
 
 
-def _terminate(db, pattern: str, what: str) -> str:
-    pids = wait_for(lambda: _backends(db, pattern), what)
+def _terminate(local, db, pattern: str, what: str) -> str:
+    """Terminate the backends like ``pattern``; they exist while the copy has ranges left (the
+    leader: until the job releases its snapshot). A copy that finished its last range before the
+    fault landed leaves nothing to terminate: the round says so ("missed") instead of waiting."""
+    pids = wait_for(lambda: _backends(db, pattern) or _all_ranges_done(local), what)
+    if not isinstance(pids, list):
+        return f"pg_terminate_backend of {what}: missed (every range was copied already)"
     with db.connect() as conn:
         for pid in pids:
             conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
     return f"pg_terminate_backend of {what} {pids}"
 
 
-FAULTS: dict[str, Callable[[harness.Context, Database], str]] = {
-    "kill_run": lambda c, db: harness.kill_run(c),
-    "kill_spark_jvm": lambda c, db: harness.kill_spark_jvm(c),
-    "terminate_copies": lambda c, db: _terminate(db, FOLLOWERS, "the followers' backends"),
-    "terminate_leader": lambda c, db: _terminate(db, LEADER, "the exported snapshot's holder")}
+FAULTS: dict[str, Callable[[harness.Context, Database, config.Local], str]] = {
+    "kill_run": lambda c, db, local: harness.kill_run(c),
+    "kill_spark_jvm": lambda c, db, local: harness.kill_spark_jvm(c),
+    "terminate_copies": lambda c, db, local: _terminate(local, db, FOLLOWERS, "the followers' backends"),
+    "terminate_leader": lambda c, db, local: _terminate(local, db, LEADER, "the exported snapshot's holder")}
 RESTARTS = {"kill_run", "kill_spark_jvm"}  # the faults after which a new snapshot job starts
 
 
@@ -87,17 +95,27 @@ def _copying(local, stale: str | None) -> str | None:
 
 
 def _position(local) -> tuple[str | None, int]:
-    """The current snapshot job's snapshot LSN and the ranges it finished ((None, 0): none)."""
+    """The current snapshot job's snapshot LSN and its progress: ranges finished plus tables
+    committed ((None, 0): no job yet)."""
     document = observe.snapshot_document(local)
     if document is None:
         return None, 0
-    return document["snapshotLsn"], sum(t["rangesDone"] for t in document["tables"])
+    return document["snapshotLsn"], sum(t["rangesDone"] + (t["state"] == "committed")
+                                        for t in document["tables"])
 
 
 def _moved_on(local, at: tuple[str | None, int]) -> bool:
-    """The snapshot job finished a range since ``at`` (under the same snapshot, or a new one)."""
+    """The snapshot job finished a range or committed a table since ``at`` (under the same
+    snapshot, or a new one): a fault while the last range's table commits leaves only the commit."""
     lsn, done = _position(local)
     return done > at[1] if lsn == at[0] else done > 0
+
+
+def _all_ranges_done(local) -> bool:
+    """The current snapshot job has no range left to copy (it commits, or it finished)."""
+    document = observe.snapshot_document(local)
+    return document is not None and (document["state"] != "running" or all(
+        t["rangesDone"] >= t["rangesTotal"] for t in document["tables"] if t["state"] == "copying"))
 
 
 @pytest.mark.timeout(900)
@@ -128,7 +146,7 @@ def test_faults_while_the_snapshot_copies_lose_and_duplicate_nothing(restartable
                                f"round {number} ({kind}): a snapshot copying; {replay}",
                                deadline=DEADLINE_S)
                 time.sleep(rng.uniform(0, MAX_DELAY_S))  # where in the copy it lands (its parameter)
-                what = FAULTS[kind](context, db)
+                what = FAULTS[kind](context, db, local)
                 print(f"round {number}: {what} at {time.monotonic() - started:.0f} s")
                 stale = job if kind in RESTARTS else None
                 if kind not in RESTARTS:  # the same job rides it out: it must copy on before the next
