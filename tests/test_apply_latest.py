@@ -134,10 +134,13 @@ def _latest(stream: list[Change], config: TableConfig, partitions: int):
     compact = pa.Table.from_batches(list(keys._compact(
         rows, pa.array([0] * len(rows), pa.int32()), pa.array(range(len(rows)), pa.int64()), 0)),
         schema=latest.COMPACT)
-    part = [zlib.crc32(k.encode()) % partitions for k in compact["key"].to_pylist()]
+    # a shuffle delivers a partition's rows in any order: Group must not depend on it
+    shuffled = compact.take(pa.array(random.Random(len(stream)).sample(range(len(compact)),
+                                                                        len(compact))))
+    part = [zlib.crc32(k.encode()) % partitions for k in shuffled["key"].to_pylist()]
     decided = pa.Table.from_batches(
         [b for p in range(partitions) for b in latest.Group()(
-            iter(compact.filter(pa.array([x == p for x in part])).to_batches()))],
+            iter(shuffled.filter(pa.array([x == p for x in part])).to_batches()))],
         schema=latest.DECIDED).sort_by([("unit", "ascending"), ("row", "ascending")])
     chosen = decided.filter(pc.equal(decided["kind"], "W"))
     kept: set[int] = set()

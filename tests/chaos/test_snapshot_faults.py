@@ -16,7 +16,9 @@ after a seeded delay of up to :data:`MAX_DELAY_S`. ``LAKESLOT_SNAPSHOT_FAULT_ROU
 ``pg_terminate_backend`` of the followers' backends (the ranges' COPY sessions), and of the leader
 (the session holding the exported snapshot and its temporary slot). After a fault the same job
 must ride out (the two terminations), it must finish another range or commit a table before the
-next fault, so that each fault's recovery is seen, not masked by the next kill. A termination of
+next fault, so that each fault's recovery is seen, not masked by the next kill (a fault that
+strikes after the last table committed leaves nothing for the rounds after: they are reported not
+injected, and the test goes on to its checks). A termination of
 the followers that lands after the copy's last range (the delay can outlast a short copy on a busy
 machine) finds nobody to end: the round prints "missed" rather than waiting for backends that
 will not come; a termination of the leader while the last table commits leaves only the commit.
@@ -84,14 +86,20 @@ FAULTS: dict[str, Callable[[harness.Context, Database, config.Local], str]] = {
 RESTARTS = {"kill_run", "kill_spark_jvm"}  # the faults after which a new snapshot job starts
 
 
-def _copying(local, stale: str | None) -> str | None:
-    """The id of the snapshot job copying now (its progress document says so), unless it is
-    ``stale`` (a killed run's document stays "running")."""
+def _copying(local, stale: str | None) -> tuple[str, bool] | None:
+    """The snapshot job now — its id, and whether it is still copying — once its progress
+    document says it copies or every table is committed (False: nothing is left to copy, even
+    when the job was killed after its last commit, so no new one comes); a ``stale`` job (a
+    killed run's document stays "running") copies no more."""
     document = observe.snapshot_document(local)
-    if (document is None or document["job"] == stale or document["state"] != "running"
-            or not any(t["state"] == "copying" for t in document["tables"])):
+    if document is None:
         return None
-    return document["job"]
+    if all(t["state"] in ("committed", "skipped") for t in document["tables"]):
+        return document["job"], False
+    if (document["job"] != stale and document["state"] == "running"
+            and any(t["state"] == "copying" for t in document["tables"])):
+        return document["job"], True
+    return None
 
 
 def _position(local) -> tuple[str | None, int]:
@@ -142,9 +150,14 @@ def test_faults_while_the_snapshot_copies_lose_and_duplicate_nothing(restartable
         try:
             supervisor.start()
             for number, kind in enumerate(order, 1):
-                job = wait_for(lambda: _copying(local, stale) if supervisor.ensure_running() else None,  # noqa: B023
-                               f"round {number} ({kind}): a snapshot copying; {replay}",
-                               deadline=DEADLINE_S)
+                found = wait_for(
+                    lambda: _copying(local, stale) if supervisor.ensure_running() else None,  # noqa: B023
+                    f"round {number} ({kind}): a snapshot copying; {replay}", deadline=DEADLINE_S)
+                assert found is not None  # (for mypy: wait_for returns a truthy value or fails)
+                job, copying = found
+                if not copying:  # the last fault struck after the last commit: nothing left to hit
+                    print(f"round {number}: not injected, the snapshot finished after round {number - 1}")
+                    break
                 time.sleep(rng.uniform(0, MAX_DELAY_S))  # where in the copy it lands (its parameter)
                 what = FAULTS[kind](context, db, local)
                 print(f"round {number}: {what} at {time.monotonic() - started:.0f} s")
