@@ -334,11 +334,10 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
         if decided.filter(F.col("kind") == "S").count():  # (no Python: the JVM counts)
             picked = pointers("S").mapInArrow(_Picked(router, units), from_arrow_schema(ROUTED))
             frame = frame.unionByName(_folded(picked, partitions, folder))
-    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    frame, notes = persisted(frame)
     found = {c.table: TableReduced() for c in configs}
     first: dict[TableName, dict[tuple[int, int], tuple[int, int]]] = {c.table: {} for c in configs}
-    for row in frame.filter(F.col("kind").isin("X", "R", "L")).select(
-            "t", "kind", "lsn", "seq", "info").collect():
+    for row in notes:
         config = configs[row["t"]]
         reduced = found[config.table]
         info = json.loads(row["info"]) if row["info"] else {}
@@ -371,6 +370,15 @@ def _folded(routed: DataFrame, partitions: int, folder: _Folder) -> DataFrame:
     """Routed changes shuffled to their key's partition and folded there in commit order."""
     return (routed.repartition(partitions, "part").sortWithinPartitions("t", "lsn", "seq", "role")
             .mapInArrow(folder, from_arrow_schema(REDUCED)))
+
+
+def persisted(frame: DataFrame) -> tuple[DataFrame, list]:
+    """``frame`` (:data:`REDUCED` rows) persisted until the pass ends, and its ``X``, ``R`` and
+    ``L`` rows (t, kind, lsn, seq, info), which compute it: the plan of every reduce (the
+    apply job's warm-up runs it too, :mod:`lakeslot.apply.warmup`)."""
+    frame = frame.persist(StorageLevel.MEMORY_AND_DISK)
+    return frame, frame.filter(F.col("kind").isin("X", "R", "L")).select(
+        "t", "kind", "lsn", "seq", "info").collect()
 
 
 def warm_up(spark) -> None:

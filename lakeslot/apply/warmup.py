@@ -11,9 +11,9 @@ the maintenance before it). :func:`warm_up` pays it before the first pass instea
 1. the executors' Python workers are started with lakeslot's executor modules imported, and
    the routing values of :mod:`lakeslot.apply.spread` are learned;
 2. in local mode (executors share the driver's file system): :data:`ROUNDS` MERGEs through the
-   apply path's own plan — reduced rows made by a Python task and persisted, asked for their
-   ``X``/``R``/``L`` rows as a reduce is (:func:`_reduced`), then its own functions
-   (:func:`lakeslot.apply.merge.typed_source`, ``merge_sql``,
+   apply path's own plan — reduced rows made by a Python task, persisted and asked for their
+   ``X``/``R``/``L`` rows by the reduce's :func:`lakeslot.apply.spread.persisted` — and its own
+   functions (:func:`lakeslot.apply.merge.typed_source`, ``merge_sql``,
    :meth:`lakeslot.mirror.catalog.Tables.commit_sql`) on a scratch table of the common column
    types, in a hadoop catalog of its own (:data:`CATALOG`) under a temporary directory, then
    the compaction their delete files call for, by :class:`lakeslot.mirror.maintenance.Maintainer`
@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -151,16 +150,13 @@ def _scratch_work(spark, directory: str | Path | None) -> tuple[int, bool]:
 
 def _reduced(spark, round_: int) -> DataFrame:
     """:data:`lakeslot.apply.spread.REDUCED` ``F`` rows for the scratch table, made by a Python
-    task and persisted, then asked for their ``X``/``R``/``L`` rows — the plan of a real
-    reduce (:func:`lakeslot.apply.spread.reduce`), whose code Spark generates and compiles on
-    its first run (the first pass after a warm-up without it reduced in 0.8-0.9 s, the next
-    ones in 0.25 s). Each round updates half the previous round's keys, deletes a tenth of
-    them and inserts new ones."""
-    first = round_ * ROWS // 2
-    frame = (latest.slices(spark, 1).mapInArrow(_Reduced(first, round_ * ROWS),
-                                                 from_arrow_schema(spread.REDUCED))
-             .persist(StorageLevel.MEMORY_AND_DISK))
-    frame.filter(F.col("kind").isin("X", "R", "L")).select("t", "kind", "lsn", "seq", "info").collect()
+    task, persisted and asked for their ``X``/``R``/``L`` rows by
+    :func:`lakeslot.apply.spread.persisted` — the plan of a real reduce, whose code Spark
+    generates and compiles on its first run (the first pass after a warm-up without it reduced
+    in 0.8-0.9 s, the next ones in 0.25 s). Each round updates half the previous round's keys,
+    deletes a tenth of them and inserts new ones."""
+    frame, _ = spread.persisted(latest.slices(spark, 1).mapInArrow(
+        _Reduced(round_ * ROWS // 2, round_ * ROWS), from_arrow_schema(spread.REDUCED)))
     return frame
 
 
@@ -173,10 +169,10 @@ class _Reduced:
 
     def __call__(self, ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for _ in ids:  # (one slice)
-            ids = range(self.first, self.first + ROWS)
+            keys = range(self.first, self.first + ROWS)
             yield pa.RecordBatch.from_pydict({
                 "t": [0] * ROWS, "kind": ["F"] * ROWS, "lsn": [self.lsn + n for n in range(ROWS)],
-                "seq": [0] * ROWS, "op": ["D" if n % 10 == 3 else "U" for n in ids],
-                "values": [[t.replace("{n}", str(n)) for _, _, _, t in COLUMNS] for n in ids],
+                "seq": [0] * ROWS, "op": ["D" if n % 10 == 3 else "U" for n in keys],
+                "values": [[t.replace("{n}", str(n)) for _, _, _, t in COLUMNS] for n in keys],
                 "flags": ["v" * len(COLUMNS)] * ROWS, "source": [None] * ROWS,
                 "info": [None] * ROWS}, schema=spread.REDUCED)
