@@ -7,7 +7,6 @@ handler has run. The emulator also rejects invalid custom resources like a real 
 
 import json
 import threading
-import time
 from typing import Any
 
 import kopf
@@ -83,6 +82,7 @@ def ready_gadget(client: kubernetes.client.CustomObjectsApi, name: str) -> dict[
 def test_operator_reconciles_and_finalizes(kube, client):
     registry = kopf.OperatorRegistry()
     deletion_allowed = threading.Event()
+    deleting = threading.Event()  # the on.delete handler is running (and holds the finalizer)
     deleted: list[str] = []
 
     @kopf.on.create(GROUP, VERSION, PLURAL, registry=registry)
@@ -92,6 +92,7 @@ def test_operator_reconciles_and_finalizes(kube, client):
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, registry=registry)
     def delete_fn(name, **_):
+        deleting.set()
         if not deletion_allowed.wait(DEADLINE):
             raise kopf.PermanentError('the test never allowed the deletion')
         deleted.append(name)
@@ -108,7 +109,8 @@ def test_operator_reconciles_and_finalizes(kube, client):
         client.delete_namespaced_custom_object(GROUP, VERSION, 'default', PLURAL, 'g1')
         terminating = read_gadget(client, 'g1')
         assert terminating is not None and terminating['metadata']['deletionTimestamp']
-        time.sleep(0.5)  # the blocked on.delete handler holds the finalizer: the object must stay
+        assert deleting.wait(DEADLINE), 'the on.delete handler never ran'
+        # the handler runs and has not returned: its finalizer keeps the object
         assert read_gadget(client, 'g1') is not None and deleted == []
 
         deletion_allowed.set()

@@ -8,7 +8,7 @@ sets the children's status, so ingestions stay in Snapshotting — enough for th
 
 from __future__ import annotations
 
-import time
+from datetime import UTC, datetime
 
 import kubernetes.client
 import pytest
@@ -25,8 +25,16 @@ from tests.support.waiting import wait_for
 CUSTOM = env.CUSTOM
 
 
-def _operator(kube, api):
-    registry = build_registry(Context(kube=Kube(api)), timer_interval=1.0, login_via_client=False)
+def _operator(kube, api, reconciles: list | None = None):
+    """The operator, its timer every second; ``reconciles`` (when given) gets an entry at each
+    reconcile it runs (the one call of ``Context.now`` a reconcile makes)."""
+    def now() -> datetime:
+        if reconciles is not None:
+            reconciles.append(1)
+        return datetime.now(UTC)
+
+    registry = build_registry(Context(kube=Kube(api), now=now), timer_interval=1.0,
+                              login_via_client=False)
     return running_operator(kube, registry)
 
 
@@ -107,8 +115,9 @@ def test_an_operator_restart_converges_without_duplicate_children(kube, api, pgd
         env.create_ingestion(api, document, pgdb.cluster.password)
         wait_for(lambda: env.spark_applications(api), "the snapshot application")
     before = {**env.deployments(api), **env.spark_applications(api)}
-    with _operator(kube, api):
-        time.sleep(3)  # several timer rounds of the new operator
+    reconciles: list[int] = []
+    with _operator(kube, api, reconciles):
+        wait_for(lambda: len(reconciles) >= 3, "three reconciles of the new operator")
         after = {**env.deployments(api), **env.spark_applications(api)}
     assert set(after) == set(before) and len(after) == 2
     assert {n: o["metadata"]["uid"] for n, o in after.items()} == \
