@@ -73,14 +73,18 @@ def build_session(
 
 
 def job_session(job: JobInput, app_name: str, *, master: str | None = None) -> SparkSession:
-    """The session of a Spark job: spark-submit's (the SparkApplication carries the Iceberg conf)
-    or, with ``master``, a local one built from ``sink.catalog``; either way with the catalog's
+    """The session of a Spark job: spark-submit's (the SparkApplication carries the Iceberg conf
+    and ``spec.spark.sparkConf``) or, with ``master``, a local one built from ``sink.catalog``
+    with ``spec.spark.sparkConf`` on top of the local defaults (the keys lakeslot sets itself are
+    refused by the spec's validation, so they cannot be overridden); either way with the catalog's
     Secret-backed properties set from the environment."""
-    catalog = job.ingestion.spec.sink.catalog
+    spec = job.ingestion.spec
+    catalog = spec.sink.catalog
     if master is None:
         spark = SparkSession.builder.appName(app_name).getOrCreate()
     else:
-        spark = build_session(catalog, app_name=app_name, master=master)
+        spark = build_session(catalog, app_name=app_name, master=master,
+                              extra_conf=spec.spark.spark_conf)
     set_catalog_secrets(spark, catalog, job.catalog_secrets())
     return spark
 

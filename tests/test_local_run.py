@@ -9,11 +9,14 @@ import os
 import signal
 import subprocess
 
+import pyarrow.parquet as pq
 import pytest
+import yaml
 from psycopg import sql
 
 from lakeslot.local import observe, state
 from lakeslot.local.tree import alive, descendants
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.source.tables import TableName
 from lakeslot.verify import checksums
 from tests.support import local_support as ls
@@ -64,11 +67,36 @@ def _assert_equal(document_path, db, tables) -> None:
     assert all(c.source_rows > 0 for c in checks)
 
 
+def _assert_codec(path, db, state_dir, tables, codec: str) -> None:
+    """Every file Spark wrote into the mirrors — the apply job's data and delete files, not the
+    snapshot's, which its workers write themselves (``lakeslot-…``) — is compressed with
+    ``codec`` (read with pyiceberg and pyarrow)."""
+    local = ls.local(path, db, state_dir)
+    warehouse = local.job.ingestion.spec.sink.catalog.warehouse
+    assert warehouse is not None  # (a hadoop catalog)
+    written = []
+    for table in tables:
+        mirror = load_hadoop_table(warehouse, local.job.names.mirror_identifier(table))
+        assert mirror is not None, table
+        for task in mirror.scan().plan_files():
+            written += [f.file_path for f in (task.file, *task.delete_files)
+                        if not f.file_path.rsplit("/", 1)[-1].startswith("lakeslot-")]
+    assert written, "the workload's changes were applied: Spark wrote files"
+    for file in written:
+        metadata = pq.ParquetFile(file.removeprefix("file:")).metadata
+        assert {metadata.row_group(g).column(c).compression
+                for g in range(metadata.num_row_groups)
+                for c in range(metadata.num_columns)} == {codec}, file
+
+
 @pytest.mark.slow
 def test_run_once_under_a_concurrent_workload_then_resume_equals_the_source(source, tmp_path):
     db, tables = source
     path, state_dir, log = tmp_path / "ingestion.yaml", tmp_path / "state", tmp_path / "run.log"
-    ls.write_ingestion(path, db, tables, tmp_path)
+    document = ls.write_ingestion(path, db, tables, tmp_path)
+    # spec.spark.sparkConf reaches the local Spark session too (seen in the files it writes)
+    document["spec"]["spark"] = {"sparkConf": {"spark.sql.iceberg.compression-codec": "gzip"}}
+    path.write_text(yaml.safe_dump(document, allow_unicode=True))
     workload = _workload(db, tables)
     _run_once(path, db, state_dir, log)  # snapshot and streaming while the workload writes
     assert "caught up" in log.read_text()
@@ -76,6 +104,7 @@ def test_run_once_under_a_concurrent_workload_then_resume_equals_the_source(sour
     assert transactions > 0
     _run_once(path, db, state_dir, log)  # a restart resumes exactly and catches up
     _assert_equal(path, db, tables)
+    _assert_codec(path, db, state_dir, tables, "GZIP")
     assert ls.temporary_slots(db) == []
     assert db.cluster.password not in log.read_text()
 
