@@ -89,6 +89,28 @@ def job_session(job: JobInput, app_name: str, *, master: str | None = None) -> S
     return spark
 
 
+def iceberg_actions(spark: SparkSession):
+    """Iceberg's Spark actions (``SparkActions``) on ``spark``; run them with :func:`execute`."""
+    return _jvm(spark).org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
+
+
+def _jvm(spark: SparkSession):
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None  # set while the SparkContext runs (spark is a live session)
+    return jvm
+
+
+def execute(spark: SparkSession, action):
+    """``action.execute()`` (an Iceberg Spark action) with ``spark`` the active session of the
+    calling JVM thread. Iceberg's rewrite reads each file group on a thread that inherits the
+    caller's active session, through a catalog it registers in that session's conf: on a JVM
+    thread without one — seen now and then on the apply job's thread, whose session was set
+    once when the job started — every compaction failed with "Catalog 'default_cache_iceberg'
+    plugin class not found" for as long as that lasted."""
+    _jvm(spark).org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+    return action.execute()
+
+
 def with_commit_properties(spark: SparkSession, properties: Mapping[str, str], action: Callable[[], T]) -> T:
     """Run ``action`` inside Iceberg's ``CommitMetadata.withCommitProperties``: its commits carry ``properties``.
 
@@ -108,8 +130,7 @@ def with_commit_properties(spark: SparkSession, properties: Mapping[str, str], a
         class Java:
             implements: ClassVar[list[str]] = ["java.util.concurrent.Callable"]
 
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None  # set while the SparkContext runs (spark is a live session)
+    jvm = _jvm(spark)
     props = jvm.java.util.HashMap()
     for key, value in properties.items():
         props.put(key, value)

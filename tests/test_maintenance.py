@@ -309,3 +309,34 @@ def test_orphan_files_older_than_the_age_are_removed_a_day_after_the_first_compa
     assert later is not None and "compacted (" in later and "1 orphan files removed" in later, later
     assert not old.exists() and young.exists()
     assert_mirror_equals_source(pipeline, spark_warehouse, MAIN)
+
+
+def test_a_compaction_runs_from_a_thread_without_an_active_spark_session(spark, iceberg_namespace):
+    """Regression: the apply job's thread sometimes had no active Spark session, and every
+    compaction then failed ("Catalog 'default_cache_iceberg' plugin class not found"): Iceberg's
+    rewrite registers that catalog in the active session's conf. Here a thread clears it first."""
+    table = f"{iceberg_namespace}.messy"
+    spark.sql(f"CREATE TABLE {table} (id bigint, v string) USING iceberg TBLPROPERTIES ("
+              "'format-version' = '2', 'write.delete.mode' = 'merge-on-read')")
+    spark.sql(f"INSERT INTO {table} SELECT id, 'x' FROM range(100)")
+    spark.sql(f"DELETE FROM {table} WHERE id < 10")
+    java_table = spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+        spark._jsparkSession, table)
+    outcome: list[str | None | BaseException] = []
+
+    def compact() -> None:
+        spark._jvm.org.apache.spark.sql.SparkSession.clearActiveSession()
+        try:
+            outcome.append(maintenance.Maintainer(spark, SPEC).maintain(java_table, table,
+                                                                        idle=True))
+        except BaseException as e:  # noqa: BLE001 - handed to the assertion below
+            outcome.append(e)
+
+    thread = threading.Thread(target=compact)
+    thread.start()
+    thread.join()
+    assert len(outcome) == 1 and isinstance(outcome[0], str), outcome
+    assert "compacted (idle with 1 delete files)" in outcome[0]
+    assert spark.sql(f"SELECT count(*) FROM {table}").first()[0] == 90
+    assert spark.sql(f"SELECT summary['total-delete-files'] FROM {table}.snapshots "
+                     "ORDER BY committed_at DESC LIMIT 1").first()[0] == "0"

@@ -59,7 +59,7 @@ from lakeslot.mirror.contract import (
     MAINTENANCE_SUMMARY,
     ORPHANS_AT_PROPERTY,
 )
-from lakeslot.spark_session import error_summary
+from lakeslot.spark_session import error_summary, execute, iceberg_actions
 
 log = logging.getLogger(__name__)
 DELETED_ROWS_RATIO = 0.2  # compact once position deletes exceed this share of the live rows
@@ -153,9 +153,8 @@ class Maintainer:
     """Runs due maintenance on mirror tables through Iceberg's Spark actions (py4j)."""
 
     def __init__(self, spark, spec: MaintenanceSpec) -> None:
-        self._jvm, self.spec = spark._jvm, spec
-        self._actions = spark._jvm.org.apache.iceberg.spark.actions.SparkActions.get(
-            spark._jsparkSession)
+        self._spark, self._jvm, self.spec = spark, spark._jvm, spec
+        self._actions = iceberg_actions(spark)
 
     def maintain(self, table, name: str, *, now: float | None = None,
                  idle: bool = False) -> str | None:
@@ -205,10 +204,11 @@ class Maintainer:
         over, then the manifests if there are many. New files take a new sequence number (not the
         starting one): nothing commits deletes concurrently, and so the old delete files no
         longer apply to anything."""
-        result = (self._tagged(self._actions.rewriteDataFiles(table), lsn, "compaction")
-                  .option("delete-file-threshold", "1")
-                  .option("use-starting-sequence-number", "false")
-                  .option("remove-dangling-deletes", "true").execute())
+        result = execute(self._spark, self._tagged(
+            self._actions.rewriteDataFiles(table), lsn, "compaction")
+            .option("delete-file-threshold", "1")
+            .option("use-starting-sequence-number", "false")
+            .option("remove-dangling-deletes", "true"))
         text = (f"compacted ({why}): {result.rewrittenDataFilesCount()} data files rewritten "
                 f"into {result.addedDataFilesCount()}")
         removed = result.removedDeleteFilesCount() + self._drop_dangling_deletes(table, lsn)
@@ -216,8 +216,8 @@ class Maintainer:
         table.refresh()
         manifests = table.currentSnapshot().allManifests(table.io()).size()
         if manifests > MANIFESTS_PER_SNAPSHOT:
-            rewritten = self._tagged(self._actions.rewriteManifests(table), lsn,
-                                     "manifests").execute()
+            rewritten = execute(self._spark, self._tagged(self._actions.rewriteManifests(table),
+                                                          lsn, "manifests"))
             text += (f", {_size(rewritten.rewrittenManifests())} manifests rewritten "
                      f"into {_size(rewritten.addedManifests())}")
         return text
@@ -262,7 +262,8 @@ class Maintainer:
 
     def _remove_orphans(self, table, now: float) -> str:
         older_than = int((now - self.spec.orphan_file_age_hours * 3600) * 1000)
-        result = self._actions.deleteOrphanFiles(table).olderThan(older_than).execute()
+        result = execute(self._spark,
+                         self._actions.deleteOrphanFiles(table).olderThan(older_than))
         return f"{_size(result.orphanFileLocations())} orphan files removed"
 
     def _record(self, table, outcome: str, at: float, took: float, *,

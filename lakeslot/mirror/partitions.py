@@ -38,6 +38,7 @@ from collections.abc import Collection, Sequence
 
 from lakeslot.api.partitioning import PartitionField
 from lakeslot.mirror.contract import LSN_PROPERTY, MAINTENANCE_SUMMARY, PARTITION_PROPERTY
+from lakeslot.spark_session import execute, iceberg_actions
 
 
 def spec_text(fields: Sequence[PartitionField]) -> str:
@@ -128,9 +129,8 @@ def lay_out(spark, table, lsn: int | None) -> int:
         tasks.close()
     if not outdated:
         return 0
-    actions = spark._jvm.org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
-    action = (actions.rewriteDataFiles(table).option("rewrite-all", "true")
+    action = (iceberg_actions(spark).rewriteDataFiles(table).option("rewrite-all", "true")
               .snapshotProperty(MAINTENANCE_SUMMARY, "partitioning"))
     if lsn is not None:
         action = action.snapshotProperty(LSN_PROPERTY, str(lsn))
-    return action.execute().rewrittenDataFilesCount()
+    return execute(spark, action).rewrittenDataFilesCount()
