@@ -23,7 +23,9 @@ p50 of the first and the last third (lag bounded: the last third must not be far
 first), the time to drain after the writer stops, whether the mirror equals the source at the
 end (every column of every row, read with pyiceberg), where an apply pass spends its time
 (seconds per step, averaged over the passes) and the three slowest passes while the writer ran
-(when they ended, their steps: what the tail is made of). The apply job warms up before its first pass
+(when they ended, their steps: what the tail is made of), and how the passes line up with the
+seals (:mod:`lakeslot.cadence`: the median time after a point of the seal grid of the segment
+files' times and of the passes' starts). The apply job warms up before its first pass
 (:mod:`lakeslot.apply.warmup`); the writer starts once the mirror exists, i.e. after it.
 Numbers, not assertions (targets: p50 ≤ 2 s, p99 ≤ 5 s, never above p50 5 s / p99 15 s; lag
 bounded).
@@ -42,11 +44,12 @@ import time
 from pathlib import Path
 
 from bench import common
-from lakeslot import workloads
+from lakeslot import cadence, workloads
 from lakeslot.apply import job as apply_job
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.source.connection import one_row
 from lakeslot.spark_session import job_session
+from lakeslot.staging.store import Staging
 
 TABLE = common.TABLE
 
@@ -151,6 +154,7 @@ def main() -> None:
             source = one_row(conn.execute("SELECT count(*) FROM bench"))[0]
         equal = common.mirror_equals_source(cluster, warehouse)
         spark.stop()
+        sealed = [t for _, t in Staging(staging).listing() if t is not None]
 
     duration = records[-1][1] - records[0][1]
     q = statistics.quantiles(latencies, n=100)
@@ -174,6 +178,15 @@ def main() -> None:
         f"at {at - records[0][1]:.1f} s {sum(steps.values()):.2f} s (" + ", ".join(
             f"{step} {seconds:.2f}" for step, seconds in steps.items() if seconds >= 0.05) + ")"
         for at, steps in slowest))
+    def after_grid(times: list[float]) -> str:
+        """The median time after the seal grid's last point (lakeslot.cadence), in ms."""
+        period = args.segment_seconds
+        phases = [(t + cadence.EARLY_S) % period - cadence.EARLY_S for t in times]
+        return f"{statistics.median(phases) * 1000:.0f} ms" if phases else "-"
+
+    print(f"alignment (lakeslot.cadence): seals' file times {after_grid(sealed)} after a grid "
+          f"point of {args.segment_seconds} s (median), passes started "
+          f"{after_grid([at - sum(steps.values()) for at, steps in during])} after one")
     if args.rate <= 600:
         floor = q[49] <= 5 and q[98] <= 15 and equal
         target = q[49] <= 2 and q[98] <= 5 and equal

@@ -86,8 +86,8 @@ from pyiceberg.types import LongType, NestedField, StringType
 from pyspark.errors.exceptions.captured import PythonException
 from pyspark.sql import functions as F
 
+from lakeslot import cadence, typemap
 from lakeslot import lsn as lsn_text
-from lakeslot import typemap
 from lakeslot.api.partitioning import PartitionSpecError
 from lakeslot.apply import changes, columns, ddl, merge, spread, warmup
 from lakeslot.apply.changes import TableError
@@ -245,18 +245,20 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
         on_pass: Callable[[PassResult], None] | None = None) -> ApplyResult:
     """Apply staged changes to ``job.tables`` (see the module docstring). ``once``: passes until
     everything sealed when it started is applied, then return; otherwise until ``stop`` is set,
-    a pass starting every ``spec.apply.triggerIntervalSeconds`` (at once after a longer one).
+    a pass starting every ``spec.apply.triggerIntervalSeconds`` (at once after a longer one),
+    just after the reader's seals when the interval allows (:mod:`lakeslot.cadence`).
     ``on_pass`` is given each pass's outcome as it ends (benchmarks time passes with it).
     Returns the last pass's outcome."""
     applier = Applier(spark, job, hooks or Hooks(), max_segments, max_attempts, environ,
                       expire_interval_s)
+    interval = job.ingestion.spec.apply.trigger_interval_seconds
     stop = stop or threading.Event()
     result = ApplyResult()
     try:
         if not once:
             warmup.warm_up(spark)
         while True:
-            started = time.monotonic()
+            started = time.time()
             result.last = applier.run_pass()
             result.passes += 1
             result.steps = applier.totals.seconds  # (every pass of this run: the applier's)
@@ -264,9 +266,10 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
                 on_pass(result.last)
             if stop.is_set() or (once and not result.last.capped):
                 return result
-            if not result.last.capped:  # passes start every interval; a long one is followed at once
-                stop.wait(max(0.0, job.ingestion.spec.apply.trigger_interval_seconds
-                              - (time.monotonic() - started)))
+            if not result.last.capped:  # passes start every interval, on the seals' grid
+                # (lakeslot.cadence); a long one is followed at once
+                stop.wait(max(0.0, cadence.next_start(started, interval, applier.lag.period,
+                                                      applier.lag.seconds) - time.time()))
     finally:
         applier.close()
 
@@ -300,6 +303,9 @@ class Applier:
         self._events: list[ddl_capture.DdlEvent] = []
         self.steps = Steps()  # this pass's
         self.totals = Totals()
+        interval = spec.apply.trigger_interval_seconds
+        self.lag = cadence.Lag(spec.reader.seal_seconds(interval))  # passes behind the seals
+        self._seen_end: int | None = None  # the furthest segment end a listing showed
 
     def close(self) -> None:
         if self._conn is not None:
@@ -344,7 +350,7 @@ class Applier:
                     states[table] = prepared
                 else:
                     outcomes[table] = prepared
-        staged = self.staging.list()
+        staged = self._list_staging()
         for table, state in list(states.items()):
             position = _position(state)
             if staged and position > 0 and position + 1 < staged[0].start:
@@ -391,6 +397,16 @@ class Applier:
         with steps("status"):
             self._write_status(result)
         return result
+
+    def _list_staging(self) -> list[SegmentName]:
+        """The sealed segments; when those new since the last listing were sealed feeds the
+        passes' lag behind the seals (:mod:`lakeslot.cadence`)."""
+        listing = self.staging.listing()
+        seen = self._seen_end
+        self.lag.observe(t for name, t in listing
+                         if t is not None and (seen is None or name.end > seen))
+        self._seen_end = max((name.end for name, _ in listing), default=seen)
+        return [name for name, _ in listing]
 
     def _attempt(self, table: TableName, action: Callable[[], T]) -> T | TableOutcome:
         """``action`` with retries for transient errors; definite errors are recorded."""

@@ -17,7 +17,8 @@ Invariants (DESIGN.md rules 4–6):
 - A keepalive's ``walEnd`` moves ``pending_end`` only while no transaction is open; ``durable``
   moves only when a segment is sealed, so everything below it is in staging.
 - A segment is sealed only between transactions, when it holds ``segment_max_bytes`` of pgoutput
-  data, is ``segment_max_seconds`` old (and ``pending_end`` moved), or ``stop_at`` is reached.
+  data, at the wall clock's next multiple of ``segment_max_seconds`` after it opened (and
+  ``pending_end`` moved: :mod:`lakeslot.cadence`), or when ``stop_at`` is reached.
 - Stopping (SIGTERM): between transactions the open segment is sealed; inside one it is aborted
   (its temporary file removed: no half-written segment becomes visible). Then a final feedback.
 - Relation messages always replace the cached description; when one differs, the rows received
@@ -39,6 +40,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from lakeslot import cadence
 from lakeslot import lsn as lsn_text
 from lakeslot.reader import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SEGMENT_MAX_SECONDS, pgoutput
 from lakeslot.reader.metrics import Metrics
@@ -197,8 +199,7 @@ class Stream:
             self.check_health()
         if self.on_progress is not None:
             self.on_progress(self.durable, sealed=False)
-        self._next_tick = min(now + TICK_S, self._next_feedback, self._next_health,
-                              self.segment_opened + self.settings.segment_max_seconds)
+        self._next_tick = min(now + TICK_S, self._next_feedback, self._next_health, self.seal_at)
         return False
 
     def _between_transactions(self, now: float) -> bool:
@@ -207,7 +208,7 @@ class Stream:
         stop = s.stop_at is not None and self.pending_end >= s.stop_at
         moved = self.pending_end > self.durable
         if moved and (stop or self.segment_bytes + self.batch.nbytes >= s.segment_max_bytes
-                      or now - self.segment_opened >= s.segment_max_seconds):
+                      or now >= self.seal_at):
             self._seal(now)
         return stop
 
@@ -227,7 +228,9 @@ class Stream:
     def _open_segment(self, now: float) -> None:
         self.segment = SegmentWriter(self.staging, self.durable, self.source)
         self.segment_bytes = 0
-        self.segment_opened = now
+        # sealed (when WAL moved) at the wall clock's next multiple of the seal period, when the
+        # apply job looks (lakeslot.cadence)
+        self.seal_at = now + cadence.until_grid(time.time(), self.settings.segment_max_seconds)
 
     def _write_batch(self) -> None:
         self.segment_bytes += self.batch.nbytes

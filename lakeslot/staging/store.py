@@ -68,7 +68,14 @@ class Staging:
 
     def list(self) -> list[SegmentName]:
         """Every sealed segment, ordered by (start, end)."""
-        return sorted(n for n in (SegmentName.parse(f.base_name) for f in self._files()) if n)
+        return [name for name, _ in self.listing()]
+
+    def listing(self) -> builtins.list[tuple[SegmentName, float | None]]:
+        """Every sealed segment, ordered by (start, end), with when its file was last modified
+        (Unix seconds, None when the filesystem does not say): one listing request."""
+        found = ((SegmentName.parse(f.base_name), f.mtime) for f in self._files())
+        return sorted(((name, None if mtime is None else mtime.timestamp())
+                       for name, mtime in found if name), key=lambda item: item[0])
 
     def resume_point(self) -> SegmentName | None:
         """The sealed segment that reaches furthest: a reader resumes at its end."""
