@@ -100,14 +100,21 @@ def _jvm(spark: SparkSession):
     return jvm
 
 
-def execute(spark: SparkSession, action):
-    """``action.execute()`` (an Iceberg Spark action) with ``spark`` the active session of the
-    calling JVM thread. Iceberg's rewrite reads each file group on a thread that inherits the
-    caller's active session, through a catalog it registers in that session's conf: on a JVM
-    thread without one — seen now and then on the apply job's thread, whose session was set
-    once when the job started — every compaction failed with "Catalog 'default_cache_iceberg'
-    plugin class not found" for as long as that lasted."""
+def make_active(spark: SparkSession) -> None:
+    """Make ``spark`` the active session of the calling JVM thread. Spark resolves catalogs
+    through the active session's conf: on a JVM thread without one (a Python thread other than
+    the one that built the session; and now and then the apply job's own thread, whose session
+    it had set) loading a catalog fails ("spark.sql.catalog.<name> is not defined")."""
     _jvm(spark).org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+
+
+def execute(spark: SparkSession, action):
+    """``action.execute()`` (an Iceberg Spark action) with ``spark`` active (:func:`make_active`).
+    Iceberg's rewrite reads each file group on a thread that inherits the caller's active
+    session, through a catalog it registers in that session's conf: without one, every
+    compaction failed with "Catalog 'default_cache_iceberg' plugin class not found" for as long
+    as that lasted (seen in the apply job)."""
+    make_active(spark)
     return action.execute()
 
 

@@ -107,7 +107,7 @@ from lakeslot.source import ddl_capture, facts, keys
 from lakeslot.source.columns import DescribeError, TypeCache, describe
 from lakeslot.source.connection import application_name, connect
 from lakeslot.source.tables import TableName, existing
-from lakeslot.spark_session import error_summary
+from lakeslot.spark_session import error_summary, make_active
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.relations import Column, Relation
 from lakeslot.staging.store import Staging
@@ -279,9 +279,7 @@ class Applier:
                  environ=None, expire_interval_s: float = EXPIRE_INTERVAL_S) -> None:
         spec = job.ingestion.spec
         self.spark, self.job, self.spec, self.hooks = spark, job, spec, hooks
-        # On a thread other than the one that built the session, the JVM thread has no active
-        # session and loading the catalog fails ("spark.sql.catalog.<name> is not defined").
-        spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+        make_active(spark)  # (again at every pass: the JVM thread may lose it)
         self.max_segments, self.max_attempts = max_segments, max_attempts
         self.tables = Tables(spark, spec.sink.catalog.name, spec.sink.namespace)
         self.staging = Staging(spec.staging.uri)
@@ -337,6 +335,7 @@ class Applier:
     # a pass ----------------------------------------------------------------------------------
 
     def run_pass(self) -> PassResult:
+        make_active(self.spark)
         self.tables.ensure_namespace(self.spec.sink.namespace)
         self._facts, self._defaults, self._capture, self._events = None, {}, None, []
         self._unique, self._replayed = {}, set()

@@ -547,9 +547,9 @@ class _Session:
         def in_session() -> object:
             # SQL conf (the Iceberg catalog) is the JVM thread's active session's: a new
             # thread has none until it is set.
-            jvm = spark._jvm
-            assert jvm is not None  # set for as long as the session runs
-            jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+            from lakeslot.spark_session import make_active
+
+            make_active(spark)
             return target()
 
         worker = _Worker(name, in_session)
