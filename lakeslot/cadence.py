@@ -24,7 +24,10 @@ Invariants:
   late to seal raises it, so a pass does not start just before the seal it waits for.
 
 Failure modes: hosts whose clocks disagree (no NTP) put seals and passes at an arbitrary phase
-again: freshness is then what it is without alignment, never wrong.
+again: freshness is then what it is without alignment, never wrong. A wall clock stepped back
+or forth moves the grid: the next seal comes at most a seal period after its segment opened
+(the reader's deadline runs on the monotonic clock), the next pass at most an interval and a
+period after the last one (:func:`wait`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,13 @@ def next_start(previous: float, interval: float, period: float, lag: float) -> f
         return previous + interval
     target = previous + interval - lag
     return round(target / period) * period + lag
+
+
+def wait(previous: float, interval: float, period: float, lag: float, now: float) -> float:
+    """Seconds from the wall time ``now`` until :func:`next_start`: 0 when it has passed (a pass
+    that ran longer is followed at once), and never more than an interval and a seal period
+    (a wall clock stepped back, e.g. by NTP, does not stop the passes)."""
+    return min(interval + period, max(0.0, next_start(previous, interval, period, lag) - now))
 
 
 class Lag:

@@ -44,6 +44,13 @@ def test_an_interval_that_is_no_multiple_of_the_seal_period_is_kept_unaligned():
     assert cadence.next_start(1000.31, 45, 10, 0.02) == pytest.approx(1045.31)
 
 
+def test_the_wait_for_the_next_pass_is_bounded_whatever_the_wall_clock_does():
+    assert cadence.wait(1000.05, 1, 0.5, 0.05, now=1000.95) == pytest.approx(0.1)
+    assert cadence.wait(1000.05, 1, 0.5, 0.05, now=1001.40) == 0.0  # a long pass: at once
+    assert cadence.wait(1000.05, 1, 0.5, 0.05, now=1000.05 - 3600) == 1.5  # stepped back an hour
+    assert cadence.wait(1000.05, 1, 0.5, 0.05, now=1000.05 + 3600) == 0.0  # stepped forth
+
+
 def test_the_lag_follows_the_slow_seals_but_not_a_few_off_the_grid():
     lag = cadence.Lag(0.5)
     assert lag.seconds == cadence.LAG_DEFAULT_S  # nothing seen yet

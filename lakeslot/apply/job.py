@@ -268,8 +268,8 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
                 return result
             if not result.last.capped:  # passes start every interval, on the seals' grid
                 # (lakeslot.cadence); a long one is followed at once
-                stop.wait(max(0.0, cadence.next_start(started, interval, applier.lag.period,
-                                                      applier.lag.seconds) - time.time()))
+                stop.wait(cadence.wait(started, interval, applier.lag.period,
+                                       applier.lag.seconds, time.time()))
     finally:
         applier.close()
 
