@@ -399,11 +399,12 @@ class Applier:
 
     def _list_staging(self) -> list[SegmentName]:
         """The sealed segments; when those new since the last listing were sealed feeds the
-        passes' lag behind the seals (:mod:`lakeslot.cadence`)."""
+        passes' lag behind the seals (:mod:`lakeslot.cadence`) — not those of the job's first
+        listing, which may have been sealed long before, by size or by an older reader."""
         listing = self.staging.listing()
         seen = self._seen_end
-        self.lag.observe(t for name, t in listing
-                         if t is not None and (seen is None or name.end > seen))
+        if seen is not None:
+            self.lag.observe(t for name, t in listing if t is not None and name.end > seen)
         self._seen_end = max((name.end for name, _ in listing), default=seen)
         return [name for name, _ in listing]
 
