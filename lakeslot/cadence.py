@@ -15,10 +15,10 @@ Invariants:
   the seal period, as before; only a segment opened by a size- or stop-triggered seal between
   two grid points is shorter.
 - A pass starts at the grid point nearest the trigger interval after the previous start, plus the
-  lag, when the interval is a whole multiple of the seal period (the defaults are: the seal
-  period is half the interval, or 10 s from a 20 s interval) — so passes keep the interval —,
-  else the interval after the previous start as before; a pass that ran longer is followed at
-  once.
+  lag, when the interval is a whole multiple of the seal period (with the default seal period —
+  half the interval, at most 10 s — every interval up to 20 s is, and every multiple of 10 s) —
+  so passes keep the interval —, else the interval after the previous start as before; a pass
+  that ran longer is followed at once.
 - The lag follows what the apply job sees (:class:`Lag`): how long after its grid point each new
   segment's file was last modified, per its listing (no extra request). Slow storage or a reader
   late to seal raises it, so a pass does not start just before the seal it waits for.
@@ -74,8 +74,8 @@ def wait(previous: float, interval: float, period: float, lag: float, now: float
 class Lag:
     """How long after its grid point a seal becomes visible to the apply job's listing: of the
     last :data:`LAG_SEALS` seals the fifth-slowest (a seal by size or at a stop is off the grid:
-    a few may be; fewer seals, fewer ignored) plus a margin. A file time
-    up to :data:`EARLY_S` before a grid point counts as a seal right at it."""
+    a few may be; fewer seals, fewer ignored) plus a margin. A file time up to :data:`EARLY_S`
+    before a grid point counts as a seal right at it."""
 
     def __init__(self, period: float) -> None:
         self.period = period

@@ -588,10 +588,11 @@ class ReaderSpec(ApiModel):
     segment_max_seconds: float | None = optional(
         "Seal the open change segment at the wall clock's next multiple of this period (once WAL "
         "moved), so the apply job can see it: freshness is at least this. When "
-        "apply.triggerIntervalSeconds is a multiple of it (as with the defaults), the apply job "
-        "starts its passes just after these seals (with the reader's and the apply job's clocks "
-        "in sync, e.g. NTP). Default: half of apply.triggerIntervalSeconds, between 0.5 and 10 s "
-        "(no more segments than the apply job has passes; an idle source seals none).",
+        "apply.triggerIntervalSeconds is a multiple of it (with the default, any interval up to "
+        "20 s and any multiple of 10 s), the apply job starts its passes just after these seals "
+        "(with the reader's and the apply job's clocks in sync, e.g. NTP). Default: half of "
+        "apply.triggerIntervalSeconds, between 0.5 and 10 s (no more segments than the apply job "
+        "has passes; an idle source seals none).",
         ge=0.1,
         le=3600,
     )
