@@ -178,15 +178,14 @@ def main() -> None:
         f"at {at - records[0][1]:.1f} s {sum(steps.values()):.2f} s (" + ", ".join(
             f"{step} {seconds:.2f}" for step, seconds in steps.items() if seconds >= 0.05) + ")"
         for at, steps in slowest))
-    def after_grid(times: list[float]) -> str:
+    def median_after_grid(times: list[float]) -> str:
         """The median time after the seal grid's last point (lakeslot.cadence), in ms."""
-        period = args.segment_seconds
-        phases = [(t + cadence.EARLY_S) % period - cadence.EARLY_S for t in times]
+        phases = [cadence.after_grid(t, args.segment_seconds) for t in times]
         return f"{statistics.median(phases) * 1000:.0f} ms" if phases else "-"
 
-    print(f"alignment (lakeslot.cadence): seals' file times {after_grid(sealed)} after a grid "
+    print(f"alignment (lakeslot.cadence): seals' file times {median_after_grid(sealed)} after a grid "
           f"point of {args.segment_seconds} s (median), passes started "
-          f"{after_grid([at - sum(steps.values()) for at, steps in during])} after one")
+          f"{median_after_grid([at - sum(steps.values()) for at, steps in during])} after one")
     if args.rate <= 600:
         floor = q[49] <= 5 and q[98] <= 15 and equal
         target = q[49] <= 2 and q[98] <= 5 and equal

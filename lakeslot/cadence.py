@@ -49,6 +49,13 @@ def until_grid(wall: float, period: float) -> float:
     return period - math.fmod(wall, period) if period > 0 else 0.0
 
 
+def after_grid(wall: float, period: float) -> float:
+    """Seconds from the grid point (a multiple of ``period``) a seal at the wall time ``wall``
+    followed: in [-:data:`EARLY_S`, ``period`` - :data:`EARLY_S`) — a file time a little before
+    a grid point is a seal right at it."""
+    return math.fmod(wall + EARLY_S, period) - EARLY_S
+
+
 def aligned(interval: float, period: float) -> bool:
     """Whether passes every ``interval`` can follow seals every ``period``: a whole multiple."""
     return period > 0 and abs(interval / period - round(interval / period)) < 1e-6
@@ -84,7 +91,7 @@ class Lag:
     def observe(self, modified: Iterable[float]) -> None:
         """The last-modified times (Unix seconds) of segments sealed since the last listing."""
         if self.period > 0:
-            self._delays.extend(math.fmod(t + EARLY_S, self.period) - EARLY_S for t in modified)
+            self._delays.extend(after_grid(t, self.period) for t in modified)
 
     @property
     def seconds(self) -> float:
