@@ -251,7 +251,6 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
     Returns the last pass's outcome."""
     applier = Applier(spark, job, hooks or Hooks(), max_segments, max_attempts, environ,
                       expire_interval_s)
-    interval = job.ingestion.spec.apply.trigger_interval_seconds
     stop = stop or threading.Event()
     result = ApplyResult()
     try:
@@ -268,8 +267,7 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
                 return result
             if not result.last.capped:  # passes start every interval, on the seals' grid
                 # (lakeslot.cadence); a long one is followed at once
-                stop.wait(cadence.wait(started, interval, applier.lag.period,
-                                       applier.lag.seconds, time.time()))
+                stop.wait(applier.until_next_pass(started))
     finally:
         applier.close()
 
@@ -301,8 +299,8 @@ class Applier:
         self._events: list[ddl_capture.DdlEvent] = []
         self.steps = Steps()  # this pass's
         self.totals = Totals()
-        interval = spec.apply.trigger_interval_seconds
-        self.lag = cadence.Lag(spec.reader.seal_seconds(interval))  # passes behind the seals
+        self.interval = spec.apply.trigger_interval_seconds
+        self.lag = cadence.Lag(spec.reader.seal_seconds(self.interval))  # passes behind the seals
         self._seen_end: int | None = None  # the furthest segment end a listing showed
 
     def close(self) -> None:
@@ -396,6 +394,11 @@ class Applier:
         with steps("status"):
             self._write_status(result)
         return result
+
+    def until_next_pass(self, started: float) -> float:
+        """Seconds until the pass after one that started at the wall time ``started``, just after
+        a seal when the interval allows (:func:`lakeslot.cadence.wait`)."""
+        return cadence.wait(started, self.interval, self.lag.period, self.lag.seconds, time.time())
 
     def _list_staging(self) -> list[SegmentName]:
         """The sealed segments; when those new since the last listing were sealed feeds the
