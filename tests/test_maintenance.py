@@ -24,7 +24,6 @@ from lakeslot.mirror.contract import (
     LSN_PROPERTY,
     MAINTENANCE_AT_PROPERTY,
     MAINTENANCE_SUMMARY,
-    MERGE_MODE_SWITCHED_PROPERTY,
     ORPHANS_AT_PROPERTY,
 )
 from lakeslot.mirror.maintenance import Health, Record, due
@@ -118,35 +117,6 @@ def test_the_record_survives_on_the_table_and_nonsense_reads_as_never():
     assert Record.of({"lakeslot.last-maintenance-at": "12.5",
                       "lakeslot.last-maintenance-seconds": "2.250"}) == Record(12.5, took=2.25)
     assert Record.of({"lakeslot.last-maintenance-seconds": "nan"}).took == 0.0
-
-
-def test_a_pass_that_would_make_its_table_due_is_written_copy_on_write():
-    """Rows a MERGE replaces that would reach the deleted-rows threshold by themselves: the MERGE
-    rewrites the files (copy-on-write) instead of writing deletes a compaction then rewrites."""
-    asked = []
-
-    def records(n: int):
-        def read() -> int:
-            asked.append(n)
-            return n
-        return read
-
-    def mode(own: str = "merge-on-read", spec: MaintenanceSpec = SPEC, *, pinned: bool = False,
-             replaced: int = 0, truncated: bool = False, rows: int = 100_000) -> str:
-        return maintenance.merge_mode(own, spec, pinned=pinned, replaced=replaced,
-                                      truncated=truncated, records=records(rows))
-
-    assert mode(replaced=20_000) == "copy-on-write"  # 20% of 100k rows, ≥ 10,000
-    assert mode(replaced=19_999) == "merge-on-read"
-    assert mode(replaced=9_999, rows=10_000) == "merge-on-read"  # fewer than DELETED_ROWS_MIN
-    assert asked == [100_000, 100_000]  # the table is read only when the pass replaces enough
-    assert mode(truncated=True, rows=10_000) == "copy-on-write"  # a TRUNCATE replaces every row
-    assert mode(truncated=True, rows=9_999) == "merge-on-read"
-    # never against the user's choice, or where maintenance (which would compact) is off
-    assert mode(replaced=90_000, pinned=True) == "merge-on-read"
-    assert mode("copy-on-write", replaced=10) == "copy-on-write"
-    assert mode(replaced=90_000, spec=SPEC.model_copy(update={"enabled": False})) == \
-        "merge-on-read"
 
 
 @pytest.fixture
@@ -370,65 +340,3 @@ def test_a_compaction_runs_from_a_thread_without_an_active_spark_session(spark, 
     assert spark.sql(f"SELECT count(*) FROM {table}").first()[0] == 90
     assert spark.sql(f"SELECT summary['total-delete-files'] FROM {table}.snapshots "
                      "ORDER BY committed_at DESC LIMIT 1").first()[0] == "0"
-
-
-def test_a_pass_replacing_a_fifth_of_the_mirror_rewrites_its_files_and_leaves_no_deletes(
-        pipeline, spark_warehouse):
-    """A bulk UPDATE of every row (most leave their TOASTed value unchanged: taken from the
-    mirror) among ordinary changes: its MERGE commits no delete file — copy-on-write — and
-    the table's own mode is back afterwards; a small pass writes merge-on-read again, also after
-    a pass that died while the mode was switched."""
-    rows = maintenance.DELETED_ROWS_MIN + 2_000
-    with pipeline.pgdb.connect() as conn:
-        conn.execute(sql.SQL(
-            "INSERT INTO {} (id, \"select\", amount, big) SELECT 1000 + i, 'row ' || i, i, "
-            "repeat('x', 10) FROM generate_series(1, %s) i").format(MAIN.sql()), (rows,))
-    pipeline.start_slot()
-    pipeline.snapshot()
-
-    def merge_mode() -> tuple:
-        loaded = load_hadoop_table(spark_warehouse.as_uri(),
-                                   pipeline.job_input().names.mirror_identifier(MAIN))
-        assert loaded is not None
-        return (loaded.properties.get("write.merge.mode"),
-                loaded.properties.get(MERGE_MODE_SWITCHED_PROPERTY))
-
-    def merged(before: int) -> list:
-        """The MERGE commits since snapshot sequence number ``before`` (not maintenance's)."""
-        return [s for s in _snapshots(spark_warehouse, pipeline, MAIN)
-                if s.sequence_number > before and s.summary.get(MAINTENANCE_SUMMARY) is None
-                and s.summary.operation.value != "append"]
-
-    with pipeline.pgdb.connect() as conn:
-        workload = Workload(conn, random.Random(8))
-        before = _snapshots(spark_warehouse, pipeline, MAIN)[-1].sequence_number
-        with conn.transaction():
-            conn.execute(sql.SQL("UPDATE {} SET amount = amount + 1").format(MAIN.sql()))
-        workload.run(6)
-        pipeline.seal()
-        assert pipeline.apply().ok
-        bulk = merged(before)
-        assert bulk, [s.summary for s in _snapshots(spark_warehouse, pipeline, MAIN)]
-        for commit in bulk:
-            assert commit.summary.get("added-delete-files") is None, commit.summary
-            assert commit.summary.get("added-position-deletes") is None, commit.summary
-        assert int(bulk[0].summary.get("deleted-data-files") or 0) >= 1  # files rewritten
-        assert merge_mode() == ("merge-on-read", None)
-        assert_mirror_equals_source(pipeline, spark_warehouse, MAIN)
-
-        # a pass that died while switched left copy-on-write and the mode to go back to
-        pipeline.spark.sql(f"ALTER TABLE {pipeline.target(MAIN)} SET TBLPROPERTIES "
-                           f" ('write.merge.mode' = 'copy-on-write', "
-                           f"'{MERGE_MODE_SWITCHED_PROPERTY}' = 'merge-on-read')")
-        before = _snapshots(spark_warehouse, pipeline, MAIN)[-1].sequence_number
-        with conn.transaction():
-            conn.execute(sql.SQL("UPDATE {} SET amount = -amount WHERE id > 1000 AND id <= 1100"
-                                 ).format(MAIN.sql()))
-        pipeline.seal()
-        assert pipeline.apply().ok
-        small = merged(before)
-        assert small and int(small[0].summary.get("added-position-deletes") or 0) == 100, \
-            small[0].summary if small else None
-        assert merge_mode() == ("merge-on-read", None)
-    assert_mirror_equals_source(pipeline, spark_warehouse, MAIN)
-    assert_mirror_equals_source(pipeline, spark_warehouse, KEYLESS)

@@ -92,11 +92,10 @@ from lakeslot.api.partitioning import PartitionSpecError
 from lakeslot.apply import changes, columns, ddl, merge, spread, warmup
 from lakeslot.apply.changes import TableError
 from lakeslot.mirror import maintenance
-from lakeslot.mirror.catalog import Tables, TableState, own_merge_mode
+from lakeslot.mirror.catalog import Tables, TableState
 from lakeslot.mirror.contract import (
     BACKFILL_PROPERTY,
     LSN_COLUMN,
-    MERGE_MODE,
     OP_COLUMN,
     SCHEMA_CHANGE_PROPERTY,
     SEQ_COLUMN,
@@ -590,24 +589,13 @@ class Applier:
                     self._duplicate(table, state, tuple(held[0]), "in this batch, and the mirror "
                                     "already holds a row with that key")
             self.hooks("before-merge", table)
-            mode = self._merge_mode(target, state, mine.replaced, bool(scanned.truncates))
-            with self.steps("merge"), self.tables.merge_mode(target, state.properties, mode):
+            with self.steps("merge"):
                 self.tables.commit_sql(target, merge.merge_sql(source, qualified,
                                                                bool(scanned.truncates)), lsn)
         finally:
             merge.drop(self.spark, source)
         self.hooks("after-merge", table)
         return TableOutcome(table, target, "applied", lsn, changes=scanned.changes, ddl=applied)
-
-    def _merge_mode(self, target: str, state: TableState, replaced: int, truncated: bool) -> str:
-        """How this pass's MERGE is written (:func:`lakeslot.mirror.maintenance.merge_mode`)."""
-        def records() -> int:
-            current = self.tables.iceberg_table(target).currentSnapshot()
-            return 0 if current is None else maintenance.Health.of(dict(current.summary())).records
-        return maintenance.merge_mode(
-            own_merge_mode(state.properties), self.spec.sink.maintenance,
-            pinned=MERGE_MODE in self.spec.sink.table_properties, replaced=replaced,
-            truncated=truncated, records=records)
 
     def _source_view(self, table: TableName, state: TableState, target: str, rows,
                      keeps: frozenset[int], relations: list[Relation],

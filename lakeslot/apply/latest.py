@@ -350,24 +350,20 @@ class Winners:
         staging = Staging(self.staging_uri, create=False)
         keeps: dict[int, set[int]] = {}
         first: dict[int, int] = {}
-        replaced: dict[int, int] = {}  # F rows with op U or D
         for chosen, rows, _ in pointed(staging, self.units, pointers, CHANGE_COLUMNS):
             t = chosen["t"].to_numpy()
             for table in np.unique(t).tolist():
                 mine = pa.array(t == table)
                 kept = keeps.setdefault(table, set())
-                lsn, op = chosen["lsn"].filter(mine), chosen["op"].filter(mine)
-                replaced[table] = replaced.get(table, 0) + len(op) - pc.sum(
-                    pc.equal(op, "I")).as_py()
+                lsn = chosen["lsn"].filter(mine)
                 first[table] = min(first.get(table, NOTHING), pc.min(lsn).as_py())
-                yield self._finals(table, rows.filter(mine), op, lsn, kept)
+                yield self._finals(table, rows.filter(mine), chosen["op"].filter(mine), lsn, kept)
         for table, kept in keeps.items():
             layout = self.layouts[table]
             assert layout is not None  # only covered tables have W pointers
             yield pa.RecordBatch.from_pylist([{
                 "t": table, "kind": "L", "lsn": 0, "seq": 0, "info": _info(
-                    [[layout.gid, 0, first[table], 0]], sorted(kept), replaced[table])}],
-                schema=self.schema)
+                    [[layout.gid, 0, first[table], 0]], sorted(kept))}], schema=self.schema)
 
     def _finals(self, table: int, rows: pa.Table, op: pa.Array, lsn: pa.Array, kept: set[int]
                 ) -> pa.RecordBatch:
@@ -425,6 +421,5 @@ def _lists(columns: Sequence[pa.Array]) -> pa.Array:
                                     type=pa.list_(pa.large_string()))
 
 
-def _info(relations: list, keeps: list[int], replaced: int) -> str:
-    return json.dumps({"relations": relations, "keeps": keeps, "event_keeps": [],
-                       "replaced": replaced})
+def _info(relations: list, keeps: list[int]) -> str:
+    return json.dumps({"relations": relations, "keeps": keeps, "event_keeps": []})

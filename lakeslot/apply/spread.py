@@ -242,7 +242,6 @@ class TableReduced:
     relations: list[Relation] = field(default_factory=list)  # in order of first use
     keeps: frozenset[int] = frozenset()  # columns with values kept from the mirror (F rows)
     event_keeps: frozenset[int] = frozenset()  # ... in E rows
-    replaced: int = 0  # F rows of keys the mirror should hold (op U or D): the rows a MERGE replaces
     problem: Problem | None = None
     redo: bool = False
 
@@ -357,7 +356,6 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
                 uses[(gid, epoch)] = min(uses.get((gid, epoch), (lsn, seq)), (lsn, seq))
             reduced.keeps |= frozenset(info["keeps"])
             reduced.event_keeps |= frozenset(info["event_keeps"])
-            reduced.replaced += info["replaced"]
     for config in configs:
         uses = first[config.table]
         found[config.table].relations = list(dict.fromkeys(
@@ -637,8 +635,7 @@ class _Fold:
             yield from out.events(self.reducer.events)
         yield out.single("L", 0, 0, {
             "relations": [[g, e, lsn, seq] for (g, e), (lsn, seq) in self.uses.items()],
-            "keeps": sorted(out.keeps), "event_keeps": sorted(out.event_keeps),
-            "replaced": out.replaced})
+            "keeps": sorted(out.keeps), "event_keeps": sorted(out.event_keeps)})
 
 
 def _rows(batch: pa.RecordBatch):
@@ -658,7 +655,6 @@ class _Output:
         self.t, self.config = t, config
         self.keeps: set[int] = set()
         self.event_keeps: set[int] = set()
-        self.replaced = 0  # F rows with op U or D
 
     def single(self, kind: str, lsn: int, seq: int, info: dict | None) -> pa.RecordBatch:
         return pa.RecordBatch.from_pydict({
@@ -677,11 +673,9 @@ class _Output:
                         values[position] = value
                     flags = "".join("v" if v is not None else "n" for v in values)
                     rows.append((final.lsn, 0, "D", values, flags, None))
-                    self.replaced += 1
                     continue
                 values, flags = self._image(final.image, self.keeps)
                 op = "I" if final.fresh else "U"
-                self.replaced += op == "U"
                 rows.append((final.lsn, 0, op, values, flags, final.image.source))
             yield self._batch("F", rows)
 

@@ -27,10 +27,6 @@ Invariants:
   with a default holds that value in every existing row without any change being logged: the
   same commit that adds it records the value in ``lakeslot.backfill`` (:meth:`Tables.evolve`);
   the apply job fills the existing rows and then removes the marker.
-- A MERGE written in another mode than the table's own (:meth:`Tables.merge_mode`) switches
-  ``write.merge.mode`` for the statement and back, metadata commits without a snapshot; while
-  switched, the table records its own mode (``MERGE_MODE_SWITCHED_PROPERTY``), so the next pass
-  restores it when a pass died in between (:func:`own_merge_mode`).
 - A definite error of the apply job is recorded on the table itself (:meth:`Tables.record_error`,
   see :mod:`lakeslot.mirror.contract` for when it is in force).
 - Tables are re-read (``refresh``) before every decision: another job (a re-snapshot) may have
@@ -44,10 +40,9 @@ makes Iceberg retry or fail; catalog and Spark errors surface as ``py4j`` errors
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pyiceberg.schema import Schema
@@ -57,14 +52,11 @@ from lakeslot.api.partitioning import PartitionField, PartitionSpecError, type_p
 from lakeslot.mirror import partitions
 from lakeslot.mirror.contract import (
     BACKFILL_PROPERTY,
-    COPY_ON_WRITE,
     ERROR_LSN_PROPERTY,
     ERROR_PROPERTY,
     GENERATION_PROPERTY,
     LSN_PROPERTY,
     MAX_SNAPSHOT_AGE_PROPERTY,
-    MERGE_MODE,
-    MERGE_MODE_SWITCHED_PROPERTY,
     OWN_COLUMNS,
     PARTITION_PROPERTY,
     RESNAPSHOT_AUTOMATIC,
@@ -95,12 +87,6 @@ class MirrorState:
     generation: int | None = None  # the snapshot generation, None when never snapshotted
     has_data: bool = False
     snapshot_lsn: int | None = None  # lakeslot.snapshot-lsn: where the last snapshot was taken
-
-
-def own_merge_mode(properties: Mapping[str, str]) -> str:
-    """A table's own ``write.merge.mode`` (Iceberg's default: copy-on-write), also while a pass
-    has it switched (:meth:`Tables.merge_mode`)."""
-    return properties.get(MERGE_MODE_SWITCHED_PROPERTY) or properties.get(MERGE_MODE, COPY_ON_WRITE)
 
 
 class Catalog:
@@ -410,22 +396,6 @@ class Tables(Catalog):
             older = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=default_age_s)
             expire = expire.expireOlderThan(int(older.timestamp() * 1000))
         expire.commit()
-
-    @contextlib.contextmanager
-    def merge_mode(self, table: str, properties: Mapping[str, str], mode: str) -> Iterator[None]:
-        """``write.merge.mode`` is ``mode`` for the statements run inside (``properties``: the
-        table's, as loaded for the pass); then the table's own again (see the module
-        docstring)."""
-        own = own_merge_mode(properties)
-        if mode != own:
-            self.set_properties(table, {MERGE_MODE: mode, MERGE_MODE_SWITCHED_PROPERTY: own})
-        elif MERGE_MODE_SWITCHED_PROPERTY in properties:  # a pass died while switched
-            self.set_properties(table, {MERGE_MODE: own}, (MERGE_MODE_SWITCHED_PROPERTY,))
-        try:
-            yield
-        finally:
-            if mode != own:
-                self.set_properties(table, {MERGE_MODE: own}, (MERGE_MODE_SWITCHED_PROPERTY,))
 
     def commit_sql(self, table: str, statement: str, lsn: int) -> None:
         """Run a SQL statement that commits to ``table``, its commit tagged ``lakeslot.lsn``;

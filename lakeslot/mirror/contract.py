@@ -10,9 +10,7 @@ Invariants:
   columns' attnums and partitions as of the snapshot, updated when the apply job adds columns);
   :data:`BACKFILL_PROPERTY` by the apply job in the commit that adds a
   column with a default; :data:`PARTITION_PROPERTY` (the table's ``partitionBy``, canonical) in
-  every commit that sets the partition spec from it; :data:`MERGE_MODE_SWITCHED_PROPERTY` while a
-  pass's MERGE is written in another mode than the table's own (the mode to go back to, so the
-  next pass restores it if that pass died in between); the error properties by the apply job when
+  every commit that sets the partition spec from it; the error properties by the apply job when
   it stops a table — the error is in force only while the table's position equals
   :data:`ERROR_LSN_PROPERTY` (:func:`apply_error`), so a re-snapshot, which moves the position,
   lifts it.
@@ -45,7 +43,6 @@ MAINTENANCE_AT_PROPERTY = "lakeslot.last-maintenance-at"  # ... when it ran (Uni
 MAINTENANCE_SECONDS_PROPERTY = "lakeslot.last-maintenance-seconds"  # ... how long it took
 ORPHANS_AT_PROPERTY = "lakeslot.last-orphan-removal-at"  # when orphan files were last removed
 PARTITION_PROPERTY = "lakeslot.partition-by"  # the partitionBy the mirror's spec was last set to
-MERGE_MODE_SWITCHED_PROPERTY = "lakeslot.merge-mode-switched-from"  # the table's own merge mode
 RESNAPSHOT_AUTOMATIC = "automatic"  # lakeslot copies the table again by itself (onSchemaChange)
 
 # columns
@@ -58,14 +55,11 @@ OWN_COLUMNS = (LSN_COLUMN, OP_COLUMN, SEQ_COLUMN)
 # metadata file would stay forever. Merge-on-read: a MERGE writes the changed rows and position
 # deletes instead of rewriting every data file a change touches, so its cost follows the changes,
 # not the table (bench/apply_throughput.py --merge-mode); the apply job's maintenance
-# (lakeslot.mirror.maintenance) compacts what it leaves behind, and writes a pass that would make
-# the table due for compaction by itself copy-on-write (maintenance.merge_mode).
-# ``sink.tableProperties`` override them (a write.merge.mode set there is never switched).
-MERGE_MODE = "write.merge.mode"
-MERGE_ON_READ, COPY_ON_WRITE = "merge-on-read", "copy-on-write"
+# (lakeslot.mirror.maintenance) compacts what it leaves behind. ``sink.tableProperties`` override
+# them.
 TABLE_DEFAULTS = {"write.metadata.delete-after-commit.enabled": "true",
                   "write.metadata.previous-versions-max": "100",
-                  MERGE_MODE: MERGE_ON_READ,
+                  "write.merge.mode": "merge-on-read",
                   "write.update.mode": "merge-on-read",
                   "write.delete.mode": "merge-on-read"}
 

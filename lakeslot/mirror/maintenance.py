@@ -26,15 +26,6 @@ Invariants:
   by default), so there is nothing to delete yet, and a look lists the table's location — the
   first compaction of a 36k-row mirror took 2.6–3.1 s with it, later ones 0.7–0.8 s, and the
   pass waiting behind it set the freshness tail.
-- **A pass that would make its table due writes it compacted instead.** When the rows a pass's
-  MERGE replaces (updates and deletes of keys the mirror holds; every row after a TRUNCATE) reach
-  the deleted-rows threshold by themselves, the MERGE is written copy-on-write
-  (:func:`merge_mode`): it rewrites the files it touches once, where merge-on-read would write
-  position deletes for them and the compaction that follows would rewrite the same files —
-  measured (``bench/apply_throughput.py``, 1M-row table, 777k keys): a copy-on-write MERGE of
-  5.1 s against merge-on-read's 4.7 s plus a 2.4 s compaction, and readers never see the debris.
-  Only for tables whose own mode is merge-on-read, and never when ``sink.tableProperties`` sets
-  ``write.merge.mode``: that choice is the user's.
 - What is due is decided by :func:`due` (pure) from the current snapshot's summary totals, and
   when maintenance last ran and how long it took, recorded on the table with its outcome (table
   properties: no snapshot, the position is untouched), so a restarted job does not compact again
@@ -55,19 +46,17 @@ import datetime as dt
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lakeslot.api.models import MaintenanceSpec
 from lakeslot.mirror.catalog import position_of
 from lakeslot.mirror.contract import (
-    COPY_ON_WRITE,
     LSN_PROPERTY,
     MAINTENANCE_AT_PROPERTY,
     MAINTENANCE_PROPERTY,
     MAINTENANCE_SECONDS_PROPERTY,
     MAINTENANCE_SUMMARY,
-    MERGE_ON_READ,
     ORPHANS_AT_PROPERTY,
 )
 from lakeslot.spark_session import error_summary, execute, iceberg_actions
@@ -158,23 +147,6 @@ def due(health: Health, last: Record, spec: MaintenanceSpec, target_file_bytes: 
     orphans = (bool(reasons) and spec.orphan_file_age_hours > 0
                and math.isfinite(last.orphans_at) and now - last.orphans_at >= ORPHAN_INTERVAL_S)
     return Due(", ".join(reasons), orphans)
-
-
-def merge_mode(own: str, spec: MaintenanceSpec, *, pinned: bool, replaced: int, truncated: bool,
-               records: Callable[[], int]) -> str:
-    """The write mode of a pass's MERGE into a table whose own ``write.merge.mode`` is ``own``
-    (``pinned``: set by ``sink.tableProperties``): copy-on-write when the rows it replaces —
-    ``replaced`` updates and deletes, or every row after a TRUNCATE — would by themselves make
-    the table due for compaction (:func:`due`'s deleted rows; see the module docstring);
-    ``records`` (the table's :attr:`Health.records`, a catalog read) is asked only when the pass
-    replaces that many rows at all."""
-    if own != MERGE_ON_READ or pinned or not spec.enabled:
-        return own
-    if not truncated and replaced < DELETED_ROWS_MIN:
-        return own
-    rows = records()
-    replaced = rows if truncated else replaced
-    return COPY_ON_WRITE if replaced >= max(DELETED_ROWS_MIN, DELETED_ROWS_RATIO * rows) else own
 
 
 class Maintainer:
