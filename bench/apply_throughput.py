@@ -211,8 +211,8 @@ def _modes(spark, mirror: str) -> list[str]:
     modes = []
     for row in spark.sql(f"SELECT summary FROM {mirror}.snapshots ORDER BY committed_at").collect():
         summary = row.summary
-        if summary.get("lakeslot.maintenance") or "deleted-data-files" not in summary and \
-                "added-delete-files" not in summary:
+        if summary.get("lakeslot.maintenance") or (
+                "deleted-data-files" not in summary and "added-delete-files" not in summary):
             continue  # snapshot, maintenance, appends
         modes.append("merge-on-read" if "added-delete-files" in summary else "copy-on-write")
     return modes
