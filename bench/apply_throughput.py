@@ -25,9 +25,9 @@ inserts, 10% deletes, in transactions of 1,000 changes — and measures, in the 
   its position deletes behind.
 
 Before the bare MERGE, the mirror is compared with the source, every column of every row
-(pyiceberg, independent of the apply code). Printed: the figures, how the apply job's MERGEs were
-written, and the ratios apply ÷ reader and apply ÷ bare MERGE (the faster of the two modes; also
-until the last change was visible, and against copy-on-write alone).
+(pyiceberg, independent of the apply code). Printed: the figures and the ratios apply ÷ reader and
+apply ÷ bare MERGE (the faster of the two modes; also until the last change was visible, and
+against copy-on-write alone).
 Numbers, not assertions (targets in the README's performance table).
 """
 
@@ -167,7 +167,6 @@ def main() -> None:
         every = [*common.COLUMNS, "_lakeslot_lsn"]
         sets = ", ".join(f"t.{c} = s.{c}" for c in every[1:])
         mirror = "lakeslot.bench.public__bench"
-        written_as = _modes(spark, mirror)
         bare: dict[str, float] = {}
         own = spark.sql(f"SHOW TBLPROPERTIES {mirror} ('write.merge.mode')").collect()[0][1]
         for mode in ("copy-on-write", "merge-on-read"):  # (the first leaves the table clean)
@@ -195,7 +194,6 @@ def main() -> None:
     print(f"        {visible_s:6.1f} s  {written / visible_s:9,.0f} changes/s  until the last change "
           "was visible (the rest: maintenance the passes triggered)")
     print("apply steps: " + ", ".join(f"{k} {v:.1f} s" for k, v in getattr(result, "steps", {}).items()))
-    print(f"apply's MERGE written {', '.join(written_as)}")
     print(f"bare MERGE {bare['copy-on-write']:6.1f} s copy-on-write (no delete file left: the end "
           f"state of a compacted table), {bare['merge-on-read']:.1f} s merge-on-read (its position "
           f"deletes left behind), for {len(keys):,} keys")
@@ -203,19 +201,6 @@ def main() -> None:
     print(f"apply ÷ reader {reader_s / apply_s:.2f}   apply ÷ bare MERGE {best / apply_s:.2f} "
           f"({best / visible_s:.2f} until visible), against the faster of the two; against "
           f"copy-on-write {bare['copy-on-write'] / apply_s:.2f}   mirror equal to source: {equal}")
-
-
-def _modes(spark, mirror: str) -> list[str]:
-    """How the apply job's MERGE commits were written: merge-on-read when they added delete
-    files, copy-on-write when they only replaced data files."""
-    modes = []
-    for row in spark.sql(f"SELECT summary FROM {mirror}.snapshots ORDER BY committed_at").collect():
-        summary = row.summary
-        if summary.get("lakeslot.maintenance") or (
-                "deleted-data-files" not in summary and "added-delete-files" not in summary):
-            continue  # snapshot, maintenance, appends
-        modes.append("merge-on-read" if "added-delete-files" in summary else "copy-on-write")
-    return modes
 
 
 if __name__ == "__main__":
