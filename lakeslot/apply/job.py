@@ -97,10 +97,13 @@ from lakeslot.mirror.contract import (
     BACKFILL_PROPERTY,
     LSN_COLUMN,
     OP_COLUMN,
+    OWNER_PROPERTY,
     SCHEMA_CHANGE_PROPERTY,
     SEQ_COLUMN,
     SOURCE_FACTS_PROPERTY,
     history_age_s,
+    ownership,
+    ownership_problem,
     table_properties,
 )
 from lakeslot.source import ddl_capture, facts, keys
@@ -477,6 +480,16 @@ class Applier:
             self._create(table, target)
             state = self.tables.load(target)
             assert state is not None  # _create just created it
+        owner, source = self.job.names.owner, str(table)
+        foreign = ownership_problem(state.properties, f"{self.spec.sink.namespace}.{target}", owner,
+                                    source)
+        if foreign is not None:  # (not recorded on the table: it is not this table's)
+            log.error("%s: stopped: %s", table, foreign)
+            return TableOutcome(table, target, "failed", None, error=foreign)
+        if OWNER_PROPERTY not in state.properties:  # from before ownership was recorded: adopted
+            recorded = state.properties.get(SOURCE_FACTS_PROPERTY)
+            self.tables.set_properties(target, ownership(
+                owner, source, facts.TableFacts.from_json(recorded).oid if recorded else None))
         if state.lsn is None:
             return TableOutcome(table, target, "waiting", None,
                                 error="the mirror table has no lakeslot.lsn yet (no snapshot)")
@@ -506,7 +519,8 @@ class Applier:
         except (typemap.MappingError, DescribeError) as e:
             raise TableError(f"table {table}: {e}") from None
         self.tables.create(target, typemap.mirror_schema(mapped),
-                           table_properties(self.spec.sink.table_properties), 0,
+                           {**table_properties(self.spec.sink.table_properties),
+                            **ownership(self.job.names.owner, str(table), oid)}, 0,
                            options.partition_fields() if options else ())
 
     # one table -----------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType
@@ -87,6 +87,7 @@ class MirrorState:
     generation: int | None = None  # the snapshot generation, None when never snapshotted
     has_data: bool = False
     snapshot_lsn: int | None = None  # lakeslot.snapshot-lsn: where the last snapshot was taken
+    properties: Mapping[str, str] = field(default_factory=dict)  # the table's, when it exists
 
 
 class Catalog:
@@ -118,18 +119,19 @@ class Catalog:
             return MirrorState(False)
         loaded = self._catalog.loadTable(ident)
         current = loaded.currentSnapshot()
-        generation = loaded.properties().get(GENERATION_PROPERTY)
+        properties = dict(loaded.properties())
+        generation = properties.get(GENERATION_PROPERTY)
         if generation is not None:
-            taken = loaded.properties().get(SNAPSHOT_LSN_PROPERTY)
+            taken = properties.get(SNAPSHOT_LSN_PROPERTY)
             return MirrorState(True, int(generation), current is not None,
-                               int(taken) if taken is not None else None)
+                               int(taken) if taken is not None else None, properties)
         snapshot = current
         while snapshot is not None:
             if snapshot.summary().get(LSN_PROPERTY) is not None:
-                return MirrorState(True, 0, True)
+                return MirrorState(True, 0, True, properties=properties)
             parent = snapshot.parentId()
             snapshot = loaded.snapshot(parent) if parent is not None else None
-        return MirrorState(True, None, current is not None)
+        return MirrorState(True, None, current is not None, properties=properties)
 
     def java_table(self, namespace: str, table: str):
         """The Java Iceberg table, refreshed."""
