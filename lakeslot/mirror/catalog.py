@@ -53,7 +53,9 @@ from lakeslot.mirror import partitions
 from lakeslot.mirror.contract import (
     BACKFILL_PROPERTY,
     ERROR_LSN_PROPERTY,
+    ERROR_PROPERTIES,
     ERROR_PROPERTY,
+    FAILURES_PROPERTY,
     GENERATION_PROPERTY,
     LSN_PROPERTY,
     MAX_SNAPSHOT_AGE_PROPERTY,
@@ -62,6 +64,7 @@ from lakeslot.mirror.contract import (
     RESNAPSHOT_AUTOMATIC,
     RESNAPSHOT_PROPERTY,
     RESNAPSHOT_SUMMARY,
+    RETRY_AT_PROPERTY,
     SNAPSHOT_LSN_PROPERTY,
     apply_error,
 )
@@ -238,6 +241,14 @@ class TableState:
         return self.properties.get(RESNAPSHOT_PROPERTY) in ("true", RESNAPSHOT_AUTOMATIC)
 
     @property
+    def retry(self) -> tuple[float, int] | None:
+        """A retryable error's (when it is tried again, failures in a row); None otherwise."""
+        at = self.properties.get(RETRY_AT_PROPERTY)
+        if at is None:
+            return None
+        return float(at), int(self.properties.get(FAILURES_PROPERTY, "1"))
+
+    @property
     def stale_error(self) -> bool:
         return ERROR_PROPERTY in self.properties and self.error is None
 
@@ -377,14 +388,19 @@ class Tables(Catalog):
         update.commit()
 
     def record_error(self, table: str, message: str, lsn: int | None, resnapshot: bool,
-                     automatic: bool = False) -> None:
+                     automatic: bool = False, retry: tuple[float, int] | None = None) -> None:
+        """Record a definite error (``resnapshot``: the way out is a re-snapshot) or, with
+        ``retry`` = (when, failures in a row), a retryable one (:mod:`lakeslot.apply.isolation`)."""
         values = {ERROR_PROPERTY: message, ERROR_LSN_PROPERTY: str(lsn)}
         if resnapshot:
             values[RESNAPSHOT_PROPERTY] = RESNAPSHOT_AUTOMATIC if automatic else "true"
-        self.set_properties(table, values, () if resnapshot else (RESNAPSHOT_PROPERTY,))
+        if retry is not None:
+            values[RETRY_AT_PROPERTY], values[FAILURES_PROPERTY] = f"{retry[0]:.3f}", str(retry[1])
+        self.set_properties(table, values, tuple(k for k in ERROR_PROPERTIES
+                                                 if k not in values and k != ERROR_PROPERTY))
 
     def clear_error(self, table: str) -> None:
-        self.set_properties(table, {}, (ERROR_PROPERTY, ERROR_LSN_PROPERTY, RESNAPSHOT_PROPERTY))
+        self.set_properties(table, {}, ERROR_PROPERTIES)
 
     def expire_snapshots(self, table: str, default_age_s: float) -> None:
         """Expire old snapshots (and delete the files only they referenced) by the table's own

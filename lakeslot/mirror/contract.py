@@ -13,6 +13,8 @@ Invariants:
   every commit that sets the partition spec from it; the error properties by the apply job when
   it stops a table — the error is in force only while the table's position equals
   :data:`ERROR_LSN_PROPERTY` (:func:`apply_error`), so a re-snapshot, which moves the position,
+  lifts it; a retryable error (:mod:`lakeslot.apply.isolation`) also carries
+  :data:`RETRY_AT_PROPERTY` and :data:`FAILURES_PROPERTY`, and the apply pass that works again
   lifts it.
 - Ownership: :data:`OWNER_PROPERTY`, :data:`SOURCE_TABLE_PROPERTY` and :data:`SOURCE_OID_PROPERTY`
   are set when lakeslot creates or replaces a table (:func:`ownership`), and the jobs write a
@@ -43,6 +45,10 @@ SCHEMA_CHANGE_PROPERTY = "lakeslot.schema-change"  # the last DDL applied in pla
 ERROR_PROPERTY = "lakeslot.apply-error"
 ERROR_LSN_PROPERTY = "lakeslot.apply-error-lsn"
 RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"  # "true", or RESNAPSHOT_AUTOMATIC
+RETRY_AT_PROPERTY = "lakeslot.apply-error-retry-at"  # a retryable error: when it is tried again
+FAILURES_PROPERTY = "lakeslot.apply-error-failures"  # ... and how many times in a row it failed
+ERROR_PROPERTIES = (ERROR_PROPERTY, ERROR_LSN_PROPERTY, RESNAPSHOT_PROPERTY,
+                    RETRY_AT_PROPERTY, FAILURES_PROPERTY)
 MAINTENANCE_PROPERTY = "lakeslot.last-maintenance"  # the last maintenance run's outcome, as text
 MAINTENANCE_AT_PROPERTY = "lakeslot.last-maintenance-at"  # ... when it ran (Unix seconds)
 MAINTENANCE_SECONDS_PROPERTY = "lakeslot.last-maintenance-seconds"  # ... how long it took
