@@ -480,8 +480,9 @@ class Applier:
 
     def _escalate(self, outcomes: dict[TableName, TableOutcome]) -> None:
         """A table failing transiently pass after pass while others pass is failed alone (it
-        would otherwise cost every pass its retries), :data:`isolation.TRANSIENT_STREAK` in a row."""
-        passing = any(o.state in ("applied", "advanced") for o in outcomes.values())
+        would otherwise cost every pass its retries), :data:`isolation.TRANSIENT_STREAK` in a row.
+        (A table that is current passes too: its catalog and staging answered.)"""
+        passing = any(o.state in ("applied", "advanced", "current") for o in outcomes.values())
         for table, outcome in list(outcomes.items()):
             if outcome.state != "retrying":
                 self._transient.passed(table)
