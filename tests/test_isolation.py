@@ -9,6 +9,8 @@ row by row with its source through pyiceberg, not through the code under test.
   for one table alone, so ``spread.reduce`` is wrapped to fail whenever that table is among its
   tables). While the table is failed the others are applied and equal their sources, and the
   failure is recorded on its mirror (every status shows it); after the fix it catches up exactly.
+  On the same pipeline: passes failing as a whole (staging listing injected to fail) are counted
+  and degraded, and a mirror recorded as another source table's is neither written nor replaced.
 - Tables whose names differ only in case or script, columns that differ only in case, and two
   tables that would map to one mirror name, selected by schema, in ``lakeslot run``; there, one
   table's MERGE failing (a real table property Iceberg's writer refuses) leaves the others
@@ -75,7 +77,7 @@ class _Planted:
 
 @pytest.mark.slow
 @pytest.mark.one_version
-def test_a_failing_table_fails_alone_and_catches_up_exactly_after_the_fix(
+def test_one_table_failing_never_stalls_or_corrupts_the_others(
         pgdb, spark, spark_warehouse, iceberg_namespace, tmp_path, monkeypatch):
     pipeline = workload_pipeline(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path,
                                  monkeypatch, apply={"triggerIntervalSeconds": 1})
@@ -139,17 +141,16 @@ def test_a_failing_table_fails_alone_and_catches_up_exactly_after_the_fix(
     monkeypatch.setattr(spread, "reduce", real_reduce)
     planted.caught_up()
 
+    # (the same pipeline, to share its set-up: the suite's time)
+    _passes_failing_as_a_whole_are_counted_and_degraded(pipeline, monkeypatch)
+    _a_mirror_owned_by_another_source_table_is_never_written(pipeline, spark, spark_warehouse,
+                                                            pgdb)
 
-@pytest.mark.one_version
-def test_passes_failing_as_a_whole_are_counted_and_degraded(
-        pgdb, spark, spark_warehouse, iceberg_namespace, tmp_path, monkeypatch):
+
+def _passes_failing_as_a_whole_are_counted_and_degraded(pipeline, monkeypatch) -> None:
     """Not one table's problem (here: staging cannot be listed): the job raises as before, and
     the status document counts the failures across runs, degraded after a few in a row; the
     first pass that works drops the count."""
-    pipeline = workload_pipeline(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path,
-                                 monkeypatch)
-    pipeline.start_slot()
-    pipeline.snapshot()
     assert pipeline.apply().ok
     staging = Staging(pipeline.staging)
     real_scan = spread.scan
@@ -171,13 +172,8 @@ def test_passes_failing_as_a_whole_are_counted_and_degraded(
     assert apply_status.PassFailures.of(staging.read_apply_status()).count == 0
 
 
-@pytest.mark.one_version
-def test_a_mirror_owned_by_another_source_table_is_never_written(
-        pgdb, spark, spark_warehouse, iceberg_namespace, tmp_path, monkeypatch):
-    pipeline = workload_pipeline(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path,
-                                 monkeypatch)
-    pipeline.start_slot()
-    pipeline.snapshot()
+def _a_mirror_owned_by_another_source_table_is_never_written(pipeline, spark, warehouse,
+                                                            pgdb) -> None:
     target = pipeline.target(IDLE)
 
     def properties() -> dict[str, str]:
@@ -201,14 +197,14 @@ def test_a_mirror_owned_by_another_source_table_is_never_written(
     assert ERROR_PROPERTY not in properties()  # nor marked: it is not this table's
     for table in (MAIN, KEYLESS):
         assert outcomes[table].state == "applied"
-        assert_mirror_equals_source(pipeline, spark_warehouse, table)
+        assert_mirror_equals_source(pipeline, warehouse, table)
     resnapshot = pipeline.with_spec(snapshot={"resnapshotGeneration": 1})
     argv = workloads.snapshot_arguments(resnapshot.ingestion, [IDLE])
     assert snapshot_entry.main(argv, spark=spark) != 0  # the snapshot refuses to replace it
     assert pipeline.mirror_rows(IDLE, ["id", "v"]) == before
     spark.sql(f"ALTER TABLE {target} SET TBLPROPERTIES ('{SOURCE_TABLE_PROPERTY}'='{IDLE}')")
     assert pipeline.apply().ok
-    assert_mirror_equals_source(pipeline, spark_warehouse, IDLE)
+    assert_mirror_equals_source(pipeline, warehouse, IDLE)
 
 
 def test_pass_failures_count_since_the_first():
