@@ -17,6 +17,7 @@ from psycopg import sql
 
 from lakeslot.api.models import MaintenanceSpec
 from lakeslot.apply import job as apply_job
+from lakeslot.apply import upkeep
 from lakeslot.mirror import maintenance
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.catalogs import load_hadoop_table
@@ -234,7 +235,7 @@ def test_an_idle_settled_mirror_is_not_looked_at_again_until_a_pass_changes_it(
     an idle table until a look finds it settled — no delete file, nothing that could fall due
     whatever the time — and then no more until a pass changes it: the change's pass looks, the
     next (idle) one compacts the delete file it left, the one after finds it settled again."""
-    monkeypatch.setattr(apply_job, "MAINTENANCE_LOOK_S", 0.0)  # (else every 5 s at most)
+    monkeypatch.setattr(upkeep, "MAINTENANCE_LOOK_S", 0.0)  # (else every 5 s at most)
     looks: list[tuple[int, bool]] = []  # (pass, idle) of each look at MAIN's mirror
     passes: list[apply_job.PassResult] = []
     main = pipeline.job_input().names.mirror_table(MAIN)

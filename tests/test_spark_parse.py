@@ -31,7 +31,7 @@ from pyspark.sql.types import DataType, StructField, StructType
 
 from lakeslot import typemap
 from lakeslot.apply import columns, merge, spread
-from lakeslot.apply.job import TRANSIENT
+from lakeslot.apply.isolation import TRANSIENT
 from lakeslot.mirror.catalog import Tables, TableState
 from tests.support.fixtures_spark import CATALOG
 

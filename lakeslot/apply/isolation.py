@@ -32,7 +32,7 @@ Invariants:
   after a few such failures in a row the operator and ``lakeslot status`` show
   ``Streaming: ApplyDegraded`` with the error, and ``Degraded`` is True.
 
-Pure: no Spark, no catalog; :mod:`lakeslot.apply.job` does the I/O.
+Pure (no Spark session, no catalog): :mod:`lakeslot.apply.failures` does the I/O.
 """
 
 from __future__ import annotations
@@ -41,6 +41,14 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import TypeVar
 
+import psycopg
+from py4j.protocol import Py4JError
+from pyspark.errors.exceptions.captured import PythonException
+
+# What a retry may cure: Spark and py4j (an executor lost; an executor's definite error arrives
+# this way too and is told apart by lakeslot.apply.merge.definite_error), storage and catalog
+# I/O, PostgreSQL connections.
+TRANSIENT = (Py4JError, PythonException, OSError, psycopg.OperationalError)
 RETRY_BASE_S = 30.0
 RETRY_MAX_S = 1800.0
 TRANSIENT_STREAK = 3  # passes in a row a table fails transiently while others pass → retryable

@@ -6,7 +6,9 @@ with its own SparkSession::
     result = run(spark, job_input, once=True)          # one pass over everything sealed now
     run(spark, job_input, once=False, stop=event)      # until ``stop`` is set
 
-A pass (:meth:`Applier.run_pass`):
+A pass (:meth:`Applier.run_pass`; its collaborators: :mod:`.failures` runs each table's work and
+says how it failed, :mod:`.upkeep` expires, compacts and deletes applied segments, :mod:`.outcomes`
+holds what a pass reports):
 
 1. Each table's state comes from the catalog (``lakeslot.lsn`` of its current snapshot is its
    position ``L``). A missing mirror is created empty at position 0 (everything staged applies)
@@ -27,15 +29,16 @@ A pass (:meth:`Applier.run_pass`):
    ``onSchemaChange`` (added columns added, with the value existing rows got from a constant
    default; dropped columns kept and NULL from then on; a type change, a default PostgreSQL
    wrote by rewriting the table, or anything incompatible → marked for re-snapshot: DESIGN.md
-   invariant 8, never a silent divergence); the changelog table (when enabled) is appended first, then the mirror
-   is MERGEd; each is one commit with ``lakeslot.lsn = batch end - 1``. A table without changes
-   gets an empty commit with that position (idle tables advance without rewriting data).
-4. Maintenance: each table committed to has its old snapshots expired at most once an hour, by
-   its ``history.expire.*`` properties (new tables also delete superseded metadata files, see
-   :data:`lakeslot.mirror.contract.TABLE_DEFAULTS`), so a commit per pass does not pile up; and
-   is compacted where due (``spec.sink.maintenance``, :mod:`lakeslot.mirror.maintenance`: delete
-   files and small files merge-on-read MERGEs leave, manifests, orphan files), within a time
-   budget per pass, in commits that keep its position.
+   invariant 8, never a silent divergence); the changelog table (when enabled) is appended
+   first, then the mirror is MERGEd; each is one commit with ``lakeslot.lsn = batch end - 1``.
+   A table without changes gets an empty commit with that position (idle tables advance
+   without rewriting data).
+4. Upkeep (:mod:`lakeslot.apply.upkeep`): each table committed to has its old snapshots
+   expired at most once an hour, by its ``history.expire.*`` properties (new tables also delete
+   superseded metadata files, see :data:`lakeslot.mirror.contract.TABLE_DEFAULTS`), so a commit
+   per pass does not pile up; and is compacted where due (``spec.sink.maintenance``,
+   :mod:`lakeslot.mirror.maintenance`: delete files and small files merge-on-read MERGEs leave,
+   manifests, orphan files), within a time budget per pass, in commits that keep its position.
    Retention: sealed segments wholly at or below every table's position and older than
    ``spec.staging.retentionSeconds`` are deleted (never the furthest segment, where the reader
    resumes; nothing while a table waits for its snapshot).
@@ -68,36 +71,34 @@ Errors (every table is its own failure domain: :mod:`lakeslot.apply.isolation`):
   missing, and its re-snapshot lifts the error. A gap between staged segments
   (:class:`lakeslot.staging.format.GapError`) fails the job: nothing is applied past it.
 
-Hooks (:class:`Hooks`) are called at the named points of :data:`POINTS`; tests raise from them to
+Hooks (:class:`lakeslot.apply.outcomes.Hooks`) are called at the named points of
+:data:`lakeslot.apply.outcomes.POINTS`; tests raise from them to
 simulate a crash at that point.
 """
 
 from __future__ import annotations
 
-import contextlib
-import datetime as dt
 import functools
 import logging
-import math
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
-from typing import NoReturn, TypeVar
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import NoReturn
 
 import psycopg
-from py4j.protocol import Py4JError
 from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
-from pyspark.errors.exceptions.captured import PythonException
 from pyspark.sql import functions as F
 
 from lakeslot import cadence, typemap
 from lakeslot import lsn as lsn_text
-from lakeslot.api.partitioning import PartitionSpecError
-from lakeslot.apply import changes, columns, ddl, isolation, merge, spread, warmup
+from lakeslot.apply import changes, columns, ddl, merge, spread, warmup
 from lakeslot.apply.changes import TableError
-from lakeslot.mirror import maintenance
+from lakeslot.apply.failures import Exhausted, Failures
+from lakeslot.apply.isolation import halves
+from lakeslot.apply.outcomes import ApplyResult, Hooks, PassResult, Steps, TableOutcome, Totals, now_text
+from lakeslot.apply.upkeep import EXPIRE_INTERVAL_S, Upkeep
 from lakeslot.mirror.catalog import Tables, TableState
 from lakeslot.mirror.contract import (
     BACKFILL_PROPERTY,
@@ -107,7 +108,6 @@ from lakeslot.mirror.contract import (
     SCHEMA_CHANGE_PROPERTY,
     SEQ_COLUMN,
     SOURCE_FACTS_PROPERTY,
-    history_age_s,
     ownership,
     ownership_problem,
     table_properties,
@@ -117,57 +117,12 @@ from lakeslot.source.columns import DescribeError, TypeCache, describe
 from lakeslot.source.connection import application_name, connect
 from lakeslot.source.tables import TableName, existing
 from lakeslot.spark_session import error_summary, make_active
-from lakeslot.staging import apply_status
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.relations import Column, Relation
 from lakeslot.staging.store import Staging
 from lakeslot.workloads import JobInput
 
 log = logging.getLogger(__name__)
-EXPIRE_INTERVAL_S = 3600.0
-MAINTENANCE_LOOK_S = 5.0  # how often maintenance looks at a table's health, at most
-SETTLED_LOOK_S = 600.0  # ... and at an idle table a look found settled (see _maintain)
-POINTS = ("batch-read", "after-evolve", "after-changelog", "before-merge", "after-merge",
-          "after-tables", "before-maintenance", "after-retention")
-TRANSIENT = (Py4JError, PythonException, OSError, psycopg.OperationalError)
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """``point(name, table)`` is called at each point of :data:`POINTS` (table: None for the
-    pass-wide points)."""
-
-    point: Callable[[str, TableName | None], None] | None = None
-
-    def __call__(self, name: str, table: TableName | None = None) -> None:
-        if self.point is not None:
-            self.point(name, table)
-
-
-@dataclass(frozen=True)
-class TableOutcome:
-    source: TableName
-    target: str
-    state: str  # applied | advanced | current | waiting | failed | retrying
-    lsn: int | None  # the table's position after the pass
-    changes: int = 0
-    error: str | None = None
-    resnapshot: bool = False
-    ddl: tuple[str, ...] = ()  # schema changes applied in place this pass, with their DDL
-
-    def document(self) -> dict:
-        return {"schema": self.source.schema, "name": self.source.name, "target": self.target,
-                "state": self.state, "lsn": None if self.lsn is None else lsn_text.format(self.lsn),
-                "changes": self.changes, "error": self.error, "resnapshotRequired": self.resnapshot,
-                "schemaChanges": list(self.ddl)}
-
-
-@dataclass(frozen=True)
-class _Exhausted:
-    """Every attempt failed transiently; the last error."""
-
-    error: str
 
 
 @dataclass(frozen=True)
@@ -178,75 +133,6 @@ class _Planned:
     plan: ddl.Plan | None
     config: spread.TableConfig
     scan: spread.TableScan
-
-
-@dataclass(frozen=True)
-class PassResult:
-    end: int | None  # end of the batch's last segment (None: nothing sealed)
-    capped: bool  # more sealed segments were left for the next batch
-    tables: tuple[TableOutcome, ...]
-    deleted: int  # segments removed by retention
-    steps: dict[str, float] = field(default_factory=dict)  # seconds per step (Steps)
-
-
-@dataclass
-class ApplyResult:
-    passes: int = 0
-    last: PassResult | None = None
-    steps: dict[str, float] = field(default_factory=dict)  # seconds per step, every pass
-
-    @property
-    def tables(self) -> tuple[TableOutcome, ...]:
-        return self.last.tables if self.last else ()
-
-    @property
-    def ok(self) -> bool:
-        return all(t.state not in ("failed", "retrying") for t in self.tables)
-
-
-@dataclass
-class Totals:
-    """What the job did since it started, for counters (the status document's ``totals``; the
-    operator exports them, :mod:`lakeslot.ingestion_metrics`): they only grow while the job
-    lives and start again at 0 with a new job (``startedAt`` says when), as Prometheus counters
-    do after a restart."""
-
-    started_at: str = field(default_factory=lambda: _now_text())
-    passes: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)  # per step of a pass
-    changes: dict[str, dict[str, int]] = field(default_factory=dict)  # table → op → changes applied
-    retries: dict[str, int] = field(default_factory=dict)  # what → transient failures retried
-    maintenance: dict[str, int] = field(default_factory=dict)  # ran | failed → table maintenance runs
-
-    def add_pass(self, result: PassResult, scanned: dict[TableName, spread.TableScan]) -> None:
-        self.passes += 1
-        for step, seconds in result.steps.items():
-            self.seconds[step] = self.seconds.get(step, 0.0) + seconds
-        for outcome in result.tables:
-            if outcome.state == "applied" and outcome.source in scanned:
-                ops = self.changes.setdefault(str(outcome.source), {})
-                for op, count in scanned[outcome.source].by_op:
-                    ops[op] = ops.get(op, 0) + count
-
-    def document(self) -> dict:
-        return {"startedAt": self.started_at, "passes": self.passes,
-                "seconds": {k: round(v, 6) for k, v in self.seconds.items()},
-                "changes": self.changes, "retries": self.retries, "maintenance": self.maintenance}
-
-
-class Steps:
-    """Where a pass spends its time: seconds per named step, in the order first timed."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextlib.contextmanager
-    def __call__(self, name: str) -> Iterator[None]:
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - started
 
 
 def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None,
@@ -271,7 +157,7 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
             try:
                 result.last = applier.run_pass()
             except Exception as e:
-                applier.pass_failed(e)  # counted in the status document (lakeslot.apply.isolation)
+                applier.failures.pass_failed(e)  # counted in the status document
                 raise
             result.passes += 1
             result.steps = applier.totals.seconds  # (every pass of this run: the applier's)
@@ -293,17 +179,12 @@ class Applier:
         spec = job.ingestion.spec
         self.spark, self.job, self.spec, self.hooks = spark, job, spec, hooks
         make_active(spark)  # (again at every pass: the JVM thread may lose it)
-        self.max_segments, self.max_attempts = max_segments, max_attempts
+        self.max_segments = max_segments
         self.tables = Tables(spark, spec.sink.catalog.name, spec.sink.namespace)
         self.staging = Staging(spec.staging.uri)
         self.types = columns.RelationTypes(self._resolve_type, self._relation_text_columns)
         self._settings = job.source(environ)
         self._conn: psycopg.Connection | None = None
-        self.expire_interval_s = expire_interval_s
-        self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
-        self.maintainer = maintenance.Maintainer(spark, spec.sink.maintenance)
-        self._looked: dict[str, float] = {}  # table → monotonic time maintenance last looked
-        self._settled: dict[str, float] = {}  # table → when a look found it settled (monotonic)
         self._facts: dict[TableName, facts.TableFacts | None] | None = None  # this pass's
         # this pass's: column → (missing value, written by a rewrite) — see _missing_values
         self._defaults: dict[TableName, dict[str, tuple[str | None, bool]]] = {}
@@ -317,12 +198,12 @@ class Applier:
         self.interval = spec.apply.trigger_interval_seconds
         self.lag = cadence.Lag(spec.reader.seal_seconds(self.interval))  # passes behind the seals
         self._seen_end: int | None = None  # the furthest segment end a listing showed
-        # isolation (lakeslot.apply.isolation): a failed table waits for its retry time (a --once
-        # run tries every table at once); failures in a row, transient ones and maintenance's
+        # a failed table waits for its retry time (lakeslot.apply.isolation); a --once run tries
+        # every table at once
         self.honour_retry = honour_retry
-        self._transient = isolation.Streaks()
-        self._maintenance_failures = isolation.Streaks()
-        self._retried_now: set[TableName] = set()  # this pass's: failed tables tried again
+        self.failures = Failures(self.tables, job.names, self.staging, self.totals, max_attempts)
+        self.upkeep = Upkeep(spark, spec, self.tables, self.staging, hooks, self.totals,
+                             expire_interval_s)
 
     def close(self) -> None:
         if self._conn is not None:
@@ -357,13 +238,13 @@ class Applier:
         make_active(self.spark)
         self.tables.ensure_namespace(self.spec.sink.namespace)
         self._facts, self._defaults, self._capture, self._events = None, {}, None, []
-        self._unique, self._replayed, self._retried_now = {}, set(), set()
+        self._unique, self._replayed, self.failures.retried_now = {}, set(), set()
         outcomes: dict[TableName, TableOutcome] = {}
         states: dict[TableName, TableState] = {}
         self.steps = steps = Steps()
         with steps("prepare"):
             for table in self.job.tables:
-                prepared = self._attempt(table, functools.partial(self._prepare, table))
+                prepared = self.failures.attempt(table, functools.partial(self._prepare, table))
                 if isinstance(prepared, TableState):
                     states[table] = prepared
                 else:
@@ -372,7 +253,7 @@ class Applier:
         for table, state in list(states.items()):
             position = _position(state)
             if staged and position > 0 and position + 1 < staged[0].start:
-                outcomes[table] = self._attempt(table, functools.partial(
+                outcomes[table] = self.failures.attempt(table, functools.partial(
                     _cut_off, table, position, staged[0].start))
                 del states[table]
         with steps("scan"):
@@ -381,13 +262,13 @@ class Applier:
         self.hooks("batch-read")
         planned: dict[TableName, _Planned] = {}
         with steps("plan"):
-            read = self._retried("reading lakeslot's DDL messages",
-                                 functools.partial(self._read_events, batch))
-            if isinstance(read, _Exhausted):  # (the source is down: nothing can be planned)
-                outcomes.update((t, self._retrying(t, read.error)) for t in states)
+            read = self.failures.retried("reading lakeslot's DDL messages",
+                                         functools.partial(self._read_events, batch))
+            if isinstance(read, Exhausted):  # (the source is down: nothing can be planned)
+                outcomes.update((t, self.failures.retrying(t, read.error)) for t in states)
                 states = {}
             for table, state in states.items():
-                plan = self._attempt(table, functools.partial(self._plan, table, state, batch))
+                plan = self.failures.attempt(table, functools.partial(self._plan, table, state, batch))
                 if isinstance(plan, _Planned):
                     planned[table] = plan
                 else:
@@ -397,21 +278,21 @@ class Applier:
         try:
             for table, plan in planned.items():
                 if table not in outcomes:
-                    outcomes[table] = self._attempt(table, functools.partial(
+                    outcomes[table] = self.failures.attempt(table, functools.partial(
                         self._apply, table, plan, batch, reduced.get(table)))
         finally:
             for each in {id(r): r for r in reduced.values()}.values():
                 each.release()
         self.hooks("after-tables")
-        self._escalate(outcomes)
+        self.failures.escalate(outcomes)
         ordered = tuple(outcomes[t] for t in self.job.tables)
         with steps("maintenance"):
-            self._expire(ordered)
-            for table, error in self._maintain(ordered).items():
-                outcomes[table] = self._retryable(table, error)
+            self.upkeep.expire(ordered)
+            for table, error in self.upkeep.maintain(ordered).items():
+                outcomes[table] = self.failures.retryable(table, error)
             ordered = tuple(outcomes[t] for t in self.job.tables)
-            self._recovered(ordered)
-            deleted = self._retention(ordered, staged)
+            self.failures.recovered(ordered)
+            deleted = self.upkeep.retention(ordered, staged)
         self.hooks("after-retention")
         result = PassResult(batch.end, len(batch.segments) == self.max_segments, ordered, deleted,
                             steps.seconds)
@@ -435,118 +316,6 @@ class Applier:
             self.lag.observe(t for name, t in listing if t is not None and name.end > seen)
         self._seen_end = max((name.end for name, _ in listing), default=seen)
         return [name for name, _ in listing]
-
-    def _attempt(self, table: TableName, action: Callable[[], T]) -> T | TableOutcome:
-        """``action`` with retries for transient errors; definite errors are recorded."""
-        def definite_or_transient() -> T:
-            try:
-                return action()
-            except TRANSIENT as e:  # an executor's definite error arrives as Spark's
-                if (definite := merge.definite_error(e)) is not None:
-                    raise definite from None
-                raise
-
-        try:
-            result = self._retried(str(table), definite_or_transient)
-        except (TableError, typemap.MappingError, PartitionSpecError) as e:
-            return self._fail(table, str(e), getattr(e, "resnapshot", True),
-                              getattr(e, "automatic", False))
-        except Exception as e:  # any other error of this table's work fails it alone
-            log.exception("%s: failed", table)
-            return self._retryable(table, f"{type(e).__name__}: {error_summary(e)}")
-        if isinstance(result, _Exhausted):
-            return self._retrying(table, result.error)
-        return result
-
-    def _retryable(self, table: TableName, error: str) -> TableOutcome:
-        """Fail ``table`` alone until its retry time (:mod:`lakeslot.apply.isolation`), recorded
-        on its mirror so every status shows it; when the catalog cannot be reached to record it,
-        only this pass's outcome says so."""
-        target = self.job.names.mirror_table(table)
-        try:
-            state = self.tables.load(target)
-        except TRANSIENT:
-            state = None
-        previous = state.retry if state is not None and state.error is not None else None
-        failures = previous[1] + 1 if previous is not None else 1
-        retry_at = time.time() + isolation.retry_delay_s(failures)
-        message = isolation.retry_message(error, failures, retry_at)
-        log.error("%s: %s", table, message)
-        if state is not None:
-            with contextlib.suppress(*TRANSIENT):
-                self.tables.record_error(target, message, state.lsn, False,
-                                         retry=(retry_at, failures))
-        return TableOutcome(table, target, "failed", state.lsn if state else None, error=message)
-
-    def _escalate(self, outcomes: dict[TableName, TableOutcome]) -> None:
-        """A table failing transiently pass after pass while others pass is failed alone (it
-        would otherwise cost every pass its retries), :data:`isolation.TRANSIENT_STREAK` in a row.
-        (A table that is current passes too: its catalog and staging answered.)"""
-        passing = any(o.state in ("applied", "advanced", "current") for o in outcomes.values())
-        for table, outcome in list(outcomes.items()):
-            if outcome.state != "retrying":
-                self._transient.passed(table)
-            elif self._transient.failed(table) >= isolation.TRANSIENT_STREAK and passing:
-                self._transient.passed(table)
-                outcomes[table] = self._retryable(table, outcome.error or "")
-
-    def _recovered(self, outcomes: tuple[TableOutcome, ...]) -> None:
-        """Lift the retryable error of each failed table that was tried again and worked."""
-        for outcome in outcomes:
-            if outcome.source in self._retried_now and outcome.state in (
-                    "applied", "advanced", "current"):
-                log.info("%s: works again; its error is lifted", outcome.source)
-                self.tables.clear_error(outcome.target)
-
-    def pass_failed(self, error: Exception) -> None:
-        """Count a pass that failed as a whole in the status document (best effort: staging may
-        be what fails), :class:`lakeslot.staging.apply_status.PassFailures`."""
-        try:
-            document = self.staging.read_apply_status() or {}
-            failures = apply_status.PassFailures.of(document).failed(
-                f"{type(error).__name__}: {error_summary(error)}", dt.datetime.now(dt.UTC))
-            document[apply_status.FAILED_PASSES] = failures.document()
-            document["updatedAt"] = _now_text()
-            self.staging.write_apply_status(document)
-        except Exception as e:  # noqa: BLE001 - the pass's own error is what matters
-            log.warning("cannot record the failed pass in the status document: %s", e)
-
-    def _retrying(self, table: TableName, error: str) -> TableOutcome:
-        """The outcome of a table whose work failed transiently every time: the next pass
-        tries again."""
-        target = self.job.names.mirror_table(table)
-        return TableOutcome(table, target, "retrying", self._lsn_or_none(target), error=error)
-
-    def _retried(self, what: str, action: Callable[[], T]) -> T | _Exhausted:
-        """``action``, retried ``max_attempts`` times with backoff while it fails transiently."""
-        error = ""
-        for attempt in range(self.max_attempts):
-            try:
-                return action()
-            except TRANSIENT as e:
-                error = f"{type(e).__name__}: {error_summary(e)}"
-                self.totals.retries[what] = self.totals.retries.get(what, 0) + 1
-                log.warning("%s: transient error (attempt %d of %d): %s", what, attempt + 1,
-                            self.max_attempts, error)
-                if attempt + 1 < self.max_attempts:
-                    time.sleep(min(30.0, 2.0 ** attempt))
-        return _Exhausted(error)
-
-    def _lsn_or_none(self, target: str) -> int | None:
-        try:
-            return self.tables.lsn(target)
-        except TRANSIENT:
-            return None
-
-    def _fail(self, table: TableName, message: str, resnapshot: bool,
-              automatic: bool = False) -> TableOutcome:
-        target = self.job.names.mirror_table(table)
-        log.error("%s: stopped: %s", table, message)
-        state = self.tables.load(target)
-        if state is not None:
-            self.tables.record_error(target, message, state.lsn, resnapshot, automatic)
-        return TableOutcome(table, target, "failed", state.lsn if state else None,
-                            error=message, resnapshot=resnapshot)
 
     def _prepare(self, table: TableName) -> TableState | TableOutcome:
         target = self.job.names.mirror_table(table)
@@ -576,7 +345,7 @@ class Applier:
             if retry is None or (self.honour_retry and time.time() < retry[0]):
                 return TableOutcome(table, target, "failed", state.lsn, error=state.error,
                                     resnapshot=state.resnapshot_required)
-            self._retried_now.add(table)  # its retry time came: tried again
+            self.failures.retried_now.add(table)  # its retry time came: tried again
         if state.stale_error:
             self.tables.clear_error(target)
         options = self.job.table_spec(table)  # partitionBy changed: evolve the spec in place
@@ -644,13 +413,13 @@ class Applier:
         if not configs:
             return {}
         try:
-            reduced = self._retried("reducing the batch", functools.partial(
+            reduced = self.failures.retried("reducing the batch", functools.partial(
                 spread.reduce, self.spark, self.spec.staging.uri, batch, configs))
         except Exception as e:  # noqa: BLE001 - found out table by table below
             log.warning("reducing the batch failed (%s): reducing its tables in parts",
                         error_summary(e))
         else:
-            if not isinstance(reduced, _Exhausted):
+            if not isinstance(reduced, Exhausted):
                 return {c.table: reduced for c in configs}
             log.warning("reducing the batch kept failing (%s): reducing its tables in parts",
                         reduced.error)
@@ -660,14 +429,14 @@ class Applier:
                       outcomes: dict[TableName, TableOutcome]) -> dict[TableName, spread.Reduced]:
         if len(configs) == 1:  # alone: its own error, classified as any work of the table
             table = configs[0].table
-            alone = self._attempt(table, functools.partial(
+            alone = self.failures.attempt(table, functools.partial(
                 spread.reduce, self.spark, self.spec.staging.uri, batch, configs))
             if isinstance(alone, TableOutcome):
                 outcomes[table] = alone
                 return {}
             return {table: alone}
         found: dict[TableName, spread.Reduced] = {}
-        for part in isolation.halves(configs):
+        for part in halves(configs):
             try:
                 reduced = spread.reduce(self.spark, self.spec.staging.uri, batch, part)
             except Exception:  # noqa: BLE001 - narrowed down further
@@ -1011,122 +780,15 @@ class Applier:
 
     # table maintenance, retention and status --------------------------------------------------
 
-    def _targets(self, outcomes: tuple[TableOutcome, ...],
-                 states: tuple[str, ...] = ("applied", "advanced")
-                 ) -> Iterator[tuple[TableName, str]]:
-        """The Iceberg tables of ``outcomes`` in ``states`` — by default those this pass
-        committed to —: mirrors and their changelog tables, each with its source table."""
-        suffix = self.spec.sink.changelog.suffix if self.spec.sink.changelog.enabled else None
-        for outcome in outcomes:
-            if outcome.state in states:
-                yield outcome.source, outcome.target
-                if suffix:
-                    yield outcome.source, outcome.target + suffix
-
-    def _expire(self, outcomes: tuple[TableOutcome, ...]) -> None:
-        """Expire old snapshots of the tables this pass committed to, by the tables' own
-        ``history.expire.*`` properties, else older than
-        :func:`lakeslot.mirror.contract.history_age_s` (bounded by the trigger interval: the
-        snapshot count stays bounded), each table at most once per ``expire_interval_s`` or an
-        eighth of that age. Failures only log: the data is safe."""
-        age = history_age_s(self.spec.apply.trigger_interval_seconds)
-        for _, target in self._targets(outcomes):
-            if not _first_within(self._expired, target, min(self.expire_interval_s, age / 8)):
-                continue
-            try:
-                self.tables.expire_snapshots(target, age)
-            except TRANSIENT as e:
-                log.warning("%s: expiring old snapshots failed (retried later): %s", target,
-                            error_summary(e))
-
-    def _maintain(self, outcomes: tuple[TableOutcome, ...]) -> dict[TableName, str]:
-        """Compaction and clean-up where due (:mod:`lakeslot.mirror.maintenance`), table after
-        table until ``maintenance.budgetSeconds`` is spent; the rest waits for the next pass.
-        A transient failure logs (the data is safe) and is tried again later; a table whose
-        maintenance fails otherwise, or :data:`isolation.MAINTENANCE_STREAK` times in a row, is
-        returned with why (its reads would only grow slower): it fails alone.
-
-        A look loads the table (a catalog call, and reads its metadata): at most every
-        :data:`MAINTENANCE_LOOK_S`, and an idle table that a look found *settled* — nothing can
-        fall due before its data changes — is not looked at again until a pass changes it (or
-        :data:`SETTLED_LOOK_S` has passed: another writer's commits), so a quiet table costs
-        the catalog nothing pass after pass."""
-        deadline = time.monotonic() + self.spec.sink.maintenance.budget_seconds
-        # idle: no change in this pass (nothing sealed for it, or nothing sealed at all — a
-        # quiet source: such a table is looked at too, its delete files are compacted away)
-        idle = {target for _, target in self._targets(outcomes, ("advanced", "current"))}
-        failed: dict[TableName, str] = {}
-        for source, target in self._targets(outcomes, ("applied", "advanced", "current")):
-            if not self.spec.sink.maintenance.enabled or time.monotonic() >= deadline:
-                return failed
-            if source in failed:
-                continue
-            if target not in idle:
-                self._settled.pop(target, None)  # its data changed: anything may be due
-            elif time.monotonic() - self._settled.get(target, -math.inf) < SETTLED_LOOK_S:
-                continue
-            if not _first_within(self._looked, target, MAINTENANCE_LOOK_S):
-                continue  # (a look loads the table: not on every pass of a fast trigger)
-            try:
-                self.hooks("before-maintenance", source)
-                table = self.tables.iceberg_table(target)
-                if self.maintainer.maintain(table, target, idle=target in idle):
-                    self.totals.maintenance["ran"] = self.totals.maintenance.get("ran", 0) + 1
-                elif self.maintainer.settled(table):
-                    self._settled[target] = time.monotonic()
-            except Exception as e:  # noqa: BLE001 - transient or not, it is this table's
-                self.totals.maintenance["failed"] = self.totals.maintenance.get("failed", 0) + 1
-                streak = self._maintenance_failures.failed(target)
-                error = f"{type(e).__name__}: {error_summary(e)}"
-                if isinstance(e, TRANSIENT) and streak < isolation.MAINTENANCE_STREAK:
-                    log.warning("%s: maintenance failed (tried again later): %s", target, error)
-                    continue
-                self._maintenance_failures.passed(target)
-                failed[source] = (
-                    f"maintenance of {target} failed ({streak} time(s) in a row): {error}; "
-                    "without it the table's reads grow slower with every pass. Fix the cause "
-                    "(the error names it), or turn maintenance off (sink.maintenance.enabled: "
-                    "false) and maintain the table yourself")
-            else:
-                self._maintenance_failures.passed(target)
-        return failed
-
-    def _retention(self, outcomes: tuple[TableOutcome, ...], names: list[SegmentName]) -> int:
-        if any(o.lsn is None for o in outcomes):
-            return 0  # a table waits for its snapshot: every staged change may still be needed
-        floor = min((o.lsn for o in outcomes if o.lsn is not None), default=None)
-        if floor is None:
-            return 0
-        deleted = self.staging.delete_applied(names, floor,
-                                              time.time() - self.spec.staging.retention_seconds)
-        if deleted:
-            log.info("retention removed %d segments at or below %s", deleted,
-                     lsn_text.format(floor))
-        return deleted
-
     def _write_status(self, result: PassResult) -> None:
         document = {
             "version": 1, "ingestion": self.job.names.owner,
-            "updatedAt": _now_text(),
+            "updatedAt": now_text(),
             "batchEnd": None if result.end is None else lsn_text.format(result.end),
             "segmentsDeleted": result.deleted,
             "tables": [t.document() for t in result.tables],
             "totals": self.totals.document()}
         self.staging.write_apply_status(document)
-
-
-def _now_text() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def _first_within(marks: dict[str, float], key: str, interval_s: float) -> bool:
-    """Whether ``key`` was last marked ``interval_s`` or longer ago (or never); if so, marks it
-    now (monotonic time)."""
-    now = time.monotonic()
-    if now - marks.get(key, -math.inf) < interval_s:
-        return False
-    marks[key] = now
-    return True
 
 
 def _position(state: TableState) -> int:

@@ -1,0 +1,155 @@
+"""Table upkeep after each apply pass: old snapshots expired, compaction and clean-up where due,
+and staging's retention — work that keeps readers' cost and staging's size flat over time
+(DESIGN.md "Scale"), never work that changes what a table holds.
+
+Invariants: every step keeps each table's position (``lakeslot.lsn``); retention deletes only
+sealed segments wholly at or below every table's position (failed tables included: their
+changes wait there) and never while a table waits for its snapshot. Failure modes: expiring
+snapshots only logs (the data is safe); maintenance that fails transiently is tried again
+later, and a table whose maintenance fails otherwise, or keeps failing, is returned with why
+(:meth:`Upkeep.maintain`): it fails alone (:mod:`lakeslot.apply.isolation`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator
+
+from lakeslot import lsn as lsn_text
+from lakeslot.apply import isolation
+from lakeslot.apply.isolation import TRANSIENT
+from lakeslot.apply.outcomes import Hooks, TableOutcome, Totals
+from lakeslot.mirror import maintenance
+from lakeslot.mirror.catalog import Tables
+from lakeslot.mirror.contract import history_age_s
+from lakeslot.source.tables import TableName
+from lakeslot.spark_session import error_summary
+from lakeslot.staging.format import SegmentName
+from lakeslot.staging.store import Staging
+
+log = logging.getLogger("lakeslot.apply.job")
+EXPIRE_INTERVAL_S = 3600.0
+MAINTENANCE_LOOK_S = 5.0  # how often maintenance looks at a table's health, at most
+SETTLED_LOOK_S = 600.0  # ... and at an idle table a look found settled (see maintain)
+
+
+class Upkeep:
+    """The upkeep of one apply job's tables (its memory: when each was last expired and looked
+    at, which were found settled, maintenance failures in a row)."""
+
+    def __init__(self, spark, spec, tables: Tables, staging: Staging, hooks: Hooks,
+                 totals: Totals, expire_interval_s: float = EXPIRE_INTERVAL_S) -> None:
+        self.spec, self.tables, self.staging, self.hooks, self.totals = (spec, tables, staging,
+                                                                         hooks, totals)
+        self.maintainer = maintenance.Maintainer(spark, spec.sink.maintenance)
+        self.expire_interval_s = expire_interval_s
+        self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
+        self._looked: dict[str, float] = {}  # table → monotonic time maintenance last looked
+        self._settled: dict[str, float] = {}  # table → when a look found it settled (monotonic)
+        self._failures = isolation.Streaks()  # maintenance failures in a row, per table
+
+    def targets(self, outcomes: tuple[TableOutcome, ...],
+                 states: tuple[str, ...] = ("applied", "advanced")
+                 ) -> Iterator[tuple[TableName, str]]:
+        """The Iceberg tables of ``outcomes`` in ``states`` — by default those this pass
+        committed to —: mirrors and their changelog tables, each with its source table."""
+        suffix = self.spec.sink.changelog.suffix if self.spec.sink.changelog.enabled else None
+        for outcome in outcomes:
+            if outcome.state in states:
+                yield outcome.source, outcome.target
+                if suffix:
+                    yield outcome.source, outcome.target + suffix
+
+    def expire(self, outcomes: tuple[TableOutcome, ...]) -> None:
+        """Expire old snapshots of the tables this pass committed to, by the tables' own
+        ``history.expire.*`` properties, else older than
+        :func:`lakeslot.mirror.contract.history_age_s` (bounded by the trigger interval: the
+        snapshot count stays bounded), each table at most once per ``expire_interval_s`` or an
+        eighth of that age. Failures only log: the data is safe."""
+        age = history_age_s(self.spec.apply.trigger_interval_seconds)
+        for _, target in self.targets(outcomes):
+            if not first_within(self._expired, target, min(self.expire_interval_s, age / 8)):
+                continue
+            try:
+                self.tables.expire_snapshots(target, age)
+            except TRANSIENT as e:
+                log.warning("%s: expiring old snapshots failed (retried later): %s", target,
+                            error_summary(e))
+
+    def maintain(self, outcomes: tuple[TableOutcome, ...]) -> dict[TableName, str]:
+        """Compaction and clean-up where due (:mod:`lakeslot.mirror.maintenance`), table after
+        table until ``maintenance.budgetSeconds`` is spent; the rest waits for the next pass.
+        A transient failure logs (the data is safe) and is tried again later; a table whose
+        maintenance fails otherwise, or :data:`isolation.MAINTENANCE_STREAK` times in a row, is
+        returned with why (its reads would only grow slower): it fails alone.
+
+        A look loads the table (a catalog call, and reads its metadata): at most every
+        :data:`MAINTENANCE_LOOK_S`, and an idle table that a look found *settled* — nothing can
+        fall due before its data changes — is not looked at again until a pass changes it (or
+        :data:`SETTLED_LOOK_S` has passed: another writer's commits), so a quiet table costs
+        the catalog nothing pass after pass."""
+        deadline = time.monotonic() + self.spec.sink.maintenance.budget_seconds
+        # idle: no change in this pass (nothing sealed for it, or nothing sealed at all — a
+        # quiet source: such a table is looked at too, its delete files are compacted away)
+        idle = {target for _, target in self.targets(outcomes, ("advanced", "current"))}
+        failed: dict[TableName, str] = {}
+        for source, target in self.targets(outcomes, ("applied", "advanced", "current")):
+            if not self.spec.sink.maintenance.enabled or time.monotonic() >= deadline:
+                return failed
+            if source in failed:
+                continue
+            if target not in idle:
+                self._settled.pop(target, None)  # its data changed: anything may be due
+            elif time.monotonic() - self._settled.get(target, -math.inf) < SETTLED_LOOK_S:
+                continue
+            if not first_within(self._looked, target, MAINTENANCE_LOOK_S):
+                continue  # (a look loads the table: not on every pass of a fast trigger)
+            try:
+                self.hooks("before-maintenance", source)
+                table = self.tables.iceberg_table(target)
+                if self.maintainer.maintain(table, target, idle=target in idle):
+                    self.totals.maintenance["ran"] = self.totals.maintenance.get("ran", 0) + 1
+                elif self.maintainer.settled(table):
+                    self._settled[target] = time.monotonic()
+            except Exception as e:  # noqa: BLE001 - transient or not, it is this table's
+                self.totals.maintenance["failed"] = self.totals.maintenance.get("failed", 0) + 1
+                streak = self._failures.failed(target)
+                error = f"{type(e).__name__}: {error_summary(e)}"
+                if isinstance(e, TRANSIENT) and streak < isolation.MAINTENANCE_STREAK:
+                    log.warning("%s: maintenance failed (tried again later): %s", target, error)
+                    continue
+                self._failures.passed(target)
+                failed[source] = (
+                    f"maintenance of {target} failed ({streak} time(s) in a row): {error}; "
+                    "without it the table's reads grow slower with every pass. Fix the cause "
+                    "(the error names it), or turn maintenance off (sink.maintenance.enabled: "
+                    "false) and maintain the table yourself")
+            else:
+                self._failures.passed(target)
+        return failed
+
+    def retention(self, outcomes: tuple[TableOutcome, ...], names: list[SegmentName]) -> int:
+        if any(o.lsn is None for o in outcomes):
+            return 0  # a table waits for its snapshot: every staged change may still be needed
+        floor = min((o.lsn for o in outcomes if o.lsn is not None), default=None)
+        if floor is None:
+            return 0
+        deleted = self.staging.delete_applied(names, floor,
+                                              time.time() - self.spec.staging.retention_seconds)
+        if deleted:
+            log.info("retention removed %d segments at or below %s", deleted,
+                     lsn_text.format(floor))
+        return deleted
+
+def first_within(marks: dict[str, float], key: str, interval_s: float) -> bool:
+    """Whether ``key`` was last marked ``interval_s`` or longer ago (or never); if so, marks it
+    now (monotonic time)."""
+    now = time.monotonic()
+    if now - marks.get(key, -math.inf) < interval_s:
+        return False
+    marks[key] = now
+    return True
+
+
