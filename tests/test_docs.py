@@ -24,6 +24,7 @@ import yaml
 import lakeslot
 from lakeslot.api import validation
 from tests.support import chart
+from tests.test_helm_monitoring import _defined as defined_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DESIGN = ROOT / "DESIGN.md"
@@ -99,6 +100,37 @@ def test_every_runbook_url_points_at_an_anchor_of_the_built_site(site):
         page = site / parts.path.removeprefix(urlsplit(site_url).path) / "index.html"
         assert page.exists(), (name, link)
         assert parts.fragment and f'id="{parts.fragment}"' in page.read_text(), (name, link)
+
+
+def documented_metrics() -> set[str]:
+    """The metric names of the operations page's metrics table; a cell may shorten names after
+    its first (`lakeslot_reader_durable_lsn`, `_received_lsn`)."""
+    page = (ROOT / "docs" / "operations.md").read_text()
+    section = page.split("\n## Metrics\n", 1)[1].split("\n## ", 1)[0]
+    names: set[str] = set()
+    for cell in re.findall(r"^\| (.+?) \|", section, re.MULTILINE):
+        prefix = None
+        for token in re.findall(r"`([^`]+)`", cell):
+            name = token.split("{")[0]
+            if name.startswith("lakeslot_"):
+                names.add(name)
+                prefix = "_".join(name.split("_")[:2])
+            elif name.startswith("_") and prefix:
+                names.add(prefix + name)
+    return names
+
+
+def test_every_metric_has_a_row_on_the_operations_page():
+    samples = defined_metrics()
+    families = set()
+    for name in samples:
+        if name.endswith("_created"):
+            continue
+        histogram = next((name.removesuffix(s) for s in ("_bucket", "_count", "_sum")
+                          if name.endswith(s) and name.removesuffix(s) + "_bucket" in samples), None)
+        families.add(histogram or name)
+    assert len(families) > 30
+    assert families - documented_metrics() == set()
 
 
 # DESIGN.md "Scale", DESIGN.md rule 3, DESIGN.md rules 4–6, DESIGN.md invariants 1 and 2,
