@@ -191,6 +191,35 @@ def test_the_design_citation_pattern_reads_every_form():
         assert (_numbers(match["numbers"]) if match["numbers"] else None) == numbers, text
 
 
+# Pieces of the messages docs/troubleshooting.md quotes, each as one string literal of the code: a
+# message reworded in the code fails here until the page quotes the new words.
+QUOTED_MESSAGES = (
+    "logical decoding needs 'logical'",
+    "lacks the REPLICATION attribute",
+    "cannot create a publication in database ",
+    "cannot SELECT from it",
+    "does not own it (owner: ",
+    "updates and deletes cannot be replicated (and adding ",
+    "REPLICA IDENTITY FULL without a primary key: the mirror ",
+    "which is not in the mirror table; the value cannot ",
+    "set REPLICA IDENTITY FULL on the table (the old tuple then carries every value), ",
+    "outside 0001-01-01 .. 9999-12-31 (±infinity, BC, or a year after 9999)",
+    "lost WAL it needed (wal_status = lost): PostgreSQL removed ",
+    "Changes are missing: fix the cause (e.g. raise ",
+    "the slot's WAL is beyond max_slot_wal_keep_size and about to be ",
+    "nothing is confirmed to PostgreSQL until it is ",
+    "is active for this ingestion ",
+    "terminated backend ",
+)
+
+
+def test_the_troubleshooting_page_quotes_messages_the_code_prints():
+    page = " ".join((ROOT / "docs" / "troubleshooting.md").read_text().split())
+    code = "".join(p.read_text() for folder in ("lakeslot", "operator") for p in (ROOT / folder).rglob("*.py"))
+    missing = [m for m in QUOTED_MESSAGES if m not in code or " ".join(m.split()) not in page]
+    assert missing == []
+
+
 def test_the_readme_is_a_front_page():
     text = README.read_text()
     assert len(text.splitlines()) <= 200
@@ -201,6 +230,11 @@ def test_the_readme_is_a_front_page():
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text):
         if not re.match(r"[a-z]+://", target):
             assert (ROOT / target).exists(), target
+    performance = (ROOT / "docs" / "performance.md").read_text()
+    headline = re.findall(r"`(\.venv/bin/python -m bench\.[^`]+)`", text)
+    assert len(headline) == 5
+    for command in headline:
+        assert command in performance, command  # a headline figure is one of the page's
     (example,) = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
     reports = validation.validate_text(example)
     assert validation.all_valid(reports), validation.render("README.md", reports)
