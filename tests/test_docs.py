@@ -9,6 +9,7 @@ the CRD in tests/test_crd.py.
 
 from __future__ import annotations
 
+import html
 import os
 import re
 import shutil
@@ -68,11 +69,14 @@ def test_the_site_builds_strictly(site):
     on_disk = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
     assert nav_pages == on_disk
     for page in on_disk:
-        html = site / (page.removesuffix(".md").removesuffix("index") + "/index.html").lstrip("/")
-        assert html.exists(), page
+        built = site / (page.removesuffix(".md").removesuffix("index") + "/index.html").lstrip("/")
+        assert built.exists(), page
     architecture = (site / "architecture" / "index.html").read_text()
     assert 'class="mermaid"' in architecture and 'id="invariants"' in architecture
     assert "--8&lt;--" not in architecture and "--8<--" not in architecture  # the snippet was included
+    reference = (site / "reference" / "index.html").read_text()
+    assert "\\|" not in reference and "&amp;#124;" not in reference  # CEL's || reads as ||
+    assert "|| (has(self.schemas)" in html.unescape(reference)
 
 
 def test_a_broken_anchor_fails_the_build(tmp_path):

@@ -13,6 +13,7 @@ offline validation messages.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -109,8 +110,20 @@ def walk_schema(node: Node, path: str, role: str = "root") -> Iterator[tuple[str
             yield from walk_schema(node[key], path + suffix, child_role)
 
 
+# Characters of a code span that Markdown would still read once the span is written as HTML.
+_MARKDOWN = {c: f"&#{ord(c)};" for c in "&<>|[]()*_`\\~"}
+
+
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """``text`` fit for a table cell: one line, ``|`` escaped. A code span holding ``|`` is
+    written as HTML with the pipes (and whatever else Markdown would read) as entities: GitHub
+    and the documentation site's Markdown disagree about ``\\|`` inside a code span (the site
+    would show the backslash), and neither splits a cell on an entity."""
+    parts = re.split(r"(`[^`]+`)", text.replace("\n", " "))
+    return "".join(
+        "<code>" + "".join(_MARKDOWN.get(c, c) for c in part[1:-1]) + "</code>"
+        if part.startswith("`") and "|" in part else part.replace("|", "\\|")
+        for part in parts)
 
 
 def _default(node: Node, role: str) -> str:
@@ -139,7 +152,7 @@ def _rules_table(node: Node, path: str, root: Node | None = None) -> str:
     lines = ["| Fields | Rule (CEL) | Message |", "| --- | --- | --- |"]
     for (cel, message), paths in grouped.items():
         when = " (on update)" if "oldSelf" in cel else ""
-        lines.append(f"| {_cell(', '.join(paths))} | `{_cell(cel)}`{when} | {_cell(message)} |")
+        lines.append(f"| {_cell(', '.join(paths))} | {_cell(f'`{cel}`')}{when} | {_cell(message)} |")
     return "\n".join(lines)
 
 
