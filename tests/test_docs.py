@@ -239,9 +239,27 @@ def test_the_readme_is_a_front_page():
     assert len(headline) == 5
     for command in headline:
         assert command in performance, command  # a headline figure is one of the page's
-    (example,) = re.findall(r"```yaml\n(.*?)```", text, re.DOTALL)
-    reports = validation.validate_text(example)
-    assert validation.all_valid(reports), validation.render("README.md", reports)
+
+
+def test_every_ingestion_the_docs_show_is_valid():
+    examples = {}
+    for page in sorted([README, *(ROOT / "docs").rglob("*.md")]):
+        for i, block in enumerate(re.findall(r"```yaml\n(.*?)```", page.read_text(), re.DOTALL)):
+            if "kind: PostgresIngestion" in block:
+                examples[f"{page.relative_to(ROOT)} #{i}"] = block
+    assert len(examples) >= 2
+    for name, block in examples.items():
+        reports = validation.validate_text(block)
+        assert validation.all_valid(reports), validation.render(name, reports)
+
+
+def test_the_chart_values_the_kubernetes_page_shows_render():
+    page = (ROOT / "docs" / "getting-started" / "kubernetes.md").read_text()
+    values = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", page, re.DOTALL) if "kind:" not in b]
+    assert values
+    for shown in values:
+        manifests = chart.render({**shown, "spark": {**chart.SERVED["spark"], **shown.get("spark", {})}})
+        assert chart.of_kind(manifests, "ServiceAccount")  # rendered, values.schema.json accepted them
 
 
 def test_one_version_for_the_package_the_chart_the_image_and_the_changelog():
