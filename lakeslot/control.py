@@ -8,8 +8,10 @@ Steps, each gating the next:
    libpq's first line (never a credential: libpq does not print the password).
 2. **Check the source** (:func:`check_source`, ``SourceReady``) — the selected tables, preflight
    (a server-level finding fails the step; a table's own finding fails only that table, which is
-   ``Failed`` in ``status.tables`` with the fix; a note — e.g. generated columns left out of the
-   mirror — is the message of a table that passed), publication sync. A table that joins the
+   ``Failed`` in ``status.tables`` with the fix — so does a mirror name another selected table
+   maps to as well, :meth:`lakeslot.api.naming.IngestionNames.collisions`; a note — e.g.
+   generated columns left out of the mirror — is the message of a table that passed),
+   publication sync. A table that joins the
    publication is copied from a snapshot taken after it joined (its row's
    ``resnapshotBelowLsn``): the rows it got before, or while it was out, are in no stream. A
    table of the previous status that is no longer selected (dropped, renamed, moved, taken out
@@ -47,7 +49,7 @@ import psycopg
 
 from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestion, SourceSpec
-from lakeslot.api.naming import IngestionNames
+from lakeslot.api.naming import IngestionNames, collision_fix
 from lakeslot.source import connection, ddl_capture, failover, preflight, publication, slot
 from lakeslot.source.tables import TableName, quote_ident, selected
 from lakeslot.staging.store import Staging
@@ -125,6 +127,10 @@ def check_source(conn: psycopg.Connection, ingestion: PostgresIngestion, report:
     for finding in failed:
         assert finding.table is not None  # server-level findings returned above
         broken.setdefault(finding.table, []).append(str(finding))
+    established = {TableName(r.schema_name, r.name) for r in report.old.tables
+                   if r.state not in ("Failed", "Removed")}
+    for table, why in names.collisions(tables, established).items():
+        broken.setdefault(table, []).append(f"{table}: {why} — fix: {collision_fix(table)}")
     good = [t for t in tables if t not in broken]
     noted: dict[TableName, list[str]] = {}
     for finding in preflight.notes(findings):

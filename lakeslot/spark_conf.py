@@ -6,6 +6,10 @@ extensions, defines one catalog (``sink.catalog``, translated by
 :func:`lakeslot.mirror.catalogs.spark_conf`), runs the session and the driver/executor JVMs in
 UTC, starts Python workers through :mod:`lakeslot.spark_daemon` (a cheaper task start), and lets
 a join build a hash table of its small side instead of sorting both (the apply job's MERGE).
+Names resolve case-sensitively (``spark.sql.caseSensitive``): PostgreSQL and Iceberg both tell
+``Id``, ``id`` and ``ID`` apart, and Spark's default (case-insensitive) would make a MERGE over
+such a table fail with ``AMBIGUOUS_REFERENCE`` — or, with two tables whose names differ only in
+case, resolve one to the other. It is not a tuning default: ``sparkConf`` cannot turn it off.
 Secret-backed catalog properties are never part of it (jobs set them at runtime).
 """
 
@@ -36,6 +40,7 @@ def iceberg_conf(catalog: CatalogSpec, *, jars: Sequence[str | Path] = ()) -> di
         "spark.sql.extensions": "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions",
         **catalogs.spark_conf(catalog),
         "spark.sql.session.timeZone": "UTC",
+        "spark.sql.caseSensitive": "true",
         "spark.driver.extraJavaOptions": UTC_JVM_OPTIONS,
         "spark.executor.extraJavaOptions": UTC_JVM_OPTIONS,
         **TUNING,

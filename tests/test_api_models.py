@@ -13,15 +13,17 @@ from pydantic import ValidationError
 from lakeslot import lsn
 from lakeslot.api.conditions import find_condition, set_condition
 from lakeslot.api.crd import openapi_schema
-from lakeslot.api.models import Condition, PostgresIngestionStatus, SourceSpec, TableSpec
+from lakeslot.api.models import Condition, PostgresIngestion, PostgresIngestionStatus, SourceSpec, TableSpec
 from lakeslot.api.naming import (
+    IngestionNames,
     default_replication_name,
     effective_publication_name,
     effective_slot_name,
     iceberg_table_name,
 )
 from lakeslot.api.reference import walk_schema
-from lakeslot.api.validation import parse_resource, problems_of, validate_update
+from lakeslot.api.validation import parse_resource, problems_of, validate_text, validate_update
+from lakeslot.source.tables import TableName
 from tests.api_cases import EXAMPLES, UPDATE_CASES, apply_edits, base_document
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -168,13 +170,84 @@ def test_effective_names_prefer_the_spec():
 @pytest.mark.parametrize(
     ("schema", "table", "expected"),
     [
-        ("public", "orders", "public__orders"),
-        ("Sales", "Order Lines", "sales__order_lines"),
-        ("s", 'a"b.c', "s__a_b_c"),
+        ("public", "orders", "public__orders"),  # plain names keep the name they always had
+        ("public", "_prisma_migrations", "public___prisma_migrations"),
+        # the hash is part of the contract: a mirror keeps its name across versions
+        ("Sales", "Order Lines", "sales__order_lines_c2765b86"),
+        ('Sales "EU"', "Order Lines", "sales__eu___order_lines_95436ecc"),
+        ("s", 'a"b.c', "s__a_b_c_2b9aca81"),
     ],
 )
 def test_iceberg_table_name(schema, table, expected):
     assert iceberg_table_name("{schema}__{table}", schema, table) == expected
+
+
+@pytest.mark.parametrize(("one", "other"), [
+    (("app", "Users"), ("app", "users")),
+    (("app", "USERS"), ("app", "Users")),
+    (("public", "таблица"), ("public", "столбец")),  # equal length: the same readable name
+    (("Sales", "x"), ("sales", "x")),
+    (("a b", "c"), ("a_b", "c")),
+])
+def test_names_that_differ_only_in_case_or_script_get_different_mirrors(one, other):
+    template = "{schema}__{table}"
+    assert iceberg_table_name(template, *one) != iceberg_table_name(template, *other)
+
+
+def _names(tables: list[dict], **sink) -> IngestionNames:
+    return IngestionNames.of(PostgresIngestion.model_validate({
+        "apiVersion": "lakeslot.io/v1alpha1", "kind": "PostgresIngestion",
+        "metadata": {"name": "shop", "namespace": "prod"},
+        "spec": {"source": {"host": "db", "database": "app", "user": "u", "tables": tables,
+                            "schemas": ["public"]},
+                 "sink": {"catalog": {"type": "hadoop", "warehouse": "file:///w"},
+                          "namespace": "mirror", **sink},
+                 "staging": {"uri": "file:///s"}}}))
+
+
+def test_tables_that_still_map_to_one_mirror_are_refused_naming_each_other():
+    ab_c, a_bc, plain = TableName("a__b", "c"), TableName("a", "b__c"), TableName("a", "d")
+    names = _names([{"schema": "a", "name": "d"}])
+    refused = names.collisions([ab_c, a_bc, plain])
+    assert set(refused) == {ab_c, a_bc}
+    assert str(a_bc) in refused[ab_c] and str(ab_c) in refused[a_bc]
+    assert "mirror.a__b__c" in refused[ab_c]
+    # the one that was mirrored before keeps its mirror; the newcomer is refused
+    assert set(names.collisions([ab_c, a_bc, plain], established={ab_c})) == {a_bc}
+    # two established ones (they shared it: the bug this guards against) are both refused
+    assert set(names.collisions([ab_c, a_bc], established={ab_c, a_bc})) == {ab_c, a_bc}
+
+
+def test_mirror_name_overrides_the_template_and_resolves_a_collision():
+    names = _names([{"schema": "a__b", "name": "c", "mirrorName": "abc_mirror"}])
+    assert names.mirror_table(TableName("a__b", "c")) == "abc_mirror"
+    assert names.mirror_table(TableName("a", "b__c")) == "a__b__c"
+    assert names.collisions([TableName("a__b", "c"), TableName("a", "b__c")]) == {}
+
+
+def test_a_template_without_the_schema_and_changelog_names_collide_too():
+    names = _names([], tableNameTemplate="{table}")
+    one, other = TableName("eu", "orders"), TableName("us", "orders")
+    assert set(names.collisions([one, other])) == {one, other}
+    logged = _names([], changelog={"enabled": True})  # suffix __changes
+    orders, history = TableName("public", "orders"), TableName("public", "orders__changes")
+    refused = logged.collisions([orders, history])
+    assert set(refused) == {orders, history}
+    assert "changelog" in refused[orders] or "changelog" in refused[history]
+
+
+def test_validation_refuses_listed_tables_that_share_a_mirror():
+    text = yaml.safe_dump({
+        "apiVersion": "lakeslot.io/v1alpha1", "kind": "PostgresIngestion",
+        "metadata": {"name": "shop"},
+        "spec": {"source": {"host": "db", "database": "app", "user": "u",
+                            "tables": [{"schema": "a__b", "name": "c"}, {"schema": "a", "name": "b__c"}]},
+                 "sink": {"catalog": {"type": "hadoop", "warehouse": "file:///w"}, "namespace": "m"},
+                 "staging": {"uri": "file:///s"}}})
+    [report] = validate_text(text)
+    assert report.resource is None
+    assert [p.path for p in report.problems] == ["spec.source.tables[0]", "spec.source.tables[1]"]
+    assert all("mirrorName" in p.fix for p in report.problems)
 
 
 # ---------------------------------------------------------------------------- conditions

@@ -21,12 +21,12 @@ def test_progress_is_the_current_snapshots_lakeslot_lsn(spark, spark_warehouse, 
     names = IngestionNames.of(ingestion)
     done, plain, absent = (TableName("Sales", "Order Lines"), TableName("public", "plain"),
                            TableName("public", "absent"))
-    assert names.mirror_identifier(done) == (namespace, "sales__order_lines")
+    assert names.mirror_identifier(done) == (namespace, "sales__order_lines_c2765b86")
     for table in (done, plain):
         spark.sql(f"CREATE TABLE lakeslot.{'.'.join(names.mirror_identifier(table))} (id bigint)"
                   " USING iceberg")
     df = spark.createDataFrame([(1,), (2,), (3,)], "id bigint")
-    df.writeTo(f"lakeslot.{namespace}.sales__order_lines").option(
+    df.writeTo(f"lakeslot.{namespace}.sales__order_lines_c2765b86").option(
         "snapshot-property.lakeslot.lsn", str(0x16B3748)).append()
     df.writeTo(f"lakeslot.{namespace}.public__plain").append()
 

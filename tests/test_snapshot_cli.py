@@ -48,7 +48,7 @@ def test_the_ingestion_decides_the_job_and_the_password_comes_only_from_the_envi
     assert job.ingestion == f"{NAMESPACE}/orders"
     first, second = job.tables
     assert first.source == TableName('Sales "EU"', "Order Lines")
-    assert first.target == "sales__eu___order_lines"
+    assert first.target == "sales__eu___order_lines_95436ecc"
     assert (first.key_columns, first.exclude_columns) == (("id",), ("secret",))
     assert second.source == TableName("public", "plain") and second.key_columns == ()
     assert job.table_properties == {"write.parquet.compression-codec": "zstd"}

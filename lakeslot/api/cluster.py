@@ -65,6 +65,7 @@ DENIED_SPARK_CONF: dict[str, str] = {
 RESERVED_SPARK_CONF = (
     "spark.sql.extensions",
     "spark.sql.session.timeZone",
+    "spark.sql.caseSensitive",
     "spark.driver.extraJavaOptions",
     "spark.executor.extraJavaOptions",
 )
@@ -134,7 +135,7 @@ reserved_spark_conf = Rule(
     + " && " + " && ".join(f"!k.startsWith('{p}')" for p in RESERVED_SPARK_CONF_PREFIXES)
     + f" && k != {_OWN_CATALOG} && !k.startsWith({_OWN_CATALOG} + '.'))",
     message="sparkConf sets a key lakeslot sets itself (the Iceberg catalog, Secret wiring, "
-    "LAKESLOT_ variables or the UTC settings)",
+    "LAKESLOT_ variables, the UTC settings or case-sensitive names)",
     fix=f"remove {', '.join(RESERVED_SPARK_CONF)}, the keys starting with "
     f"{', '.join(RESERVED_SPARK_CONF_PREFIXES)} and spark.sql.catalog.<sink.catalog.name>(.*); "
     "configure the catalog in sink.catalog and Secrets in secretEnv",

@@ -113,6 +113,9 @@ def _partition_fields(entries: list[str]) -> list[str]:
     return entries
 
 
+MirrorName = Annotated[str, StringConstraints(max_length=255, pattern=r"^[a-z_][a-z0-9_]*$")]
+
+
 class TableSpec(ApiModel):
     """One source table, named by schema and table exactly as PostgreSQL stores them."""
 
@@ -160,6 +163,13 @@ class TableSpec(ApiModel):
         "their layout until rewritten or re-snapshotted). Empty: a table lakeslot creates or "
         "re-snapshots is unpartitioned, and emptying a list lakeslot applied makes later writes "
         "unpartitioned. See Partitioned mirrors."
+    )
+    mirror_name: MirrorName | None = optional(
+        "Name of this table's mirror inside sink.namespace, instead of the one "
+        "sink.tableNameTemplate gives (lower-case letters, digits and _, starting with a letter or "
+        "_). The way out when two tables would map to one mirror name, or to keep a mirror's "
+        "existing name. Changing it for a mirrored table starts a new mirror (copied afresh); the "
+        "old one is kept, never deleted by lakeslot."
     )
     resnapshot_generation: int = Field(
         0,
@@ -445,7 +455,11 @@ class SinkSpec(ApiModel):
         "{schema}__{table}",
         description="Name of each mirror table, with {schema} and {table} replaced by the source "
         "names; the result is lower-cased and every character other than a-z, 0-9 and _ becomes _. "
-        "Two tables that map to the same name are rejected at preflight.",
+        "A name that this changed (upper case, spaces, punctuation, non-ASCII) gets _ and 8 hex "
+        "digits of a hash of the exact schema and table names appended, so Users and users, or "
+        "two Cyrillic names, never share a mirror. Tables that still map to one name (e.g. a__b.c "
+        "and a.b__c, or a template without {schema}) fail at validation or preflight, each naming "
+        "the other: give one a mirrorName (source.tables[]).",
     )
     changelog: ChangelogSpec = section(ChangelogSpec, "Optional changelog (history) tables.")
     maintenance: MaintenanceSpec = section(

@@ -22,12 +22,20 @@ The operator reports the effective names in ``status.publicationName`` and ``sta
 local mode, the Spark jobs, the reader's command line): namespace (``default`` when the resource
 has none), owner (``namespace/name``, the ingestion's identity in ``application_name``, logs and
 the publication's ownership comment), slot, publication, and the mirror table of a source table.
+
+Mirror names (:func:`iceberg_table_name`, a table's ``mirrorName``) are injective or refused:
+:meth:`IngestionNames.collisions` finds the tables that would share a mirror (or a mirror and a
+changelog table); validation refuses them for listed tables, preflight for the tables a schema
+selection finds (each is ``Failed``, naming the other, and left out of the publication). A mirror
+also records which ingestion and source table own it (:mod:`lakeslot.mirror.contract`), and the
+jobs refuse to write one owned by another.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -64,11 +72,19 @@ def iceberg_table_name(template: str, schema: str, table: str) -> str:
     """The mirror table name for a source table (see ``sink.tableNameTemplate``).
 
     Lower-cased, and every character outside ``[a-z0-9_]`` becomes ``_``, so the name is valid
-    in every catalog type (Glue accepts only lower case) without quoting. The mapping is lossy on
-    purpose; the preflight rejects two tables that map to one name.
+    in every catalog type (Glue accepts only lower case) without quoting. Where that changed the
+    schema or table name (upper case, spaces, punctuation, non-ASCII), ``_`` + 8 hex digits of a
+    hash of the exact ``schema`` and ``table`` are appended: ``"Users"`` and ``users`` (or two
+    Cyrillic names of one length) get different mirrors, and the names of plain lower-case
+    tables are what they always were. What remains ambiguous — ``a__b``.``c`` against
+    ``a``.``b__c``, or a template without ``{schema}`` — is found by :func:`collisions`.
     """
     filled = template.replace("{schema}", schema).replace("{table}", table)
-    return _UNSAFE.sub("_", filled.lower())
+    readable = _UNSAFE.sub("_", filled.lower())
+    if all(_UNSAFE.sub("_", part.lower()) == part for part in (schema, table)):
+        return readable
+    digest = hashlib.sha256(f"{schema}\x00{table}".encode()).hexdigest()[:HASH_DIGITS]
+    return f"{readable}_{digest}"
 
 
 def namespace_of(namespace: str | None) -> str:
@@ -86,6 +102,9 @@ class IngestionNames:
     publication: str
     sink_namespace: str  # spec.sink.namespace: dot-separated Iceberg namespace levels
     table_template: str  # spec.sink.tableNameTemplate
+    # (schema, table, mirrorName) of every source.tables entry that sets mirrorName
+    overrides: tuple[tuple[str, str, str], ...] = ()
+    changelog_suffix: str | None = None  # spec.sink.changelog.suffix when changelogs are written
 
     @classmethod
     def of(cls, ingestion: PostgresIngestion) -> IngestionNames:
@@ -94,7 +113,10 @@ class IngestionNames:
         return cls(namespace, name,
                    effective_slot_name(namespace, name, spec.source),
                    effective_publication_name(namespace, name, spec.source),
-                   spec.sink.namespace, spec.sink.table_name_template)
+                   spec.sink.namespace, spec.sink.table_name_template,
+                   tuple((t.schema_name, t.name, t.mirror_name) for t in spec.source.tables
+                         if t.mirror_name),
+                   spec.sink.changelog.suffix if spec.sink.changelog.enabled else None)
 
     @property
     def owner(self) -> str:
@@ -102,9 +124,48 @@ class IngestionNames:
         return f"{self.namespace}/{self.name}"
 
     def mirror_table(self, table: TableName) -> str:
-        """The mirror table's name inside ``spec.sink.namespace``."""
+        """The mirror table's name inside ``spec.sink.namespace``: the table's ``mirrorName``,
+        else :func:`iceberg_table_name` of the template."""
+        for schema, name, mirror in self.overrides:
+            if (schema, name) == (table.schema, table.name):
+                return mirror
         return iceberg_table_name(self.table_template, table.schema, table.name)
 
     def mirror_identifier(self, table: TableName) -> tuple[str, ...]:
         """The mirror table's Iceberg identifier: namespace levels + table name."""
         return (*self.sink_namespace.split("."), self.mirror_table(table))
+
+    def collisions(self, tables: Iterable[TableName], established: Collection[TableName] = ()
+                   ) -> dict[TableName, str]:
+        """The tables of ``tables`` that cannot have the mirror name they map to, each with why
+        and the fix (pure). Two tables collide when their mirrors — or a mirror and another's
+        changelog table — would have one name. In a group of colliding tables, the one table of
+        ``established`` (mirrored before: it keeps its mirror) is left alone when there is
+        exactly one; otherwise every table of the group is refused: never a shared mirror."""
+        claims: dict[str, list[tuple[TableName, str]]] = {}
+        for table in tables:
+            mirror = self.mirror_table(table)
+            claims.setdefault(mirror, []).append((table, "mirror"))
+            if self.changelog_suffix:
+                claims.setdefault(mirror + self.changelog_suffix, []).append((table, "changelog"))
+        refused: dict[TableName, str] = {}
+        for name, claimants in claims.items():
+            group = list(dict.fromkeys(t for t, _ in claimants))
+            if len(group) < 2:
+                continue
+            keeper = [t for t in group if t in established]
+            for table, role in claimants:
+                if len(keeper) == 1 and table == keeper[0]:
+                    continue
+                others = ", ".join(f"{t} ({r})" for t, r in claimants if t != table)
+                refused.setdefault(table, (
+                    f"its {role} table would be {self.sink_namespace}.{name}, the same Iceberg "
+                    f"table as that of {others}: two source tables never share a mirror"))
+        return refused
+
+
+def collision_fix(table: TableName) -> str:
+    """What to do about a refused mirror name (:meth:`IngestionNames.collisions`)."""
+    return (f"set mirrorName for {table} in spec.source.tables (an entry with schema "
+            f"{table.schema!r}, name {table.name!r} and mirrorName), or change "
+            "sink.tableNameTemplate")

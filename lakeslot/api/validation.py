@@ -28,10 +28,17 @@ from pydantic_core import ErrorDetails
 
 from lakeslot.api.crd import resource_schema
 from lakeslot.api.models import GROUP, KIND, PostgresIngestion
-from lakeslot.api.naming import effective_publication_name, effective_slot_name, namespace_of
+from lakeslot.api.naming import (
+    IngestionNames,
+    collision_fix,
+    effective_publication_name,
+    effective_slot_name,
+    namespace_of,
+)
 from lakeslot.api.paths import Location, format_path, parse_path, schema_at
 from lakeslot.api.reference import expectation
 from lakeslot.api.rules import RULE_ERROR, transition_violations
+from lakeslot.source.tables import TableName
 
 
 @dataclass(frozen=True)
@@ -162,9 +169,22 @@ def validate_document(position: int, document: Any) -> DocumentReport | None:
     if not _is_ingestion(document):
         return DocumentReport(position, label)
     try:
-        return DocumentReport(position, label, resource=parse_resource(document))
+        resource = parse_resource(document)
     except ValidationError as error:
         return DocumentReport(position, label, problems_of(error))
+    problems = mirror_name_problems(resource)
+    return DocumentReport(position, label, problems, None if problems else resource)
+
+
+def mirror_name_problems(ingestion: PostgresIngestion) -> tuple[Problem, ...]:
+    """Listed tables that would share a mirror (or a mirror and a changelog table): known
+    offline, unlike those a schema selection finds (preflight refuses those)."""
+    names = IngestionNames.of(ingestion)
+    listed = [TableName(t.schema_name, t.name) for t in ingestion.spec.source.tables]
+    refused = names.collisions(listed)
+    return tuple(Problem(f"spec.source.tables[{i}]", f"{table}: {refused[table]}",
+                         collision_fix(table))
+                 for i, table in enumerate(listed) if table in refused)
 
 
 def validate_text(text: str) -> list[DocumentReport]:

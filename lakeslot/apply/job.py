@@ -40,7 +40,7 @@ A pass (:meth:`Applier.run_pass`):
    ``spec.staging.retentionSeconds`` are deleted (never the furthest segment, where the reader
    resumes; nothing while a table waits for its snapshot).
 5. The status document ``<staging>/apply-status.json`` is rewritten
-   (:meth:`lakeslot.staging.store.Staging.write_apply_status`).
+   (:mod:`lakeslot.staging.apply_status`).
 
 Exactly once: the only state is in Iceberg (each table's position, committed atomically with its
 data) and in the immutable segments. A crash anywhere — between table commits, during a MERGE,
@@ -48,15 +48,21 @@ after a commit before retention — leaves every table at a position it really r
 pass reapplies exactly the changes above it. The changelog commits before its mirror, so it is
 never behind it: after a crash between the two it is skipped, and the mirror catches up.
 
-Errors:
+Errors (every table is its own failure domain: :mod:`lakeslot.apply.isolation`):
 
 - Definite (:class:`lakeslot.apply.changes.TableError`, unmappable values): recorded on the table
   (``lakeslot.apply-error`` and friends, see :mod:`lakeslot.mirror.catalog`) and in the status
   document; that table stops, the others go on. ``resnapshot``: the way out is a re-snapshot,
   which lifts the error by moving the table's position.
+- Any other error of one table's work (a Spark analysis error, an executor's exception, a failed
+  MERGE or maintenance), or a transient one that keeps failing it while others pass: that table
+  fails alone, recorded with when it is tried again; the first pass that works lifts it. A failed
+  reduction of the whole batch is narrowed down to the tables it fails for.
 - Transient (Spark/py4j, catalog and storage ``OSError``, PostgreSQL connection errors): retried
   ``max_attempts`` times with backoff within the pass, then reported as ``retrying`` and retried
   by the next pass.
+- A pass that fails as a whole raises (the job ends; its supervisor restarts it) and is counted
+  in the status document: repeated, it is ``ApplyDegraded`` in every status.
 - A table whose position is below the first staged segment (the slot was recreated after it was
   lost, or segments were deleted by hand) is a definite error of that table: its changes are
   missing, and its re-snapshot lifts the error. A gap between staged segments
@@ -89,7 +95,7 @@ from pyspark.sql import functions as F
 from lakeslot import cadence, typemap
 from lakeslot import lsn as lsn_text
 from lakeslot.api.partitioning import PartitionSpecError
-from lakeslot.apply import changes, columns, ddl, merge, spread, warmup
+from lakeslot.apply import changes, columns, ddl, isolation, merge, spread, warmup
 from lakeslot.apply.changes import TableError
 from lakeslot.mirror import maintenance
 from lakeslot.mirror.catalog import Tables, TableState
@@ -97,10 +103,13 @@ from lakeslot.mirror.contract import (
     BACKFILL_PROPERTY,
     LSN_COLUMN,
     OP_COLUMN,
+    OWNER_PROPERTY,
     SCHEMA_CHANGE_PROPERTY,
     SEQ_COLUMN,
     SOURCE_FACTS_PROPERTY,
     history_age_s,
+    ownership,
+    ownership_problem,
     table_properties,
 )
 from lakeslot.source import ddl_capture, facts, keys
@@ -108,6 +117,7 @@ from lakeslot.source.columns import DescribeError, TypeCache, describe
 from lakeslot.source.connection import application_name, connect
 from lakeslot.source.tables import TableName, existing
 from lakeslot.spark_session import error_summary, make_active
+from lakeslot.staging import apply_status
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.relations import Column, Relation
 from lakeslot.staging.store import Staging
@@ -118,7 +128,7 @@ EXPIRE_INTERVAL_S = 3600.0
 MAINTENANCE_LOOK_S = 5.0  # how often maintenance looks at a table's health, at most
 SETTLED_LOOK_S = 600.0  # ... and at an idle table a look found settled (see _maintain)
 POINTS = ("batch-read", "after-evolve", "after-changelog", "before-merge", "after-merge",
-          "after-tables", "after-retention")
+          "after-tables", "before-maintenance", "after-retention")
 TRANSIENT = (Py4JError, PythonException, OSError, psycopg.OperationalError)
 T = TypeVar("T")
 
@@ -250,7 +260,7 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
     ``on_pass`` is given each pass's outcome as it ends (benchmarks time passes with it).
     Returns the last pass's outcome."""
     applier = Applier(spark, job, hooks or Hooks(), max_segments, max_attempts, environ,
-                      expire_interval_s)
+                      expire_interval_s, honour_retry=not once)
     stop = stop or threading.Event()
     result = ApplyResult()
     try:
@@ -258,7 +268,11 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
             warmup.warm_up(spark)
         while True:
             started = time.time()
-            result.last = applier.run_pass()
+            try:
+                result.last = applier.run_pass()
+            except Exception as e:
+                applier.pass_failed(e)  # counted in the status document (lakeslot.apply.isolation)
+                raise
             result.passes += 1
             result.steps = applier.totals.seconds  # (every pass of this run: the applier's)
             if on_pass is not None:
@@ -274,7 +288,8 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
 
 class Applier:
     def __init__(self, spark, job: JobInput, hooks: Hooks, max_segments: int, max_attempts: int,
-                 environ=None, expire_interval_s: float = EXPIRE_INTERVAL_S) -> None:
+                 environ=None, expire_interval_s: float = EXPIRE_INTERVAL_S, *,
+                 honour_retry: bool = True) -> None:
         spec = job.ingestion.spec
         self.spark, self.job, self.spec, self.hooks = spark, job, spec, hooks
         make_active(spark)  # (again at every pass: the JVM thread may lose it)
@@ -302,6 +317,12 @@ class Applier:
         self.interval = spec.apply.trigger_interval_seconds
         self.lag = cadence.Lag(spec.reader.seal_seconds(self.interval))  # passes behind the seals
         self._seen_end: int | None = None  # the furthest segment end a listing showed
+        # isolation (lakeslot.apply.isolation): a failed table waits for its retry time (a --once
+        # run tries every table at once); failures in a row, transient ones and maintenance's
+        self.honour_retry = honour_retry
+        self._transient = isolation.Streaks()
+        self._maintenance_failures = isolation.Streaks()
+        self._retried_now: set[TableName] = set()  # this pass's: failed tables tried again
 
     def close(self) -> None:
         if self._conn is not None:
@@ -336,7 +357,7 @@ class Applier:
         make_active(self.spark)
         self.tables.ensure_namespace(self.spec.sink.namespace)
         self._facts, self._defaults, self._capture, self._events = None, {}, None, []
-        self._unique, self._replayed = {}, set()
+        self._unique, self._replayed, self._retried_now = {}, set(), set()
         outcomes: dict[TableName, TableOutcome] = {}
         states: dict[TableName, TableState] = {}
         self.steps = steps = Steps()
@@ -377,15 +398,19 @@ class Applier:
             for table, plan in planned.items():
                 if table not in outcomes:
                     outcomes[table] = self._attempt(table, functools.partial(
-                        self._apply, table, plan, batch, reduced))
+                        self._apply, table, plan, batch, reduced.get(table)))
         finally:
-            if reduced is not None:
-                reduced.release()
+            for each in {id(r): r for r in reduced.values()}.values():
+                each.release()
         self.hooks("after-tables")
+        self._escalate(outcomes)
         ordered = tuple(outcomes[t] for t in self.job.tables)
         with steps("maintenance"):
             self._expire(ordered)
-            self._maintain(ordered)
+            for table, error in self._maintain(ordered).items():
+                outcomes[table] = self._retryable(table, error)
+            ordered = tuple(outcomes[t] for t in self.job.tables)
+            self._recovered(ordered)
             deleted = self._retention(ordered, staged)
         self.hooks("after-retention")
         result = PassResult(batch.end, len(batch.segments) == self.max_segments, ordered, deleted,
@@ -426,9 +451,65 @@ class Applier:
         except (TableError, typemap.MappingError, PartitionSpecError) as e:
             return self._fail(table, str(e), getattr(e, "resnapshot", True),
                               getattr(e, "automatic", False))
+        except Exception as e:  # any other error of this table's work fails it alone
+            log.exception("%s: failed", table)
+            return self._retryable(table, f"{type(e).__name__}: {error_summary(e)}")
         if isinstance(result, _Exhausted):
             return self._retrying(table, result.error)
         return result
+
+    def _retryable(self, table: TableName, error: str) -> TableOutcome:
+        """Fail ``table`` alone until its retry time (:mod:`lakeslot.apply.isolation`), recorded
+        on its mirror so every status shows it; when the catalog cannot be reached to record it,
+        only this pass's outcome says so."""
+        target = self.job.names.mirror_table(table)
+        try:
+            state = self.tables.load(target)
+        except TRANSIENT:
+            state = None
+        previous = state.retry if state is not None and state.error is not None else None
+        failures = previous[1] + 1 if previous is not None else 1
+        retry_at = time.time() + isolation.retry_delay_s(failures)
+        message = isolation.retry_message(error, failures, retry_at)
+        log.error("%s: %s", table, message)
+        if state is not None:
+            with contextlib.suppress(*TRANSIENT):
+                self.tables.record_error(target, message, state.lsn, False,
+                                         retry=(retry_at, failures))
+        return TableOutcome(table, target, "failed", state.lsn if state else None, error=message)
+
+    def _escalate(self, outcomes: dict[TableName, TableOutcome]) -> None:
+        """A table failing transiently pass after pass while others pass is failed alone (it
+        would otherwise cost every pass its retries), :data:`isolation.TRANSIENT_STREAK` in a row.
+        (A table that is current passes too: its catalog and staging answered.)"""
+        passing = any(o.state in ("applied", "advanced", "current") for o in outcomes.values())
+        for table, outcome in list(outcomes.items()):
+            if outcome.state != "retrying":
+                self._transient.passed(table)
+            elif self._transient.failed(table) >= isolation.TRANSIENT_STREAK and passing:
+                self._transient.passed(table)
+                outcomes[table] = self._retryable(table, outcome.error or "")
+
+    def _recovered(self, outcomes: tuple[TableOutcome, ...]) -> None:
+        """Lift the retryable error of each failed table that was tried again and worked."""
+        for outcome in outcomes:
+            if outcome.source in self._retried_now and outcome.state in (
+                    "applied", "advanced", "current"):
+                log.info("%s: works again; its error is lifted", outcome.source)
+                self.tables.clear_error(outcome.target)
+
+    def pass_failed(self, error: Exception) -> None:
+        """Count a pass that failed as a whole in the status document (best effort: staging may
+        be what fails), :class:`lakeslot.staging.apply_status.PassFailures`."""
+        try:
+            document = self.staging.read_apply_status() or {}
+            failures = apply_status.PassFailures.of(document).failed(
+                f"{type(error).__name__}: {error_summary(error)}", dt.datetime.now(dt.UTC))
+            document[apply_status.FAILED_PASSES] = failures.document()
+            document["updatedAt"] = _now_text()
+            self.staging.write_apply_status(document)
+        except Exception as e:  # noqa: BLE001 - the pass's own error is what matters
+            log.warning("cannot record the failed pass in the status document: %s", e)
 
     def _retrying(self, table: TableName, error: str) -> TableOutcome:
         """The outcome of a table whose work failed transiently every time: the next pass
@@ -477,12 +558,25 @@ class Applier:
             self._create(table, target)
             state = self.tables.load(target)
             assert state is not None  # _create just created it
+        owner, source = self.job.names.owner, str(table)
+        foreign = ownership_problem(state.properties, f"{self.spec.sink.namespace}.{target}", owner,
+                                    source)
+        if foreign is not None:  # (not recorded on the table: it is not this table's)
+            log.error("%s: stopped: %s", table, foreign)
+            return TableOutcome(table, target, "failed", None, error=foreign)
+        if OWNER_PROPERTY not in state.properties:  # from before ownership was recorded: adopted
+            recorded = state.properties.get(SOURCE_FACTS_PROPERTY)
+            self.tables.set_properties(target, ownership(
+                owner, source, facts.TableFacts.from_json(recorded).oid if recorded else None))
         if state.lsn is None:
             return TableOutcome(table, target, "waiting", None,
                                 error="the mirror table has no lakeslot.lsn yet (no snapshot)")
         if state.error is not None:
-            return TableOutcome(table, target, "failed", state.lsn, error=state.error,
-                                resnapshot=state.resnapshot_required)
+            retry = state.retry
+            if retry is None or (self.honour_retry and time.time() < retry[0]):
+                return TableOutcome(table, target, "failed", state.lsn, error=state.error,
+                                    resnapshot=state.resnapshot_required)
+            self._retried_now.add(table)  # its retry time came: tried again
         if state.stale_error:
             self.tables.clear_error(target)
         options = self.job.table_spec(table)  # partitionBy changed: evolve the spec in place
@@ -506,7 +600,8 @@ class Applier:
         except (typemap.MappingError, DescribeError) as e:
             raise TableError(f"table {table}: {e}") from None
         self.tables.create(target, typemap.mirror_schema(mapped),
-                           table_properties(self.spec.sink.table_properties), 0,
+                           {**table_properties(self.spec.sink.table_properties),
+                            **ownership(self.job.names.owner, str(table), oid)}, 0,
                            options.partition_fields() if options else ())
 
     # one table -----------------------------------------------------------------------------
@@ -539,21 +634,51 @@ class Applier:
         return _Planned(state, plan, config, scanned)
 
     def _reduce(self, batch: spread.Batch, planned: dict[TableName, _Planned],
-                outcomes: dict[TableName, TableOutcome]) -> spread.Reduced | None:
+                outcomes: dict[TableName, TableOutcome]) -> dict[TableName, spread.Reduced]:
         """Reduce every table with changes in one Spark job (:mod:`lakeslot.apply.spread`),
-        retried like a table's work; tables whose reduction cannot be had are ``retrying``."""
+        retried like a table's work. When it cannot be had, the tables are reduced in halves,
+        and halves again, until the tables it fails for are found alone: those fail (or are
+        ``retrying``), the others go on (:mod:`lakeslot.apply.isolation`). Each table's
+        reduction, by table."""
         configs = [p.config for p in planned.values() if p.scan.changes]
         if not configs:
-            return None
-        reduced = self._retried("reducing the batch", functools.partial(
-            spread.reduce, self.spark, self.spec.staging.uri, batch, configs))
-        if not isinstance(reduced, _Exhausted):
-            return reduced
-        outcomes.update((c.table, self._retrying(c.table, reduced.error)) for c in configs)
-        return None
+            return {}
+        try:
+            reduced = self._retried("reducing the batch", functools.partial(
+                spread.reduce, self.spark, self.spec.staging.uri, batch, configs))
+        except Exception as e:  # noqa: BLE001 - found out table by table below
+            log.warning("reducing the batch failed (%s): reducing its tables in parts",
+                        error_summary(e))
+        else:
+            if not isinstance(reduced, _Exhausted):
+                return {c.table: reduced for c in configs}
+            log.warning("reducing the batch kept failing (%s): reducing its tables in parts",
+                        reduced.error)
+        return self._reduce_parts(batch, configs, outcomes)
+
+    def _reduce_parts(self, batch: spread.Batch, configs: list[spread.TableConfig],
+                      outcomes: dict[TableName, TableOutcome]) -> dict[TableName, spread.Reduced]:
+        if len(configs) == 1:  # alone: its own error, classified as any work of the table
+            table = configs[0].table
+            alone = self._attempt(table, functools.partial(
+                spread.reduce, self.spark, self.spec.staging.uri, batch, configs))
+            if isinstance(alone, TableOutcome):
+                outcomes[table] = alone
+                return {}
+            return {table: alone}
+        found: dict[TableName, spread.Reduced] = {}
+        for part in isolation.halves(configs):
+            try:
+                reduced = spread.reduce(self.spark, self.spec.staging.uri, batch, part)
+            except Exception:  # noqa: BLE001 - narrowed down further
+                found.update(self._reduce_parts(batch, list(part), outcomes))
+            else:
+                found.update((c.table, reduced) for c in part)
+        return found
 
     def _apply(self, table: TableName, planned: _Planned, batch: spread.Batch,
                reduced: spread.Reduced | None) -> TableOutcome:
+        """The table's pass (``reduced``: its reduction; None: no change of it in the batch)."""
         target = self.job.names.mirror_table(table)
         state, plan, config, scanned = planned.state, planned.plan, planned.config, planned.scan
         assert batch.end is not None  # _plan returned "current" otherwise
@@ -887,15 +1012,16 @@ class Applier:
     # table maintenance, retention and status --------------------------------------------------
 
     def _targets(self, outcomes: tuple[TableOutcome, ...],
-                 states: tuple[str, ...] = ("applied", "advanced")) -> Iterator[str]:
+                 states: tuple[str, ...] = ("applied", "advanced")
+                 ) -> Iterator[tuple[TableName, str]]:
         """The Iceberg tables of ``outcomes`` in ``states`` — by default those this pass
-        committed to —: mirrors and their changelog tables."""
+        committed to —: mirrors and their changelog tables, each with its source table."""
         suffix = self.spec.sink.changelog.suffix if self.spec.sink.changelog.enabled else None
         for outcome in outcomes:
             if outcome.state in states:
-                yield outcome.target
+                yield outcome.source, outcome.target
                 if suffix:
-                    yield outcome.target + suffix
+                    yield outcome.source, outcome.target + suffix
 
     def _expire(self, outcomes: tuple[TableOutcome, ...]) -> None:
         """Expire old snapshots of the tables this pass committed to, by the tables' own
@@ -904,7 +1030,7 @@ class Applier:
         snapshot count stays bounded), each table at most once per ``expire_interval_s`` or an
         eighth of that age. Failures only log: the data is safe."""
         age = history_age_s(self.spec.apply.trigger_interval_seconds)
-        for target in self._targets(outcomes):
+        for _, target in self._targets(outcomes):
             if not _first_within(self._expired, target, min(self.expire_interval_s, age / 8)):
                 continue
             try:
@@ -913,10 +1039,12 @@ class Applier:
                 log.warning("%s: expiring old snapshots failed (retried later): %s", target,
                             error_summary(e))
 
-    def _maintain(self, outcomes: tuple[TableOutcome, ...]) -> None:
+    def _maintain(self, outcomes: tuple[TableOutcome, ...]) -> dict[TableName, str]:
         """Compaction and clean-up where due (:mod:`lakeslot.mirror.maintenance`), table after
         table until ``maintenance.budgetSeconds`` is spent; the rest waits for the next pass.
-        Failures only log (and are recorded on the table): the data is safe.
+        A transient failure logs (the data is safe) and is tried again later; a table whose
+        maintenance fails otherwise, or :data:`isolation.MAINTENANCE_STREAK` times in a row, is
+        returned with why (its reads would only grow slower): it fails alone.
 
         A look loads the table (a catalog call, and reads its metadata): at most every
         :data:`MAINTENANCE_LOOK_S`, and an idle table that a look found *settled* — nothing can
@@ -926,10 +1054,13 @@ class Applier:
         deadline = time.monotonic() + self.spec.sink.maintenance.budget_seconds
         # idle: no change in this pass (nothing sealed for it, or nothing sealed at all — a
         # quiet source: such a table is looked at too, its delete files are compacted away)
-        idle = set(self._targets(outcomes, ("advanced", "current")))
-        for target in self._targets(outcomes, ("applied", "advanced", "current")):
+        idle = {target for _, target in self._targets(outcomes, ("advanced", "current"))}
+        failed: dict[TableName, str] = {}
+        for source, target in self._targets(outcomes, ("applied", "advanced", "current")):
             if not self.spec.sink.maintenance.enabled or time.monotonic() >= deadline:
-                return
+                return failed
+            if source in failed:
+                continue
             if target not in idle:
                 self._settled.pop(target, None)  # its data changed: anything may be due
             elif time.monotonic() - self._settled.get(target, -math.inf) < SETTLED_LOOK_S:
@@ -937,15 +1068,28 @@ class Applier:
             if not _first_within(self._looked, target, MAINTENANCE_LOOK_S):
                 continue  # (a look loads the table: not on every pass of a fast trigger)
             try:
+                self.hooks("before-maintenance", source)
                 table = self.tables.iceberg_table(target)
                 if self.maintainer.maintain(table, target, idle=target in idle):
                     self.totals.maintenance["ran"] = self.totals.maintenance.get("ran", 0) + 1
                 elif self.maintainer.settled(table):
                     self._settled[target] = time.monotonic()
-            except TRANSIENT as e:
+            except Exception as e:  # noqa: BLE001 - transient or not, it is this table's
                 self.totals.maintenance["failed"] = self.totals.maintenance.get("failed", 0) + 1
-                log.warning("%s: maintenance failed (tried again later): %s", target,
-                            error_summary(e))
+                streak = self._maintenance_failures.failed(target)
+                error = f"{type(e).__name__}: {error_summary(e)}"
+                if isinstance(e, TRANSIENT) and streak < isolation.MAINTENANCE_STREAK:
+                    log.warning("%s: maintenance failed (tried again later): %s", target, error)
+                    continue
+                self._maintenance_failures.passed(target)
+                failed[source] = (
+                    f"maintenance of {target} failed ({streak} time(s) in a row): {error}; "
+                    "without it the table's reads grow slower with every pass. Fix the cause "
+                    "(the error names it), or turn maintenance off (sink.maintenance.enabled: "
+                    "false) and maintain the table yourself")
+            else:
+                self._maintenance_failures.passed(target)
+        return failed
 
     def _retention(self, outcomes: tuple[TableOutcome, ...], names: list[SegmentName]) -> int:
         if any(o.lsn is None for o in outcomes):

@@ -40,6 +40,7 @@ from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.progress import MirrorProgress
 from lakeslot.snapshot import progress as snapshot_progress
 from lakeslot.source.tables import TableName
+from lakeslot.staging import apply_status
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.store import Staging
 
@@ -144,10 +145,11 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
                                  current=source.current_lsn, reader=activity_now.reader_pod)
     _staged(report, staged or StagedCounter(ing.spec.staging.uri), progress, snapshotting)
     freshness.record(report.status, ing.spec.staging.uri, report.now)
-    _apply_errors(report, ing.spec.staging.uri)
+    degraded = apply_status.degraded_message(_apply_errors(report, ing.spec.staging.uri))
     reader_reason, reader_problem = reader_state(activity_now) or ("", None)
     st.streaming(report, applied, reader_problem=reader_problem, reader_reason=reader_reason,
-                 apply_problem=activity_now.apply_problem,
+                 apply_problem=activity_now.apply_problem or degraded,
+                 apply_reason="ApplyNotRunning" if activity_now.apply_problem else st.APPLY_DEGRADED,
                  catching_up_after=st.catching_up_after_s(ing.spec))
     report.summarize()
     return report.status
@@ -218,9 +220,9 @@ def _staged(report: st.Report, staged: StagedCounter,
             row.rows_staged = counts[table]
 
 
-def _apply_errors(report: st.Report, staging_uri: str) -> None:
+def _apply_errors(report: st.Report, staging_uri: str) -> dict:
     """Tables the apply job stopped (definite error) are Failed; its transient errors being
-    retried are in the table's message."""
+    retried are in the table's message. The apply job's status document."""
     document = Staging(staging_uri).read_apply_status() or {}
     outcomes = {TableName(t["schema"], t["name"]): t for t in document.get("tables", [])}
     for row in report.status.tables:
@@ -231,6 +233,7 @@ def _apply_errors(report: st.Report, staging_uri: str) -> None:
         if outcome["state"] == "failed":
             row.state = "Failed"
         row.message = f"apply {outcome['state']}: {outcome['error']}"
+    return document
 
 
 def reader_state(activity_now: Activity) -> tuple[str, str] | None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType
@@ -53,7 +53,9 @@ from lakeslot.mirror import partitions
 from lakeslot.mirror.contract import (
     BACKFILL_PROPERTY,
     ERROR_LSN_PROPERTY,
+    ERROR_PROPERTIES,
     ERROR_PROPERTY,
+    FAILURES_PROPERTY,
     GENERATION_PROPERTY,
     LSN_PROPERTY,
     MAX_SNAPSHOT_AGE_PROPERTY,
@@ -62,6 +64,7 @@ from lakeslot.mirror.contract import (
     RESNAPSHOT_AUTOMATIC,
     RESNAPSHOT_PROPERTY,
     RESNAPSHOT_SUMMARY,
+    RETRY_AT_PROPERTY,
     SNAPSHOT_LSN_PROPERTY,
     apply_error,
 )
@@ -87,6 +90,7 @@ class MirrorState:
     generation: int | None = None  # the snapshot generation, None when never snapshotted
     has_data: bool = False
     snapshot_lsn: int | None = None  # lakeslot.snapshot-lsn: where the last snapshot was taken
+    properties: Mapping[str, str] = field(default_factory=dict)  # the table's, when it exists
 
 
 class Catalog:
@@ -118,18 +122,19 @@ class Catalog:
             return MirrorState(False)
         loaded = self._catalog.loadTable(ident)
         current = loaded.currentSnapshot()
-        generation = loaded.properties().get(GENERATION_PROPERTY)
+        properties = dict(loaded.properties())
+        generation = properties.get(GENERATION_PROPERTY)
         if generation is not None:
-            taken = loaded.properties().get(SNAPSHOT_LSN_PROPERTY)
+            taken = properties.get(SNAPSHOT_LSN_PROPERTY)
             return MirrorState(True, int(generation), current is not None,
-                               int(taken) if taken is not None else None)
+                               int(taken) if taken is not None else None, properties)
         snapshot = current
         while snapshot is not None:
             if snapshot.summary().get(LSN_PROPERTY) is not None:
-                return MirrorState(True, 0, True)
+                return MirrorState(True, 0, True, properties=properties)
             parent = snapshot.parentId()
             snapshot = loaded.snapshot(parent) if parent is not None else None
-        return MirrorState(True, None, current is not None)
+        return MirrorState(True, None, current is not None, properties=properties)
 
     def java_table(self, namespace: str, table: str):
         """The Java Iceberg table, refreshed."""
@@ -234,6 +239,14 @@ class TableState:
     @property
     def resnapshot_required(self) -> bool:
         return self.properties.get(RESNAPSHOT_PROPERTY) in ("true", RESNAPSHOT_AUTOMATIC)
+
+    @property
+    def retry(self) -> tuple[float, int] | None:
+        """A retryable error's (when it is tried again, failures in a row); None otherwise."""
+        at = self.properties.get(RETRY_AT_PROPERTY)
+        if at is None:
+            return None
+        return float(at), int(self.properties.get(FAILURES_PROPERTY, "1"))
 
     @property
     def stale_error(self) -> bool:
@@ -375,14 +388,19 @@ class Tables(Catalog):
         update.commit()
 
     def record_error(self, table: str, message: str, lsn: int | None, resnapshot: bool,
-                     automatic: bool = False) -> None:
+                     automatic: bool = False, retry: tuple[float, int] | None = None) -> None:
+        """Record a definite error (``resnapshot``: the way out is a re-snapshot) or, with
+        ``retry`` = (when, failures in a row), a retryable one (:mod:`lakeslot.apply.isolation`)."""
         values = {ERROR_PROPERTY: message, ERROR_LSN_PROPERTY: str(lsn)}
         if resnapshot:
             values[RESNAPSHOT_PROPERTY] = RESNAPSHOT_AUTOMATIC if automatic else "true"
-        self.set_properties(table, values, () if resnapshot else (RESNAPSHOT_PROPERTY,))
+        if retry is not None:
+            values[RETRY_AT_PROPERTY], values[FAILURES_PROPERTY] = f"{retry[0]:.3f}", str(retry[1])
+        self.set_properties(table, values, tuple(k for k in ERROR_PROPERTIES
+                                                 if k not in values and k != ERROR_PROPERTY))
 
     def clear_error(self, table: str) -> None:
-        self.set_properties(table, {}, (ERROR_PROPERTY, ERROR_LSN_PROPERTY, RESNAPSHOT_PROPERTY))
+        self.set_properties(table, {}, ERROR_PROPERTIES)
 
     def expire_snapshots(self, table: str, default_age_s: float) -> None:
         """Expire old snapshots (and delete the files only they referenced) by the table's own

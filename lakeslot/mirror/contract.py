@@ -13,7 +13,14 @@ Invariants:
   every commit that sets the partition spec from it; the error properties by the apply job when
   it stops a table — the error is in force only while the table's position equals
   :data:`ERROR_LSN_PROPERTY` (:func:`apply_error`), so a re-snapshot, which moves the position,
+  lifts it; a retryable error (:mod:`lakeslot.apply.isolation`) also carries
+  :data:`RETRY_AT_PROPERTY` and :data:`FAILURES_PROPERTY`, and the apply pass that works again
   lifts it.
+- Ownership: :data:`OWNER_PROPERTY`, :data:`SOURCE_TABLE_PROPERTY` and :data:`SOURCE_OID_PROPERTY`
+  are set when lakeslot creates or replaces a table (:func:`ownership`), and the jobs write a
+  table only when they name this ingestion and this source table
+  (:func:`ownership_problem`): two source tables — or two ingestions — never share a mirror.
+  A table from before these properties existed is adopted: the apply job records them.
 - Columns: the source's, plus :data:`LSN_COLUMN` (commit LSN of the row's last change) in the
   mirror; the changelog table adds :data:`OP_COLUMN` and :data:`SEQ_COLUMN`.
 - Tables lakeslot creates are format v2 with :data:`TABLE_DEFAULTS` unless
@@ -38,11 +45,18 @@ SCHEMA_CHANGE_PROPERTY = "lakeslot.schema-change"  # the last DDL applied in pla
 ERROR_PROPERTY = "lakeslot.apply-error"
 ERROR_LSN_PROPERTY = "lakeslot.apply-error-lsn"
 RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"  # "true", or RESNAPSHOT_AUTOMATIC
+RETRY_AT_PROPERTY = "lakeslot.apply-error-retry-at"  # a retryable error: when it is tried again
+FAILURES_PROPERTY = "lakeslot.apply-error-failures"  # ... and how many times in a row it failed
+ERROR_PROPERTIES = (ERROR_PROPERTY, ERROR_LSN_PROPERTY, RESNAPSHOT_PROPERTY,
+                    RETRY_AT_PROPERTY, FAILURES_PROPERTY)
 MAINTENANCE_PROPERTY = "lakeslot.last-maintenance"  # the last maintenance run's outcome, as text
 MAINTENANCE_AT_PROPERTY = "lakeslot.last-maintenance-at"  # ... when it ran (Unix seconds)
 MAINTENANCE_SECONDS_PROPERTY = "lakeslot.last-maintenance-seconds"  # ... how long it took
 ORPHANS_AT_PROPERTY = "lakeslot.last-orphan-removal-at"  # when orphan files were last removed
 PARTITION_PROPERTY = "lakeslot.partition-by"  # the partitionBy the mirror's spec was last set to
+OWNER_PROPERTY = "lakeslot.owner"  # the ingestion that owns the table: namespace/name
+SOURCE_TABLE_PROPERTY = "lakeslot.source-table"  # the source table it mirrors: "schema"."table"
+SOURCE_OID_PROPERTY = "lakeslot.source-oid"  # ... and that table's OID when it was copied
 RESNAPSHOT_AUTOMATIC = "automatic"  # lakeslot copies the table again by itself (onSchemaChange)
 
 # columns
@@ -91,3 +105,29 @@ def apply_error(properties: Mapping[str, str], lsn: int | None) -> str | None:
     if ERROR_PROPERTY in properties and properties.get(ERROR_LSN_PROPERTY) == str(lsn):
         return properties[ERROR_PROPERTY]
     return None
+
+
+def ownership(owner: str, table: str, oid: int | None) -> dict[str, str]:
+    """The properties that say which ingestion (``namespace/name``) and which source table
+    (``table``: its quoted qualified name, and ``oid``) a mirror belongs to."""
+    recorded = {OWNER_PROPERTY: owner, SOURCE_TABLE_PROPERTY: table}
+    if oid is not None:
+        recorded[SOURCE_OID_PROPERTY] = str(oid)
+    return recorded
+
+
+def ownership_problem(properties: Mapping[str, str], mirror: str, owner: str,
+                      table: str) -> str | None:
+    """Why ingestion ``owner`` may not write source table ``table`` into the Iceberg table
+    ``mirror`` whose ``properties`` these are (None: it may — its own, or not recorded yet)."""
+    recorded_owner = properties.get(OWNER_PROPERTY)
+    recorded_table = properties.get(SOURCE_TABLE_PROPERTY)
+    if recorded_owner is None and recorded_table is None:
+        return None
+    if recorded_owner == owner and recorded_table == table:
+        return None
+    holder = f"source table {recorded_table} of ingestion {recorded_owner}"
+    return (f"Iceberg table {mirror} is the mirror of {holder}, not of {table} of ingestion "
+            f"{owner}: lakeslot never writes one table's changes into another's mirror; give "
+            f"{table} another mirror name (mirrorName in spec.source.tables, "
+            "sink.tableNameTemplate or sink.namespace)")

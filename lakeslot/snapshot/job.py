@@ -14,7 +14,9 @@ Steps:
 
 1. For every requested table, the mirror's state (:meth:`lakeslot.mirror.catalog.Catalog.state`):
    snapshotted at a generation ≥ ``resnapshot_generation`` and an LSN ≥ ``min_snapshot_lsn`` →
-   ``skipped``; an existing table with data that lakeslot did not write → ``failed``; otherwise it
+   ``skipped``; an existing table with data that lakeslot did not write, or that another
+   ingestion or source table owns (:func:`lakeslot.mirror.contract.ownership_problem`) →
+   ``failed``; otherwise it
    is copied (created, or replaced in one commit). When nothing is left, no slot is created at all.
 2. The leader exports a snapshot (:mod:`.leader`); the tables are planned in a session importing it
    (:mod:`.plan`); each table opens its Iceberg create/replace transaction
@@ -68,7 +70,14 @@ from py4j.protocol import Py4JJavaError
 from lakeslot import typemap
 from lakeslot.mirror import partitions
 from lakeslot.mirror.catalog import Catalog, MirrorState, MirrorWrite
-from lakeslot.mirror.contract import GENERATION_PROPERTY, SNAPSHOT_LSN_PROPERTY, SOURCE_FACTS_PROPERTY, table_properties
+from lakeslot.mirror.contract import (
+    GENERATION_PROPERTY,
+    SNAPSHOT_LSN_PROPERTY,
+    SOURCE_FACTS_PROPERTY,
+    ownership,
+    ownership_problem,
+    table_properties,
+)
 from lakeslot.snapshot import follower, leader, plan
 from lakeslot.snapshot.progress import Progress
 from lakeslot.source import facts
@@ -199,7 +208,11 @@ def _to_copy(catalog: Catalog, job: SnapshotJob,
     todo = []
     for request in job.tables:
         state = catalog.state(job.namespace, request.target)
-        if (state.generation is not None and state.generation >= job.resnapshot_generation
+        owned = ownership_problem(state.properties, f"{job.namespace}.{request.target}",
+                                  job.ingestion, str(request.source))
+        if owned is not None:
+            progress.table(request.source, state="failed", error=owned)
+        elif (state.generation is not None and state.generation >= job.resnapshot_generation
                 and (state.snapshot_lsn or 0) >= job.min_snapshot_lsn):
             progress.table(request.source, state="skipped")
         elif state.exists and state.generation is None and state.has_data:
@@ -314,7 +327,8 @@ class _TableRun:
         properties = {**table_properties(job.table_properties),
                       GENERATION_PROPERTY: str(job.resnapshot_generation),
                       SNAPSHOT_LSN_PROPERTY: str(snapshot.lsn),
-                      SOURCE_FACTS_PROPERTY: recorded.to_json()}
+                      SOURCE_FACTS_PROPERTY: recorded.to_json(),
+                      **ownership(job.ingestion, str(request.source), recorded.oid)}
         write = catalog.begin(job.namespace, request.target,
                               typemap.mirror_schema(table_plan.columns), properties, state.exists,
                               request.partition_by)

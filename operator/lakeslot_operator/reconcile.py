@@ -78,6 +78,7 @@ from lakeslot.mirror.progress import MirrorProgress
 from lakeslot.snapshot import progress as snapshot_progress
 from lakeslot.source import connection, slot
 from lakeslot.source.tables import TableName
+from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
 from lakeslot_operator import child_health, children, reader_status, scheduling, verification
 from lakeslot_operator.kube import Kube
@@ -356,8 +357,10 @@ class _Reconciler:
             kube.get_deployment(self.ns, children.reader_name(self.ing)),
             kube.list_pods(self.ns, {children.INGESTION_LABEL: self.ing.metadata.name,
                                      children.COMPONENT_LABEL: "reader"})) or self._reader_retrying()
+        degraded = apply_status.degraded_message(self.apply_pass)
         apply = self.rejected.get("apply") or child_health.apply_problem(
-            kube.get_spark_application(self.ns, children.apply_name(self.ing)))
+            kube.get_spark_application(self.ns, children.apply_name(self.ing))) or (
+            child_health.Problem(st.APPLY_DEGRADED, degraded) if degraded else None)
         st.streaming(self.r, applied,
                      reader_problem=reader.message if reader else None,
                      reader_reason=reader.reason if reader else "",
