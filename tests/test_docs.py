@@ -214,6 +214,7 @@ QUOTED_MESSAGES = (
     "nothing is confirmed to PostgreSQL until it is ",
     "is active for this ingestion ",
     "terminated backend ",
+    "; the other tables go on, this one's changes wait in ",
 )
 
 
