@@ -50,6 +50,7 @@ import psycopg
 from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestion, SourceSpec
 from lakeslot.api.naming import IngestionNames, collision_fix
+from lakeslot.mirror import catalogs
 from lakeslot.source import connection, ddl_capture, failover, preflight, publication, slot
 from lakeslot.source.tables import TableName, quote_ident, selected
 from lakeslot.staging.store import Staging
@@ -117,7 +118,8 @@ def check_source(conn: psycopg.Connection, ingestion: PostgresIngestion, report:
         text_columns={t: o.text_columns for t, o in options.items()},
         partition_by={t: o.partition_fields() for t, o in options.items()},
         slot_name=names.slot, failover_slot=source.failover_slot,
-        on_slot_lost=ingestion.spec.policies.on_slot_lost)
+        on_slot_lost=ingestion.spec.policies.on_slot_lost,
+        folding_catalog=catalogs.folding(ingestion.spec.sink.catalog))
     failed = preflight.failures(findings)
     server = [f for f in failed if f.table is None]
     if server:

@@ -243,6 +243,7 @@ def record_progress(report: Report, progress: Mapping[TableName, MirrorProgress]
     of the streaming tables (empty: nothing has been snapshotted yet)."""
     status = report.status
     applied = []
+    before = {(r.schema_name, r.name): r for r in report.old.tables}
     for row in status.tables:
         table = TableName(row.schema_name, row.name)
         p = progress.get(table)
@@ -258,6 +259,9 @@ def record_progress(report: Report, progress: Mapping[TableName, MirrorProgress]
             applied.append(p.lsn)
             if p.error is not None:  # the apply job stopped it (the mirror says why)
                 row.state, row.message = "Failed", p.error
+                was = before.get((table.schema, table.name))
+                if was is None or (was.state, was.message) != ("Failed", p.error):
+                    report.tell("Warning", "TableFailed", f"{table}: {p.error}")
             if p.schema_change is not None and p.schema_change != row.last_schema_change:
                 report.tell("Normal", "SchemaChangeApplied", f"{table}: {p.schema_change}")
                 row.last_schema_change = p.schema_change

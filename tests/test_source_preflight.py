@@ -175,6 +175,20 @@ def test_excluded_columns_must_exist_and_not_be_keys(pgdb):
     assert preflight.failures(ok) == []
 
 
+def test_columns_that_differ_only_in_case_are_refused_only_where_the_catalog_folds_names(pgdb):
+    with pgdb.connect() as conn:
+        conn.execute('CREATE TABLE cased ("Id" int PRIMARY KEY, id int, "ID" text, note text)')
+    table = TableName("public", "cased")
+    settings = connection_settings(pgdb)
+    assert preflight.failures(_run(settings, [table])) == []  # Spark and Iceberg tell them apart
+    failure = _failure(_run(settings, [table], folding_catalog="glue"), "case_folded_columns",
+                       table)
+    assert "'Id', 'id', 'ID'" in failure.message and "glue" in failure.message
+    assert "excludeColumns" in failure.fix
+    assert preflight.failures(_run(settings, [table], folding_catalog="glue",
+                                   excluded_columns={table: ["id", "ID"]})) == []
+
+
 def test_missing_table_and_exhausted_slots(pg_cluster_factory):
     cluster = pg_cluster_factory.get("pg15", max_replication_slots="2")
     with cluster.connect() as conn:

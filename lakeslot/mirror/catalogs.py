@@ -39,6 +39,16 @@ CATALOG_IMPLEMENTATIONS: dict[str, dict[str, str]] = {
 }
 
 
+# Catalog types whose metastore stores table and column names case-insensitively (lower-cased):
+# a table with columns that differ only in case cannot be mirrored there (preflight says so).
+FOLDING_CATALOGS = ("glue", "hive")
+
+
+def folding(catalog: CatalogSpec) -> str | None:
+    """``catalog``'s type when it folds the case of names (:data:`FOLDING_CATALOGS`), else None."""
+    return catalog.type if catalog.type in FOLDING_CATALOGS else None
+
+
 def warehouse_uri(warehouse: str | Path) -> str:
     """A URI for the warehouse: URIs (``s3a://…``, ``file:/…``) unchanged, local paths made
     absolute ``file://`` URIs."""

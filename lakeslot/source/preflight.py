@@ -92,11 +92,14 @@ def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
         text_columns: Mapping[TableName, Sequence[str]] | None = None,
         partition_by: Mapping[TableName, Sequence[PartitionField]] | None = None,
         slot_name: str | None = None, manage_publication: bool = True,
-        failover_slot: bool = False, on_slot_lost: str = "Error") -> list[Finding]:
+        failover_slot: bool = False, on_slot_lost: str = "Error",
+        folding_catalog: str | None = None) -> list[Finding]:
     """All checks for these tables, in the order a user should address them.
     ``failover_slot``/``on_slot_lost``: the spec's ``source.failoverSlot`` and
     ``policies.onSlotLost``, for the failover check; ``text_columns``/``partition_by``: the
-    tables' ``textColumns`` and parsed ``partitionBy``, for the partition check."""
+    tables' ``textColumns`` and parsed ``partitionBy``, for the partition check;
+    ``folding_catalog``: the catalog type when it stores names case-insensitively (columns that
+    differ only in case cannot be told apart there)."""
     key_columns = key_columns or {}
     excluded_columns = excluded_columns or {}
     text_columns, partition_by = text_columns or {}, partition_by or {}
@@ -116,6 +119,10 @@ def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
             continue
         findings += _table_checks(conn, table, oid, list(key_columns.get(table, ())),
                                   list(excluded_columns.get(table, ())), manage_publication)
+        if folding_catalog is not None:
+            findings.append(_case_folded_columns(conn, table, oid,
+                                                 list(excluded_columns.get(table, ())),
+                                                 folding_catalog))
         if partition_by.get(table):
             findings.append(_partition_by(conn, table, oid, list(key_columns.get(table, ())),
                                           list(excluded_columns.get(table, ())),
@@ -232,6 +239,28 @@ def _table_checks(conn: psycopg.Connection, table: TableName, oid: int, key_colu
     if manage_publication:
         checks.append(_ownership(conn, table, oid))
     return checks
+
+
+def _case_folded_columns(conn: psycopg.Connection, table: TableName, oid: int,
+                         excluded: list[str], catalog: str) -> Finding:
+    """Columns whose names differ only in case, for a catalog that folds names: it would hold
+    them as one column (Spark itself tells them apart: lakeslot's sessions are case-sensitive)."""
+    names = [r[0] for r in conn.execute(
+        "SELECT attname FROM pg_catalog.pg_attribute WHERE attrelid = %s AND attnum > 0"
+        " AND NOT attisdropped ORDER BY attnum", (oid,)).fetchall() if r[0] not in excluded]
+    folded: dict[str, list[str]] = {}
+    for name in names:
+        folded.setdefault(name.lower(), []).append(name)
+    clashes = [group for group in folded.values() if len(group) > 1]
+    if not clashes:
+        return Finding("case_folded_columns", True, "no column names differ only in case", table=table)
+    return Finding("case_folded_columns", False,
+                   f"columns {', '.join(map(repr, clashes[0]))} differ only in case, and a "
+                   f"{catalog} catalog stores column names case-insensitively: the mirror could "
+                   "not tell them apart",
+                   "exclude all but one of them (excludeColumns) or rename them at the source "
+                   "(ALTER TABLE … RENAME COLUMN); a hadoop, jdbc or rest catalog keeps them apart",
+                   table)
 
 
 def _select_privilege(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:
