@@ -1,7 +1,7 @@
 """Benchmark: commit in PostgreSQL → visible in Iceberg, with the reader and the apply job running.
 
     .venv/bin/python -m bench.apply_bench [--rate 600] [--seconds 60] [--pg 15|18]
-                                          [--segment-seconds 0.5]
+                                          [--segment-seconds 0.5] [--plot FILE.svg|FILE.png]
 
 One run starts a throwaway PostgreSQL (``lakeslot.pgcluster``), a table ``bench`` (bigint key,
 int, numeric, text, timestamptz), a publication and the slot, then runs at the same time:
@@ -28,7 +28,8 @@ seals (:mod:`lakeslot.cadence`: the median time after a point of the seal grid o
 files' times and of the passes' starts). The apply job warms up before its first pass
 (:mod:`lakeslot.apply.warmup`); the writer starts once the mirror exists, i.e. after it.
 Numbers, not assertions (targets: p50 ≤ 2 s, p99 ≤ 5 s, never above p50 5 s / p99 15 s; lag
-bounded).
+bounded). ``--plot`` also draws the latency distribution and the lag over time (:mod:`bench.plots`,
+needs the ``plots`` extra: matplotlib).
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--pg", choices=("15", "18"), default="15")
     parser.add_argument("--segment-seconds", type=float, default=0.5)
+    parser.add_argument("--plot", type=Path, metavar="FILE",
+                        help="also write the latency distribution and the lag over time (.svg or .png; "
+                             "needs matplotlib: pip install -e '.[plots]')")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="apply-bench-"))
@@ -196,6 +200,12 @@ def main() -> None:
         bounded = statistics.median(latencies[-third:]) <= statistics.median(latencies[:third])
         print(f"lag bounded (last third's p50 not above the first third's): "
               f"{'yes' if bounded else 'NO'}; mirror equal: {equal}")
+    if args.plot:
+        from bench import plots
+
+        title = (f"apply latency, PostgreSQL {args.pg}, {len(records) / duration:.0f} txn/s for "
+                 f"{duration:.0f} s (p50 {q[49]:.2f} s, p99 {q[98]:.2f} s)")
+        print(f"wrote {plots.latency_figure(args.plot, [r[1] for r in records], latencies, title)}")
 
 
 if __name__ == "__main__":

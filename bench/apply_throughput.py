@@ -28,7 +28,7 @@ Before the bare MERGE, the mirror is compared with the source, every column of e
 (pyiceberg, independent of the apply code). Printed: the figures and the ratios apply ÷ reader and
 apply ÷ bare MERGE (the faster of the two modes; also until the last change was visible, and
 against copy-on-write alone).
-Numbers, not assertions (targets in the README's performance table).
+Numbers, not assertions (targets in docs/performance.md).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ and delete file counts. Before that the mirror is compared with the source, ever
 every row (pyiceberg). With maintenance on, the source then goes quiet: apply passes with
 nothing new run until the mirror has no delete file left (a quiet table's are compacted away,
 at most 60 s), and the scans are timed again. Numbers, not assertions (the target, ≤ 1.3× with maintenance on, is in
-the README's performance table).
+docs/performance.md).
 """
 
 from __future__ import annotations

@@ -188,7 +188,7 @@ def _crd(args: argparse.Namespace) -> int:
         for path in written:
             print(f"wrote {path}")
         if not written:
-            print("the CRD and the README reference are up to date")
+            print("the CRD and the reference page are up to date")
     elif args.reference:
         print(reference.reference_markdown(), end="")
     else:
@@ -247,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("crd", help="print the PostgresIngestion CRD generated from the models")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="update crds/ and the README reference in the checkout")
+    mode.add_argument("--write", action="store_true", help="update crds/ and docs/reference.md in the checkout")
     mode.add_argument("--reference", action="store_true", help="print the Markdown field reference instead")
     p.set_defaults(func=_crd)
 

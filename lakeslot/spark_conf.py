@@ -22,7 +22,7 @@ from lakeslot.api.models import CatalogSpec
 from lakeslot.mirror import catalogs
 
 UTC_JVM_OPTIONS = "-Duser.timezone=UTC"
-# Defaults ``sparkConf`` may override (the README's "Spark configuration keys" lists them):
+# Defaults ``sparkConf`` may override (the reference page's "Spark configuration keys" lists them):
 TUNING = {
     # Python workers start without the archives Spark puts on their path (25 ms less a task)
     "spark.python.daemon.module": "lakeslot.spark_daemon",

@@ -3,7 +3,7 @@
 The operator writes this status into the resource; ``lakeslot run`` shows it live and
 ``lakeslot status`` prints it. Both build it with these functions (the control steps that feed
 it are :mod:`lakeslot.control`), so a condition, a reason and a message mean the same thing
-wherever they are read (the README's operations table).
+wherever they are read (the operations page's conditions table, docs/operations.md).
 
 - :class:`Report` — the status being built and the events its changes deserve.
 - The progress (:func:`record_progress`): per-table state from each mirror table's

@@ -3,7 +3,8 @@ and the readers, the opt-in PrometheusRule and the Grafana dashboard.
 
 What ``promtool check rules`` would check, with the PromQL parser of PyPI ``promql-parser`` (a port
 of Prometheus' own): every expression parses; every alert has a severity, a summary and a runbook
-link to a heading of the README's "Alerts" section. Every metric a rule or a dashboard query reads
+link to its section of the documentation's operations page (that the anchor exists in the built
+site is tests/test_docs.py's). Every metric a rule or a dashboard query reads
 is one lakeslot defines (the operator's and the reader's registries); tests/test_operator_metrics.py
 checks the same names in real scrapes, and every alert fires on scraped values in a test that
 creates its condition (there, tests/test_local_metrics.py and tests/test_alert_reader_restarting.py).
@@ -12,7 +13,6 @@ creates its condition (there, tests/test_local_metrics.py and tests/test_alert_r
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +22,6 @@ from lakeslot_operator import children
 from lakeslot_operator.metrics import OperatorMetrics
 from tests.support import chart, promql
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 MONITORING = chart.VALUE_SETS["monitoring"]
 ALERTS = {"LakeslotWalRetainedHigh", "LakeslotWalRetainedGrowing", "LakeslotWalUnreserved",
           "LakeslotSlotInactive", "LakeslotFreshnessHigh", "LakeslotNotReady", "LakeslotTableFailed",
@@ -43,12 +42,6 @@ def _defined() -> set[str]:
     return names | {PREFIX + g for g in GAUGES}
 
 
-def _anchors() -> set[str]:
-    """GitHub's anchors of the README's headings (lower case, spaces to -, punctuation dropped)."""
-    headings = re.findall(r"^#+ (.+)$", README.read_text(), re.MULTILINE)
-    return {re.sub(r"[^a-z0-9 _-]", "", h.lower()).replace(" ", "-") for h in headings}
-
-
 def test_monitoring_is_opt_in():
     kinds = {m["kind"] for m in chart.render(chart.SERVED)}
     assert not kinds & {"PodMonitor", "PrometheusRule", "ConfigMap"}
@@ -57,16 +50,15 @@ def test_monitoring_is_opt_in():
 def test_every_alert_parses_reads_lakeslot_metrics_and_links_its_runbook():
     rules = chart.alert_rules(chart.render(MONITORING))
     assert set(rules) == ALERTS
-    defined, anchors = _defined(), _anchors()
-    runbook = "https://github.com/lakeslot/lakeslot/blob/main/README.md#"
+    defined = _defined()
+    runbook = "https://lakeslot.github.io/lakeslot/operations/#"
     for name, rule in rules.items():
         read = promql.metrics(rule["expr"])  # parses, or raises like promtool would
         assert read and read <= defined, (name, read - defined)
         assert rule["labels"]["severity"] in ("warning", "critical"), name
         assert "{{ $labels.ingestion }}" in rule["annotations"]["summary"], name
         link = rule["annotations"]["runbook_url"]
-        assert link.startswith(runbook) and link.removeprefix(runbook) in anchors, (name, link)
-        assert link.removeprefix(runbook) == name.lower()
+        assert link == runbook + name.lower(), (name, link)
 
 
 def test_thresholds_come_from_the_values():

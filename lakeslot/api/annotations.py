@@ -2,8 +2,8 @@
 
 Annotations, not spec fields: they request an action (finish a deletion without PostgreSQL, run
 a verification) rather than describe the desired pipeline, so they never change
-``metadata.generation`` and never restart anything. Their names live here once; the README
-reference lists them from :data:`ANNOTATIONS`.
+``metadata.generation`` and never restart anything. Their names live here once; the reference
+page lists them from :data:`ANNOTATIONS`.
 
 kopf ignores every ``lakeslot.io/`` annotation in its diff (that prefix holds its own progress),
 so setting one triggers no update handler: the operator's next reconcile (its timer, at most

@@ -11,7 +11,7 @@
 - any other keyword, or any other union, is an error: the generator fails rather than emit a
   schema the API server would reject or interpret differently.
 
-Every property must carry a description (it feeds ``kubectl explain`` and the README reference).
+Every property must carry a description (it feeds ``kubectl explain`` and the reference page).
 Rules (``x-kubernetes-validations``), list types and int-or-string markers come from the models
 (``lakeslot.api.rules``, ``lakeslot.api.types``) and pass through unchanged.
 

@@ -1,7 +1,7 @@
 """The PostgresIngestion API (``lakeslot.io/v1alpha1``): the single source of truth.
 
 Field names, types, constraints, enums, defaults, descriptions and validation rules live here and
-only here; the CRD (``lakeslot.api.crd``), the README reference and the offline validator are
+only here; the CRD (``lakeslot.api.crd``), the reference page (docs/reference.md) and the offline validator are
 derived from these classes. Python uses snake_case, documents use camelCase (aliases).
 
 Invariants:

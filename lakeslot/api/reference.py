@@ -1,9 +1,10 @@
 """The Markdown reference of the PostgresIngestion resource, generated from the CRD schema.
 
-It walks the same structural schema the CRD carries, so the README cannot disagree with the API
-server: every field (path, what it accepts, default, description), the status fields, the
-conditions, the annotations users set, every validation rule and the derived names. ``lakeslot crd --write`` puts it
-between the README markers; a test fails when the README region is stale.
+It walks the same structural schema the CRD carries, so the documentation cannot disagree with the
+API server: every field (path, what it accepts, default, description), the status fields, the
+conditions, the annotations users set, every validation rule and the derived names. ``lakeslot crd
+--write`` puts it between the markers of the reference page (``docs/reference.md``); a test fails
+when that region is stale.
 
 :func:`expectation` (what a schema node accepts, as a noun phrase) also writes the "fix" of
 offline validation messages.
@@ -12,6 +13,7 @@ offline validation messages.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,6 +31,10 @@ from lakeslot.api.types import IDENTIFIER_MAX_BYTES
 from lakeslot.spark_conf import TUNING
 
 Node = dict[str, Any]
+
+# The examples are files of the repository, outside the documentation site: linked where they are
+# published.
+EXAMPLES_URL = "https://github.com/lakeslot/lakeslot/blob/main/examples"
 
 
 def _range(node: Node) -> str:
@@ -104,8 +110,20 @@ def walk_schema(node: Node, path: str, role: str = "root") -> Iterator[tuple[str
             yield from walk_schema(node[key], path + suffix, child_role)
 
 
+# Characters of a code span that Markdown would still read once the span is written as HTML.
+_MARKDOWN = {c: f"&#{ord(c)};" for c in "&<>|[]()*_`\\~"}
+
+
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """``text`` fit for a table cell: one line, ``|`` escaped. A code span holding ``|`` is
+    written as HTML with the pipes (and whatever else Markdown would read) as entities: GitHub
+    and the documentation site's Markdown disagree about ``\\|`` inside a code span (the site
+    would show the backslash), and neither splits a cell on an entity."""
+    parts = re.split(r"(`[^`]+`)", text.replace("\n", " "))
+    return "".join(
+        "<code>" + "".join(_MARKDOWN.get(c, c) for c in part[1:-1]) + "</code>"
+        if part.startswith("`") and "|" in part else part.replace("|", "\\|")
+        for part in parts)
 
 
 def _default(node: Node, role: str) -> str:
@@ -134,7 +152,7 @@ def _rules_table(node: Node, path: str, root: Node | None = None) -> str:
     lines = ["| Fields | Rule (CEL) | Message |", "| --- | --- | --- |"]
     for (cel, message), paths in grouped.items():
         when = " (on update)" if "oldSelf" in cel else ""
-        lines.append(f"| {_cell(', '.join(paths))} | `{_cell(cel)}`{when} | {_cell(message)} |")
+        lines.append(f"| {_cell(', '.join(paths))} | {_cell(f'`{cel}`')}{when} | {_cell(message)} |")
     return "\n".join(lines)
 
 
@@ -206,18 +224,18 @@ def reference_markdown() -> str:
     spec, status = schema["properties"]["spec"], schema["properties"]["status"]
     sections = [
         f"`apiVersion: {API_VERSION}`, `kind: {KIND}` (short name `{SHORT_NAMES[0]}`), namespaced. "
-        "Examples: [examples/ingestion.yaml](examples/ingestion.yaml) (minimal) and "
-        "[examples/ingestion-full.yaml](examples/ingestion-full.yaml) (every field). Check a file "
+        f"Examples: [examples/ingestion.yaml]({EXAMPLES_URL}/ingestion.yaml) (minimal) and "
+        f"[examples/ingestion-full.yaml]({EXAMPLES_URL}/ingestion-full.yaml) (every field). Check a file "
         "offline with `lakeslot validate -f FILE`. Lists and maps that are left out are empty.",
-        "### Spec\n\n" + _field_table(spec, "spec"),
-        "### Status\n\nWritten by the operator only (status subresource).\n\n" + _field_table(status, "status"),
-        "### Conditions\n\n" + _conditions_table(),
-        "### Annotations\n\nRequests to the operator, set with `kubectl annotate pgi <name> <annotation>=<value>`; "
+        "## Spec\n\n" + _field_table(spec, "spec"),
+        "## Status\n\nWritten by the operator only (status subresource).\n\n" + _field_table(status, "status"),
+        "## Conditions\n\n" + _conditions_table(),
+        "## Annotations\n\nRequests to the operator, set with `kubectl annotate pgi <name> <annotation>=<value>`; "
         "they change neither the spec nor its generation.\n\n" + _annotations_table(),
-        "### Printer columns\n\n" + _columns_table(),
-        "### Validation rules\n\nEnforced by the API server (CEL) and by `lakeslot validate` alike; "
+        "## Printer columns\n\n" + _columns_table(),
+        "## Validation rules\n\nEnforced by the API server (CEL) and by `lakeslot validate` alike; "
         "rules marked *on update* compare with the stored object.\n\n" + _rules_table(spec, "spec", schema),
-        "### Spark configuration keys\n\n" + _spark_conf_section(),
-        "### Names\n\n" + _names_section(),
+        "## Spark configuration keys\n\n" + _spark_conf_section(),
+        "## Names\n\n" + _names_section(),
     ]
     return "\n\n".join(sections) + "\n"

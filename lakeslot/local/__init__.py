@@ -9,5 +9,5 @@ status``, ``lakeslot demo``).
 - ``observe``: the status model computed from the source, staging, Iceberg and the state directory.
 - ``display``: live progress on a terminal, log lines otherwise.
 - ``verify``: the command line of ``lakeslot verify`` (the checks are :mod:`lakeslot.verify`).
-- ``demo``: the README's demo on an embedded PostgreSQL.
+- ``demo``: the README's demo command on an embedded PostgreSQL.
 """

@@ -1,7 +1,7 @@
 """What deleting an ingestion does to the source, per its deletionPolicy.
 
 ``Retain`` leaves slot and publication in place (the slot keeps retaining WAL: status and the
-README say so). ``Delete`` drops the slot (terminating its holder) and the publication if this
+documentation say so). ``Delete`` drops the slot (terminating its holder) and the publication if this
 ingestion created it. Both are idempotent: running cleanup again after success is a no-op.
 """
 

@@ -92,7 +92,7 @@ class OperatorConfig:
     # without its mutating webhook: without either, their pods get no security context.
     spark_pod_templates: bool = False
     # The reader's resources unless spec.reader.resources says otherwise: from the reader benchmark
-    # (README, Performance: peak RSS 156 MB through a 1 GiB transaction, about one core at full
+    # (docs/performance.md: peak RSS 156 MB through a 1 GiB transaction, about one core at full
     # speed). No CPU limit: the reader must keep up with the walsender.
     reader_resources: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("requests", (("cpu", "250m"), ("memory", "256Mi"))),
