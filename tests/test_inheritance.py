@@ -90,3 +90,18 @@ def test_parent_and_children_are_each_mirrored_with_their_own_rows(
     ls.run_in_process(local, spark, once=True)
     _assert_mirrors_equal(pgdb, local, spark_warehouse, tables)
     _assert_mirrors_equal(pgdb, local, spark_warehouse, tables)
+
+    # DDL on the parent recurses to its children (one event for the parent only): each mirror
+    # follows; then a TRUNCATE through the child empties the child and the grandchild alone.
+    with pgdb.connect() as conn:
+        conn.execute("ALTER TABLE app.parent RENAME COLUMN v TO w")
+        conn.execute("ALTER TABLE app.parent ADD COLUMN n int DEFAULT 7")
+        conn.execute("UPDATE app.parent SET w = 'after ddl' WHERE id IN (1, 9, 25)")
+        conn.execute("INSERT INTO app.grandchild (id, w, extra, n) VALUES (200, 'g', 'e', 8)")
+    ls.run_in_process(local, spark, once=True)
+    _assert_mirrors_equal(pgdb, local, spark_warehouse, tables)
+    with pgdb.connect() as conn:
+        conn.execute("TRUNCATE app.child")
+        conn.execute("INSERT INTO app.parent (id, w) VALUES (300, 'after truncate')")
+    ls.run_in_process(local, spark, once=True)
+    _assert_mirrors_equal(pgdb, local, spark_warehouse, tables)
