@@ -235,6 +235,31 @@ def table_rows(report: Report, tables: list[TableName],
     report.status.table_count = len(tables)
 
 
+SNAPSHOT_FAILED = "snapshot failed: "  # the message of a table whose last snapshot failed
+
+
+def snapshot_failures(report: Report, failures: Mapping[TableName, Mapping],
+                      progress: Mapping[TableName, MirrorProgress],
+                      snapshotting: set[TableName]) -> None:
+    """A table without a mirror whose last snapshot attempt failed says why, until it is retried:
+    ``Failed`` for a definite error (a human must act: the error says how), ``Pending`` with the
+    error when only retries of transient errors ran out (the next attempt may pass). ``failures``:
+    :func:`lakeslot.snapshot.progress.failures` — it outlives the progress document, which each
+    job rewrites with its own tables only. A table being copied (``snapshotting``: retried) or
+    that has a mirror shows that instead; a table that failed its checks (preflight) keeps that
+    finding. Call after :func:`table_rows`; :func:`record_progress` keeps a Failed row as it is."""
+    for row in report.status.tables:
+        table = TableName(row.schema_name, row.name)
+        failure = failures.get(table)
+        p = progress.get(table)
+        if failure is None or p is None or p.lsn is not None or table in snapshotting \
+                or row.state in ("Failed", "Removed"):
+            continue
+        if not failure.get("transient"):
+            row.state = "Failed"
+        row.message = SNAPSHOT_FAILED + str(failure.get("error") or "no reason recorded")
+
+
 def record_progress(report: Report, progress: Mapping[TableName, MirrorProgress],
                     snapshotting: set[TableName], *, durable: int | None, current: int,
                     reader: str | None) -> list[int]:
