@@ -245,19 +245,27 @@ def snapshot_failures(report: Report, failures: Mapping[TableName, Mapping],
     ``Failed`` for a definite error (a human must act: the error says how), ``Pending`` with the
     error when only retries of transient errors ran out (the next attempt may pass). ``failures``:
     :func:`lakeslot.snapshot.progress.failures` — it outlives the progress document, which each
-    job rewrites with its own tables only. A table being copied (``snapshotting``: retried) or
-    that has a mirror shows that instead; a table that failed its checks (preflight) keeps that
+    job rewrites with its own tables only. A table being copied again (``snapshotting``: the
+    retry) is ``Snapshotting``, its message still saying what failed last time; a table with a
+    mirror shows no snapshot failure; a table that failed its checks (preflight) keeps that
     finding. Call after :func:`table_rows`; :func:`record_progress` keeps a Failed row as it is."""
     for row in report.status.tables:
         table = TableName(row.schema_name, row.name)
         failure = failures.get(table)
         p = progress.get(table)
-        if failure is None or p is None or p.lsn is not None or table in snapshotting \
-                or row.state in ("Failed", "Removed"):
+        if row.state == "Removed" or p is None:
             continue
-        if not failure.get("transient"):
-            row.state = "Failed"
+        if failure is None or p.lsn is not None:  # copied since (or never failed)
+            if row.message.startswith(SNAPSHOT_FAILED):
+                row.message = ""
+            continue
+        if row.state == "Failed":  # its checks failed: that finding is what to fix first
+            continue
         row.message = SNAPSHOT_FAILED + str(failure.get("error") or "no reason recorded")
+        if table in snapshotting:
+            row.message += " (copying it again)"
+        elif not failure.get("transient"):
+            row.state = "Failed"
 
 
 def record_progress(report: Report, progress: Mapping[TableName, MirrorProgress],

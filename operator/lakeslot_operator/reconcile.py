@@ -346,9 +346,12 @@ class _Reconciler:
     # status --------------------------------------------------------------------------------
 
     def _progress(self, tables: list[TableName], health, current: int) -> None:
+        job = self.r.status.snapshot
+        # a failed snapshot application waiting out its backoff copies nothing: not a retry yet
+        copying = set() if job is not None and job.state == "FAILED" else self.snapshotting
         with contextlib.suppress(OSError, ValueError):  # staging unreadable: none known now
             st.snapshot_failures(self.r, snapshot_progress.failures(snapshot_progress.in_staging(
-                self.ing.spec.staging.uri)), self.progress, self.snapshotting)
+                self.ing.spec.staging.uri)), self.progress, copying)
         applied = st.record_progress(self.r, self.progress, self.snapshotting,
                                      durable=health.confirmed_flush_lsn, current=current,
                                      reader=self._reader_pod())
