@@ -92,7 +92,8 @@ def test_parent_and_children_are_each_mirrored_with_their_own_rows(
     _assert_mirrors_equal(pgdb, local, spark_warehouse, tables)
 
     # DDL on the parent recurses to its children (one event for the parent only): each mirror
-    # follows; then a TRUNCATE through the child empties the child and the grandchild alone.
+    # follows; then a TRUNCATE through the child empties the child (and what still inherits
+    # from it) alone.
     with pgdb.connect() as conn:
         conn.execute("ALTER TABLE app.parent RENAME COLUMN v TO w")
         conn.execute("ALTER TABLE app.parent ADD COLUMN n int DEFAULT 7")
@@ -101,6 +102,11 @@ def test_parent_and_children_are_each_mirrored_with_their_own_rows(
     ls.run_in_process(local, spark, once=True)
     _assert_mirrors_equal(pgdb, local, spark_warehouse, tables)
     with pgdb.connect() as conn:
+        # detached, the grandchild keeps its rows (and its mirror); the child's statements no
+        # longer reach it
+        conn.execute("ALTER TABLE app.grandchild NO INHERIT app.child")
+        conn.execute("UPDATE app.child SET extra = 'detached' WHERE id >= 25")
+        conn.execute("UPDATE app.grandchild SET extra = 'alone' WHERE id = 30")
         conn.execute("TRUNCATE app.child")
         conn.execute("INSERT INTO app.parent (id, w) VALUES (300, 'after truncate')")
     ls.run_in_process(local, spark, once=True)

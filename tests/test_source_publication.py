@@ -123,6 +123,15 @@ def test_inheritance_parents_and_children_join_each_on_its_own(pgdb):
         assert report.ok and report.removed == [child]
         assert publication.members(conn, PUB) == {grandchild, parent}
 
+        # A child without a replica identity is never published with its parent: the
+        # application's UPDATE and DELETE through the parent (which reach the child) still work.
+        conn.execute("CREATE TABLE a_keyless () INHERITS (b_parent)")
+        conn.execute("INSERT INTO a_keyless VALUES (1, 'k')")
+        publication.sync(conn, PUB, [grandchild, parent], owner=OWNER)
+        assert publication.members(conn, PUB) == {grandchild, parent}
+        conn.execute("UPDATE b_parent SET v = 'through the parent'")
+        conn.execute("DELETE FROM b_parent")
+
         # A publication left by earlier versions (the child in, the parent not) is repaired.
         conn.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE ONLY {}").format(
             sql.Identifier(PUB), parent.sql()))
