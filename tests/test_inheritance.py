@@ -6,6 +6,8 @@ the mirrors are compared with the source row by row through pyiceberg."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import yaml
 from psycopg import sql
@@ -53,6 +55,24 @@ def _assert_mirrors_equal(db, local, warehouse, tables) -> None:
         assert mirrored == expected, table
 
 
+class _Writer(ls.BackgroundWriter):
+    """The application, through the parent and through the child, while the run copies and
+    streams: each statement through a parent reaches every descendant's rows too."""
+
+    def __init__(self, db) -> None:
+        super().__init__(db, seed=32, pause=0.02)
+
+    def write(self, conn, rng: random.Random, next_id: int) -> None:
+        conn.execute("INSERT INTO app.parent VALUES (%s, 'w')", (next_id,))
+        conn.execute("INSERT INTO app.grandchild VALUES (%s, 'w', 'g')", (next_id,))
+        conn.execute("UPDATE app.parent SET v = %s WHERE id = %s",
+                     (f"p{rng.randint(0, 10**6)}", rng.randint(1, 60)))
+        conn.execute("UPDATE app.child SET extra = %s WHERE id = %s",
+                     (f"c{rng.randint(0, 10**6)}", rng.randint(1, 60)))
+        conn.execute("DELETE FROM app.child WHERE id = %s", (rng.randint(31, 45),))
+        conn.execute("DELETE FROM ONLY app.parent WHERE id = %s", (rng.randint(40, 50),))
+
+
 @pytest.mark.slow
 def test_parent_and_children_are_each_mirrored_with_their_own_rows(
         pgdb, tmp_path, spark, spark_warehouse, monkeypatch):
@@ -71,7 +91,10 @@ def test_parent_and_children_are_each_mirrored_with_their_own_rows(
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
     tables = [PARENT, CHILD, GRANDCHILD]
 
+    writer = _Writer(pgdb)  # concurrent with the snapshot and the stream of the first run
     ls.run_in_process(local, spark, once=True)
+    assert writer.stop() > 0
+    ls.run_in_process(local, spark, once=True)  # catches up with what the writer did last
     _assert_mirrors_equal(pgdb, local, spark_warehouse, tables)
 
     with pgdb.connect() as conn:
