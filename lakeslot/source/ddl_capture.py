@@ -302,12 +302,12 @@ def ensure(conn: psycopg.Connection, setting: str, *, read_only: bool = False) -
     if outdated and not read_only:
         outdated = not _replace_function(conn)
     current = state(conn)
-    why = ("the installed event trigger's function is an older version, which does not describe "
-           "the inheritance children of an altered table, and the role may not replace it"
-           if outdated and not read_only else
-           "the installed event trigger's function is an older version, which the next run "
-           "replaces where its role may" if outdated
-           else "the event trigger is not installed")
+    why = "the event trigger is not installed"
+    if outdated:
+        why = ("the installed event trigger's function is an older version, which does not "
+               "describe the inheritance children of an altered table; "
+               + ("the next run replaces it where its role may" if read_only
+                  else "the role may not replace it"))
     if current is None and not read_only and not outdated:
         try:
             current = install(conn)
