@@ -235,6 +235,15 @@ def test_an_older_function_is_replaced_in_place_and_children_of_an_altered_paren
         report = ddl_capture.ensure(conn, "Auto", read_only=True)  # lakeslot status: no change
         assert report.mode == "Catalog" and "older version" in report.message
         assert ddl_capture.state(conn) is None
+        role = sql.Identifier(app_role := f"old_{pgdb.name}")  # roles are per cluster
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'app-pw'").format(role))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA _lakeslot TO {}").format(role))
+        conn.execute(sql.SQL("GRANT SELECT ON _lakeslot.capture TO {}").format(role))
+    with pgdb.connect(user=app_role, password="app-pw", autocommit=True) as app:
+        report = ddl_capture.ensure(app, "Auto")  # may not replace it: the catalog is compared
+        assert report.mode == "Catalog" and "may not replace it" in report.message
+    with pgdb.connect(autocommit=True) as conn:
+        assert ddl_capture.state(conn) is None
         assert ddl_capture.ensure(conn, "Auto").mode == "EventTrigger"
         assert ddl_capture.state(conn) == capture  # same triggers, same key
 
