@@ -236,6 +236,39 @@ def table_rows(report: Report, tables: list[TableName],
     report.status.table_count = len(tables)
 
 
+SNAPSHOT_FAILED = "snapshot failed: "  # the message of a table whose last snapshot failed
+
+
+def snapshot_failures(report: Report, failures: Mapping[TableName, Mapping],
+                      progress: Mapping[TableName, MirrorProgress],
+                      snapshotting: set[TableName]) -> None:
+    """A table without a mirror whose last snapshot attempt failed says why, until it is retried:
+    ``Failed`` for a definite error (a human must act: the error says how), ``Pending`` with the
+    error when only retries of transient errors ran out (the next attempt may pass). ``failures``:
+    :func:`lakeslot.snapshot.progress.failures` — it outlives the progress document, which each
+    job rewrites with its own tables only. A table being copied again (``snapshotting``: the
+    retry) is ``Snapshotting``, its message still saying what failed last time; a table with a
+    mirror shows no snapshot failure; a table that failed its checks (preflight) keeps that
+    finding. Call after :func:`table_rows`; :func:`record_progress` keeps a Failed row as it is."""
+    for row in report.status.tables:
+        table = TableName(row.schema_name, row.name)
+        failure = failures.get(table)
+        p = progress.get(table)
+        if row.state == "Removed" or p is None:
+            continue
+        if failure is None or p.lsn is not None:  # copied since (or never failed)
+            if row.message.startswith(SNAPSHOT_FAILED):
+                row.message = ""
+            continue
+        if row.state == "Failed":  # its checks failed: that finding is what to fix first
+            continue
+        row.message = SNAPSHOT_FAILED + str(failure.get("error") or "no reason recorded")
+        if table in snapshotting:
+            row.message += " (copying it again)"
+        elif not failure.get("transient"):
+            row.state = "Failed"
+
+
 def record_progress(report: Report, progress: Mapping[TableName, MirrorProgress],
                     snapshotting: set[TableName], *, durable: int | None, current: int,
                     reader: str | None) -> list[int]:

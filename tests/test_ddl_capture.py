@@ -217,3 +217,50 @@ def test_ddl_in_the_stream_is_applied_in_place_or_copied_again_and_then_equal(
         assert_mirror_equals_source(pipeline, spark_warehouse, table)
     again = mirror_progress.read(pipeline.ingestion, TABLES)
     assert {t for t, p in again.items() if p.resnapshots_last_hour} == set(RESNAPSHOT)
+
+
+def test_an_older_function_is_replaced_in_place_and_children_of_an_altered_parent_are_described(
+        pgdb):
+    """An older capture function (before inheritance children were described) does not count as
+    installed; ``ensure`` replaces it without touching the triggers (mirrors recorded their
+    OIDs); then ALTER TABLE on a parent writes a message for the parent and for each inheritance
+    descendant, and none for a partition of a partitioned table."""
+    with pgdb.connect(autocommit=True) as conn:
+        assert ddl_capture.ensure(conn, "Auto").mode == "EventTrigger"
+        capture = ddl_capture.state(conn)
+        assert capture is not None
+        older = ddl_capture._FUNCTION.replace(ddl_capture.VERSION_MARK, "an older version")
+        conn.execute(sql.SQL(older.strip()))  # (as an earlier lakeslot installed it)
+        assert ddl_capture.state(conn) is None
+        report = ddl_capture.ensure(conn, "Auto", read_only=True)  # lakeslot status: no change
+        assert report.mode == "Catalog" and "older version" in report.message
+        assert ddl_capture.state(conn) is None
+        role = sql.Identifier(app_role := f"old_{pgdb.name}")  # roles are per cluster
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD 'app-pw'").format(role))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA _lakeslot TO {}").format(role))
+        conn.execute(sql.SQL("GRANT SELECT ON _lakeslot.capture TO {}").format(role))
+    with pgdb.connect(user=app_role, password="app-pw", autocommit=True) as app:
+        report = ddl_capture.ensure(app, "Auto")  # may not replace it: the catalog is compared
+        assert report.mode == "Catalog" and "may not replace it" in report.message
+    with pgdb.connect(autocommit=True) as conn:
+        assert ddl_capture.state(conn) is None
+        assert ddl_capture.ensure(conn, "Auto").mode == "EventTrigger"
+        assert ddl_capture.state(conn) == capture  # same triggers, same key
+
+        conn.execute("CREATE TABLE parent (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE child (PRIMARY KEY (id)) INHERITS (parent)")
+        conn.execute("CREATE TABLE grandchild (PRIMARY KEY (id)) INHERITS (child)")
+        conn.execute("CREATE TABLE parts (id int, v text) PARTITION BY RANGE (id)")
+        conn.execute("CREATE TABLE parts_1 PARTITION OF parts FOR VALUES FROM (0) TO (10)")
+        conn.execute("SELECT pg_create_logical_replication_slot('watch', 'test_decoding')")
+        conn.execute("ALTER TABLE parent RENAME COLUMN v TO w")
+        conn.execute("ALTER TABLE parts ADD COLUMN n int")
+        rows = [r[0] for r in conn.execute(
+            "SELECT data FROM pg_logical_slot_get_changes('watch', NULL, NULL)"
+            " WHERE data LIKE 'message:%'").fetchall()]
+        conn.execute("SELECT pg_drop_replication_slot('watch')")
+    events = [ddl_capture.parse(0, 0, row.split("content:", 1)[1].encode(), capture.key)
+              for row in rows]
+    described = {(e.name, tuple(c.name for c in e.columns)) for e in events if e is not None}
+    assert described == {("parent", ("id", "w")), ("child", ("id", "w")),
+                         ("grandchild", ("id", "w")), ("parts", ("id", "v", "n"))}

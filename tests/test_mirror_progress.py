@@ -35,3 +35,17 @@ def test_progress_is_the_current_snapshots_lakeslot_lsn(spark, spark_warehouse, 
     assert progress[done].committed_at_ms is not None
     assert progress[plain].lsn is None and progress[plain].rows == 3  # not written by lakeslot
     assert progress[absent] == mirror_progress.MirrorProgress(None, None, None)
+
+
+def test_live_rows_are_data_records_minus_position_deletes():
+    live = mirror_progress.live_rows
+    assert live({"total-records": "1001208", "total-position-deletes": "1208",
+                 "total-equality-deletes": "0"}) == 1_000_000
+    assert live({"total-records": "55", "total-position-deletes": "5"}) == 50
+    assert live({"total-records": "7"}) == 7  # no delete totals: nothing deleted
+    # Unknowable from the summary: equality deletes (one may delete any number of rows), a
+    # missing total, more deletes than rows (dangling ones someone else's compaction left).
+    assert live({"total-records": "10", "total-position-deletes": "0",
+                 "total-equality-deletes": "1"}) is None
+    assert live({"total-position-deletes": "1"}) is None
+    assert live({"total-records": "3", "total-position-deletes": "4"}) is None

@@ -21,6 +21,7 @@ from lakeslot import lsn as lsnlib
 from lakeslot.api.naming import IngestionNames
 from lakeslot.api.validation import parse_resource
 from lakeslot.mirror.contract import ERROR_LSN_PROPERTY, ERROR_PROPERTY, RESNAPSHOT_AUTOMATIC, RESNAPSHOT_PROPERTY
+from lakeslot.snapshot import progress as snapshot_progress
 from lakeslot.source import connection, slot
 from lakeslot.source.slot import SlotHealth
 from lakeslot.source.tables import TableName
@@ -290,6 +291,62 @@ def test_a_failed_snapshot_is_reported_and_retried_after_backoff(api, source, sp
     assert (failed["reason"], resource["status"]["snapshot"]["attempts"]) == ("SnapshotFailed", 1)
     assert "driver OOM" in failed["message"]
     assert name in env.spark_applications(api)  # kept until the backoff is over
+
+
+def test_a_table_whose_snapshot_failed_stays_failed_with_its_reason_in_the_cr(
+        api, source, spark, spark_warehouse, tmp_path):
+    """The snapshot job's per-table failure reaches status.tables: while the operator copies the
+    table again the row says what failed last time, and while the failed attempt waits out its
+    backoff the table is Failed with the reason, reconcile after reconcile, until a copy passes
+    (simulated job: its progress documents are written by the job's own code)."""
+    db, tables = source
+    broken, fine = tables[0], tables[1:]
+    document = _document("orders", source, spark_warehouse, tmp_path)
+    env.create_ingestion(api, document, db.cluster.password)
+    resource, _ = _reconcile(api, "orders")
+    location = snapshot_progress.in_staging(document["spec"]["staging"]["uri"])
+    with db.connect() as conn:
+        lsn = _health(conn, resource["status"]["slot"]["name"]).confirmed_flush_lsn
+    assert lsn is not None
+    why = "keyColumns (k) are not unique; fix: choose others"
+
+    def attempt(copied: list[TableName], application: str) -> None:
+        """The snapshot job of ``application`` copies ``copied``: ``broken`` fails, the others
+        commit, and the application fails (a table failed)."""
+        job = snapshot_progress.Progress(location, [(t, str(t)) for t in copied])
+        for table in copied:
+            job.table(table, **{"state": "failed", "error": why} if table == broken
+                      else {"state": "committed"})
+        job.finish()
+        env.commit_snapshot(spark, document, [t for t in copied if t != broken], lsn)
+        env.set_spark_state(api, application, "FAILED", "1 table failed")
+
+    def rows() -> dict[TableName, dict]:
+        resource, _ = _reconcile(api, "orders")
+        return {TableName(t["schema"], t["name"]): t for t in resource["status"]["tables"]}
+
+    attempt(tables, resource["status"]["snapshot"]["application"])
+    seen = rows()  # the others are done: the broken one is copied again at once, alone
+    assert seen[broken]["state"] == "Snapshotting"
+    assert seen[broken]["message"] == f"snapshot failed: {why} (copying it again)"
+    assert {seen[t]["state"] for t in fine} == {"Streaming"}
+    current = env.get_ingestion(api, "orders")
+    assert current is not None
+    retry = current["status"]["snapshot"]
+    assert retry["tables"] == [str(broken)]
+
+    attempt([broken], retry["application"])
+    for _ in range(2):  # the failed retry waits out its backoff: Failed, and it stays so
+        seen = rows()
+        assert seen[broken]["state"] == "Failed" and seen[broken]["message"] == f"snapshot failed: {why}"
+        assert {seen[t]["state"] for t in fine} == {"Streaming"}
+
+    fixed = snapshot_progress.Progress(location, [(broken, str(broken))])  # a copy that passes
+    fixed.table(broken, state="committed")
+    fixed.finish()
+    env.commit_snapshot(spark, document, [broken], lsn)
+    seen = rows()
+    assert seen[broken]["state"] == "Streaming" and not seen[broken].get("message")
 
 
 @pytest.mark.parametrize("version", ["pg15", "pg18"])

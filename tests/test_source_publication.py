@@ -75,7 +75,7 @@ def test_a_foreign_publication_is_only_verified(pgdb):
         assert publication.members(conn, "theirs") == {TableName("public", "a")}
         text = "\n".join(report.errors)
         assert """ALTER PUBLICATION "theirs" SET (publish = 'insert, update, delete, truncate');""" in text
-        assert 'ALTER PUBLICATION "theirs" ADD TABLE "public"."b";' in text
+        assert 'ALTER PUBLICATION "theirs" ADD TABLE ONLY "public"."b";' in text
         # Asked to manage it, lakeslot repairs it; but never drops it.
         report = publication.sync(conn, "theirs", wanted, owner=OWNER, manage=True)
         assert report.ok and report.added == [TableName("public", "b")]
@@ -88,7 +88,7 @@ def test_verify_only_never_creates(pgdb):
         report = publication.sync(conn, "absent", [TableName("public", "a")], owner=OWNER,
                                   manage=False)
         assert not report.ok
-        assert 'CREATE PUBLICATION "absent" FOR TABLE "public"."a";' in report.errors[0]
+        assert 'CREATE PUBLICATION "absent" FOR TABLE ONLY "public"."a";' in report.errors[0]
         assert conn.execute("SELECT count(*) FROM pg_publication WHERE pubname = 'absent'"
                             ).fetchone() == (0,)
 
@@ -100,3 +100,41 @@ def test_drop_is_idempotent_and_owner_scoped(pgdb):
         assert publication.drop(conn, PUB, owner="other/ingestion").startswith("kept")
         assert publication.drop(conn, PUB, owner=OWNER) == "dropped"
         assert publication.drop(conn, PUB, owner=OWNER) == "absent"
+
+
+def test_inheritance_parents_and_children_join_each_on_its_own(pgdb):
+    """A child sorts before its parent (tables are added in name order): the parent must still
+    join, and each table must publish only its own rows (earlier versions added the child with
+    its parent's descendants first, then lost the parent to "already member", silently)."""
+    with _connect(pgdb) as conn:
+        conn.execute("CREATE TABLE b_parent (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE a_child (PRIMARY KEY (id)) INHERITS (b_parent)")
+        conn.execute("CREATE TABLE a_grandchild (PRIMARY KEY (id)) INHERITS (a_child)")
+        parent, child, grandchild = (TableName("public", n)
+                                     for n in ("b_parent", "a_child", "a_grandchild"))
+
+        report = publication.sync(conn, PUB, [child, parent], owner=OWNER)
+        assert report.ok and sorted(report.added) == sorted([child, parent])
+        assert publication.members(conn, PUB) == {child, parent}  # the grandchild was not asked for
+
+        # Dropping the child leaves its descendants and its parent where they are.
+        publication.sync(conn, PUB, [child, grandchild, parent], owner=OWNER)
+        report = publication.sync(conn, PUB, [grandchild, parent], owner=OWNER)
+        assert report.ok and report.removed == [child]
+        assert publication.members(conn, PUB) == {grandchild, parent}
+
+        # A child without a replica identity is never published with its parent: the
+        # application's UPDATE and DELETE through the parent (which reach the child) still work.
+        conn.execute("CREATE TABLE a_keyless () INHERITS (b_parent)")
+        conn.execute("INSERT INTO a_keyless VALUES (1, 'k')")
+        publication.sync(conn, PUB, [grandchild, parent], owner=OWNER)
+        assert publication.members(conn, PUB) == {grandchild, parent}
+        conn.execute("UPDATE b_parent SET v = 'through the parent'")
+        conn.execute("DELETE FROM b_parent")
+
+        # A publication left by earlier versions (the child in, the parent not) is repaired.
+        conn.execute(sql.SQL("ALTER PUBLICATION {} DROP TABLE ONLY {}").format(
+            sql.Identifier(PUB), parent.sql()))
+        report = publication.sync(conn, PUB, [grandchild, parent], owner=OWNER)
+        assert report.ok and report.added == [parent]
+        assert publication.members(conn, PUB) == {grandchild, parent}

@@ -203,3 +203,32 @@ def test_catching_up_is_relative_to_what_a_change_waits(apply, reader, after):
                                   warehouse="/tmp/wh", staging="file:///tmp/staging")
     document["spec"]["apply"], document["spec"]["reader"] = apply, reader
     assert st.catching_up_after_s(PostgresIngestion.model_validate(document).spec) == after
+
+
+def test_a_failed_snapshot_is_shown_until_the_table_is_copied():
+    """lakeslot.status.snapshot_failures over a reconcile's rows (as table_rows left them)."""
+    from lakeslot.mirror.progress import MirrorProgress
+
+    a, b, d, e, f = (TableName("s", n) for n in "abdef")
+    failures: dict[TableName, dict] = {a: {"error": "keys are not unique"}, b: {"error": "timeout", "transient": True},
+                d: {"error": "old"}, e: {"error": "keys are not unique"},
+                f: {"error": "keys are not unique"}}
+    none, mirrored = MirrorProgress(None, None, None), MirrorProgress(5, 1, 1)
+    old = PostgresIngestionStatus(tables=[
+        TableStatus(schema_name="s", name="a", state="Pending"),
+        TableStatus(schema_name="s", name="b", state="Pending"),
+        TableStatus(schema_name="s", name="c", state="Snapshotting",
+                    message="snapshot failed: gone (copying it again)"),  # copied since
+        TableStatus(schema_name="s", name="d", state="Pending"),
+        TableStatus(schema_name="s", name="e", state="Failed", message="no primary key; fix: …"),
+        TableStatus(schema_name="s", name="f", state="Pending")])
+    report = st.Report(old, 1, T0)
+    progress = {a: none, b: none, TableName("s", "c"): mirrored, d: mirrored, e: none, f: none}
+    st.snapshot_failures(report, failures, progress, snapshotting={f})
+    assert [(r.name, r.state, r.message) for r in report.status.tables] == [
+        ("a", "Failed", "snapshot failed: keys are not unique"),  # definite: a human acts
+        ("b", "Pending", "snapshot failed: timeout"),  # transient: the next attempt may pass
+        ("c", "Snapshotting", ""),  # it has a mirror now: the old failure is gone
+        ("d", "Pending", ""),  # a mirror: an old failure record does not count
+        ("e", "Failed", "no primary key; fix: …"),  # preflight's finding comes first
+        ("f", "Pending", "snapshot failed: keys are not unique (copying it again)")]

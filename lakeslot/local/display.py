@@ -1,10 +1,12 @@
 """Progress of a local run for humans: redrawn in place on a terminal, log lines otherwise.
 
 What it shows comes from the status model (:mod:`.observe`) plus the snapshot's progress
-document: per table the state, the snapshot's rows copied / estimated, rows in the mirror, the
-applied LSN, the changes staged but not applied and the seconds behind the source (freshness);
-overall the reader's durable LSN, the applied LSN, the lag in bytes and seconds behind the source,
-and how long ago the last Iceberg commit was.
+document: per table the state, the snapshot's rows copied / estimated, rows in the mirror (its
+live row count: data records minus the rows deleted by position, from the Iceberg snapshot
+summary, :func:`lakeslot.mirror.progress.live_rows`; ``-`` when unknown), the applied LSN, the
+changes staged but not applied and the seconds behind the source (freshness); overall the
+reader's durable LSN, the applied LSN, the lag in bytes and seconds behind the source, and how
+long ago the last Iceberg commit was.
 
 Invariant: it only reads; a status it cannot render is shown as far as it goes, never raised.
 On a terminal a frame is rewritten in place (ANSI cursor movement); otherwise one line is logged

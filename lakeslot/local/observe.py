@@ -175,7 +175,8 @@ def _snapshot(report: st.Report, local: Local, activity_now: Activity, tables: l
             message="\n".join(filter(None, [
                 "the run stopped before the snapshot finished; lakeslot run resumes it"
                 if interrupted else None, document.get("error"), *failures]))[:4000])
-        _unsnapshotted(report, document, progress, copying)
+    st.snapshot_failures(report, snapshot_progress.failures(snapshot_location(local)), progress,
+                         copying)
     missing = [t for t in tables if progress[t].lsn is None or t in copying]
     if not missing:
         st.snapshot_complete(report)
@@ -190,24 +191,6 @@ def _snapshot(report: st.Report, local: Local, activity_now: Activity, tables: l
                          f"{len(missing)} table(s) have no snapshot in Iceberg yet: "
                          "lakeslot run copies them")
     return copying
-
-
-def _unsnapshotted(report: st.Report, document: dict,
-                   progress: Mapping[TableName, MirrorProgress], copying: set[TableName]) -> None:
-    """A table without a mirror whose last snapshot failed says why: ``Failed`` for a definite
-    error (a human must act), ``Pending`` with the error when only retries ran out (the next
-    run copies it again)."""
-    failed = {TableName(t["schema"], t["name"]): t for t in document["tables"]
-              if t["state"] == "failed"}
-    for row in report.status.tables:
-        table = TableName(row.schema_name, row.name)
-        entry = failed.get(table)
-        if entry is None or row.state == "Failed" or table in copying or table not in progress \
-                or progress[table].lsn is not None:
-            continue
-        if not entry.get("transient"):
-            row.state = "Failed"
-        row.message = f"snapshot failed: {entry['error']}"
 
 
 def _staged(report: st.Report, staged: StagedCounter,

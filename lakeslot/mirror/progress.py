@@ -16,6 +16,18 @@ with pyiceberg (no Spark, no JVM), through :func:`lakeslot.mirror.catalogs.load_
   table again by itself; ``resnapshots_last_hour`` counts the re-snapshot commits, for the loop
   guard of :mod:`lakeslot.resnapshot`).
 
+- ``rows`` is the mirror's live row count as of its position: the snapshot summary's
+  ``total-records`` (every row in the live data files) minus ``total-position-deletes`` (rows
+  those files hold that position deletes or deletion vectors mark deleted) — :func:`live_rows`.
+  The mirrors are written merge-on-read, so ``total-records`` alone counts every version a MERGE
+  left behind (1,001,208 for a 1,000,000-row mirror after its updates). It is exact for what
+  lakeslot writes (Spark's MERGE deletes only live rows, by position; its compaction drops
+  dangling deletes). It is None (unknown) when the table has equality deletes (lakeslot never
+  writes them: another writer did; one can delete any number of rows, which no summary says),
+  and would undercount while position deletes that no longer apply to a live file, left by a
+  compaction someone else ran without removing them, are counted — until lakeslot's own
+  compaction drops them.
+
 Failure modes: an unreachable catalog or warehouse raises (the caller reports it as a
 condition); a corrupt ``lakeslot.lsn`` raises ``ValueError`` rather than being guessed.
 """
@@ -48,7 +60,7 @@ from lakeslot.source.tables import TableName
 @dataclass(frozen=True)
 class MirrorProgress:
     lsn: int | None  # lakeslot.lsn of the current snapshot; None: nothing committed by lakeslot
-    rows: int | None  # total-records of the current snapshot
+    rows: int | None  # live rows of the current snapshot (live_rows); None: unknown
     committed_at_ms: int | None
     error: str | None = None  # the apply job stopped the table (definite error), and why
     resnapshot_required: bool = False  # the way out of ``error`` is a re-snapshot
@@ -67,7 +79,7 @@ def progress_of(table: Table | None) -> MirrorProgress:
         return MirrorProgress(None, None, None)
     summary = snapshot.summary
     lsn = position(table, snapshot)
-    rows = summary["total-records"] if summary is not None else None
+    rows = live_rows(summary) if summary is not None else None
     data_files = summary.get("total-data-files") if summary is not None else None
     delete_files = summary.get("total-delete-files") if summary is not None else None
     error = apply_error(table.properties, lsn)
@@ -76,7 +88,7 @@ def progress_of(table: Table | None) -> MirrorProgress:
     hour_ago = int(time.time() * 1000) - 3_600_000
     recent = sum(1 for s in table.snapshots() if s.timestamp_ms >= hour_ago
                  and s.summary is not None and s.summary.get(RESNAPSHOT_SUMMARY) == "true")
-    return MirrorProgress(lsn, int(rows) if rows is not None else None, snapshot.timestamp_ms,
+    return MirrorProgress(lsn, rows, snapshot.timestamp_ms,
                           error, way_out in ("true", RESNAPSHOT_AUTOMATIC),
                           int(taken) if taken is not None else None,
                           way_out == RESNAPSHOT_AUTOMATIC, recent,
@@ -84,6 +96,17 @@ def progress_of(table: Table | None) -> MirrorProgress:
                           int(data_files) if data_files is not None else None,
                           int(delete_files) if delete_files is not None else None,
                           table.properties.get(MAINTENANCE_PROPERTY))
+
+
+def live_rows(summary: Mapping[str, str]) -> int | None:
+    """Rows of the data files minus the rows deleted by position (see the module docstring);
+    None when it cannot be known from the summary: equality deletes, a total missing, or more
+    deletes than rows (deletes left dangling by someone else's compaction)."""
+    records, positional = summary.get("total-records"), summary.get("total-position-deletes")
+    if records is None or int(summary.get("total-equality-deletes") or 0) != 0:
+        return None
+    live = int(records) - int(positional or 0)
+    return live if live >= 0 else None
 
 
 def position(table: Table, snapshot: Snapshot) -> int | None:

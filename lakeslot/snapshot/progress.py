@@ -23,6 +23,16 @@ Where it goes: into staging (:func:`in_staging`), under the operator (the snapsh
 and ``lakeslot run`` alike; the operator reads staging anyway, and the document outlives each
 driver (its rows per table are metrics, :mod:`lakeslot.ingestion_metrics`).
 
+Failures outlive the document (``snapshot-failures.json`` next to it, :func:`failures_location`):
+each job rewrites the progress document with its own tables only, so a later job that copies
+other tables (a re-snapshot of one table, a table that joined) would erase the only record of an
+earlier job's failed table, and status would show that table ``Pending`` with no reason. The
+failures document keeps, per table, the error of its last snapshot attempt when that attempt
+failed (``{"version": 1, "tables": [{"schema", "name", "error", "transient", "job",
+"failedAt"}]}``): a job records a table's failure when it fails and removes it when the table
+commits or is skipped (it has a mirror); tables the job does not copy keep their entries. Status
+(:func:`lakeslot.status.snapshot_failures`) reads both documents.
+
 Invariants: the document is rewritten whole on every change, and readers never see a torn file
 (a local file is written next to it and renamed; an object store PUT is atomic). Writes from the
 driver's threads are serialised. Every change is also logged.
@@ -48,6 +58,7 @@ from lakeslot.source.tables import TableName
 log = logging.getLogger(__name__)
 VERSION = 1
 STAGING_FILE = "snapshot-progress.json"
+FAILURES_FILE = "snapshot-failures.json"
 
 
 def _now() -> str:
@@ -84,6 +95,9 @@ class Progress:
         self.snapshot_lsn: int | None = None
         self.started = _now()
         self.tables = {source: TableProgress(source, target) for source, target in tables}
+        self._failures: dict[TableName, dict] = {}
+        if location is not None:
+            self._failures = _read_failures(failures_location(location))
         self.write()
 
     def table(self, source: TableName, **changes) -> None:
@@ -92,6 +106,13 @@ class Progress:
             entry = self.tables[source]
             for key, value in changes.items():
                 setattr(entry, key, value)
+            if changes.get("state") == "failed":
+                self._failures[source] = {"error": entry.error, "transient": entry.transient,
+                                          "job": self.job, "failedAt": _now()}
+                self._write_failures_locked()
+            elif changes.get("state") in ("committed", "skipped") and source in self._failures:
+                del self._failures[source]
+                self._write_failures_locked()
             log.info("snapshot %s → %s: %s, %d/%d ranges, %d rows staged%s", source, entry.target,
                      entry.state, entry.ranges_done, entry.ranges_total, entry.rows_staged,
                      f": {entry.error}" if entry.error else "")
@@ -115,19 +136,31 @@ class Progress:
                 "tables": [t.document() for t in self.tables.values()]}
 
     def _write_locked(self) -> None:
+        if self._location is not None:
+            _write(self._location, json.dumps(self.document(), indent=1).encode())
+
+    def _write_failures_locked(self) -> None:
         if self._location is None:
             return
-        data = json.dumps(self.document(), indent=1).encode()
-        fs, path = filesystem(self._location)
-        if fs.type_name == "local":
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            staging = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-            with open(staging, "wb") as f:
-                f.write(data)
-            os.replace(staging, path)
-        else:
-            with fs.open_output_stream(path) as f:
-                f.write(data)
+        document = {"version": VERSION, "tables": [
+            {"schema": t.schema, "name": t.name, **entry}
+            for t, entry in sorted(self._failures.items())]}
+        _write(failures_location(self._location), json.dumps(document, indent=1).encode())
+
+
+def _write(location: str, data: bytes) -> None:
+    """Atomically: a local file is written next to it and renamed; an object store PUT is
+    atomic."""
+    fs, path = filesystem(location)
+    if fs.type_name == "local":
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        staging = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+        with open(staging, "wb") as f:
+            f.write(data)
+        os.replace(staging, path)
+    else:
+        with fs.open_output_stream(path) as f:
+            f.write(data)
 
 
 def in_staging(staging_uri: str) -> str:
@@ -140,3 +173,37 @@ def read(location: str) -> dict:
     fs, path = filesystem(location)
     with fs.open_input_stream(path) as f:
         return json.loads(f.read())
+
+
+def failures_location(location: str) -> str:
+    """Where the failures document of the progress document at ``location`` is: beside it."""
+    head, slash, _ = location.rpartition("/")
+    return f"{head}{slash}{FAILURES_FILE}"
+
+
+def _read_failures(location: str) -> dict[TableName, dict]:
+    try:
+        fs, path = filesystem(location)
+        with fs.open_input_stream(path) as f:
+            document = json.loads(f.read())
+    except (OSError, ValueError):  # none yet (or unreadable: the next failure rewrites it)
+        return {}
+    return {TableName(e["schema"], e["name"]): {k: v for k, v in e.items()
+                                                if k not in ("schema", "name")}
+            for e in document.get("tables", [])}
+
+
+def failures(location: str) -> dict[TableName, dict]:
+    """Per table, its last snapshot attempt's failure (``error``, ``transient``, ``job``,
+    ``failedAt``), for the progress document at ``location``; tables whose last attempt did not
+    fail are absent. Besides the failures document, the progress document's failed tables count
+    (a job of an earlier version wrote only that one)."""
+    try:
+        document = read(location)
+    except (OSError, ValueError):
+        document = {}
+    found = {TableName(t["schema"], t["name"]): {"error": t.get("error"),
+                                                 "transient": bool(t.get("transient")),
+                                                 "job": document.get("job")}
+             for t in document.get("tables", []) if t.get("state") == "failed"}
+    return {**found, **_read_failures(failures_location(location))}

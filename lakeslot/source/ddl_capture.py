@@ -30,6 +30,13 @@ Invariants and failure modes:
   trigger existed follows the messages only while the same trigger (OID) is still installed and
   enabled (:func:`state`); otherwise it falls back to comparing the catalog
   (:mod:`lakeslot.source.facts`), conservatively: when in doubt, re-snapshot.
+- A command on an inheritance parent that recurses to its children (ADD/DROP/RENAME COLUMN,
+  ALTER … TYPE) is reported by PostgreSQL for the parent only; the function describes each
+  descendant too (not partitions: they are published through their root), so every child's
+  mirror follows it like its parent's. The function carries :data:`VERSION_MARK`: an older one
+  (without it) does not count as installed (:func:`state`), and :func:`ensure` replaces it in
+  place, keeping the triggers and their OIDs (mirrors go on following the messages); a role that
+  may not replace it gets the ``Catalog`` mode until a superuser installs the current one.
 - ``TRUNCATE`` fires no event trigger; a plain table's TRUNCATE is in the stream anyway, a
   partition's is found by its ``relfilenode`` (:mod:`lakeslot.source.facts`).
 - Installing needs a superuser (PostgreSQL's rule for event triggers); :func:`ensure` reports
@@ -54,12 +61,15 @@ SCHEMA = "_lakeslot"
 TRIGGERS = {"lakeslot_ddl_end": "ddl_command_end", "lakeslot_sql_drop": "sql_drop",
             "lakeslot_table_rewrite": "table_rewrite"}
 MAIN_TRIGGER = "lakeslot_ddl_end"
+# in the function's body: an installed function without it is an older one (see _outdated)
+VERSION_MARK = "lakeslot capture_ddl v2"
 Mode = Literal["EventTrigger", "Catalog"]
 
 _FUNCTION = r"""
 CREATE OR REPLACE FUNCTION _lakeslot.capture_ddl() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $fn$
 DECLARE
+  -- lakeslot capture_ddl v2: inheritance descendants
   r record;
   k text := (SELECT key FROM _lakeslot.capture LIMIT 1);
 BEGIN
@@ -77,11 +87,20 @@ BEGIN
         'schema', r.schema_name, 'name', r.object_name)::text);
     END LOOP;
   ELSE
-    FOR r IN SELECT DISTINCT c.oid, c.relfilenode, c.relname, c.relkind, c.relispartition, n.nspname
-               FROM pg_event_trigger_ddl_commands() d
-               JOIN pg_class c ON c.oid = d.objid
+    -- the tables the command named, and their inheritance descendants (not partitions): an
+    -- ALTER TABLE on a parent changes its children too, and reports only the parent
+    FOR r IN WITH RECURSIVE touched(oid) AS (
+               SELECT d.objid FROM pg_event_trigger_ddl_commands() d
+                WHERE d.classid = 'pg_class'::regclass
+               UNION
+               SELECT i.inhrelid FROM pg_inherits i JOIN touched t ON i.inhparent = t.oid
+                 JOIN pg_class k ON k.oid = i.inhrelid
+                WHERE NOT k.relispartition)
+             SELECT DISTINCT c.oid, c.relfilenode, c.relname, c.relkind, c.relispartition, n.nspname
+               FROM touched d
+               JOIN pg_class c ON c.oid = d.oid
                JOIN pg_namespace n ON n.oid = c.relnamespace
-              WHERE d.classid = 'pg_class'::regclass AND c.relkind IN ('r', 'p') LOOP
+              WHERE c.relkind IN ('r', 'p') LOOP
       PERFORM pg_logical_emit_message(true, 'lakeslot', json_build_object(
         'v', 1, 'key', k, 'event', 'ddl', 'tag', tg_tag, 'oid', r.oid::int8,
         'schema', r.nspname, 'name', r.relname, 'kind', r.relkind,
@@ -183,15 +202,16 @@ def may_install(conn: psycopg.Connection) -> bool:
 
 
 def state(conn: psycopg.Connection) -> Capture | None:
-    """The installed capture, when all three triggers exist and are enabled and the key is
-    readable by this role; None otherwise."""
+    """The installed capture, when all three triggers exist and are enabled, run the current
+    function (an older one misses inheritance children: :func:`ensure` replaces it) and the key
+    is readable by this role; None otherwise."""
     rows = conn.execute(
         "SELECT e.evtname, e.oid::int8 FROM pg_catalog.pg_event_trigger e"
         " JOIN pg_catalog.pg_proc p ON p.oid = e.evtfoid"
         " JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace"
         " WHERE e.evtname = ANY(%s) AND e.evtenabled <> 'D'"
-        " AND n.nspname = %s AND p.proname = 'capture_ddl'",
-        (list(TRIGGERS), SCHEMA)).fetchall()
+        " AND n.nspname = %s AND p.proname = 'capture_ddl' AND strpos(p.prosrc, %s) > 0",
+        (list(TRIGGERS), SCHEMA, VERSION_MARK)).fetchall()
     found: dict[str, int] = dict(rows)
     if set(found) != set(TRIGGERS):
         return None
@@ -278,14 +298,22 @@ def ensure(conn: psycopg.Connection, setting: str, *, read_only: bool = False) -
     ``EventTrigger`` that cannot be had raises :class:`CaptureUnavailable`."""
     if setting == "Catalog":
         return ModeReport("Catalog", CATALOG_FALLBACK + " (ddlCapture: Catalog)")
+    outdated = _outdated(conn)
+    if outdated and not read_only:
+        outdated = not _replace_function(conn)
     current = state(conn)
     why = "the event trigger is not installed"
-    if current is None and not read_only:
+    if outdated:
+        why = ("the installed event trigger's function is an older version, which does not "
+               "describe the inheritance children of an altered table; "
+               + ("the next run replaces it where its role may" if read_only
+                  else "the role may not replace it"))
+    if current is None and not read_only and not outdated:
         try:
             current = install(conn)
         except psycopg.errors.InsufficientPrivilege as e:
             why = f"the role may not install the event trigger ({str(e).strip().splitlines()[0]})"
-    elif current is None and not may_install(conn):
+    elif current is None and not outdated and not may_install(conn):
         why = "the role is not a superuser, who may install the event trigger"
     if current is not None:
         return ModeReport("EventTrigger", PRECISE)
@@ -293,6 +321,27 @@ def ensure(conn: psycopg.Connection, setting: str, *, read_only: bool = False) -
         raise CaptureUnavailable(f"ddlCapture is EventTrigger but {why}; {ENABLE}; or set "
                                  "ddlCapture: Auto to fall back to comparing the catalog")
     return ModeReport("Catalog", f"{CATALOG_FALLBACK} ({why}; for the precise mode, {ENABLE})")
+
+
+def _outdated(conn: psycopg.Connection) -> bool:
+    """Whether lakeslot's function is installed in an older version (without
+    :data:`VERSION_MARK`)."""
+    row = conn.execute("SELECT p.prosrc FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n"
+                       " ON n.oid = p.pronamespace WHERE n.nspname = %s"
+                       " AND p.proname = 'capture_ddl'", (SCHEMA,)).fetchone()
+    return row is not None and VERSION_MARK not in row[0]
+
+
+def _replace_function(conn: psycopg.Connection) -> bool:
+    """Replace an older function in place: the triggers (and their OIDs, which the mirrors
+    recorded) stay, so the mirrors go on following the messages. False when the role may not
+    (the function's owner or a superuser may): the mode is then ``Catalog``."""
+    try:
+        with conn.transaction():
+            conn.execute(sql.SQL(_FUNCTION.strip()))
+    except psycopg.errors.InsufficientPrivilege:
+        return False
+    return True
 
 
 class CaptureUnavailable(Exception):

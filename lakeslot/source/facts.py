@@ -20,6 +20,12 @@ What a difference means (:func:`divergence`):
   one partition is not published through the root; VACUUM FULL and CLUSTER of a partition also
   show here, and cost a needless copy).
 
+Inheritance children (``INHERITS``) are not facts of their parent: each mirror holds only the
+rows its own table stores (``ONLY``, :mod:`lakeslot.source.publication`), which attaching or
+detaching a child (``ALTER TABLE … [NO] INHERIT``) does not change; a column change that recurses
+from a parent to its children is DDL of each child (:mod:`lakeslot.source.ddl_capture` writes a
+message for each, and the catalog comparison sees each child's own attributes).
+
 Invariants: the facts are read in the transaction that reads the rows (the snapshot's), so they
 describe exactly the copied table; a column dropped without a replacement is not a difference
 (the mirror keeps it, NULL from then on); columns added later are recorded when the apply job

@@ -22,6 +22,23 @@ Invariants:
   publication we do not own that lacks it while a table has a stored generated column is
   reported with the ``ALTER PUBLICATION`` to run (otherwise the snapshot would copy values the
   stream then leaves out).
+- Every table is added and dropped with ``ONLY``: a table's mirror holds the rows stored in that
+  table itself, never its inheritance children's (see "Inheritance" below). The SQL suggested for
+  a publication we do not own says ``ONLY`` too.
+
+Inheritance (``INHERITS``, not partitioning). PostgreSQL publishes each row change under the
+relation that stores the row: an ``UPDATE parent`` that reaches a child's rows arrives as changes
+of the child, whichever table the statement named (``publish_via_partition_root`` applies to
+partitions only). lakeslot mirrors that: the parent's mirror holds the parent's own rows (``SELECT
+… FROM ONLY parent``, which is also what its snapshot copies), each child's mirror its own, and a
+child that is not selected is not published at all. Without ``ONLY``, ``ALTER PUBLICATION … ADD
+TABLE parent`` also adds every child, and fails as a whole with "relation child is already member"
+when a child was added first (tables are added in name order) — which earlier versions absorbed as
+a concurrent caller's duplicate, so the parent silently never joined the publication and its own
+rows' changes never reached its mirror. A publication left that way is repaired by the next sync:
+the parent joins (``ONLY``) and, as any table that joins, is copied again
+(:mod:`lakeslot.control`). Partitioned tables are unaffected: ``ONLY`` on a partitioned table
+still publishes its partitions through it.
 """
 
 from __future__ import annotations
@@ -101,8 +118,7 @@ def sync(conn: psycopg.Connection, name: str, tables: Sequence[TableName], *, ow
             return SyncReport(name, managed=False, errors=[
                 f"publication {quote_ident(name)} does not exist and lakeslot is configured "
                 "not to manage it: " + render_sql(conn, "CREATE PUBLICATION {} FOR TABLE {};",
-                                                sql.Identifier(name),
-                                                sql.SQL(", ").join(t.sql() for t in tables))])
+                                                sql.Identifier(name), _only_list(tables))])
         report = SyncReport(name, managed=True, created=_create(conn, name, owner))
         publication = _lookup(conn, name)
         if publication is None:  # another session dropped it between our CREATE and this lookup
@@ -160,11 +176,11 @@ def _manage(conn: psycopg.Connection, name: str, publication: _Publication,
             report.errors.append(
                 f"refusing to add {table}: it has no usable replica identity, and in a "
                 "publication its UPDATE and DELETE statements would start failing (see preflight)")
-        elif _attempt(conn, report, sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+        elif _attempt(conn, report, sql.SQL("ALTER PUBLICATION {} ADD TABLE ONLY {}").format(
                 ident, table.sql()), absorb=errors.DuplicateObject):
             report.added.append(table)
     for table in sorted(current - set(tables)):
-        if _attempt(conn, report, sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+        if _attempt(conn, report, sql.SQL("ALTER PUBLICATION {} DROP TABLE ONLY {}").format(
                 ident, table.sql()), absorb=errors.UndefinedObject):
             report.removed.append(table)
 
@@ -193,8 +209,12 @@ def _verify(conn: psycopg.Connection, name: str, publication: _Publication,
         report.errors.append(
             f"publication {quote_ident(name)} (not managed by lakeslot) lacks "
             f"{', '.join(map(str, missing))}: "
-            + render_sql(conn, "ALTER PUBLICATION {} ADD TABLE {};", ident,
-                      sql.SQL(", ").join(t.sql() for t in missing)))
+            + render_sql(conn, "ALTER PUBLICATION {} ADD TABLE {};", ident, _only_list(missing)))
+
+
+def _only_list(tables: Sequence[TableName]) -> sql.Composed:
+    """``ONLY a, ONLY b``: each table without its inheritance children (module docstring)."""
+    return sql.SQL(", ").join(sql.SQL("ONLY {}").format(t.sql()) for t in tables)
 
 
 def _usable_identity(conn: psycopg.Connection, oid: int) -> bool:

@@ -73,7 +73,9 @@ def existing(conn: psycopg.Connection, tables: Iterable[TableName]) -> dict[Tabl
 
 def in_schemas(conn: psycopg.Connection, schemas: Iterable[str]) -> list[TableName]:
     """Every ordinary or partitioned table of the given schemas (not partitions themselves:
-    their changes are published through the partitioned parent)."""
+    their changes are published through the partitioned parent). An inheritance child
+    (``INHERITS``) is a table of its own here, as its parent is: each is mirrored with the rows
+    it stores itself (:mod:`lakeslot.source.publication`, "Inheritance")."""
     rows = conn.execute(
         """SELECT n.nspname, c.relname
              FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace

@@ -6,6 +6,9 @@ Invariants:
   converted by the column's mapping (:mod:`lakeslot.typemap`), the path a streamed change takes,
   so the rows compare with the mirror's cast to the same Arrow types. The session must have
   lakeslot's settings (UTC, ISO dates, full float precision: :func:`lakeslot.source.connection.connect`).
+- The rows are the table's own (``FROM ONLY``), as its mirror holds them: an inheritance
+  parent's children are tables of their own (:mod:`lakeslot.source.publication`,
+  "Inheritance"); a partitioned table's rows are those of its partitions.
 - Rows are streamed through a server-side cursor, :data:`FETCH_ROWS` at a time, into Arrow (the
   result of one table is held whole).
 - Selected keys (:func:`source_rows`) travel as their text forms in one JSON document, turned
@@ -43,13 +46,24 @@ def expected(conn, table: TableName, columns: tuple[typemap.ColumnMapping, ...],
     texts: list[list[str | None]] = [[] for _ in columns]
     with conn.cursor(name="lakeslot_verify") as cursor:
         cursor.itersize = FETCH_ROWS
-        cursor.execute(sql.SQL("SELECT {} FROM {} {}").format(select, table.sql(),
+        cursor.execute(sql.SQL("SELECT {} FROM {} {}").format(select, _own_rows(conn, table),
                                                               where or sql.SQL("")), params)
         for row in cursor:
             for i, value in enumerate(row):
                 texts[i].append(value)
     return pa.table({c.name: c.from_text(pa.array(values, pa.string()))
                      for c, values in zip(columns, texts, strict=True)})
+
+
+def _own_rows(conn, table: TableName) -> sql.Composable:
+    """``ONLY <table>`` but for a partitioned table, whose rows are in its partitions."""
+    kind = conn.execute(
+        "SELECT c.relkind::text FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n"
+        " ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+        (table.schema, table.name)).fetchone()
+    if kind is not None and kind[0] == "p":
+        return table.sql()
+    return sql.SQL("ONLY {}").format(table.sql())
 
 
 def source_rows(conn: psycopg.Connection, table: TableName,

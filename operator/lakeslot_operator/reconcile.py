@@ -28,7 +28,10 @@ messages:
    truth), the reader's durable LSN from the slot's ``confirmed_flush_lsn`` (invariant 4: the
    reader confirms only what is sealed), lag from the server's current LSN, freshness in seconds
    from the commit times in staging (:mod:`lakeslot.freshness`), and the apply job's last pass
-   document from staging for the metrics (not part of the status); conditions with
+   document from staging for the metrics (not part of the status); a table without a mirror
+   whose last snapshot attempt failed is ``Failed`` with the error (``Pending`` with it after
+   transient errors) until the table is copied again (:func:`lakeslot.status.snapshot_failures`,
+   from the snapshot's failures document in staging); conditions with
    ``observedGeneration``; ``Degraded``, ``Ready`` and the phase from the rest
    (:func:`lakeslot.status.summary`).
 
@@ -344,6 +347,12 @@ class _Reconciler:
     # status --------------------------------------------------------------------------------
 
     def _progress(self, tables: list[TableName], health, current: int) -> None:
+        job = self.r.status.snapshot
+        # a failed snapshot application waiting out its backoff copies nothing: not a retry yet
+        copying = set() if job is not None and job.state == "FAILED" else self.snapshotting
+        with contextlib.suppress(OSError, ValueError):  # staging unreadable: none known now
+            st.snapshot_failures(self.r, snapshot_progress.failures(snapshot_progress.in_staging(
+                self.ing.spec.staging.uri)), self.progress, copying)
         applied = st.record_progress(self.r, self.progress, self.snapshotting,
                                      durable=health.confirmed_flush_lsn, current=current,
                                      reader=self._reader_pod())
