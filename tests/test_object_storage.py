@@ -1,0 +1,146 @@
+"""The production configuration: staging on S3 and the mirrors in an Iceberg REST catalog with
+``S3FileIO`` (tests/support/fixtures_s3.py: SeaweedFS ``weed mini`` serves both), end to end.
+
+``lakeslot run --once`` runs in this process on the tests' shared Spark session (the REST catalog
+defined on it at runtime), against real PostgreSQL: a snapshot, streamed changes, a schema change
+Iceberg can follow (a column added) and one it cannot (a rename: that table is copied again),
+maintenance; after each run every mirror, read by pyiceberg through the REST catalog, equals its
+source row by row (:func:`lakeslot.verify.checksums.compare`). Then what reads the catalog from Python
+— ``lakeslot status``, ``verify``, ``cut``, and the mirror progress the operator reads — through the
+same REST catalog. Credentials come from the environment only and show in no output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+
+import pytest
+import yaml
+from pyarrow import fs as pafs
+
+from lakeslot import cli, workloads
+from lakeslot.local import config
+from lakeslot.mirror import catalogs, cuts
+from lakeslot.mirror import progress as mirror_progress
+from lakeslot.source.tables import TableName
+from lakeslot.staging.store import TEMP_PREFIX
+from lakeslot.verify import checksums
+from tests.support import local_support as ls
+from tests.support import operator_env
+from tests.support.fixtures_pg import connection_settings
+from tests.support.fixtures_s3 import STAGING_BUCKET, ObjectStore
+
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
+ITEMS = TableName("public", "items")
+
+
+def _document(db, store: ObjectStore, staging: str, tables: list[TableName]) -> dict:
+    document = operator_env.ingestion_document(
+        "s3-rest", db, tables, warehouse="unused", staging=staging,
+        snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20},
+        apply={"triggerIntervalSeconds": 1},
+        secretEnv=[{"name": name, "secretKeyRef": {"name": "s3", "key": name}}
+                   for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")])
+    spec = document["spec"]
+    spec["sink"]["catalog"] = store.catalog_document()
+    # every apply pass that leaves a delete file makes its table due for compaction
+    spec["sink"]["maintenance"] = {"deleteFileThreshold": 1, "maxTimeShare": 1}
+    spec["staging"]["retentionSeconds"] = 0
+    spec["source"]["ddlCapture"] = "Catalog"  # a column rename is a re-snapshot
+    return document
+
+
+def _environment(db, store: ObjectStore) -> dict[str, str]:
+    return {workloads.PASSWORD_ENV: db.cluster.password, **store.environment(),
+            **store.catalog_environment()}
+
+
+def _assert_equal(local: config.Local, db, tables: list[TableName], secrets: dict[str, str]) -> None:
+    checks = checksums.compare(local.ingestion, connection_settings(db), tables, secrets=secrets)
+    assert [c for c in checks if not c.equal] == [], checksums.render(checks)
+    assert all(c.source_rows > 0 for c in checks)
+
+
+@pytest.mark.slow
+def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store, tmp_path, monkeypatch,
+                                                  capsys):
+    db, store = pgdb, object_store
+    with db.connect() as conn:
+        accounts = ls.create_accounts(conn, 3000)
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO items SELECT g, 'i' || g FROM generate_series(1, 800) g")
+    tables = [accounts, ITEMS]
+    prefix = f"{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}"
+    path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
+    path.write_text(yaml.safe_dump(_document(db, store, f"s3://{prefix}", tables)))
+    environment = _environment(db, store)
+    for name, value in environment.items():  # (restored at the end: run.run exports them)
+        monkeypatch.setenv(name, value)
+    local = config.load(str(path), state_dir=str(state_dir), environ=environment)
+    secrets = local.job.catalog_secrets(environment)
+
+    ls.run_in_process(local, rest_spark, once=True)  # the snapshot
+    _assert_equal(local, db, tables, secrets)
+    snapshot_lsn = mirror_progress.read(local.ingestion, tables, secrets=secrets)[accounts].lsn
+
+    with db.connect() as conn:  # streamed changes: updates, inserts, deletes
+        conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id % 7 = 0")
+        conn.execute("INSERT INTO accounts (id, balance, note) SELECT g, g, 'new' "
+                     "FROM generate_series(5001, 5100) g")
+        conn.execute("DELETE FROM accounts WHERE id BETWEEN 100 AND 150")
+        conn.execute("UPDATE items SET v = v || '!' WHERE id % 3 = 0")
+    ls.run_in_process(local, rest_spark, once=True)
+    _assert_equal(local, db, tables, secrets)
+    progress = mirror_progress.read(local.ingestion, tables, secrets=secrets)  # what the operator reads
+    applied = progress[accounts].lsn
+    assert applied is not None and snapshot_lsn is not None and applied > snapshot_lsn
+    assert "compacted (" in (progress[accounts].maintenance or "")  # maintenance ran, on S3
+
+    with db.connect() as conn:  # a column Iceberg can add; a rename it cannot follow
+        conn.execute("ALTER TABLE items ADD COLUMN extra int DEFAULT 7")
+        conn.execute("UPDATE items SET extra = id WHERE id <= 20")
+        conn.execute("ALTER TABLE accounts RENAME COLUMN note TO memo")
+        conn.execute("UPDATE accounts SET memo = 'renamed' WHERE id <= 30")
+    ls.run_in_process(local, rest_spark, once=True)
+    _assert_equal(local, db, tables, secrets)
+    progress = mirror_progress.read(local.ingestion, tables, secrets=secrets)
+    assert progress[accounts].resnapshots_last_hour == 1, progress[accounts]
+    assert progress[ITEMS].resnapshots_last_hour == 0, progress[ITEMS]
+    mirror = catalogs.load_table(local.ingestion.spec.sink.catalog,
+                                 local.job.names.mirror_identifier(ITEMS), secrets)
+    assert mirror is not None and "extra" in mirror.schema().column_names
+    assert mirror.metadata_location.startswith("s3://")
+
+    staging = pafs.FileSystem.from_uri(f"s3://{prefix}")[0]
+    names = [f.base_name for f in staging.get_file_info(pafs.FileSelector(prefix, recursive=True))]
+    assert not [n for n in names if n.startswith(TEMP_PREFIX)], names  # nothing half-written
+
+    # lakeslot status, cut and verify read the mirrors through the REST catalog
+    capsys.readouterr()
+    assert cli.main(["status", "-f", str(path), "--state-dir", str(state_dir), "-o", "json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert {t["state"] for t in status["tables"]} == {"Streaming"}
+    assert all(t.get("appliedLsn") for t in status["tables"]), status["tables"]
+    # (one table: after the re-snapshot the two mirrors share no LSN until their next common pass)
+    assert cli.main(["cut", "-f", str(path), "--state-dir", str(state_dir), "--table", str(ITEMS),
+                     "-o", "json"]) == 0
+    cut = json.loads(capsys.readouterr().out)
+    assert cut == cuts.document(local.ingestion, cuts.choose(
+        cuts.read(local.ingestion, [ITEMS], secrets=secrets)))
+
+    def verify_while_streaming() -> str:  # the exact check needs a running pipeline
+        workload = ls.Workload(db, tables, {accounts: "balance", ITEMS: "v"})
+        time.sleep(3)
+        assert workload.stop() > 0
+        assert cli.main(["verify", "-f", str(path), "--rounds", "2", "--timeout", "120", "-o", "json"]) == 0
+        return capsys.readouterr().out
+
+    _, verified = ls.run_in_process(local, rest_spark, once=False, during=verify_while_streaming)
+    assert verified is not None and json.loads(verified)["equal"] is True, verified
+    for text in (json.dumps(status), json.dumps(cut), verified, capsys.readouterr().err):
+        assert store.secret_key not in text and db.cluster.password not in text
+    assert os.environ["AWS_SECRET_ACCESS_KEY"] == store.secret_key  # (from the environment only)
