@@ -29,6 +29,7 @@ from lakeslot.local import config
 from lakeslot.mirror import catalogs, cuts
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.source.tables import TableName
+from lakeslot.staging.format import SegmentName
 from lakeslot.staging.store import TEMP_PREFIX, Staging
 from lakeslot.verify import checksums
 from tests.support import local_support as ls
@@ -202,3 +203,53 @@ def test_refused_or_unreachable_storage_and_catalog_name_the_setting_to_fix(obje
     assert streaming["reason"] == "CatalogUnreachable"
     assert "fix the credential" in streaming["message"] and "sink.catalog.secretProperties" in streaming["message"]
     assert store.secret_key not in out
+
+
+def test_segments_on_s3_are_sealed_whole_without_a_rename_and_retention_deletes_them(object_store, monkeypatch):
+    """Object stores have no rename: a segment is one upload of its final name, visible whole or
+    not at all; an upload that fails half-way leaves no object under a sealed name; documents are
+    one PUT; retention deletes on S3 too. (SIGKILL mid-upload relies on S3 itself: a multipart
+    upload that is never completed is no object.)"""
+    for name, value in object_store.environment().items():
+        monkeypatch.setenv(name, value)
+    prefix = f"{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}"
+    staging = Staging(f"s3://{prefix}")
+    s3 = staging.fs
+
+    def objects() -> list[str]:
+        return sorted(f.base_name for f in s3.get_file_info(pafs.FileSelector(prefix, recursive=True))
+                      if f.type == pafs.FileType.File)
+
+    def seal(name: SegmentName) -> None:
+        temp, local = staging.temporary(name.start)
+        assert not temp.startswith(prefix)  # written locally, uploaded once
+        with local.open_output_stream(temp) as out:
+            out.write(os.urandom(3 << 20))
+        staging.publish(temp, name)
+        assert not os.path.exists(temp)
+
+    first, second, third = SegmentName(0x10, 0x20), SegmentName(0x20, 0x30), SegmentName(0x30, 0x40)
+    seal(first)
+    assert staging.list() == [first] and objects() == [first.filename]
+
+    def half_then_fail(source, destination, source_filesystem, destination_filesystem):
+        with open(source, "rb") as f, destination_filesystem.open_output_stream(destination) as out:
+            out.write(f.read(1 << 20))  # what a broken stream may leave behind on close
+        raise OSError("connection reset during upload")
+
+    monkeypatch.setattr(pafs, "copy_files", half_then_fail)
+    with pytest.raises(OSError, match="connection reset"):
+        seal(second)
+    assert staging.list() == [first] and objects() == [first.filename]
+    monkeypatch.undo()
+    for name, value in object_store.environment().items():
+        monkeypatch.setenv(name, value)
+
+    seal(second)
+    seal(third)
+    staging.write_apply_status({"passes": 1})
+    assert staging.read_apply_status() == {"passes": 1}
+    assert objects() == sorted([first.filename, second.filename, third.filename, "apply-status.json"])
+    # retention: below every table's position, never the furthest segment
+    assert staging.delete_applied(staging.list(), floor=0x40, cutoff=time.time() + 60) == 2
+    assert staging.list() == [third]
