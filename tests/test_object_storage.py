@@ -36,6 +36,7 @@ from tests.support import local_support as ls
 from tests.support import operator_env
 from tests.support.fixtures_pg import connection_settings
 from tests.support.fixtures_s3 import STAGING_BUCKET, ObjectStore, free_ports
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
 
@@ -104,13 +105,27 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
     assert applied is not None and snapshot_lsn is not None and applied > snapshot_lsn
     assert "compacted (" in (progress[accounts].maintenance or "")  # maintenance ran, on S3
 
-    with db.connect() as conn:  # a column Iceberg can add; a rename it cannot follow
-        conn.execute("ALTER TABLE items ADD COLUMN extra int DEFAULT 7")
-        conn.execute("UPDATE items SET extra = id WHERE id <= 20")
-        conn.execute("ALTER TABLE accounts RENAME COLUMN note TO memo")
-        conn.execute("UPDATE accounts SET memo = 'renamed' WHERE id <= 30")
-    ls.run_in_process(local, rest_spark, once=True)
-    _assert_equal(local, db, tables, secrets)
+    def migrate_then_verify() -> str:
+        """While the run streams: a column Iceberg can add, a rename it cannot follow (that table
+        is copied again, online), more traffic; then the exact check, which needs a running
+        pipeline, through the REST catalog."""
+        with db.connect() as conn:
+            conn.execute("ALTER TABLE items ADD COLUMN extra int DEFAULT 7")
+            conn.execute("UPDATE items SET extra = id WHERE id <= 20")
+            conn.execute("ALTER TABLE accounts RENAME COLUMN note TO memo")
+            conn.execute("UPDATE accounts SET memo = 'renamed' WHERE id <= 30")
+        wait_for(lambda: mirror_progress.read(local.ingestion, [accounts], secrets=secrets)[accounts]
+                 .resnapshots_last_hour == 1, "the re-snapshot of public.accounts", deadline=300, interval=1)
+        workload = ls.Workload(db, tables, {accounts: "balance", ITEMS: "v"})
+        time.sleep(2)
+        assert workload.stop() > 0
+        assert cli.main(["verify", "-f", str(path), "--rounds", "2", "--timeout", "180", "-o", "json"]) == 0
+        return capsys.readouterr().out
+
+    capsys.readouterr()
+    _, verified = ls.run_in_process(local, rest_spark, once=False, during=migrate_then_verify)
+    assert verified is not None and json.loads(verified)["equal"] is True, verified
+    _assert_equal(local, db, tables, secrets)  # (verify waited for every change: quiet now)
     progress = mirror_progress.read(local.ingestion, tables, secrets=secrets)
     assert progress[accounts].resnapshots_last_hour == 1, progress[accounts]
     assert progress[ITEMS].resnapshots_last_hour == 0, progress[ITEMS]
@@ -123,8 +138,7 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
     names = [f.base_name for f in staging.get_file_info(pafs.FileSelector(prefix, recursive=True))]
     assert not [n for n in names if n.startswith(TEMP_PREFIX)], names  # nothing half-written
 
-    # lakeslot status, cut and verify read the mirrors through the REST catalog
-    capsys.readouterr()
+    # lakeslot status and cut read the mirrors through the REST catalog
     assert cli.main(["status", "-f", str(path), "--state-dir", str(state_dir), "-o", "json"]) == 0
     status = json.loads(capsys.readouterr().out)
     assert {t["state"] for t in status["tables"]} == {"Streaming"}
@@ -135,16 +149,6 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
     cut = json.loads(capsys.readouterr().out)
     assert cut == cuts.document(local.ingestion, cuts.choose(
         cuts.read(local.ingestion, [ITEMS], secrets=secrets)))
-
-    def verify_while_streaming() -> str:  # the exact check needs a running pipeline
-        workload = ls.Workload(db, tables, {accounts: "balance", ITEMS: "v"})
-        time.sleep(3)
-        assert workload.stop() > 0
-        assert cli.main(["verify", "-f", str(path), "--rounds", "2", "--timeout", "120", "-o", "json"]) == 0
-        return capsys.readouterr().out
-
-    _, verified = ls.run_in_process(local, rest_spark, once=False, during=verify_while_streaming)
-    assert verified is not None and json.loads(verified)["equal"] is True, verified
     for text in (json.dumps(status), json.dumps(cut), verified, capsys.readouterr().err):
         assert store.secret_key not in text and db.cluster.password not in text
     assert os.environ["AWS_SECRET_ACCESS_KEY"] == store.secret_key  # (from the environment only)
