@@ -1,13 +1,15 @@
 """The production configuration: staging on S3 and the mirrors in an Iceberg REST catalog with
 ``S3FileIO`` (tests/support/fixtures_s3.py: SeaweedFS ``weed mini`` serves both), end to end.
 
-``lakeslot run --once`` runs in this process on the tests' shared Spark session (the REST catalog
-defined on it at runtime), against real PostgreSQL: a snapshot, streamed changes, a schema change
-Iceberg can follow (a column added) and one it cannot (a rename: that table is copied again),
-maintenance; after each run every mirror, read by pyiceberg through the REST catalog, equals its
-source row by row (:func:`lakeslot.verify.checksums.compare`). Then what reads the catalog from Python
-— ``lakeslot status``, ``verify``, ``cut``, and the mirror progress the operator reads — through the
-same REST catalog. Credentials come from the environment only and show in no output.
+``lakeslot run`` runs in this process on the tests' shared Spark session (the REST catalog defined
+on it at runtime), against real PostgreSQL: ``--once`` for the snapshot, then for streamed changes
+and maintenance; then streaming while a schema change Iceberg can follow (a column added) and one
+it cannot (a rename: that table is copied again, online) happen and ``lakeslot verify`` checks
+equality at one LSN. After each step every mirror, read by pyiceberg through the REST catalog,
+equals its source row by row (:func:`lakeslot.verify.checksums.compare`); ``lakeslot status``,
+``cut`` and the mirror progress the operator reads go through the same catalog. Credentials come
+from the environment only and show in no output. Also here: refused or unreachable settings name
+what to fix, and segments are sealed on S3 without a rename.
 """
 
 from __future__ import annotations
