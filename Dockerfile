@@ -2,7 +2,8 @@
 #
 # The lakeslot image: the operator (`lakeslot operator`), the replication reader
 # (`lakeslot reader`) and the Spark jobs (/opt/lakeslot/spark_jobs/*.py, submitted by the
-# spark-operator) on Python 3.11, Java 17 and Spark 3.5 with Iceberg's Spark runtime jar.
+# spark-operator) on Python 3.11, Java 17 and Spark 3.5 with Iceberg's Spark runtime jar and
+# its AWS, GCP and Azure bundles.
 # It runs as the unprivileged user 10001 and holds no credentials: they come from Kubernetes
 # Secrets at run time.
 #
@@ -19,7 +20,9 @@ ARG ICEBERG_VERSION=1.10.2
 # Spark's Kubernetes entrypoint (driver, executor, pass-through), from the official Spark image.
 FROM apache/spark:${SPARK_VERSION}-scala2.12-java17-ubuntu AS spark
 
-# Iceberg's Spark runtime jar from Maven Central, checked against Maven's SHA-1.
+# Iceberg's Spark runtime jar (its REST catalog client included) and Iceberg's bundles of the
+# object-store clients of the same version — aws (S3FileIO, Glue; the AWS SDK v2), gcp (GCSFileIO),
+# azure (ADLSFileIO) — from Maven Central, each checked against Maven's SHA-1.
 FROM ${PYTHON_IMAGE} AS iceberg
 ARG ICEBERG_VERSION
 RUN apt-get update \
@@ -27,10 +30,12 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /jars
 RUN set -eux; \
-    jar="iceberg-spark-runtime-3.5_2.12-${ICEBERG_VERSION}.jar"; \
-    url="https://repo1.maven.org/maven2/org/apache/iceberg/iceberg-spark-runtime-3.5_2.12/${ICEBERG_VERSION}/${jar}"; \
-    curl -fsSLo "${jar}" "${url}"; \
-    echo "$(curl -fsSL "${url}.sha1")  ${jar}" | sha1sum -c -
+    for artifact in iceberg-spark-runtime-3.5_2.12 iceberg-aws-bundle iceberg-gcp-bundle iceberg-azure-bundle; do \
+      jar="${artifact}-${ICEBERG_VERSION}.jar"; \
+      url="https://repo1.maven.org/maven2/org/apache/iceberg/${artifact}/${ICEBERG_VERSION}/${jar}"; \
+      curl -fsSLo "${jar}" "${url}"; \
+      echo "$(curl -fsSL "${url}.sha1")  ${jar}" | sha1sum -c -; \
+    done
 
 FROM ${PYTHON_IMAGE}
 ARG SPARK_VERSION

@@ -25,12 +25,12 @@ def _provision_jars(args: argparse.Namespace) -> int:
     from lakeslot import iceberg_jars
 
     try:
-        jars = iceberg_jars.ensure_jars(refresh=args.refresh)
+        iceberg_jars.ensure_jars(refresh=args.refresh)
     except iceberg_jars.JarProvisioningError as e:
         print(f"lakeslot provision-jars: {e}", file=sys.stderr)
         return EXIT_FAILED
-    for path in jars:
-        print(path)
+    for line in iceberg_jars.describe():
+        print(line)
     return EXIT_OK
 
 
@@ -223,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "provision-jars",
-        help="download or build the Iceberg Spark runtime jars into the cache and print their paths",
+        help="download or build the Iceberg Spark runtime jars (with the REST catalog's HTTP client "
+        "and the AWS SDK v2 for S3FileIO) into the cache; print the route taken, then each jar's path "
+        "and what it is for",
     )
     p.add_argument("--refresh", action="store_true", help="rebuild even when cached")
     p.set_defaults(func=_provision_jars)

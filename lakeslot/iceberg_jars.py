@@ -1,30 +1,46 @@
-"""Provision the Iceberg Spark runtime jars (Spark 3.5, Scala 2.12, Iceberg 1.10.2) into a local cache.
+"""Provision the Iceberg Spark runtime (Spark 3.5, Scala 2.12, Iceberg 1.10.2) and what its REST
+catalog and ``S3FileIO`` need into a local cache.
 
 Guarantees:
 
 - ``ensure_jars()`` returns absolute paths of complete jars, in classpath order, ready for
-  ``spark.jars``. Every jar is written under a temporary name and renamed into place only when
-  complete and checked; ``manifest.json`` is written the same way and *last*, so it is the only
-  "done" marker: a run interrupted at any point leaves no manifest (or the previous one), never a
-  half jar that a later run would trust.
-- Warm path: when the manifest exists, names the current Iceberg version, and every jar it lists
-  exists with the recorded size, the paths are returned without network, subprocesses or hashing.
+  ``spark.jars``: the Iceberg runtime, and the clients its REST catalog (a relocated Apache
+  HttpClient 5) and its ``S3FileIO`` (the AWS SDK v2) load. Every jar is written under a temporary
+  name and renamed into place only when complete and checked; ``manifest.json`` is written the same
+  way and *last*, so it is the only "done" marker: a run interrupted at any point leaves no manifest
+  (or the previous one), never a half jar that a later run would trust.
+- Warm path: when the manifest exists, has this module's layout (:data:`MANIFEST_LAYOUT`), names the
+  current Iceberg version, and every jar it lists exists with the recorded size, the paths are
+  returned without network, subprocesses or hashing. An older layout (a cache from before the REST
+  and S3 jars) is provisioned again, once.
 - Cold path, first that works:
-  1. Maven Central: the official ``org.apache.iceberg:iceberg-spark-runtime-3.5_2.12`` jar,
-     checked against Maven's ``.sha1``. It is self-contained.
-  2. PyPI: the same runtime jar taken from the wheel ``snowpark-connect-deps-iceberg``, which lacks
-     Iceberg's relocated Jackson, plus a jar built here: Jackson 2.18.8 (from the wheel
-     ``snowpark-connect-deps-2``) relocated with Debian's jarjar to
-     ``org.apache.iceberg.shaded.com.fasterxml.jackson``. Both wheels are pinned by sha256 (pip
-     checks them). Limitation of this route: no relocated HTTP client, so Iceberg's REST catalog
-     does not work; hadoop and JDBC catalogs do.
-  One log line says which route was taken and why.
+  1. Maven Central: the official ``iceberg-spark-runtime-3.5_2.12`` (self-contained, its REST client
+     included) and ``iceberg-aws-bundle`` (the AWS SDK v2 for ``S3FileIO`` and Glue) of the same
+     Iceberg version, each checked against Maven's ``.sha1``. The container image adds the GCP and
+     Azure bundles too (Dockerfile); local mode on GCS/ADLS needs them on the class path.
+  2. PyPI, where Maven Central is unreachable: the runtime jar from the wheel
+     ``snowpark-connect-deps-iceberg`` plus three jars built here with Debian's jarjar, each for a
+     class family that build lacks (:data:`BUILDS`): Jackson 2.18.8 (wheel ``snowpark-connect-deps-2``)
+     relocated to ``org.apache.iceberg.shaded.com.fasterxml.jackson`` (every metadata write);
+     HttpClient 5.4.3/HttpCore 5.3.4 relocated to ``org.apache.iceberg.shaded.org.apache.hc`` (the
+     REST catalog); and the AWS SDK v2 2.55.9 relocated back to ``software.amazon`` (``S3FileIO``) —
+     the last two taken from the wheel ``sagemaker-feature-store-pyspark`` (361 MB, Apache-2.0), which
+     embeds them under ``smfs.shaded.``. Everything is pinned by sha256: the wheels (pip checks
+     them; kept in ``<cache>/wheels``, downloaded once, also across ``--refresh``), the inner jar
+     taken from the sagemaker wheel, and each built jar (Debian's jarjar 1.4 builds the same bytes
+     from the same input every time). Cold, this route took 71 s here (2 cores, fast PyPI).
+  Before the manifest is written, one JVM (py4j, pyspark's jars on its class path, as Spark has
+  them) runs one probe per jar: Iceberg's ``JsonUtil`` factory (Jackson), building Iceberg's REST
+  ``HTTPClient`` (HttpClient 5), building ``S3FileIO``'s S3 client (SDK v2); a missing class fails
+  provisioning, naming the jar. The manifest says which route was taken and why, and for each jar
+  what it is for (:func:`describe`, which ``lakeslot provision-jars`` prints).
 - Concurrent callers serialise on a lock file in the cache; the second finds the first's result.
 
 Failure modes: ``JarProvisioningError`` whose message says what failed and how to fix it (Maven
 Central unreachable *and* the PyPI route failing: pip error, Java missing, jarjar missing and not
-installable, jarjar output unreadable). A killed run may leave ``*.partial`` files or ``jars-build-*``
-directories in the cache; they are never read, and the next cold run deletes them.
+installable, jarjar output unreadable, an inner jar not the pinned one, a probe failing). A killed
+run may leave ``*.partial`` files or ``jars-build-*`` directories in the cache; they are never read,
+and the next cold run deletes them.
 
 Cache: ``$LAKESLOT_CACHE`` if set, else ``~/.cache/lakeslot``; jars under ``<cache>/jars/``.
 """
@@ -35,32 +51,41 @@ import contextlib
 import fcntl
 import hashlib
 import http.client
+import importlib.util
 import io
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 ICEBERG_VERSION = "1.10.2"
-RUNTIME_JAR = f"iceberg-spark-runtime-3.5_2.12-{ICEBERG_VERSION}.jar"
+RUNTIME_ARTIFACT = "iceberg-spark-runtime-3.5_2.12"
+RUNTIME_JAR = f"{RUNTIME_ARTIFACT}-{ICEBERG_VERSION}.jar"
+# Iceberg's bundles of object-store and catalog clients, of the runtime's version: the image
+# carries all three (Dockerfile); the Maven route of local mode the AWS one (S3, Glue).
+BUNDLE_ARTIFACTS = ("iceberg-aws-bundle", "iceberg-gcp-bundle", "iceberg-azure-bundle")
+LOCAL_MAVEN_ARTIFACTS = (RUNTIME_ARTIFACT, "iceberg-aws-bundle")
+MAVEN_BASE = "https://repo1.maven.org/maven2/org/apache/iceberg"
+MAVEN_TIMEOUT_S = 5
+MANIFEST = "manifest.json"
+MANIFEST_LAYOUT = 2  # 1: runtime + Jackson only (no REST client, no SDK v2)
+
 JACKSON_VERSION = "2.18.8"
 RELOCATED_JACKSON_JAR = f"iceberg-relocated-jackson-{JACKSON_VERSION}.jar"
-MANIFEST = "manifest.json"
-
-MAVEN_URL = (
-    "https://repo1.maven.org/maven2/org/apache/iceberg/iceberg-spark-runtime-3.5_2.12/"
-    f"{ICEBERG_VERSION}/{RUNTIME_JAR}"
-)
-MAVEN_TIMEOUT_S = 5
+RELOCATED_HTTPCLIENT_JAR = "iceberg-relocated-httpclient5-5.4.3.jar"
+AWS_SDK_JAR = "aws-sdk-v2-2.55.9-relocated-back.jar"
 
 # (requirement, sha256 of the wheel); PyPI files are immutable, so the hash pins the content.
 ICEBERG_WHEEL = (
@@ -71,13 +96,67 @@ JACKSON_WHEEL = (
     "snowpark-connect-deps-2==3.56.7",
     "567f48506b8dd6c78083210aa6e741ba057d5a9b8ce45d58b7a12250f5ba7a5d",
 )
+SMFS_WHEEL = (
+    "sagemaker-feature-store-pyspark==2.2.2",
+    "5e5da72967812a0cc92399682da0d8fab3d0ec9e038eb82fe79b645c35fbf8e9",
+)
+# The Spark 3.5 jar inside SMFS_WHEEL (92 MB) and its sha256.
+SMFS_JAR = "feature_store_pyspark/jars/sagemaker-feature-store-spark-sdk-3.5.jar"
+SMFS_JAR_SHA256 = "a8728c2fafd3d6857e14bcac43a047e2cf5c3f192cc10b450c1c2c5aab9e498a"
 JACKSON_MODULES = ("core", "databind", "annotations")
-JARJAR_RULE = "rule com.fasterxml.jackson.** org.apache.iceberg.shaded.com.fasterxml.jackson.@1\n"
 # Entries jarjar cannot process (multi-release classes, module descriptors) or that would be wrong
 # after relocation (service files naming unrelocated classes, Maven metadata).
 DROPPED_PREFIXES = ("META-INF/versions/", "META-INF/services/", "META-INF/maven/")
-# A class Iceberg loads on its first metadata write: proof that the relocation worked.
-RELOCATED_PROBE = "org/apache/iceberg/shaded/com/fasterxml/jackson/core/JsonFactoryBuilder.class"
+
+
+@dataclass(frozen=True)
+class Build:
+    """A jar the PyPI route builds: ``entries`` of a pinned wheel, relocated by ``rule``."""
+
+    name: str
+    why: str  # what Iceberg needs it for (the manifest and ``provision-jars`` say it)
+    wheel: tuple[str, str]
+    rule: str  # a jarjar rule: pattern and result
+    marker: str  # a class the relocated jar must hold (read from the zip, before any probe)
+    sha256: str  # of the result: jarjar's output is deterministic (same bytes in repeated builds)
+
+
+JACKSON_BUILD = Build(
+    RELOCATED_JACKSON_JAR,
+    "Jackson relocated to org.apache.iceberg.shaded.com.fasterxml.jackson: the PyPI runtime jar "
+    "lacks it, and every metadata write loads it",
+    JACKSON_WHEEL,
+    "com.fasterxml.jackson.** org.apache.iceberg.shaded.com.fasterxml.jackson.@1",
+    "org/apache/iceberg/shaded/com/fasterxml/jackson/core/JsonFactoryBuilder.class",
+    "2bd17ad9094ac05b2c778bb5e892cdd491d03cb8e61b1f40aaa2e33017730526",
+)
+HTTPCLIENT_BUILD = Build(
+    RELOCATED_HTTPCLIENT_JAR,
+    "Apache HttpClient 5.4.3/HttpCore 5.3.4 relocated to org.apache.iceberg.shaded.org.apache.hc: "
+    "the PyPI runtime jar lacks it, and Iceberg's REST catalog client is built on it",
+    SMFS_WHEEL,
+    "smfs.shaded.org.apache.iceberg.shaded.org.apache.hc.** org.apache.iceberg.shaded.org.apache.hc.@1",
+    "org/apache/iceberg/shaded/org/apache/hc/client5/http/ssl/TlsSocketStrategy.class",
+    "ec2b8fec4a1bee1607d944cc228f03cfb22b3ea7a84024ec11f3c6688f592dc1",
+)
+AWS_SDK_BUILD = Build(
+    AWS_SDK_JAR,
+    "the AWS SDK v2 2.55.9 back under software.amazon (what iceberg-aws-bundle provides): "
+    "Iceberg's S3FileIO and Glue catalog load it",
+    SMFS_WHEEL,
+    "smfs.shaded.software.amazon.** software.amazon.@1",
+    "software/amazon/awssdk/services/s3/S3Client.class",
+    "41fc904c61b9f99a78b896abca76ccaf0c78fd9793c4ad760c11402cf2f35473",
+)
+BUILDS = (JACKSON_BUILD, HTTPCLIENT_BUILD, AWS_SDK_BUILD)
+# What each build takes from its wheel's jar: name prefixes (the SDK brings its own relocated
+# Apache HttpClient 4 and Commons, which keep their smfs.shaded names).
+SMFS_PREFIXES = {
+    RELOCATED_HTTPCLIENT_JAR: ("smfs/shaded/org/apache/iceberg/shaded/org/apache/hc/",),
+    AWS_SDK_JAR: ("smfs/shaded/software/", "smfs/shaded/org/apache/hc/", "smfs/shaded/org/apache/commons/",
+                  "software/amazon/eventstream/", "org/reactivestreams/"),
+}
+RUNTIME_WHY = "Iceberg's Spark runtime (SparkCatalog, SQL extensions, actions, FileIO implementations)"
 
 
 class JarProvisioningError(RuntimeError):
@@ -100,10 +179,19 @@ def ensure_jars(refresh: bool = False) -> list[Path]:
         return _provision(jars_dir)
 
 
+def describe() -> list[str]:
+    """One line per provisioned jar: its path and what it is for, after the route taken and why
+    (``lakeslot provision-jars``); call after :func:`ensure_jars`."""
+    manifest = json.loads((cache_dir() / "jars" / MANIFEST).read_text())
+    lines = [f"# {manifest['source']}: {manifest['reason']}"]
+    lines += [f"{cache_dir() / 'jars' / jar['name']}\t{jar['why']}" for jar in manifest["jars"]]
+    return lines
+
+
 def _cached(jars_dir: Path) -> list[Path] | None:
     try:
         manifest = json.loads((jars_dir / MANIFEST).read_text())
-        if manifest["iceberg_version"] != ICEBERG_VERSION:
+        if manifest.get("layout") != MANIFEST_LAYOUT or manifest["iceberg_version"] != ICEBERG_VERSION:
             return None
         paths = [jars_dir / jar["name"] for jar in manifest["jars"]]
         if all(p.stat().st_size == jar["size"] for p, jar in zip(paths, manifest["jars"], strict=True)):
@@ -134,35 +222,35 @@ def _remove_leftovers(jars_dir: Path) -> None:
 def _provision(jars_dir: Path) -> list[Path]:
     _remove_leftovers(jars_dir)
     try:
-        names = [_download_from_maven(jars_dir)]
-        source, reason = "maven-central", f"downloaded from {MAVEN_URL}"
+        jars = [(_download_from_maven(jars_dir, artifact), f"official {artifact} from Maven Central")
+                for artifact in LOCAL_MAVEN_ARTIFACTS]
+        source, reason = "maven-central", f"downloaded from {MAVEN_BASE}"
         log.info("Iceberg jars: %s", reason)
     except (OSError, http.client.HTTPException) as maven_error:
         try:
-            names = _build_from_pypi(jars_dir)
+            jars = _build_from_pypi(jars_dir)
         except JarProvisioningError as pypi_error:
             raise JarProvisioningError(
                 f"cannot provision the Iceberg Spark runtime: Maven Central failed ({maven_error}) "
                 f"and the PyPI route failed: {pypi_error}"
             ) from pypi_error
         source = "pypi-wheels"
-        reason = (
-            f"Maven Central not usable ({maven_error}); built from PyPI wheels {ICEBERG_WHEEL[0]} "
-            f"+ {JACKSON_WHEEL[0]} (Jackson relocated with jarjar)"
-        )
+        reason = (f"Maven Central not usable ({maven_error}); the runtime from {ICEBERG_WHEEL[0]}, "
+                  "three jars built with jarjar from pinned wheels")
         log.warning("Iceberg jars: %s", reason)
-    _write_manifest(jars_dir, names, source, reason)
-    return [jars_dir / name for name in names]
+    _probe([jars_dir / name for name, _ in jars])
+    _write_manifest(jars_dir, jars, source, reason)
+    return [jars_dir / name for name, _ in jars]
 
 
-def _write_manifest(jars_dir: Path, names: list[str], source: str, reason: str) -> None:
+def _write_manifest(jars_dir: Path, jars: list[tuple[str, str]], source: str, reason: str) -> None:
     manifest = {
+        "layout": MANIFEST_LAYOUT,
         "iceberg_version": ICEBERG_VERSION,
         "source": source,
         "reason": reason,
-        "jars": [
-            {"name": n, "size": (jars_dir / n).stat().st_size, "sha256": _sha256(jars_dir / n)} for n in names
-        ],
+        "jars": [{"name": n, "why": why, "size": (jars_dir / n).stat().st_size, "sha256": _sha256(jars_dir / n)}
+                 for n, why in jars],
     }
     with _atomic_output(jars_dir / MANIFEST) as tmp:
         tmp.write_text(json.dumps(manifest, indent=2) + "\n")
@@ -190,30 +278,38 @@ def _atomic_output(final: Path) -> Iterator[Path]:
 # --- route 1: Maven Central ---------------------------------------------------------------------
 
 
-def _download_from_maven(jars_dir: Path) -> str:
-    """Download the official runtime jar. Raises OSError/HTTPException (unreachable, HTTP error, bad checksum)."""
-    with urllib.request.urlopen(MAVEN_URL + ".sha1", timeout=MAVEN_TIMEOUT_S) as response:
+def maven_url(artifact: str) -> str:
+    return f"{MAVEN_BASE}/{artifact}/{ICEBERG_VERSION}/{artifact}-{ICEBERG_VERSION}.jar"
+
+
+def _download_from_maven(jars_dir: Path, artifact: str) -> str:
+    """Download an official jar. Raises OSError/HTTPException (unreachable, HTTP error, bad checksum)."""
+    url = maven_url(artifact)
+    with urllib.request.urlopen(url + ".sha1", timeout=MAVEN_TIMEOUT_S) as response:
         expected = response.read(64).decode(errors="replace").strip()[:40].lower()
-    with _atomic_output(jars_dir / RUNTIME_JAR) as tmp:
+    name = url.rsplit("/", 1)[1]
+    with _atomic_output(jars_dir / name) as tmp:
         digest = hashlib.sha1()
-        with urllib.request.urlopen(MAVEN_URL, timeout=MAVEN_TIMEOUT_S) as response, open(tmp, "wb") as out:
+        with urllib.request.urlopen(url, timeout=MAVEN_TIMEOUT_S) as response, open(tmp, "wb") as out:
             while chunk := response.read(1 << 20):
                 digest.update(chunk)
                 out.write(chunk)
         if digest.hexdigest() != expected:
-            raise OSError(f"checksum mismatch for {MAVEN_URL}: got sha1 {digest.hexdigest()}, want {expected}")
-    return RUNTIME_JAR
+            raise OSError(f"checksum mismatch for {url}: got sha1 {digest.hexdigest()}, want {expected}")
+    return name
 
 
-# --- route 2: PyPI wheels + relocated Jackson ----------------------------------------------------
+# --- route 2: PyPI wheels + jars relocated with jarjar -------------------------------------------
 
 
-def _build_from_pypi(jars_dir: Path) -> list[str]:
+def _build_from_pypi(jars_dir: Path) -> list[tuple[str, str]]:
     java = _require_java()
     jarjar = _require_jarjar()
+    wheels_dir = jars_dir.parent / "wheels"
+    wheels_dir.mkdir(exist_ok=True)
+    iceberg_wheel, jackson_wheel, smfs_wheel = _pip_download(wheels_dir, [ICEBERG_WHEEL, JACKSON_WHEEL, SMFS_WHEEL])
     with tempfile.TemporaryDirectory(dir=jars_dir.parent, prefix="jars-build-") as build:
         build_dir = Path(build)
-        iceberg_wheel, jackson_wheel = _pip_download(build_dir, [ICEBERG_WHEEL, JACKSON_WHEEL])
         with (
             zipfile.ZipFile(iceberg_wheel) as wheel,
             _atomic_output(jars_dir / RUNTIME_JAR) as tmp,
@@ -221,10 +317,22 @@ def _build_from_pypi(jars_dir: Path) -> list[str]:
             open(tmp, "wb") as out,
         ):
             shutil.copyfileobj(src, out, 1 << 20)
-        merged = build_dir / "jackson-merged.jar"
-        _merge_jackson(jackson_wheel, merged)
-        _relocate(java, jarjar, merged, build_dir, jars_dir / RELOCATED_JACKSON_JAR)
-    return [RUNTIME_JAR, RELOCATED_JACKSON_JAR]
+        smfs_jar = build_dir / "smfs.jar"
+        with zipfile.ZipFile(smfs_wheel) as wheel, wheel.open(SMFS_JAR) as src, open(smfs_jar, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 20)
+        if (digest := _sha256(smfs_jar)) != SMFS_JAR_SHA256:
+            raise JarProvisioningError(f"{SMFS_JAR} in {SMFS_WHEEL[0]} has sha256 {digest}, "
+                                       f"not the pinned {SMFS_JAR_SHA256}")
+        for spec in BUILDS:
+            merged = build_dir / f"input-{spec.name}"
+            if spec is JACKSON_BUILD:
+                _merge_jackson(jackson_wheel, merged)
+            else:
+                _extract(smfs_jar, SMFS_PREFIXES[spec.name], merged)
+            _relocate(java, jarjar, spec, merged, build_dir, jars_dir / spec.name)
+            log.info("Iceberg jars: built %s (%s)", spec.name, spec.why)
+    return [(RUNTIME_JAR, f"{RUNTIME_WHY}, from {ICEBERG_WHEEL[0]}"),
+            *[(spec.name, f"{spec.why}; built from {spec.wheel[0]}") for spec in BUILDS]]
 
 
 def _require_java() -> str:
@@ -257,16 +365,18 @@ def _require_jarjar() -> Path:
 
 
 def _pip_download(dest: Path, wheels: list[tuple[str, str]]) -> list[Path]:
+    """The wheels in ``dest``, downloaded unless already there (pip checks every hash either way)."""
     requirements = dest / "requirements.txt"
     requirements.write_text("".join(f"{req} --hash=sha256:{sha}\n" for req, sha in wheels))
     _run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
          "--quiet", "--dest", str(dest), "--requirement", str(requirements)],
-        "pip download of the Iceberg/Jackson wheels (is PyPI reachable? check pip's index/proxy settings)",
+        "pip download of the Iceberg/Jackson/HttpClient/SDK wheels (is PyPI reachable? check pip's index/proxy "
+        "settings)",
     )
     found = []
     for req, _ in wheels:
-        prefix = req.split("==")[0].replace("-", "_") + "-"
+        prefix = req.split("==")[0].replace("-", "_") + "-" + req.split("==")[1] + "-"
         matches = sorted(dest.glob(f"{prefix}*.whl"))
         if not matches:
             raise JarProvisioningError(f"pip download reported success but no wheel for {req} in {dest}")
@@ -274,36 +384,53 @@ def _pip_download(dest: Path, wheels: list[tuple[str, str]]) -> list[Path]:
     return found
 
 
+def _copy_entries(jar: zipfile.ZipFile, out: zipfile.ZipFile, keep: Callable[[str], bool], seen: set[str]) -> None:
+    for entry in jar.infolist():
+        name = entry.filename
+        if (entry.is_dir() or name in seen or name.startswith(DROPPED_PREFIXES)
+                or name.endswith("module-info.class") or not keep(name)):
+            continue
+        seen.add(name)
+        out.writestr(entry, jar.read(entry), compress_type=zipfile.ZIP_STORED)
+
+
 def _merge_jackson(jackson_wheel: Path, merged: Path) -> None:
     """Merge jackson-core/databind/annotations into one jar without the entries jarjar cannot handle."""
     seen: set[str] = set()
-    with zipfile.ZipFile(jackson_wheel) as wheel, zipfile.ZipFile(merged, "w", zipfile.ZIP_DEFLATED) as out:
+    with zipfile.ZipFile(jackson_wheel) as wheel, zipfile.ZipFile(merged, "w") as out:
         for module in JACKSON_MODULES:
             inner = wheel.read(f"snowpark_connect_deps_2/jars/jackson-{module}-{JACKSON_VERSION}.jar")
             with zipfile.ZipFile(io.BytesIO(inner)) as jar:
-                for entry in jar.infolist():
-                    name = entry.filename
-                    if (entry.is_dir() or name in seen or name.startswith(DROPPED_PREFIXES)
-                            or name.endswith("module-info.class")):
-                        continue
-                    seen.add(name)
-                    out.writestr(entry, jar.read(entry))
+                _copy_entries(jar, out, lambda _name: True, seen)
 
 
-def _relocate(java: str, jarjar: Path, merged: Path, build_dir: Path, final: Path) -> None:
-    rules = build_dir / "rules.txt"
-    rules.write_text(JARJAR_RULE)
+def _extract(source: Path, prefixes: tuple[str, ...], merged: Path) -> None:
+    """The entries of ``source`` under ``prefixes``, stored uncompressed (jarjar compresses)."""
+    with zipfile.ZipFile(source) as jar, zipfile.ZipFile(merged, "w") as out:
+        _copy_entries(jar, out, lambda name: name.startswith(prefixes), set())
+
+
+def _relocate(java: str, jarjar: Path, spec: Build, merged: Path, build_dir: Path, final: Path) -> None:
+    rules = build_dir / f"rules-{spec.name}.txt"
+    rules.write_text(f"rule {spec.rule}\n")
     with _atomic_output(final) as tmp:
-        _run([java, "-jar", str(jarjar), "process", str(rules), str(merged), str(tmp)], "jarjar relocation of Jackson")
+        _run([java, "-jar", str(jarjar), "process", str(rules), str(merged), str(tmp)],
+             f"jarjar relocation for {spec.name}")
         try:
             with zipfile.ZipFile(tmp) as jar:
-                ok = RELOCATED_PROBE in jar.namelist() and jar.testzip() is None
+                ok = spec.marker in jar.namelist() and jar.testzip() is None
         except zipfile.BadZipFile:
             ok = False
         if not ok:
             raise JarProvisioningError(
-                f"jarjar ({jarjar}) produced an unreadable jar or one without {RELOCATED_PROBE}; "
+                f"jarjar ({jarjar}) produced an unreadable {spec.name} or one without {spec.marker}; "
                 "try reinstalling libjarjar-java"
+            )
+        if (digest := _sha256(tmp)) != spec.sha256:
+            raise JarProvisioningError(
+                f"jarjar ({jarjar}) built {spec.name} with sha256 {digest}, not the pinned {spec.sha256} "
+                "(Debian's libjarjar-java 1.4 gives the pinned bytes; another jarjar may relocate "
+                "differently): install libjarjar-java 1.4, or use the Maven route"
             )
 
 
@@ -315,3 +442,83 @@ def _run(cmd: list[str], what: str, env: dict[str, str] | None = None) -> None:
     if result.returncode != 0:
         tail = (result.stderr or result.stdout).strip()[-2000:]
         raise JarProvisioningError(f"{what} failed (exit {result.returncode}): {tail}")
+
+
+# --- the probes: each jar's classes load on Spark's class path --------------------------------------
+
+PROBE_ENDPOINT = "http://127.0.0.1:9"  # never contacted: the probes build clients, they send nothing
+
+
+def _probe_jackson(jvm) -> object:
+    return jvm.org.apache.iceberg.util.JsonUtil.factory()
+
+
+def _probe_rest_client(jvm) -> object:
+    client = jvm.org.apache.iceberg.rest.HTTPClient.builder(jvm.java.util.HashMap()).uri(PROBE_ENDPOINT).build()
+    client.close()
+    return client
+
+
+def _probe_s3_client(jvm) -> object:
+    file_io = jvm.org.apache.iceberg.aws.s3.S3FileIO()
+    properties = jvm.java.util.HashMap()
+    for key, value in {"s3.endpoint": PROBE_ENDPOINT, "client.region": "us-east-1", "s3.path-style-access": "true",
+                       "s3.access-key-id": "probe", "s3.secret-access-key": "probe"}.items():
+        properties.put(key, value)
+    file_io.initialize(properties)
+    client = file_io.client()
+    file_io.close()
+    return client
+
+
+# (what is probed, how): in this order, so a failure names the first family that does not load.
+PROBES: tuple[tuple[str, Callable[[object], object]], ...] = (
+    ("Jackson (Iceberg's JsonUtil)", _probe_jackson),
+    ("the REST catalog's HTTP client (Iceberg's HTTPClient)", _probe_rest_client),
+    ("S3FileIO's S3 client (AWS SDK v2)", _probe_s3_client),
+)
+
+
+def _probe(jars: list[Path]) -> None:
+    """Build each client of :data:`PROBES` in one JVM with ``jars`` and pyspark's jars on its class
+    path. A missing class ends the JVM's answer (py4j cannot hand an ``Error`` back): its stderr
+    then names the class."""
+    from py4j.java_gateway import GatewayParameters, JavaGateway, launch_gateway
+    from py4j.protocol import Py4JError
+
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise JarProvisioningError("pyspark is not installed: the jars cannot be probed")
+    spark_jars = Path(next(iter(spec.submodule_search_locations))) / "jars"
+    py4j_jar = sorted(spark_jars.glob("py4j-*.jar"))
+    if not py4j_jar:
+        raise JarProvisioningError(f"no py4j jar in {spark_jars}")
+    classpath = os.pathsep.join([*map(str, jars), str(spark_jars / "*")])
+    with tempfile.TemporaryFile("w+") as stderr:
+        port, jvm = launch_gateway(classpath=classpath, jarpath=str(py4j_jar[0]), die_on_exit=True,
+                                   javaopts=["-Xmx256m"], redirect_stderr=stderr, return_proc=True)
+        gateway = JavaGateway(gateway_parameters=GatewayParameters(port=port))
+        try:
+            for what, probe in PROBES:
+                try:
+                    probe(gateway.jvm)
+                except Py4JError as e:
+                    raise JarProvisioningError(
+                        f"probe of {what} failed with the jars {[j.name for j in jars]}: "
+                        f"{_probe_failure(stderr, e)}; rerun with `lakeslot provision-jars --refresh`") from e
+        finally:
+            with contextlib.suppress(Py4JError):
+                gateway.shutdown()
+            jvm.kill()
+            jvm.wait()
+
+
+def _probe_failure(stderr, error: Exception) -> str:
+    """The class the probe's JVM could not load (its stderr, written shortly after the answer
+    broke off), else the error's first line."""
+    for _ in range(40):
+        stderr.seek(0)
+        if missing := re.findall(r"(?:NoClassDefFoundError|ClassNotFoundException): (\S+)", stderr.read()):
+            return f"missing class {missing[-1]}"
+        time.sleep(0.05)
+    return str(error).strip().splitlines()[0]

@@ -160,8 +160,14 @@ INVALID_CASES = [
     InvalidCase("secret-env-bad-name",
                 (("spec.secretEnv", [{"name": "AWS-REGION", "secretKeyRef": {"name": "s", "key": "a"}}]),),
                 "spec.secretEnv[0].name"),
-    InvalidCase("hadoop-without-warehouse", (("spec.sink.catalog.warehouse", DELETE),), "spec.sink.catalog.warehouse"),
-    InvalidCase("rest-without-uri", (("spec.sink.catalog.type", "rest"),), "spec.sink.catalog.uri"),
+    InvalidCase("hadoop-without-warehouse",
+                (("spec.sink.catalog.type", "hadoop"), ("spec.sink.catalog.warehouse", DELETE)),
+                "spec.sink.catalog.warehouse"),
+    *[InvalidCase(f"hadoop-on-{scheme}", (("spec.sink.catalog.type", "hadoop"),
+                                         ("spec.sink.catalog.warehouse", f"{scheme}://lake/warehouse")),
+                  "spec.sink.catalog.warehouse")
+      for scheme in ("s3", "S3A", "gs", "abfss")],
+    InvalidCase("rest-without-uri", (("spec.sink.catalog.uri", DELETE),), "spec.sink.catalog.uri"),
     InvalidCase("catalog-type-unknown", (("spec.sink.catalog.type", "nessie"),), "spec.sink.catalog.type"),
     InvalidCase(
         "template-without-table", (("spec.sink.tableNameTemplate", "{schema}"),), "spec.sink.tableNameTemplate"

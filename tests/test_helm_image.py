@@ -2,7 +2,8 @@
 
 No Docker engine runs here, so the image is never built in tests: this checks what can be checked
 from the text — the versions it installs are the ones the code expects (Spark = the CRD's default
-``spec.spark.sparkVersion``, Iceberg = what ``lakeslot provision-jars`` provisions, Python = the
+``spec.spark.sparkVersion``, Iceberg = what ``lakeslot provision-jars`` provisions, for the runtime
+and its aws, gcp and azure bundles alike, each SHA-1-checked from lakeslot's Maven URL; Python = the
 package's), the Spark jobs' directory is where the SparkApplications' ``mainApplicationFile`` points,
 the commands the chart and the reader Deployment run exist, the user is the one the pods run as,
 nothing from the build context it copies is excluded by .dockerignore, and no credential is baked
@@ -43,10 +44,25 @@ def test_versions_are_the_ones_the_code_expects():
     assert arg_default("SPARK_VERSION") == SparkSpec().spark_version
     assert arg_default("ICEBERG_VERSION") == iceberg_jars.ICEBERG_VERSION
     (download,) = [r for r in instructions("RUN") if "repo1.maven.org" in r]
+    loop = re.search(r"for artifact in ([^;]+); do", download)
     jar_match = re.search(r'jar="([^"]+)"', download)
-    assert jar_match, download
-    jar = jar_match.group(1)
-    assert jar.replace("${ICEBERG_VERSION}", iceberg_jars.ICEBERG_VERSION) == iceberg_jars.RUNTIME_JAR
+    url_match = re.search(r'url="([^"]+)"', download)
+    assert loop and jar_match and url_match, download
+    # the runtime and Iceberg's aws, gcp and azure bundles, each of the runtime's version, each
+    # from the URL lakeslot's Maven route uses, each checked against Maven's checksum
+    artifacts = loop.group(1).split()
+    assert artifacts == [iceberg_jars.RUNTIME_ARTIFACT, *iceberg_jars.BUNDLE_ARTIFACTS]
+    assert set(iceberg_jars.LOCAL_MAVEN_ARTIFACTS) <= set(artifacts)
+    version = iceberg_jars.ICEBERG_VERSION
+    for artifact in artifacts:
+        jar = jar_match.group(1).replace("${artifact}", artifact).replace("${ICEBERG_VERSION}", version)
+        url = (url_match.group(1).replace("${jar}", jar).replace("${artifact}", artifact)
+               .replace("${ICEBERG_VERSION}", version))
+        assert url == iceberg_jars.maven_url(artifact)
+    assert jar_match.group(1).replace("${artifact}", iceberg_jars.RUNTIME_ARTIFACT).replace(
+        "${ICEBERG_VERSION}", version) == iceberg_jars.RUNTIME_JAR
+    assert 'sha1sum -c -' in download and '"${url}.sha1"' in download
+    assert "mv /tmp/jars/*.jar" in " ".join(instructions("RUN", FINAL_STAGE))  # all of them
     assert any('"pyspark==${SPARK_VERSION}"' in r for r in instructions("RUN", FINAL_STAGE))
     python_match = re.match(r"python:(\d+\.\d+)-", arg_default("PYTHON_IMAGE"))
     assert python_match, arg_default("PYTHON_IMAGE")

@@ -56,7 +56,8 @@ def free_port() -> int:
 
 
 def example_ingestion(db, tmp_path: Path) -> dict:
-    """examples/ingestion.yaml in namespace ``shop``, its source pointed at ``db``."""
+    """examples/ingestion.yaml in namespace ``shop``, its source pointed at ``db``, its catalog
+    and staging at local directories."""
     document = yaml.safe_load(EXAMPLE.read_text())
     document["metadata"]["namespace"] = NAMESPACE
     source = document["spec"]["source"]
@@ -64,7 +65,8 @@ def example_ingestion(db, tmp_path: Path) -> dict:
     with db.connect() as conn:
         for table in source["tables"]:
             conn.execute(f'CREATE TABLE "{table["name"]}" (id int PRIMARY KEY, note text)')
-    document["spec"]["sink"]["catalog"]["warehouse"] = (tmp_path / "warehouse").as_uri()
+    # (the example's REST catalog, like its source, is replaced by what runs here)
+    document["spec"]["sink"]["catalog"] = {"type": "hadoop", "warehouse": (tmp_path / "warehouse").as_uri()}
     document["spec"]["staging"]["uri"] = (tmp_path / "staging").as_uri()
     return document
 

@@ -18,6 +18,7 @@ Invariants:
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints
@@ -350,6 +351,9 @@ class SourceSpec(ApiModel):
 
 
 CatalogType = Literal["hadoop", "rest", "jdbc", "glue", "hive"]
+# Object-store URIs (S3 and its Hadoop names, GCS, ADLS/Azure Blob, OSS, COS), case-insensitively:
+# where a hadoop catalog is refused. One expression for CEL (RE2) and Python.
+OBJECT_STORE_URI = r"(?i)^(s3|s3a|s3n|gs|abfs|abfss|wasb|wasbs|oss|cosn)://"
 SparkName = Annotated[str, StringConstraints(max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 
 
@@ -376,6 +380,18 @@ class CatalogSpec(ApiModel):
             message="hadoop and glue catalogs need a warehouse",
             fix="set sink.catalog.warehouse to the warehouse location, for example s3://bucket/warehouse",
             check=lambda catalog: catalog.type not in ("hadoop", "glue") or catalog.warehouse is not None,
+            field_path=".warehouse",
+        ),
+        Rule(
+            cel=f"self.type != 'hadoop' || !has(self.warehouse) || !self.warehouse.matches('{OBJECT_STORE_URI}')",
+            message="a hadoop catalog cannot keep its warehouse on an object store: it commits by renaming "
+            "the metadata file, which no object store does atomically, so two writers or a crash can lose "
+            "a commit",
+            fix="use a catalog that commits atomically (rest: Polaris, Nessie, Lakekeeper, Glue's or S3 "
+            "Tables' REST endpoint; jdbc; glue; hive) with this warehouse, or a hadoop catalog on a "
+            "filesystem (file://, hdfs://)",
+            check=lambda catalog: catalog.type != "hadoop" or catalog.warehouse is None
+            or re.match(OBJECT_STORE_URI, catalog.warehouse) is None,
             field_path=".warehouse",
         ),
         Rule(

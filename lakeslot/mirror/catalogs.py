@@ -13,8 +13,11 @@ Invariants:
 - A hadoop catalog is read by pyiceberg from its metadata files (``version-hint.text`` names the
   current ``v<N>.metadata.json``): pyiceberg has no hadoop catalog, and cannot write one.
 
-Failure modes: :func:`load_table` returns None for a table that does not exist; an unreachable
-catalog or warehouse raises the library's error (callers report it as a condition).
+Failure modes: :func:`load_table` returns None for a table that does not exist; a catalog or
+warehouse that refuses or cannot be reached raises :class:`CatalogAccessError` naming the setting to
+fix (REST: refused credentials, 401, 403, 404, no connection; the object store: refused keys, a
+missing bucket, an unreachable endpoint), else the library's error; callers report it as a
+condition. A SeaweedFS REST catalog answers an unknown warehouse like a missing table.
 """
 
 from __future__ import annotations
@@ -22,11 +25,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from pyiceberg.exceptions import NoSuchTableError
+from pyiceberg.exceptions import (
+    ForbiddenError,
+    NoSuchTableError,
+    OAuthError,
+    RESTError,
+    ServiceUnavailableError,
+    UnauthorizedError,
+)
 from pyiceberg.io import load_file_io
 from pyiceberg.table import StaticTable, Table
 
 from lakeslot.api.models import CatalogSpec
+from lakeslot.filesystems import explain
 
 # How each sink.catalog.type is configured in Iceberg's SparkCatalog.
 CATALOG_IMPLEMENTATIONS: dict[str, dict[str, str]] = {
@@ -94,19 +105,53 @@ def pyiceberg_properties(catalog: CatalogSpec, secrets: Mapping[str, str]) -> di
     return options
 
 
+class CatalogAccessError(RuntimeError):
+    """The catalog or the warehouse's storage refused or could not be reached; the message says
+    which setting to fix."""
+
+
 def load_table(catalog: CatalogSpec, ident: tuple[str, ...],
                secrets: Mapping[str, str] | None = None) -> Table | None:
     """The current state of a mirror table, or None when it does not exist."""
     options = pyiceberg_properties(catalog, secrets or {})
-    if catalog.type == "hadoop":
-        assert catalog.warehouse is not None  # the API requires it for hadoop catalogs
-        return load_hadoop_table(catalog.warehouse, ident, options)
-    from pyiceberg.catalog import load_catalog
-
     try:
+        if catalog.type == "hadoop":
+            assert catalog.warehouse is not None  # the API requires it for hadoop catalogs
+            return load_hadoop_table(catalog.warehouse, ident, options)
+        from pyiceberg.catalog import load_catalog
+
         return load_catalog(catalog.name, **options).load_table(ident)
     except NoSuchTableError:
         return None
+    except Exception as e:  # re-raised, explained where a setting is to blame
+        if (message := explain_error(catalog, e)) is None:
+            raise
+        raise CatalogAccessError(message) from e
+
+
+def explain_error(catalog: CatalogSpec, error: BaseException) -> str | None:
+    """What a failure to read ``catalog`` means and which setting fixes it, or None."""
+    uri, secret_keys = catalog.uri, ", ".join(sorted(catalog.secret_properties)) or "none set"
+    credentials = f"sink.catalog.secretProperties ({secret_keys}: credential, token)"
+    if isinstance(error, OAuthError):
+        return (f"the catalog at {uri} refused the OAuth2 client credentials ({error}): fix the "
+                f"credential (client id:secret) in {credentials}")
+    if isinstance(error, UnauthorizedError):
+        return (f"the catalog at {uri} answered 401 Unauthorized ({error}): set a valid credential or "
+                f"token in {credentials}")
+    if isinstance(error, ForbiddenError):
+        return (f"the catalog at {uri} answered 403 Forbidden ({error}): grant the principal of "
+                f"{credentials} access to warehouse {catalog.warehouse!r}, or fix the credential")
+    if isinstance(error, RESTError) and ("NotFound" in str(error) or "404" in str(error)):
+        return (f"sink.catalog.uri {uri} answered 404 ({error}): it is not an Iceberg REST catalog's "
+                "base URI (the path before /v1/…); fix sink.catalog.uri")
+    if isinstance(error, ServiceUnavailableError) or type(error).__name__ in ("ConnectionError", "ConnectTimeout"):
+        return f"sink.catalog.uri {uri} cannot be reached ({type(error).__name__}): fix sink.catalog.uri"
+    if isinstance(error, OSError):
+        return explain(catalog.warehouse or "", error,
+                       "sink.catalog.warehouse" if catalog.type == "hadoop" else
+                       "the warehouse's object store (sink.catalog.properties s3.*, secretProperties)")
+    return None
 
 
 def load_hadoop_table(warehouse: str, ident: tuple[str, ...],

@@ -65,6 +65,11 @@ log = logging.getLogger(__name__)
 DELETED_ROWS_RATIO = 0.2  # compact once position deletes exceed this share of the live rows
 DELETED_ROWS_MIN = 10_000  # ... and this many (merging a few deletes costs a reader nothing)
 ORPHAN_INTERVAL_S = 86400.0  # orphan files are looked for once a day per table
+# Table locations whose orphan files are listed through Hadoop's FileSystem; any other (s3://,
+# gs://, abfs://…) through the table's FileIO by prefix: the image ships no Hadoop filesystem for
+# object stores (hadoop-aws), and without usePrefixListing Iceberg failed with 'No FileSystem for
+# scheme "s3"' (seen with S3FileIO on SeaweedFS).
+HADOOP_LISTED = ("file:", "/", "hdfs:")
 MANIFESTS_PER_SNAPSHOT = 8  # rewrite the manifests with a compaction once there are more
 
 
@@ -262,8 +267,10 @@ class Maintainer:
 
     def _remove_orphans(self, table, now: float) -> str:
         older_than = int((now - self.spec.orphan_file_age_hours * 3600) * 1000)
-        result = execute(self._spark,
-                         self._actions.deleteOrphanFiles(table).olderThan(older_than))
+        action = self._actions.deleteOrphanFiles(table).olderThan(older_than)
+        if not table.location().startswith(HADOOP_LISTED):
+            action = action.usePrefixListing(True)
+        result = execute(self._spark, action)
         return f"{_size(result.orphanFileLocations())} orphan files removed"
 
     def _record(self, table, outcome: str, at: float, took: float, *,

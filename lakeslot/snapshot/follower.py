@@ -58,7 +58,7 @@ import pyarrow.parquet as pq
 from psycopg import conninfo, sql
 
 from lakeslot import typemap
-from lakeslot.filesystems import filesystem
+from lakeslot.filesystems import create_parent, filesystem
 from lakeslot.mirror.catalog import WriteOptions
 from lakeslot.snapshot.leader import import_statements
 from lakeslot.snapshot.plan import Heap, PageRange
@@ -335,7 +335,7 @@ class _DataFiles:
         options = self._task.write
         uri = f"{self._prefix}-{len(self.files):05d}.parquet"
         fs, path = filesystem(uri)
-        fs.create_dir(os.path.dirname(path), recursive=True)
+        create_parent(fs, path)
         self.files.append(uri)
         self._stream = fs.open_output_stream(path)
         self._writer = pq.ParquetWriter(

@@ -12,16 +12,20 @@ Invariants:
 
 - Atomic seal: rows stream into a temporary file (hidden ``.tmp-*`` next to the segments on a
   local filesystem, renamed into place after fsync; a local temporary file uploaded in one put
-  for object stores). A segment name is visible only once its content is complete; a zombie's
-  identical segment is simply replaced (DESIGN.md rule 5).
+  — or one multipart upload, which becomes visible only when completed — for object stores,
+  which have no rename). A segment name is visible only once its content is complete: a killed
+  uploader leaves nothing, a failed upload is deleted and its size checked; a zombie's identical
+  segment is simply replaced (DESIGN.md rule 5).
 - Sealed segments are immutable: a consumer may cache what it read of one by name.
 - Documents (the apply status, verification results) are written whole, never appended: a
   reader sees the previous document or the new one (renamed into place on a local filesystem,
-  one PUT on an object store).
+  one PUT of the final name on an object store).
 - A reader that opens staging with ``create=False`` (the operator reading a verification result)
   writes nothing, not even the directory.
 
-Failure modes: filesystem errors surface as ``OSError`` (the reader retries: nothing was
+Failure modes: filesystem errors surface as ``OSError`` — refused credentials, a missing
+bucket or an unreachable endpoint met creating or listing staging as a
+:class:`lakeslot.filesystems.StorageError` naming the setting to fix — (the reader retries: nothing was
 confirmed to PostgreSQL for an unsealed segment; the apply job retries the pass). Leftover
 temporary files of killed writers are removed by :meth:`Staging.remove_temporaries` (the reader
 calls it once it holds the slot, when no other legitimate writer can exist).
@@ -41,7 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from lakeslot.filesystems import filesystem
+from lakeslot.filesystems import StorageError, explain, filesystem
 from lakeslot.staging.format import CHANGE_OPS, Segment, SegmentMetadata, SegmentName, parse_metadata
 
 TEMP_PREFIX = ".tmp-"
@@ -58,13 +62,24 @@ class Staging:
         self.path = self.path.rstrip("/")
         self._local = isinstance(self.fs, pafs.LocalFileSystem)
         if create:
-            self.fs.create_dir(self.path, recursive=True)
+            try:
+                self.fs.create_dir(self.path, recursive=True)
+            except OSError as e:
+                raise self._explained(e) from e
+
+    def _explained(self, error: OSError) -> OSError:
+        """``error``, or a :class:`StorageError` naming the setting to fix."""
+        message = explain(self.uri, error, "spec.staging.uri")
+        return error if message is None else StorageError(message)
 
     def _file(self, filename: str) -> str:
         return f"{self.path}/{filename}"
 
     def _files(self) -> list[pafs.FileInfo]:
-        return self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        try:
+            return self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
+        except OSError as e:
+            raise self._explained(e) from e
 
     def list(self) -> list[SegmentName]:
         """Every sealed segment, ordered by (start, end)."""
@@ -141,9 +156,21 @@ class Staging:
             os.replace(temp, final)  # atomic; a zombie's identical segment is simply replaced
             _fsync(self.path)
         else:
+            # One PUT (or a multipart upload, completed only at its end): the object is visible
+            # whole or not at all, and a killed uploader leaves no object. An upload that failed
+            # in this process is removed before the error propagates, whatever pyarrow's stream
+            # did on close, and the size is checked: a truncated object never has a sealed name.
+            size = os.path.getsize(temp)
             try:
                 pafs.copy_files(temp, final, source_filesystem=pafs.LocalFileSystem(),
                                 destination_filesystem=self.fs)
+                uploaded = self.fs.get_file_info(final).size
+                if uploaded != size:
+                    raise OSError(f"segment {name.filename}: {uploaded} bytes in staging, {size} written")
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    self.fs.delete_file(final)
+                raise
             finally:
                 os.unlink(temp)
 
@@ -178,6 +205,10 @@ class Staging:
         one PUT on an object store)."""
         data = json.dumps(document, indent=1).encode()
         directory, _, name = self._file(filename).rpartition("/")
+        if not self._local:  # no rename there; one PutObject is atomic
+            with self.fs.open_output_stream(self._file(filename)) as f:
+                f.write(data)
+            return
         if directory != self.path:
             self.fs.create_dir(directory, recursive=True)
         temp = f"{directory}/.{name}-{uuid.uuid4().hex[:8]}.tmp"

@@ -8,12 +8,13 @@ every table of the list in the same source transaction; the key is the table's k
 every column when it has none.
 
 Limits: only meaningful when the source no longer changes (a change between the transaction and
-the mirror's read is a false difference); each whole table is held in memory, one at a time;
-hadoop catalogs only (``sink.catalog.type: hadoop``).
+the mirror's read is a false difference); each whole table is held in memory, one at a time.
+The mirror is read through :func:`lakeslot.mirror.catalogs.load_table`, so any catalog type.
 
-Failure modes: a missing mirror table counts as 0 rows; another catalog type, a table that does
+Failure modes: a missing mirror table counts as 0 rows; a table that does
 not exist or cannot be mirrored as configured raise ``ValueError``; a source value that has no
-mapping raises :class:`lakeslot.typemap.UnmappableValue`; connection and storage errors propagate.
+mapping raises :class:`lakeslot.typemap.UnmappableValue`; connection, catalog and storage errors
+propagate.
 """
 
 from __future__ import annotations
@@ -75,8 +76,6 @@ def compare(ingestion: PostgresIngestion, settings: ConnectionSettings,
             secrets: Mapping[str, str] | None = None) -> list[TableCheck]:
     """Check each of ``tables`` on a quiet source; ``secrets``: the catalog's Secret-backed
     properties."""
-    if ingestion.spec.sink.catalog.type != "hadoop":
-        raise ValueError("verify reads hadoop catalogs only (sink.catalog.type: hadoop)")
     job = JobInput(ingestion, tuple(tables))
     checks = []
     owner = job.names.owner

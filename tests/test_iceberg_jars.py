@@ -1,0 +1,61 @@
+"""``lakeslot provision-jars`` (lakeslot/iceberg_jars.py): the cache it trusts, what it lists, and
+the probe that stands between a built jar and the manifest.
+
+The cold PyPI route itself (≈70 s, 460 MB of wheels) is not rerun here: ``./dev setup`` runs it once
+per machine and every Spark test uses its result; these tests use that cache.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lakeslot import cli, iceberg_jars
+
+
+@pytest.fixture(scope="module")
+def provisioned() -> list:
+    try:
+        return iceberg_jars.ensure_jars()
+    except iceberg_jars.JarProvisioningError as e:
+        pytest.skip(f"Iceberg jars unavailable: {e}")
+
+
+def test_a_cache_of_an_older_layout_is_provisioned_again(tmp_path, monkeypatch):
+    """A cache from before the REST client and the SDK (no ``layout``) is not trusted, although
+    every jar it lists is there."""
+    monkeypatch.setenv("LAKESLOT_CACHE", str(tmp_path))
+    jars = tmp_path / "jars"
+    jars.mkdir()
+    (jars / iceberg_jars.RUNTIME_JAR).write_bytes(b"x")
+    manifest = {"iceberg_version": iceberg_jars.ICEBERG_VERSION, "source": "pypi-wheels", "reason": "",
+                "jars": [{"name": iceberg_jars.RUNTIME_JAR, "size": 1}]}
+    (jars / iceberg_jars.MANIFEST).write_text(json.dumps(manifest))
+    assert iceberg_jars._cached(jars) is None
+    (jars / iceberg_jars.MANIFEST).write_text(json.dumps({**manifest, "layout": iceberg_jars.MANIFEST_LAYOUT}))
+    assert iceberg_jars._cached(jars) == [jars / iceberg_jars.RUNTIME_JAR]
+
+
+def test_provision_jars_lists_the_route_and_what_each_jar_is_for(provisioned, capsys):
+    assert cli.main(["provision-jars"]) == 0
+    route, *lines = capsys.readouterr().out.splitlines()
+    assert route.startswith(("# pypi-wheels: ", "# maven-central: "))
+    assert [line.split("\t")[0] for line in lines] == [str(p) for p in provisioned]
+    assert all(len(line.split("\t")[1]) > 20 for line in lines)
+    if route.startswith("# pypi-wheels"):
+        assert [p.name for p in provisioned] == [iceberg_jars.RUNTIME_JAR,
+                                                 *[b.name for b in iceberg_jars.BUILDS]]
+
+
+def test_the_probe_names_what_does_not_load(provisioned):
+    """Without the jar that provides the AWS SDK v2, the probe fails on S3FileIO's client and names
+    the missing class (the other probes, run first, pass)."""
+    without_sdk = [p for p in provisioned
+                   if p.name not in (iceberg_jars.AWS_SDK_JAR, iceberg_jars.maven_url("iceberg-aws-bundle")
+                                     .rsplit("/", 1)[1])]
+    assert len(without_sdk) == len(provisioned) - 1
+    with pytest.raises(iceberg_jars.JarProvisioningError,
+                       match=r"probe of S3FileIO's S3 client \(AWS SDK v2\) failed .*missing class "
+                             r"software[./]amazon[./]awssdk"):
+        iceberg_jars._probe(without_sdk)
