@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.fs as pafs
 import pytest
 
 from lakeslot import workloads
@@ -44,6 +45,7 @@ REGION = "us-east-1"
 PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
          "filer.port.grpc", "s3.port", "s3.port.grpc", "s3.port.iceberg")
 READY_S, STOP_S = 60, 20
+BUCKET_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -128,16 +130,29 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectSto
 
 
 def _wait_ready(process: subprocess.Popen, store: ObjectStore, log: Path) -> None:
+    """Until the REST catalog answers and the staging bucket exists. ``-bucket`` makes ``weed
+    mini`` create the bucket in the background, which was seen not to happen at all in one full
+    suite run (the REST catalog up, no bucket): after :data:`BUCKET_WAIT_S` it is created here."""
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
             pytest.fail(f"weed mini exited ({process.returncode}):\n{log.read_text()[-3000:]}")
         try:
             with urllib.request.urlopen(f"{store.rest_uri}/v1/config?warehouse={WAREHOUSE}", timeout=2):
-                return
+                break
         except (urllib.error.URLError, OSError):
             time.sleep(0.2)
-    pytest.fail(f"weed mini not ready after {READY_S} s:\n{log.read_text()[-3000:]}")
+    else:
+        pytest.fail(f"weed mini not ready after {READY_S} s:\n{log.read_text()[-3000:]}")
+    s3 = pafs.S3FileSystem(access_key=store.access_key, secret_key=store.secret_key,
+                           endpoint_override=store.s3_endpoint, region=REGION,
+                           allow_bucket_creation=True)
+    waited = time.monotonic() + BUCKET_WAIT_S
+    while s3.get_file_info(STAGING_BUCKET).type == pafs.FileType.NotFound:
+        if time.monotonic() >= waited:
+            s3.create_dir(STAGING_BUCKET)
+            break
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="session")
