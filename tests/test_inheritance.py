@@ -9,7 +9,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import yaml
 from psycopg import sql
 
 from lakeslot import workloads
@@ -17,25 +16,12 @@ from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.source.tables import TableName
 from lakeslot.verify import checksums
 from tests.support import local_support as ls
-from tests.support import operator_env
 from tests.support.apply_support import normal
 from tests.support.fixtures_pg import connection_settings
 
 SCHEMA = "app"
 PARENT, CHILD, GRANDCHILD = (TableName(SCHEMA, "parent"), TableName(SCHEMA, "child"),
                              TableName(SCHEMA, "grandchild"))
-
-
-def _write_ingestion(path, db, tmp_path, warehouse, **source) -> None:
-    document = operator_env.ingestion_document(
-        "inherit-test", db, [], warehouse=warehouse.as_uri(),
-        staging=(tmp_path / "staging").as_uri(),
-        snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20},
-        apply={"triggerIntervalSeconds": 1})
-    document["spec"]["source"]["schemas"] = [SCHEMA]
-    document["spec"]["source"].update(source)
-    document["spec"]["staging"]["retentionSeconds"] = 0
-    path.write_text(yaml.safe_dump(document, allow_unicode=True))
 
 
 def _own_rows(db, table: TableName) -> tuple[list[str], list[tuple]]:
@@ -89,7 +75,8 @@ def test_parent_and_children_are_each_mirrored_with_their_own_rows(
         conn.execute("INSERT INTO app.grandchild SELECT g, 'g' || g, 'y' "
                      "FROM generate_series(1, 30) g")
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
-    _write_ingestion(path, pgdb, tmp_path, spark_warehouse)
+    ls.write_ingestion(path, pgdb, [], tmp_path, {"tables": [], "schemas": [SCHEMA]},
+                       spark_warehouse)
     local = ls.local(path, pgdb, state_dir)
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
     tables = [PARENT, CHILD, GRANDCHILD]
@@ -159,7 +146,9 @@ def test_without_the_event_trigger_a_child_altered_through_its_parent_is_copied_
         conn.execute("INSERT INTO app.parent SELECT g, 'p' || g FROM generate_series(1, 20) g")
         conn.execute("INSERT INTO app.child SELECT g, 'c' || g, 'x' FROM generate_series(1, 20) g")
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
-    _write_ingestion(path, pgdb, tmp_path, spark_warehouse, ddlCapture="Catalog")
+    ls.write_ingestion(path, pgdb, [], tmp_path,
+                       {"tables": [], "schemas": [SCHEMA], "ddlCapture": "Catalog"},
+                       spark_warehouse)
     local = ls.local(path, pgdb, state_dir)
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
     ls.run_in_process(local, spark, once=True)
