@@ -10,7 +10,7 @@
 #   docker build -t ghcr.io/lakeslot/lakeslot:0.1.0 .
 #
 # SPARK_VERSION is the pyspark it installs (the CRD's default spec.spark.sparkVersion) and
-# ICEBERG_VERSION the one lakeslot/iceberg_jars.py provisions; tests/test_helm_image.py keeps both,
+# ICEBERG_VERSION the one lakeslot/spark/jars.py provisions; tests/test_helm_image.py keeps both,
 # and the paths and user the operator puts into its children, in step with the code. It is not
 # built in CI (no Docker engine there).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.apply_bench [--rate 600] [--seconds 60] [--pg 15|18]
                                           [--segment-seconds 0.5] [--plot FILE.svg|FILE.png]
 
-One run starts a throwaway PostgreSQL (``lakeslot.pgcluster``), a table ``bench`` (bigint key,
+One run starts a throwaway PostgreSQL (``lakeslot.local.pgcluster``), a table ``bench`` (bigint key,
 int, numeric, text, timestamptz), a publication and the slot, then runs at the same time:
 
 - a writer process: ``--rate`` transactions per second, paced, for ``--seconds`` (each an
@@ -49,7 +49,7 @@ from lakeslot import cadence, workloads
 from lakeslot.apply import job as apply_job
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.source.connection import one_row
-from lakeslot.spark_session import job_session
+from lakeslot.spark.session import job_session
 from lakeslot.staging.store import Staging
 
 TABLE = common.TABLE

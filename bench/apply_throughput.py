@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.apply_throughput [--rows 1000000] [--changes 100000] [--pg 15|18]
                                               [--merge-mode copy-on-write|merge-on-read]
 
-One run starts a throwaway PostgreSQL (``lakeslot.pgcluster``), a table ``bench`` (bigint key,
+One run starts a throwaway PostgreSQL (``lakeslot.local.pgcluster``), a table ``bench`` (bigint key,
 int, numeric, text, timestamptz) with ``--rows`` rows, the publication and the slot, snapshots it
 with the real snapshot job (local[2] Spark, hadoop catalog), then writes a backlog of about
 ``--changes`` row changes spread uniformly over the table — 70% updates of random rows, 20%

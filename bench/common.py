@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from lakeslot import pgcluster, workloads
+from lakeslot import workloads
 from lakeslot.api.models import GROUP, VERSION, PostgresIngestion
-from lakeslot.mirror.catalogs import load_hadoop_table
+from lakeslot.api.naming import TableName
+from lakeslot.local import pgcluster
+from lakeslot.mirror.catalog import load_hadoop_table
 from lakeslot.source import slot
-from lakeslot.source.tables import TableName
-from lakeslot.spark_session import job_session
+from lakeslot.spark.session import job_session
 
 LAKESLOT = str(Path(sys.executable).with_name("lakeslot"))
 TABLE = TableName("public", "bench")

@@ -5,7 +5,7 @@ Iceberg, and what a pass costs per table it touches.
                                           [--skew uniform|zipf] [--seconds 60] [--pg 15|18]
                                           [--no-reference]
 
-One round starts a throwaway PostgreSQL (``lakeslot.pgcluster``) with schema ``app`` holding
+One round starts a throwaway PostgreSQL (``lakeslot.local.pgcluster``) with schema ``app`` holding
 ``--tables`` tables of ``--rows`` rows each (``id int PRIMARY KEY, v int, note text,
 at timestamptz``), then ``lakeslot run`` in this process (continuous, whole-schema selection,
 ``apply.triggerIntervalSeconds: 1``, local[2] Spark) — the snapshot of every table, the reader,
@@ -51,12 +51,12 @@ import yaml
 from bench import common
 from lakeslot import workloads
 from lakeslot.api.models import GROUP, VERSION
+from lakeslot.api.naming import TableName
 from lakeslot.local import config
 from lakeslot.local import run as local_run
-from lakeslot.mirror.catalogs import load_hadoop_table
+from lakeslot.mirror.catalog import load_hadoop_table
 from lakeslot.mirror.progress import progress_of
 from lakeslot.source.connection import one_row
-from lakeslot.source.tables import TableName
 from lakeslot.staging.store import Staging
 
 SCHEMA = "app"

@@ -4,7 +4,7 @@
                                                  [--changes-per-pass 500] [--pg 15|18]
 
 For each setting of ``spec.sink.maintenance`` (off, then on with its defaults), one
-run starts a throwaway PostgreSQL (``lakeslot.pgcluster``) with the ``bench`` table of ``--rows``
+run starts a throwaway PostgreSQL (``lakeslot.local.pgcluster``) with the ``bench`` table of ``--rows``
 rows, snapshots it with the real snapshot job (local[2] Spark, hadoop catalog), keeps the real
 reader streaming, and then makes ``--passes`` apply passes: each writes ``--changes-per-pass``
 random changes (80% updates, 10% inserts, 10% deletes, one transaction), waits until they are
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench import common
 from lakeslot.apply import job as apply_job
-from lakeslot.mirror.catalogs import load_hadoop_table
+from lakeslot.mirror.catalog import load_hadoop_table
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.source.connection import one_row
 from lakeslot.staging.store import Staging

@@ -4,7 +4,7 @@
     .venv/bin/python -m bench.reader_bench [--changes 1000000] [--rounds 3] [--rss-gb 1.0]
                                            [--pg 15|18]
 
-One run starts a throwaway PostgreSQL (``lakeslot.pgcluster``) and measures two things, each in
+One run starts a throwaway PostgreSQL (``lakeslot.local.pgcluster``) and measures two things, each in
 its own database (``--changes 0`` or ``--rss-gb 0`` skips one):
 
 Throughput: a table of mixed types (≈ 135 bytes of data per row), a publication, and — before
@@ -50,7 +50,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from lakeslot import lsn as lsn_text
-from lakeslot import pgcluster
+from lakeslot.local import pgcluster
 from lakeslot.source.connection import PASSWORD_ENV, one_row
 
 LAKESLOT = str(Path(sys.executable).with_name("lakeslot"))

@@ -4,7 +4,7 @@ parallelism, same table.
     .venv/bin/python -m bench.snapshot_bench [--rows 5000000] [--parallelism 2] [--repeat 3]
                                              [--pg 15|18]
 
-It starts a throwaway PostgreSQL (``lakeslot.pgcluster``), builds the reference table (``--rows``
+It starts a throwaway PostgreSQL (``lakeslot.local.pgcluster``), builds the reference table (``--rows``
 rows of mixed types, ≈135 bytes of data per row: bigint, int, numeric(12,2), float8, bool,
 timestamptz, date, text, varchar, text, uuid), reads it once to warm the page cache, starts a
 ``local[N]`` Spark session with an Iceberg hadoop catalog in a temp dir and one idle Python task
@@ -38,11 +38,11 @@ import threading
 import time
 from pathlib import Path
 
-from lakeslot import pgcluster
+from lakeslot.api.naming import TableName
+from lakeslot.local import pgcluster
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.snapshot.plan import TableRequest
 from lakeslot.source.connection import ConnectionSettings, one_row
-from lakeslot.source.tables import TableName
 
 REFERENCE = """
 CREATE TABLE ref (id bigint PRIMARY KEY, qty int NOT NULL, amount numeric(12,2), price float8,
@@ -153,7 +153,7 @@ def main() -> int:
     if install is None:
         raise SystemExit(f"PostgreSQL {args.pg} is not installed")
 
-    from lakeslot.spark_session import build_session
+    from lakeslot.spark.session import build_session
 
     with pgcluster.Cluster(install) as cluster, tempfile.TemporaryDirectory() as warehouse:
         cluster.create_database("bench")

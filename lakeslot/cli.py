@@ -22,7 +22,7 @@ from lakeslot.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 def _provision_jars(args: argparse.Namespace) -> int:
-    from lakeslot import iceberg_jars
+    from lakeslot.spark import jars as iceberg_jars
 
     try:
         iceberg_jars.ensure_jars(refresh=args.refresh)
@@ -99,8 +99,8 @@ def _utc_time(text: str):
 def _cut(args: argparse.Namespace) -> int:
     import json
 
+    from lakeslot.api.naming import TableName
     from lakeslot.mirror import cuts
-    from lakeslot.source.tables import TableName
     from lakeslot.verify.request import parse_table
 
     local = _local(args, "cut")

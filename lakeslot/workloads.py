@@ -36,10 +36,9 @@ from dataclasses import dataclass
 import pydantic
 
 from lakeslot.api.models import PostgresIngestion, TableSpec
-from lakeslot.api.naming import IngestionNames
+from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.api.validation import parse_resource, problems_of
 from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings, settings_from_spec
-from lakeslot.source.tables import TableName
 
 CA_FILE = "/etc/lakeslot/source-ca/ca.crt"
 CA_FILE_ENV = "LAKESLOT_SOURCE_CA_FILE"

@@ -1,5 +1,5 @@
 """Entry point of the apply job: :func:`lakeslot.apply.job.run` behind the shared skeleton of
-:mod:`lakeslot.jobs` (see ``lakeslot.apply.job`` for what it does and guarantees).
+:mod:`lakeslot.control.jobs` (see ``lakeslot.apply.job`` for what it does and guarantees).
 
 Exit status: 0 when every table applied (or waits for its snapshot), 1 when a table failed or the
 job failed as a whole, 2 for bad arguments (nothing was started). SIGTERM stops the long-running
@@ -37,8 +37,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from lakeslot import jobs, lsn
+from lakeslot import lsn
 from lakeslot.apply import job as apply_job
+from lakeslot.control import jobs
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:

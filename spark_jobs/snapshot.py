@@ -1,5 +1,5 @@
 """Entry point of the consistent parallel snapshot: :func:`lakeslot.snapshot.job.run` behind the
-shared skeleton of :mod:`lakeslot.jobs` (see ``lakeslot.snapshot`` for how the snapshot works).
+shared skeleton of :mod:`lakeslot.control.jobs` (see ``lakeslot.snapshot`` for how the snapshot works).
 
 Exit status: 0 when every table committed or was skipped; 1 when a table failed (the progress
 document and stderr say why and how to fix it) or the job failed as a whole; 2 for bad arguments
@@ -31,7 +31,7 @@ Password and CA
     A table whose snapshot was taken below this LSN is copied again (the operator passes the
     creation LSN of a slot it recreated after the old one was lost).
 ``--progress PATH|URI``
-    Where the progress JSON is written (see ``lakeslot.snapshot.progress``). Default:
+    Where the progress JSON is written (see ``lakeslot.snapshot.report``). Default:
     ``snapshot-progress.json`` in staging, where the operator reads it (rows copied and estimated
     per table, exported as metrics).
 ``--max-attempts N`` (3, at least 1)
@@ -46,9 +46,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from lakeslot import jobs, lsn
+from lakeslot import lsn
+from lakeslot.control import jobs
 from lakeslot.snapshot import job as snapshot_job
-from lakeslot.snapshot import progress as snapshot_progress
+from lakeslot.snapshot import report as snapshot_progress
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:

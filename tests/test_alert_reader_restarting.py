@@ -18,8 +18,8 @@ import urllib.error
 
 import pytest
 
-from lakeslot.pgcluster import free_port
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName
+from lakeslot.local.pgcluster import free_port
 from lakeslot_operator import children
 from tests.support import chart, promql
 from tests.support.prometheus import Scrape, scrape

@@ -16,6 +16,7 @@ from lakeslot.api.crd import openapi_schema
 from lakeslot.api.models import Condition, PostgresIngestion, PostgresIngestionStatus, SourceSpec, TableSpec
 from lakeslot.api.naming import (
     IngestionNames,
+    TableName,
     default_replication_name,
     effective_publication_name,
     effective_slot_name,
@@ -23,7 +24,6 @@ from lakeslot.api.naming import (
 )
 from lakeslot.api.reference import walk_schema
 from lakeslot.api.validation import parse_resource, problems_of, validate_text, validate_update
-from lakeslot.source.tables import TableName
 from tests.api_cases import EXAMPLES, UPDATE_CASES, apply_edits, base_document
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)

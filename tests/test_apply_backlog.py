@@ -22,8 +22,8 @@ import random
 
 import pytest
 
+from lakeslot.api.naming import TableName
 from lakeslot.apply import spread
-from lakeslot.source.tables import TableName
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source, lsn_now
 from tests.support.reader_support import read_until
 

@@ -8,10 +8,10 @@ from decimal import Decimal
 import pytest
 from pyiceberg.types import DecimalType, IcebergType, IntegerType, ListType, LongType, StringType
 
+from lakeslot.api.naming import TableName
 from lakeslot.apply.changes import KEEP, Change, Reducer, TableError, reduce, start_position
 from lakeslot.apply.columns import parser, plan_schema
 from lakeslot.apply.spread import routes
-from lakeslot.source.tables import TableName
 from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName
 from lakeslot.staging.relations import Column, Relation
 

@@ -13,15 +13,15 @@ import threading
 import pytest
 from psycopg import sql
 
+from lakeslot.api.naming import TableName
 from lakeslot.apply import job as apply_job
 from lakeslot.apply import spread
 from lakeslot.apply.job import Hooks
 from lakeslot.apply.spread import routes
 from lakeslot.mirror import contract
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.mirror.catalog import Tables
 from lakeslot.mirror.contract import ERROR_PROPERTY, RESNAPSHOT_PROPERTY
-from lakeslot.source.tables import TableName
+from lakeslot.spark.tables import Tables
 from lakeslot.staging.store import Staging
 from tests.support.apply_support import (
     Pipeline,

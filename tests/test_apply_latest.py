@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
+from lakeslot.api.naming import TableName
 from lakeslot.apply import latest
 from lakeslot.apply.changes import Change, Reducer, TableError
 from lakeslot.apply.spread import REDUCED, TableConfig, _Output
-from lakeslot.source.tables import TableName
 from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST
 from lakeslot.staging.relations import Column, Relation
 

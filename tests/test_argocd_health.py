@@ -23,10 +23,11 @@ import pytest
 import yaml
 
 import lakeslot_operator
-from lakeslot import control, status
 from lakeslot.api import validation
 from lakeslot.api.crd import crd_manifest
 from lakeslot.api.models import GROUP, KIND
+from lakeslot.control import steps as control
+from lakeslot.observability import status
 from tests.support import chart
 from tests.support.kube_emulator import prune, to_json_schema
 

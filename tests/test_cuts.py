@@ -18,12 +18,12 @@ import pytest
 from psycopg import sql
 
 from lakeslot import workloads
-from lakeslot.api.naming import IngestionNames
+from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.apply import job as apply_job
 from lakeslot.local import observe
-from lakeslot.mirror import catalogs, cuts
-from lakeslot.pgcluster import free_port
-from lakeslot.source.tables import TableName
+from lakeslot.local.pgcluster import free_port
+from lakeslot.mirror import catalog as catalogs
+from lakeslot.mirror import cuts
 from tests.support import local_support as ls
 from tests.support.reader_support import current_lsn
 from tests.support.waiting import wait_for

@@ -15,12 +15,12 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from lakeslot import resnapshot
+from lakeslot.api.naming import TableName
+from lakeslot.control import resnapshot
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.mirror.catalogs import load_hadoop_table
+from lakeslot.mirror.catalog import load_hadoop_table
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.source import ddl_capture, slot
-from lakeslot.source.tables import TableName
 from lakeslot.staging.store import Staging
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source
 from tests.support.local_support import LAKESLOT

@@ -10,11 +10,11 @@ import json
 import pytest
 from pyiceberg.types import DecimalType, IntegerType, LongType, StringType
 
+from lakeslot.api.naming import TableName
 from lakeslot.apply.ddl import epoch, replay, translations
 from lakeslot.source import ddl_capture
 from lakeslot.source.ddl_capture import DdlEvent, SourceColumn
 from lakeslot.source.facts import TableFacts
-from lakeslot.source.tables import TableName
 from lakeslot.staging.relations import Column, Relation
 
 T = TableName("public", "t")

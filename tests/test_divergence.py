@@ -3,7 +3,7 @@ maintenance that logical decoding does not show stop the table for a re-snapshot
 the decision copies exactly those tables again (alone, online), and afterwards every table equals
 its source — read back with pyiceberg, independently of the apply code. PostgreSQL 15 and 18.
 
-The pure parts (:func:`lakeslot.source.facts.divergence`, :func:`lakeslot.resnapshot.decide`)
+The pure parts (:func:`lakeslot.source.facts.divergence`, :func:`lakeslot.control.resnapshot.decide`)
 are table-driven below; the scenario runs the real reader, snapshot and apply job.
 """
 
@@ -14,15 +14,15 @@ import threading
 import pytest
 from psycopg import sql
 
-from lakeslot import resnapshot
 from lakeslot.api.models import PoliciesSpec
+from lakeslot.api.naming import TableName
+from lakeslot.control import resnapshot
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.mirror.catalogs import load_hadoop_table
+from lakeslot.mirror.catalog import load_hadoop_table
 from lakeslot.mirror.progress import MirrorProgress
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.source import facts, slot
 from lakeslot.source.facts import TableFacts
-from lakeslot.source.tables import TableName
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source
 from tests.support.local_support import BackgroundWriter
 

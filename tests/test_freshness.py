@@ -1,4 +1,4 @@
-"""Freshness from staging (lakeslot.freshness): for each position, the commit time of the first
+"""Freshness from staging (lakeslot.observability.freshness): for each position, the commit time of the first
 staged transaction above it — against real segments the reader sealed from PostgreSQL 15 and 18,
 and the commit times PostgreSQL itself recorded (``track_commit_timestamp`` is off on the test
 clusters, so the times are taken by the transactions themselves: ``now()`` is the start of the
@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from lakeslot import freshness
 from lakeslot.api.models import ApplyStatus, PostgresIngestionStatus, TableStatus
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName
+from lakeslot.observability import freshness
 from lakeslot.staging.store import Staging
 from tests.support.reader_support import current_lsn, prepare, read_until
 

@@ -16,13 +16,14 @@ from pathlib import Path
 import pytest
 from psycopg import sql
 
-from lakeslot import control
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus
+from lakeslot.api.naming import TableName
+from lakeslot.control import steps as control
+from lakeslot.observability.status import Report
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.source import preflight, publication, slot
 from lakeslot.source.columns import DescribeError, describe
-from lakeslot.source.tables import TableName, existing
-from lakeslot.status import Report
+from lakeslot.source.tables import existing
 from tests.support.apply_support import Pipeline
 from tests.support.operator_env import ingestion_document
 from tests.support.snapshot_helpers import mirror, mirror_rows

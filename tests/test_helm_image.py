@@ -18,8 +18,9 @@ import re
 import tomllib
 from pathlib import Path
 
-from lakeslot import iceberg_jars, workloads
+from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion, SparkSpec
+from lakeslot.spark import jars as iceberg_jars
 from lakeslot_operator import children
 from tests.api_cases import base_document
 from tests.support import chart

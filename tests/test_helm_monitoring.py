@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from lakeslot.ingestion_metrics import GAUGES, PREFIX
+from lakeslot.observability.metrics import GAUGES, PREFIX
 from lakeslot.reader.metrics import Metrics
 from lakeslot_operator import children
 from lakeslot_operator.metrics import OperatorMetrics

@@ -1,4 +1,4 @@
-"""``lakeslot provision-jars`` (lakeslot/iceberg_jars.py): the cache it trusts, what it lists, and
+"""``lakeslot provision-jars`` (lakeslot/spark/jars.py): the cache it trusts, what it lists, and
 the probe that stands between a built jar and the manifest.
 
 The cold PyPI route itself (≈70 s, 460 MB of wheels) is not rerun here: ``./dev setup`` runs it once
@@ -11,7 +11,8 @@ import json
 
 import pytest
 
-from lakeslot import cli, iceberg_jars
+from lakeslot import cli
+from lakeslot.spark import jars as iceberg_jars
 
 
 @pytest.fixture(scope="module")

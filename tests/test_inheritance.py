@@ -12,8 +12,8 @@ import pytest
 from psycopg import sql
 
 from lakeslot import workloads
-from lakeslot.mirror.catalogs import load_hadoop_table
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName
+from lakeslot.mirror.catalog import load_hadoop_table
 from lakeslot.verify import checksums
 from tests.support import local_support as ls
 from tests.support.apply_support import normal

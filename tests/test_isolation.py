@@ -26,13 +26,13 @@ import threading
 import pytest
 
 from lakeslot import workloads
+from lakeslot.api.naming import TableName
 from lakeslot.apply import isolation, spread
 from lakeslot.apply import job as apply_job
 from lakeslot.apply.job import Hooks
 from lakeslot.local import observe
 from lakeslot.mirror import progress
 from lakeslot.mirror.contract import ERROR_PROPERTY, OWNER_PROPERTY, SOURCE_OID_PROPERTY, SOURCE_TABLE_PROPERTY
-from lakeslot.source.tables import TableName
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
 from spark_jobs import snapshot as snapshot_entry

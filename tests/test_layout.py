@@ -1,10 +1,14 @@
-"""The layout's rules (DESIGN.md "Layout constraints"), checked on the import graph itself: the
-shared contracts have rooms of their own, a consumer never imports a producer's internals, and
-the library never imports an entry point."""
+"""The layout's rules (DESIGN.md "Layout constraints"), checked on the import graph itself: the intended
+architecture is the data below — the layers, lowest first, and the rooms in each — and the tests
+hold the tree to it: no import runs upward or sideways into a peer room, no import circle, a
+small package root, a Spark-free ``mirror`` and ``api``; a consumer never imports a producer's
+internals, and the library never imports an entry point."""
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +16,32 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ROOT / "lakeslot"
 
+# The layers, lowest first. A module imports from its own room and from rooms of lower layers
+# only: never from a higher layer, never from another room of its own layer.
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base: plain helpers with no lakeslot imports",
+     ("lakeslot", "lakeslot.lsn", "lakeslot.exits", "lakeslot.errors", "lakeslot.filesystems",
+      "lakeslot.cadence")),
+    ("the resource and every name derived from it", ("lakeslot.api",)),
+    ("shared contracts: staging (reader → apply) and the mirror tables (jobs → readers)",
+     ("lakeslot.staging", "lakeslot.mirror")),
+    ("what lakeslot does to PostgreSQL", ("lakeslot.source",)),
+    ("how workloads are invoked, and how their state is observed",
+     ("lakeslot.workloads", "lakeslot.observability")),
+    ("everything that needs a JVM", ("lakeslot.spark",)),
+    ("the data plane", ("lakeslot.reader", "lakeslot.snapshot", "lakeslot.apply", "lakeslot.verify")),
+    ("the control steps and decisions shared by the operator and local mode", ("lakeslot.control",)),
+    ("local mode: everything on one machine", ("lakeslot.local",)),
+    ("the command line", ("lakeslot.cli",)),
+)
+ROOT_MODULES_MAX = 10  # loose modules in the package root (the rest live in rooms)
+SPARK_FREE = ("lakeslot.api", "lakeslot.mirror", "lakeslot.staging", "lakeslot.source",
+              "lakeslot.observability", "lakeslot.control")  # importable without pyspark
+
 
 def imports(path: Path) -> set[str]:
-    """Every module ``path`` imports (``from a.b import c`` counts as ``a.b`` and ``a.b.c``)."""
+    """Every module ``path`` imports (``from a.b import c`` counts as ``a.b`` and ``a.b.c``),
+    lazy imports inside functions included."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
@@ -33,13 +60,91 @@ def modules(*parts: str) -> list[Path]:
     return paths
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in LIBRARY.rglob("*.py")}
+GRAPH = {name: {i for i in imports(path) if i in MODULES and i != name}
+         for name, path in MODULES.items()}
+ROOMS = {room: layer for layer, (_, rooms) in enumerate(LAYERS) for room in rooms}
+
+
+def room_of(module: str) -> str:
+    """The longest room of :data:`LAYERS` that ``module`` is or lies in."""
+    found = [r for r in ROOMS if module == r or module.startswith(r + ".")]
+    assert found, f"{module} is in no room of LAYERS: give it one"
+    return max(found, key=len)
+
+
+def test_every_module_has_a_room():
+    assert [m for m in MODULES if not any(m == r or m.startswith(r + ".") for r in ROOMS)] == []
+
+
+def test_no_import_runs_upward_or_into_a_peer_room():
+    offenders = sorted(
+        f"{module} ({room_of(module)}) imports {target} ({room_of(target)})"
+        for module, targets in GRAPH.items() for target in targets
+        if room_of(target) != room_of(module)
+        and ROOMS[room_of(target)] >= ROOMS[room_of(module)]
+        and not module.startswith(target + "."))  # a package's own __init__ above it
+    assert offenders == []
+
+
+def test_no_import_circle():
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in GRAPH[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(MODULES):
+        if module not in index:
+            visit(module)
+    assert circles == []
+
+
+def test_the_package_root_stays_small():
+    loose = sorted(p.name for p in LIBRARY.glob("*.py") if p.name != "__init__.py")
+    assert len(loose) <= ROOT_MODULES_MAX, loose
+
+
+def test_the_spark_free_rooms_import_without_pyspark():
+    names = sorted(m for m in MODULES if any(m == r or m.startswith(r + ".") for r in SPARK_FREE))
+    code = ("import sys; sys.modules['pyspark'] = None; sys.modules['py4j'] = None\n"
+            "import importlib\n"
+            f"for name in {names!r}: importlib.import_module(name)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_the_library_never_imports_an_entry_point():
     offenders = {str(p.relative_to(ROOT)): sorted(i for i in imports(p) if i.startswith("spark_jobs"))
                  for p in modules(".")}
     assert {p: i for p, i in offenders.items() if i} == {}
 
 
-@pytest.mark.parametrize("consumer", ["apply", "status.py", "local", "snapshot", "control.py",
+@pytest.mark.parametrize("consumer", ["apply", "observability", "local", "snapshot", "control",
                                       "mirror", "verify"])
 def test_consumers_of_staging_do_not_reach_into_the_reader(consumer):
     offenders = {str(p.relative_to(ROOT)): sorted(i for i in imports(p)

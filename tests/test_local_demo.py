@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from lakeslot import pgcluster
+from lakeslot.local import pgcluster
 from tests.support.local_support import LAKESLOT
 
 

@@ -21,11 +21,11 @@ import threading
 
 import pytest
 
+from lakeslot.api.naming import TableName
 from lakeslot.exits import EXIT_DEFINITE
 from lakeslot.local import observe, reader_process, run, state
 from lakeslot.local.tree import alive
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.source.tables import TableName
 from lakeslot.staging.store import Staging
 from tests.support import local_support as ls
 from tests.support.apply_support import lsn_now

@@ -16,11 +16,11 @@ from datetime import datetime
 
 import pytest
 
-from lakeslot.ingestion_metrics import GAUGES, PREFIX
+from lakeslot.api.naming import TableName
 from lakeslot.local import state
+from lakeslot.local.pgcluster import free_port
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.pgcluster import free_port
-from lakeslot.source.tables import TableName
+from lakeslot.observability.metrics import GAUGES, PREFIX
 from lakeslot.staging.store import Staging
 from tests.support import chart, promql
 from tests.support import local_support as ls

@@ -19,14 +19,15 @@ import pytest
 import yaml
 from psycopg import sql
 
-from lakeslot import control, workloads
-from lakeslot import status as st
+from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestionStatus, SourceSpec, TableState, TableStatus
+from lakeslot.api.naming import TableName
+from lakeslot.control import steps as control
 from lakeslot.local import config, observe, state
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.mirror.catalogs import load_hadoop_table
+from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.observability import status as st
 from lakeslot.snapshot import job as snapshot_job
-from lakeslot.source.tables import TableName
 from tests.support import local_support as ls
 from tests.support import operator_env
 from tests.support.apply_support import normal

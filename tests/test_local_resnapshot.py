@@ -10,9 +10,9 @@ import subprocess
 import pytest
 import yaml
 
+from lakeslot.api.naming import TableName
 from lakeslot.local import config
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.source.tables import TableName
 from lakeslot.verify import checksums
 from tests.support import local_support as ls
 from tests.support.fixtures_pg import connection_settings

@@ -14,10 +14,10 @@ import pytest
 import yaml
 from psycopg import sql
 
+from lakeslot.api.naming import TableName
 from lakeslot.local import observe, state
 from lakeslot.local.tree import alive, descendants
-from lakeslot.mirror.catalogs import load_hadoop_table
-from lakeslot.source.tables import TableName
+from lakeslot.mirror.catalog import load_hadoop_table
 from lakeslot.verify import checksums
 from tests.support import local_support as ls
 from tests.support.fixtures_pg import connection_settings

@@ -20,7 +20,7 @@ from lakeslot.apply import job as apply_job
 from lakeslot.apply import upkeep
 from lakeslot.mirror import maintenance
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.mirror.catalogs import load_hadoop_table
+from lakeslot.mirror.catalog import load_hadoop_table
 from lakeslot.mirror.contract import (
     LSN_PROPERTY,
     MAINTENANCE_AT_PROPERTY,
@@ -28,6 +28,7 @@ from lakeslot.mirror.contract import (
     ORPHANS_AT_PROPERTY,
 )
 from lakeslot.mirror.maintenance import Health, Record, due
+from lakeslot.spark.maintenance import Maintainer
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source, workload_pipeline
 from tests.support.apply_workload import KEYLESS, MAIN, Workload
 
@@ -239,14 +240,14 @@ def test_an_idle_settled_mirror_is_not_looked_at_again_until_a_pass_changes_it(
     looks: list[tuple[int, bool]] = []  # (pass, idle) of each look at MAIN's mirror
     passes: list[apply_job.PassResult] = []
     main = pipeline.job_input().names.mirror_table(MAIN)
-    maintain = maintenance.Maintainer.maintain
+    maintain = Maintainer.maintain
 
     def counted(self, table, name, **options):  # the real maintenance, counted
         if name.endswith(main):
             looks.append((len(passes) + 1, options["idle"]))
         return maintain(self, table, name, **options)
 
-    monkeypatch.setattr(maintenance.Maintainer, "maintain", counted)
+    monkeypatch.setattr(Maintainer, "maintain", counted)
     fast = pipeline.with_spec(apply={"triggerIntervalSeconds": 1})
     fast.start_slot()
     fast.snapshot()
@@ -328,7 +329,7 @@ def test_a_compaction_runs_from_a_thread_without_an_active_spark_session(spark, 
     def compact() -> None:
         spark._jvm.org.apache.spark.sql.SparkSession.clearActiveSession()
         try:
-            outcome.append(maintenance.Maintainer(spark, SPEC).maintain(java_table, table,
+            outcome.append(Maintainer(spark, SPEC).maintain(java_table, table,
                                                                         idle=True))
         except BaseException as e:  # noqa: BLE001 - handed to the assertion below
             outcome.append(e)

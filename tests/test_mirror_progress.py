@@ -4,9 +4,8 @@ truth for snapshot and apply progress (DESIGN.md invariant 1)."""
 from __future__ import annotations
 
 from lakeslot.api.models import PostgresIngestion
-from lakeslot.api.naming import IngestionNames
+from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.source.tables import TableName
 
 
 def test_progress_is_the_current_snapshots_lakeslot_lsn(spark, spark_warehouse, iceberg_namespace):

@@ -26,11 +26,12 @@ from pyiceberg.exceptions import ForbiddenError
 
 from lakeslot import cli, workloads
 from lakeslot.api.models import CatalogSpec
+from lakeslot.api.naming import TableName
 from lakeslot.filesystems import StorageError
 from lakeslot.local import config
-from lakeslot.mirror import catalogs, cuts
+from lakeslot.mirror import catalog as catalogs
+from lakeslot.mirror import cuts
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.source.tables import TableName
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.store import TEMP_PREFIX, Staging
 from lakeslot.verify import checksums

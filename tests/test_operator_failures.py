@@ -21,8 +21,8 @@ from kubernetes.client.exceptions import ApiException
 
 from lakeslot.api.annotations import VERIFY
 from lakeslot.api.models import PostgresIngestion
-from lakeslot.source.tables import TableName
-from lakeslot.status import CHILD_REJECTED, READER_FAILING
+from lakeslot.api.naming import TableName
+from lakeslot.observability.status import CHILD_REJECTED, READER_FAILING
 from lakeslot_operator import child_health, children
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context, reconcile

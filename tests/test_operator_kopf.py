@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 import kubernetes.client
 import pytest
 
+from lakeslot.api.naming import TableName
 from lakeslot.source import slot
-from lakeslot.source.tables import TableName
 from lakeslot_operator.handlers import SKIP_CLEANUP_ANNOTATION, build_registry
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context

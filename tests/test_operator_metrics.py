@@ -22,9 +22,9 @@ import pytest
 from lakeslot import workloads
 from lakeslot.api.models import Condition, PostgresIngestionStatus, ReaderStatus, SlotStatus, TableStatus
 from lakeslot.apply import job as apply_job
-from lakeslot.ingestion_metrics import Sample, samples
 from lakeslot.local import reader_process
-from lakeslot.pgcluster import free_port
+from lakeslot.local.pgcluster import free_port
+from lakeslot.observability.metrics import Sample, samples
 from lakeslot.source import connection
 from lakeslot.staging.store import Staging
 from lakeslot_operator.handlers import build_registry

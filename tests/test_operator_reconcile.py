@@ -18,13 +18,12 @@ import kubernetes.client
 import pytest
 
 from lakeslot import lsn as lsnlib
-from lakeslot.api.naming import IngestionNames
+from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.api.validation import parse_resource
 from lakeslot.mirror.contract import ERROR_LSN_PROPERTY, ERROR_PROPERTY, RESNAPSHOT_AUTOMATIC, RESNAPSHOT_PROPERTY
-from lakeslot.snapshot import progress as snapshot_progress
+from lakeslot.snapshot import report as snapshot_progress
 from lakeslot.source import connection, slot
 from lakeslot.source.slot import SlotHealth
-from lakeslot.source.tables import TableName
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context, reconcile
 from tests.support import operator_env as env

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from lakeslot.api.models import PostgresIngestionStatus, SnapshotSpec, SnapshotStatus
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName
 from lakeslot_operator import scheduling
 from lakeslot_operator.scheduling import Application, Plan, Request
 

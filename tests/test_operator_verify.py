@@ -27,9 +27,9 @@ from psycopg import sql
 from lakeslot import workloads
 from lakeslot.api.annotations import VERIFY, VERIFY_TABLES
 from lakeslot.api.models import PostgresIngestion, VerificationStatus
+from lakeslot.api.naming import TableName
 from lakeslot.cli import build_parser
 from lakeslot.local import reader_process
-from lakeslot.source.tables import TableName
 from lakeslot.verify.report import Keys, Round, TableResult, Verification, result_document
 from lakeslot_operator import children, verification
 from lakeslot_operator.handlers import build_registry

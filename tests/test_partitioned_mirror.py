@@ -14,13 +14,13 @@ import datetime as dt
 import pytest
 from psycopg import sql
 
-from lakeslot import control
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus
-from lakeslot.mirror.catalogs import load_hadoop_table
+from lakeslot.api.naming import TableName
+from lakeslot.control import steps as control
+from lakeslot.mirror.catalog import load_hadoop_table
 from lakeslot.mirror.contract import PARTITION_PROPERTY
+from lakeslot.observability.status import Report
 from lakeslot.snapshot import job as snapshot_job
-from lakeslot.source.tables import TableName
-from lakeslot.status import Report
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source
 from tests.support.operator_env import ingestion_document
 

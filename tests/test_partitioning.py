@@ -28,7 +28,7 @@ from lakeslot.api.partitioning import (
     quote_column,
     type_problems,
 )
-from lakeslot.mirror.partitions import field_name, spec_text
+from lakeslot.spark.partitions import field_name, spec_text
 
 
 @pytest.mark.parametrize(("text", "expected"), [

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 import psycopg
 
-from lakeslot import stream_status as ss
 from lakeslot.local import observe, reader_process
+from lakeslot.observability import reader_status as ss
 from lakeslot.reader.health import Health, classify
 
 URI = "s3://AKIA:secret@bucket/prefix?secret_key=x"

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from lakeslot import lsn as lsn_text
+from lakeslot.api.naming import TableName
 from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
-from lakeslot.pgcluster import free_port
+from lakeslot.local.pgcluster import free_port
 from lakeslot.reader import reader
 from lakeslot.reader.metrics import Metrics
 from lakeslot.reader.writer import SegmentWriter
 from lakeslot.source import slot
-from lakeslot.source.tables import TableName
 from lakeslot.staging import format as segments
 from lakeslot.staging.format import SourceIdentity
 from lakeslot.staging.store import TEMP_PREFIX, Staging

@@ -27,11 +27,11 @@ import kubernetes.client
 import psycopg
 import pytest
 
-from lakeslot import stream_status as ss
 from lakeslot.api.models import PostgresIngestionStatus
 from lakeslot.exits import EXIT_OK
 from lakeslot.local import display, observe
-from lakeslot.pgcluster import free_port
+from lakeslot.local.pgcluster import free_port
+from lakeslot.observability import reader_status as ss
 from lakeslot.staging.store import Staging
 from lakeslot_operator import reader_status
 from lakeslot_operator.kube import Kube

@@ -11,11 +11,11 @@ import pytest
 
 from lakeslot import cli, workloads
 from lakeslot.api.models import PostgresIngestion
+from lakeslot.api.naming import TableName
 from lakeslot.reader import DEFAULT_SEGMENT_MAX_BYTES, reader
 from lakeslot.reader import command as reader_command
 from lakeslot.reader.writer import SegmentWriter
 from lakeslot.source.slot import SlotHealth
-from lakeslot.source.tables import TableName
 from lakeslot.staging import format as segments
 from lakeslot.staging.format import SegmentName, SourceIdentity
 from lakeslot.staging.store import Staging

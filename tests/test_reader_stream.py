@@ -13,9 +13,9 @@ from collections import Counter
 import pyarrow.parquet as pq
 from psycopg import sql
 
+from lakeslot.api.naming import TableName
 from lakeslot.reader import stream
 from lakeslot.reader.metrics import Metrics
-from lakeslot.source.tables import TableName
 from lakeslot.staging import format as segments
 from lakeslot.staging.store import Staging
 from tests.support.odd_names import ODD_COLUMNS, create_odd_tables

@@ -17,8 +17,8 @@ import subprocess
 import pytest
 
 from lakeslot import workloads
+from lakeslot.api.naming import TableName
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.source.tables import TableName
 from tests.support import local_support as ls
 from tests.support.apply_support import assert_equal_to_source
 from tests.support.waiting import wait_for

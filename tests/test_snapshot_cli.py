@@ -14,8 +14,8 @@ import pytest
 
 from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion
+from lakeslot.api.naming import TableName
 from lakeslot.snapshot.job import SnapshotJob
-from lakeslot.source.tables import TableName
 from spark_jobs import snapshot as entry
 from tests.support.operator_env import NAMESPACE, OfflineDatabase, ingestion_document
 from tests.support.snapshot_helpers import snapshot_slots

@@ -22,10 +22,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from lakeslot.api.naming import TableName
 from lakeslot.snapshot import job as snapshot_job
-from lakeslot.snapshot import progress as snapshot_progress
+from lakeslot.snapshot import report as snapshot_progress
 from lakeslot.snapshot.plan import TableRequest
-from lakeslot.source.tables import TableName
 from tests.support.odd_names import ODD_COLUMNS, create_odd_tables
 from tests.support.snapshot_helpers import (
     make_job,

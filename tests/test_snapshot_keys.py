@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pytest
 
+from lakeslot.api.naming import TableName
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.snapshot import plan
-from lakeslot.snapshot.leader import exported_snapshot, import_statements
 from lakeslot.snapshot.plan import TableRequest
 from lakeslot.source import keys
 from lakeslot.source.connection import connect
-from lakeslot.source.tables import TableName, existing
+from lakeslot.source.exported_snapshot import exported_snapshot, import_statements
+from lakeslot.source.tables import existing
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source
 from tests.support.fixtures_pg import Database, connection_settings
 from tests.support.snapshot_helpers import make_job, mirror_rows, source_rows, target_name, without_lsn

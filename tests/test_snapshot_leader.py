@@ -14,7 +14,7 @@ import textwrap
 import psycopg
 import pytest
 
-from lakeslot.snapshot import leader
+from lakeslot.source import exported_snapshot as leader
 from tests.support.fixtures_pg import connection_settings
 from tests.support.snapshot_helpers import snapshot_slots
 from tests.support.waiting import wait_for
@@ -57,7 +57,7 @@ def test_slot_is_gone_after_the_leader_process_is_killed(pgdb, tmp_path):
     ready = tmp_path / "ready"
     script = textwrap.dedent(f"""
         import json, pathlib, time
-        from lakeslot.snapshot import leader
+        from lakeslot.source import exported_snapshot as leader
         from lakeslot.source.connection import ConnectionSettings
         settings = ConnectionSettings(**json.loads({json.dumps(json.dumps(
             {"host": settings.host, "port": settings.port, "dbname": settings.dbname,

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from lakeslot import typemap
-from lakeslot.snapshot import leader, plan
+from lakeslot.api.naming import TableName
+from lakeslot.mirror import typemap
+from lakeslot.snapshot import plan
 from lakeslot.snapshot.plan import PageRange, TableRequest
-from lakeslot.source.tables import TableName
+from lakeslot.source import exported_snapshot as leader
 from tests.support.fixtures_pg import connection_settings
 
 

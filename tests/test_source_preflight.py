@@ -8,8 +8,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from lakeslot.api.naming import TableName
 from lakeslot.source import connection, preflight
-from lakeslot.source.tables import TableName
 from tests.support.fixtures_pg import connection_settings
 from tests.support.odd_names import create_odd_tables
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from lakeslot.api.naming import TableName
 from lakeslot.source import connection, publication
-from lakeslot.source.tables import TableName
 from tests.support.fixtures_pg import connection_settings
 from tests.support.odd_names import ODD_TABLES, create_odd_tables
 

@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from psycopg import pq
 
+from lakeslot.api.naming import TableName
 from lakeslot.source import cleanup, connection, publication, slot
-from lakeslot.source.tables import TableName
 from tests.support.fixtures_pg import connection_settings
 from tests.support.waiting import wait_for
 

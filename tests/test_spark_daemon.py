@@ -1,4 +1,4 @@
-"""Spark's Python workers start through :mod:`lakeslot.spark_daemon`: the archives of the
+"""Spark's Python workers start through :mod:`lakeslot.spark.daemon`: the archives of the
 installed pyspark package leave their path (a cheaper task start), a Spark distribution's and
 everything else stay, and tasks run as before. Real Spark (local mode) for the last part."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from lakeslot.spark_daemon import trimmed
+from lakeslot.spark.daemon import trimmed
 
 
 def _package(root: Path) -> Path:

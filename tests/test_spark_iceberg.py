@@ -13,7 +13,7 @@ from decimal import Decimal
 
 import pytest
 
-from lakeslot.spark_session import with_commit_properties
+from lakeslot.spark.session import with_commit_properties
 from tests.support.fixtures_spark import static_table
 
 UTC = dt.UTC

@@ -1,5 +1,5 @@
 """PostgreSQL's text form parsed in the JVM (:func:`lakeslot.apply.columns.spark_parse`) gives
-what the shared Python parser (:mod:`lakeslot.typemap`, the reference) gives, value for value,
+what the shared Python parser (:mod:`lakeslot.mirror.typemap`, the reference) gives, value for value,
 and flags every value the Python parser rejects; :func:`lakeslot.apply.merge.typed_source`
 parses in the JVM when every column has an exact Spark cast, in Python otherwise or when a value
 is flagged — the same typed rows either way, and the Python parser's definite error for a value
@@ -29,10 +29,11 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import DataType, StructField, StructType
 
-from lakeslot import typemap
 from lakeslot.apply import columns, merge, spread
 from lakeslot.apply.isolation import TRANSIENT
-from lakeslot.mirror.catalog import Tables, TableState
+from lakeslot.mirror import typemap
+from lakeslot.mirror.contract import TableState
+from lakeslot.spark.tables import Tables
 from tests.support.fixtures_spark import CATALOG
 
 # Iceberg type → values as pgoutput sends them (TimeZone UTC, DateStyle ISO, extra_float_digits 3)

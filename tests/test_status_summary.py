@@ -1,4 +1,4 @@
-"""The status summary (lakeslot.status.summary), table-driven: ``Degraded``, ``Ready`` and the
+"""The status summary (lakeslot.observability.status.summary), table-driven: ``Degraded``, ``Ready`` and the
 phase from the other conditions, the tables, the slot and the snapshot. Pure, no I/O; the
 operator and local mode both write what it returns.
 """
@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from lakeslot import status as st
 from lakeslot.api.models import (
     ApplyStatus,
     Condition,
@@ -22,7 +21,8 @@ from lakeslot.api.models import (
     TableState,
     TableStatus,
 )
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName
+from lakeslot.observability import status as st
 from tests.support.operator_env import OfflineDatabase, ingestion_document
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -206,7 +206,7 @@ def test_catching_up_is_relative_to_what_a_change_waits(apply, reader, after):
 
 
 def test_a_failed_snapshot_is_shown_until_the_table_is_copied():
-    """lakeslot.status.snapshot_failures over a reconcile's rows (as table_rows left them)."""
+    """lakeslot.observability.status.snapshot_failures over a reconcile's rows (as table_rows left them)."""
     from lakeslot.mirror.progress import MirrorProgress
 
     a, b, d, e, f = (TableName("s", n) for n in "abdef")

@@ -11,9 +11,9 @@ import yaml
 
 from lakeslot import workloads
 from lakeslot.api.models import TableStatus
+from lakeslot.api.naming import TableName
 from lakeslot.local import observe
-from lakeslot.mirror.catalogs import load_hadoop_table
-from lakeslot.source.tables import TableName
+from lakeslot.mirror.catalog import load_hadoop_table
 from tests.support import local_support as ls
 
 GOOD, DUP = TableName("public", "good"), TableName("public", "dup")

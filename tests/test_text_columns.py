@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pyiceberg.types import DateType, StringType
 
+from lakeslot.api.naming import TableName
 from lakeslot.snapshot import job as snapshot_job
-from lakeslot.source.tables import TableName
 from tests.support.apply_support import Pipeline
 from tests.support.snapshot_helpers import mirror, mirror_rows
 

@@ -22,10 +22,10 @@ import pytest
 from psycopg import sql
 from pyiceberg.types import DecimalType, ListType, StringType, TimestampType, TimestamptzType
 
-from lakeslot import typemap
+from lakeslot.api.naming import TableName
+from lakeslot.mirror import typemap
 from lakeslot.mirror.contract import LSN_COLUMN
 from lakeslot.snapshot.plan import TableRequest
-from lakeslot.source.tables import TableName
 from tests.support.snapshot_helpers import copy_without_spark, read_files
 
 UTC = dt.UTC

@@ -17,8 +17,9 @@ import pytest
 import yaml
 from psycopg import sql
 
-from lakeslot import cli, typemap, workloads
-from lakeslot.source.tables import TableName
+from lakeslot import cli, workloads
+from lakeslot.api.naming import TableName
+from lakeslot.mirror import typemap
 from lakeslot.staging.format import (
     METADATA_KEY,
     SCHEMA,

@@ -60,7 +60,18 @@ DENIED_SPARK_CONF: dict[str, str] = {
     "spark.kubernetes.namespace": "applications run in the ingestion's namespace",
 }
 
-# Keys lakeslot writes into every SparkApplication (lakeslot.spark_conf.iceberg_conf and the
+# Defaults ``sparkConf`` may override (the reference page's "Spark configuration keys" lists them):
+TUNING = {
+    # Python workers start without the archives Spark puts on their path (25 ms less a task)
+    "spark.python.daemon.module": "lakeslot.spark.daemon",
+    # the apply job's MERGE joins the mirror (right outer) with the changes: a shuffled hash
+    # join building the changes' side when every partition of it is at most this (64 MB,
+    # AQE's advisory partition size, the least it takes), not a sort of both sides — 5M-row
+    # table, 100k changes: 2.0 s against 3.3-4.0 s; a bigger side sorts as before
+    "spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold": "64m",
+}
+
+# Keys lakeslot writes into every SparkApplication (lakeslot.spark.conf.iceberg_conf and the
 # operator's Secret and environment wiring).
 RESERVED_SPARK_CONF = (
     "spark.sql.extensions",

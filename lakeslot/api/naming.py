@@ -1,6 +1,12 @@
-"""Names lakeslot derives: default publication and slot names, and Iceberg table names.
+"""Names: a source table's name, and the names lakeslot derives from the resource — default
+publication and slot names, and Iceberg table names.
 
 Pure functions, no I/O.
+
+A :class:`TableName` is a pair of raw identifiers (no quoting inside): ``schema`` and ``name``
+may hold quotes, spaces, upper case, unicode or reserved words. Rendering for SQL goes through
+``psycopg.sql.Identifier`` only; rendering for humans (messages, status) quotes like PostgreSQL's
+``quote_ident`` (:func:`quote_ident`) so that the text can be pasted into ``psql``.
 
 Default publication and slot name (when the spec leaves them empty): ``lakeslot_<namespace>_<name>``
 with every character outside ``[a-z0-9_]`` replaced by ``_``. Invariants:
@@ -37,13 +43,48 @@ import hashlib
 import re
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import NamedTuple
+
+from psycopg import sql
 
 from lakeslot.api.models import PostgresIngestion, SourceSpec
 from lakeslot.api.types import IDENTIFIER_MAX_BYTES
 
-if TYPE_CHECKING:
-    from lakeslot.source.tables import TableName
+_PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
+
+
+def quote_ident(name: str) -> str:
+    """Quote for humans like PostgreSQL's ``quote_ident``: plain lower-case names that are not
+    reserved stay bare, everything else is double-quoted with inner quotes doubled. (SQL we run
+    never uses this: it uses ``psycopg.sql.Identifier``.)"""
+    if _PLAIN_IDENTIFIER.fullmatch(name) and name not in _RESERVED:
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+# PostgreSQL's reserved and type/function-name keywords: plain-looking, yet quoted by quote_ident.
+_RESERVED = frozenset(
+    "all analyse analyze and any array as asc asymmetric authorization binary both case cast "  # noqa: SIM905 - words read best as words
+    "check collate collation column concurrently constraint create cross current_catalog "
+    "current_date current_role current_schema current_time current_timestamp current_user "
+    "default deferrable desc distinct do else end except false fetch for foreign freeze from "
+    "full grant group having ilike in initially inner intersect into is isnull join lateral "
+    "leading left like limit localtime localtimestamp natural not notnull null offset on only or "
+    "order outer overlaps placing primary references returning right select session_user "
+    "similar some symmetric system_user table tablesample then to trailing true union unique "
+    "user using variadic verbose when where window with".split())
+
+
+class TableName(NamedTuple):
+    schema: str
+    name: str
+
+    def sql(self) -> sql.Identifier:
+        return sql.Identifier(self.schema, self.name)
+
+    def __str__(self) -> str:
+        return f"{quote_ident(self.schema)}.{quote_ident(self.name)}"
+
 
 PREFIX = "lakeslot"
 HASH_DIGITS = 8

@@ -23,12 +23,12 @@ from lakeslot.api.cluster import (
     DENIED_SPARK_CONF,
     RESERVED_SPARK_CONF,
     RESERVED_SPARK_CONF_PREFIXES,
+    TUNING,
 )
 from lakeslot.api.crd import PRINTER_COLUMNS, openapi_schema
 from lakeslot.api.models import API_VERSION, CONDITION_TYPES, KIND, SHORT_NAMES
 from lakeslot.api.naming import HASH_DIGITS, default_replication_name
 from lakeslot.api.types import IDENTIFIER_MAX_BYTES
-from lakeslot.spark_conf import TUNING
 
 Node = dict[str, Any]
 

@@ -30,6 +30,7 @@ from lakeslot.api.crd import resource_schema
 from lakeslot.api.models import GROUP, KIND, PostgresIngestion
 from lakeslot.api.naming import (
     IngestionNames,
+    TableName,
     collision_fix,
     effective_publication_name,
     effective_slot_name,
@@ -38,7 +39,6 @@ from lakeslot.api.naming import (
 from lakeslot.api.paths import Location, format_path, parse_path, schema_at
 from lakeslot.api.reference import expectation
 from lakeslot.api.rules import RULE_ERROR, transition_violations
-from lakeslot.source.tables import TableName
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The apply job: sealed change segments → Iceberg mirror tables (and changelog tables).
 
-It reads staging through :mod:`lakeslot.staging` and writes through :mod:`lakeslot.mirror.catalog`
+It reads staging through :mod:`lakeslot.staging` and writes through :mod:`lakeslot.spark.tables`
 (positions, empty commits, schema updates, error marks).
 
 - :mod:`.changes` — reading the segment chain and reducing each table's changes (pure Python).

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from lakeslot import lsn as lsn_text
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName
 from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName
 from lakeslot.staging.relations import Relation
 

@@ -4,7 +4,7 @@ relation description means for the mirror's schema.
 Invariants:
 
 - Values are parsed by the type the mirror column HAS (:func:`parser`), through the shared
-  :mod:`lakeslot.typemap` (same parsers as the snapshot's text reads). So a column the snapshot
+  :mod:`lakeslot.mirror.typemap` (same parsers as the snapshot's text reads). So a column the snapshot
   kept as text stays text, a column promoted to ``long`` parses as ``int8``, and one mapping
   decides both paths.
 - A relation description is compared with the mirror by the Iceberg type each column maps to
@@ -25,7 +25,7 @@ Invariants:
   parser rejects it flags, with the same reason (``tests/test_spark_parse.py`` checks the two
   side by side).
 
-Failure mode: :class:`lakeslot.typemap.MappingError` (unsupported type) becomes a definite error of
+Failure mode: :class:`lakeslot.mirror.typemap.MappingError` (unsupported type) becomes a definite error of
 the table, marked for re-snapshot with the column excluded or fixed.
 """
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pyiceberg.types import DecimalType, IcebergType, ListType
 from pyspark.sql import types as spark_types
 
-from lakeslot import typemap
+from lakeslot.mirror import typemap
 from lakeslot.staging.relations import Column, Relation
 
 # The PostgreSQL type whose text parser yields each Iceberg primitive (typemap's codecs).
@@ -77,7 +77,7 @@ class SparkParse:
 
     value: str
     rejected: str | None  # true where :func:`parser` rejects the value; None: it never does
-    reason: str  # a string: why, in :class:`lakeslot.typemap.UnmappableValue`'s words
+    reason: str  # a string: why, in :class:`lakeslot.mirror.typemap.UnmappableValue`'s words
 
 
 def sql_text(value: str) -> str:

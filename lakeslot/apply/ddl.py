@@ -46,11 +46,11 @@ from dataclasses import dataclass, replace
 from pyiceberg.types import IcebergType
 
 from lakeslot import lsn as lsn_text
-from lakeslot import typemap
+from lakeslot.api.naming import TableName
 from lakeslot.apply.columns import same_type, widens
+from lakeslot.mirror import typemap
 from lakeslot.source.ddl_capture import DdlEvent, SourceColumn
 from lakeslot.source.facts import TableFacts
-from lakeslot.source.tables import TableName
 from lakeslot.staging.relations import Relation
 
 INT2, INT4, INT8, FLOAT4, FLOAT8 = 21, 23, 20, 700, 701
@@ -92,7 +92,7 @@ def replay(table: TableName, facts: TableFacts, events: Iterable[DdlEvent],
            excluded: Sequence[str] = (), text_columns: Sequence[str] = ()) -> Plan:
     """The plan for ``events`` (the batch's messages, in stream order) of ``table``, whose facts
     are ``facts`` and whose mirror has ``mirror`` (column → type). ``iceberg_of``: the mirror type
-    of a source column (raises :class:`lakeslot.typemap.MappingError`)."""
+    of a source column (raises :class:`lakeslot.mirror.typemap.MappingError`)."""
     replayer = _Replayer(table, facts, dict(mirror), iceberg_of, set(excluded), set(text_columns))
     try:
         for event in events:

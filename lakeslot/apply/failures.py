@@ -19,16 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from lakeslot import typemap
-from lakeslot.api.naming import IngestionNames
+from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.api.partitioning import PartitionSpecError
 from lakeslot.apply import isolation, merge
 from lakeslot.apply.changes import TableError
 from lakeslot.apply.isolation import TRANSIENT
 from lakeslot.apply.outcomes import TableOutcome, Totals, now_text
-from lakeslot.mirror.catalog import Tables
-from lakeslot.source.tables import TableName
-from lakeslot.spark_session import error_summary
+from lakeslot.mirror import typemap
+from lakeslot.spark.session import error_summary
+from lakeslot.spark.tables import Tables
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
 

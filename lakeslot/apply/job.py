@@ -54,7 +54,7 @@ never behind it: after a crash between the two it is skipped, and the mirror cat
 Errors (every table is its own failure domain: :mod:`lakeslot.apply.isolation`):
 
 - Definite (:class:`lakeslot.apply.changes.TableError`, unmappable values): recorded on the table
-  (``lakeslot.apply-error`` and friends, see :mod:`lakeslot.mirror.catalog`) and in the status
+  (``lakeslot.apply-error`` and friends, see :mod:`lakeslot.spark.tables`) and in the status
   document; that table stops, the others go on. ``resnapshot``: the way out is a re-snapshot,
   which lifts the error by moving the table's position.
 - Any other error of one table's work (a Spark analysis error, an executor's exception, a failed
@@ -91,15 +91,16 @@ from pyiceberg.schema import Schema
 from pyiceberg.types import LongType, NestedField, StringType
 from pyspark.sql import functions as F
 
-from lakeslot import cadence, typemap
+from lakeslot import cadence
 from lakeslot import lsn as lsn_text
+from lakeslot.api.naming import TableName
 from lakeslot.apply import changes, columns, ddl, merge, spread, warmup
 from lakeslot.apply.changes import TableError
 from lakeslot.apply.failures import Exhausted, Failures
 from lakeslot.apply.isolation import halves
 from lakeslot.apply.outcomes import ApplyResult, Hooks, PassResult, Steps, TableOutcome, Totals, now_text
 from lakeslot.apply.upkeep import EXPIRE_INTERVAL_S, Upkeep
-from lakeslot.mirror.catalog import Tables, TableState
+from lakeslot.mirror import typemap
 from lakeslot.mirror.contract import (
     BACKFILL_PROPERTY,
     LSN_COLUMN,
@@ -108,6 +109,7 @@ from lakeslot.mirror.contract import (
     SCHEMA_CHANGE_PROPERTY,
     SEQ_COLUMN,
     SOURCE_FACTS_PROPERTY,
+    TableState,
     ownership,
     ownership_problem,
     table_properties,
@@ -115,8 +117,9 @@ from lakeslot.mirror.contract import (
 from lakeslot.source import ddl_capture, facts, keys
 from lakeslot.source.columns import DescribeError, TypeCache, describe
 from lakeslot.source.connection import application_name, connect
-from lakeslot.source.tables import TableName, existing
-from lakeslot.spark_session import error_summary, make_active
+from lakeslot.source.tables import existing
+from lakeslot.spark.session import error_summary, make_active
+from lakeslot.spark.tables import Tables
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.relations import Column, Relation
 from lakeslot.staging.store import Staging

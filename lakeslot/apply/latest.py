@@ -56,7 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.relations import Relation
 from lakeslot.staging.store import Staging

@@ -34,11 +34,11 @@ from pyspark import StorageLevel
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
-from lakeslot import typemap
 from lakeslot.apply import columns
 from lakeslot.apply.changes import TableError
-from lakeslot.mirror.catalog import TableState, quote
-from lakeslot.mirror.contract import LSN_COLUMN, OP_COLUMN, SEQ_COLUMN
+from lakeslot.mirror import typemap
+from lakeslot.mirror.contract import LSN_COLUMN, OP_COLUMN, SEQ_COLUMN, TableState
+from lakeslot.spark.tables import quote
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from lakeslot import lsn as lsn_text
+from lakeslot.api.naming import TableName
 from lakeslot.apply import spread
-from lakeslot.source.tables import TableName
 
 POINTS = ("batch-read", "after-evolve", "after-changelog", "before-merge", "after-merge",
           "after-tables", "before-maintenance", "after-retention")
@@ -79,7 +79,7 @@ class ApplyResult:
 @dataclass
 class Totals:
     """What the job did since it started, for counters (the status document's ``totals``; the
-    operator exports them, :mod:`lakeslot.ingestion_metrics`): they only grow while the job
+    operator exports them, :mod:`lakeslot.observability.metrics`): they only grow while the job
     lives and start again at 0 with a new job (``startedAt`` says when), as Prometheus counters
     do after a restart."""
 

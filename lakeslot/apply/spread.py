@@ -71,6 +71,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from lakeslot.api.naming import TableName
 from lakeslot.apply import ddl, latest
 from lakeslot.apply.changes import (
     BOTH,
@@ -86,7 +87,6 @@ from lakeslot.apply.changes import (
 )
 from lakeslot.apply.latest import NOTHING, Unit
 from lakeslot.source.ddl_capture import PREFIX as DDL_PREFIX
-from lakeslot.source.tables import TableName
 from lakeslot.staging.format import SegmentName, chain, tuple_of
 from lakeslot.staging.relations import Relation
 from lakeslot.staging.store import Staging

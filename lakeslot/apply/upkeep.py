@@ -18,14 +18,14 @@ import time
 from collections.abc import Iterator
 
 from lakeslot import lsn as lsn_text
+from lakeslot.api.naming import TableName
 from lakeslot.apply import isolation
 from lakeslot.apply.isolation import TRANSIENT
 from lakeslot.apply.outcomes import Hooks, TableOutcome, Totals
-from lakeslot.mirror import maintenance
-from lakeslot.mirror.catalog import Tables
 from lakeslot.mirror.contract import history_age_s
-from lakeslot.source.tables import TableName
-from lakeslot.spark_session import error_summary
+from lakeslot.spark.maintenance import Maintainer
+from lakeslot.spark.session import error_summary
+from lakeslot.spark.tables import Tables
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.store import Staging
 
@@ -43,7 +43,7 @@ class Upkeep:
                  totals: Totals, expire_interval_s: float = EXPIRE_INTERVAL_S) -> None:
         self.spec, self.tables, self.staging, self.hooks, self.totals = (spec, tables, staging,
                                                                          hooks, totals)
-        self.maintainer = maintenance.Maintainer(spark, spec.sink.maintenance)
+        self.maintainer = Maintainer(spark, spec.sink.maintenance)
         self.expire_interval_s = expire_interval_s
         self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
         self._looked: dict[str, float] = {}  # table → monotonic time maintenance last looked

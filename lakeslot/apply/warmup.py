@@ -14,9 +14,9 @@ the maintenance before it). :func:`warm_up` pays it before the first pass instea
    apply path's own plan — reduced rows made by a Python task, persisted and asked for their
    ``X``/``R``/``L`` rows by the reduce's :func:`lakeslot.apply.spread.persisted` — and its own
    functions (:func:`lakeslot.apply.merge.typed_source`, ``merge_sql``,
-   :meth:`lakeslot.mirror.catalog.Tables.commit_sql`) on a scratch table of the common column
+   :meth:`lakeslot.spark.tables.Tables.commit_sql`) on a scratch table of the common column
    types, in a hadoop catalog of its own (:data:`CATALOG`) under a temporary directory, then
-   the compaction their delete files call for, by :class:`lakeslot.mirror.maintenance.Maintainer`
+   the compaction their delete files call for, by :class:`lakeslot.spark.maintenance.Maintainer`
    as a quiet mirror's (no orphan-file removal: that runs once a day).
 
 Invariants: the warm-up never touches the ingestion's catalog, tables or staging — the scratch
@@ -26,7 +26,7 @@ writes nothing anyone reads.
 Failure modes: the warm-up is an optimisation. Any error in it is logged and the job goes on
 (cold); it never fails the job. On a cluster (executors in pods of their own, which cannot read
 the driver's temporary directory) only step 1 runs, and the first passes are reported as
-catching up while they are slow (:mod:`lakeslot.freshness`).
+catching up while they are slow (:mod:`lakeslot.observability.freshness`).
 """
 
 from __future__ import annotations
@@ -44,12 +44,12 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
-from lakeslot import typemap
 from lakeslot.api.models import MaintenanceSpec
 from lakeslot.apply import latest, merge, spread
-from lakeslot.mirror import maintenance
-from lakeslot.mirror.catalog import Tables
+from lakeslot.mirror import typemap
 from lakeslot.mirror.contract import table_properties
+from lakeslot.spark.maintenance import Maintainer
+from lakeslot.spark.tables import Tables
 
 log = logging.getLogger(__name__)
 CATALOG = "lakeslot_warmup"  # a prefix: each warm-up's catalog has a name of its own
@@ -139,7 +139,7 @@ def _scratch_work(spark, directory: str | Path | None) -> tuple[int, bool]:
                 reduced.unpersist()
             merges += 1
             log.debug("warm-up MERGE %d: %.2f s", merges, time.monotonic() - began)
-        maintainer = maintenance.Maintainer(spark, MaintenanceSpec(orphan_file_age_hours=0))
+        maintainer = Maintainer(spark, MaintenanceSpec(orphan_file_age_hours=0))
         compacted = maintainer.maintain(tables.iceberg_table(TABLE), TABLE, idle=True) is not None
     finally:
         for key in conf:

@@ -2,7 +2,7 @@
 status``, ``lakeslot demo``).
 
 - ``config``: the ingestion file, secrets from the environment or an env file, the state directory.
-- ``run``: the pipeline — the operator's steps (:mod:`lakeslot.control`), then the reader as a
+- ``run``: the pipeline — the operator's steps (:mod:`lakeslot.control.steps`), then the reader as a
   child process, the snapshot and the apply job in a Spark ``local[*]`` session; graceful stop.
 - ``reader_process`` / ``deathsig``: the reader child, which never outlives the run.
 - ``state``: the run lock (one run per ingestion) and what the active run started.

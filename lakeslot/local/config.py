@@ -40,8 +40,7 @@ from pathlib import Path
 from lakeslot import workloads
 from lakeslot.api import validation
 from lakeslot.api.models import PostgresIngestion
-from lakeslot.api.naming import IngestionNames
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import IngestionNames, TableName
 
 _ENV_LINE = re.compile(r"(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*)")
 

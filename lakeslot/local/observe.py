@@ -1,10 +1,10 @@
 """The status of a locally run ingestion: the operator's status model, computed from the world.
 
 ``lakeslot status`` prints it and ``lakeslot run`` shows it live. Sources of truth, as for the
-operator (:mod:`lakeslot.status` builds the model): the source database (preflight, read-only;
+operator (:mod:`lakeslot.observability.status` builds the model): the source database (preflight, read-only;
 the slot's health and ``confirmed_flush_lsn`` = the reader's durable LSN; the current WAL LSN),
 each mirror table's ``lakeslot.lsn`` in Iceberg, the sealed segments in staging (changes not yet
-applied per table, and the commit time of the first one: freshness, :mod:`lakeslot.freshness`;
+applied per table, and the commit time of the first one: freshness, :mod:`lakeslot.observability.freshness`;
 the snapshot's progress document), and the state directory (is a run active — the run lock —,
 the reader's status file, the selection the run last recorded: a table no longer selected since
 is ``Removed``).
@@ -19,7 +19,7 @@ exceptions; so ``lakeslot status`` always prints a status.
 Local-mode reasons next to the operator's: ``SlotMissing`` (SlotReady: no run created the slot
 yet), ``NotSnapshotted`` (SnapshotComplete: tables without a snapshot and no run copying them),
 ``ReaderNotReady`` says "no local run is active" or the reader's definite error. A reader that
-runs but retries a transient error (its status file, :mod:`lakeslot.stream_status`, says
+runs but retries a transient error (its status file, :mod:`lakeslot.observability.reader_status`, says
 ``retrying``) makes ``Streaming`` False with the reader's reason — ``StagingUnwritable``,
 ``SourceUnreachable``, ``ReaderRetrying`` — and its error, until it makes progress again.
 """
@@ -31,15 +31,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from lakeslot import control, freshness, stream_status
-from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestionStatus, SnapshotStatus
+from lakeslot.api.naming import TableName
+from lakeslot.control import steps as control
 from lakeslot.local import state
 from lakeslot.local.config import Local
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.progress import MirrorProgress
-from lakeslot.snapshot import progress as snapshot_progress
-from lakeslot.source.tables import TableName
+from lakeslot.observability import freshness
+from lakeslot.observability import reader_status as stream_status
+from lakeslot.observability import status as st
+from lakeslot.snapshot import report as snapshot_progress
 from lakeslot.staging import apply_status
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.store import Staging

@@ -45,9 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lakeslot import lsn as lsnlib
-from lakeslot import stream_status, workloads
+from lakeslot import workloads
 from lakeslot.local import deathsig, tree
 from lakeslot.local.config import Local
+from lakeslot.observability import reader_status as stream_status
 from lakeslot.source import connection
 
 STOP_TIMEOUT_S = 60.0

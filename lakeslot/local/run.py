@@ -1,7 +1,7 @@
 """``lakeslot run``: one ingestion on this machine, without Kubernetes.
 
 The same steps as the operator's reconcile, in order, with the same conditions and messages
-(:mod:`lakeslot.status`): preflight and publication sync, the permanent slot (created before any
+(:mod:`lakeslot.observability.status`): preflight and publication sync, the permanent slot (created before any
 snapshot, DESIGN.md rule 2; a holder other than this run's reader is evicted), then
 
 1. the reader, a child process (:mod:`.reader_process`), streaming the slot into staging from the
@@ -13,13 +13,13 @@ snapshot, DESIGN.md rule 2; a holder other than this run's reader is evicted), t
    mirror tables, until stopped.
 
 While it streams, the selection is watched: every ``Options.selection_interval`` seconds (10)
-one catalog query (:func:`lakeslot.control.selection_fingerprint`) on a connection of its own
+one catalog query (:func:`lakeslot.control.steps.selection_fingerprint`) on a connection of its own
 tells whether the tables of ``spec.source.schemas`` (or the listed ones), or their replica
 identities, changed; only then are the source steps (preflight, publication sync) taken again.
 
 - A table that joins (created in a selected schema, or now usable) is added to the publication,
   the apply job is restarted with it (it waits for its snapshot, which holds staging's retention),
-  and then it is copied alone, online, with the re-snapshot machinery (:mod:`lakeslot.resnapshot`,
+  and then it is copied alone, online, with the re-snapshot machinery (:mod:`lakeslot.control.resnapshot`,
   the snapshot job for that subset) from a snapshot taken after it joined: the rows written
   before it joined are in no stream. The other tables keep streaming. A copy that fails is retried
   after a backoff (30 s, doubled per failure, at most an hour); meanwhile the table is Pending.
@@ -63,11 +63,11 @@ without a finished pass, any other error, or the Spark JVM gone (a session canno
 this process) end the run with exit 1 — a supervisor's restart resumes it.
 
 Metrics (``--metrics-port``, :attr:`Options.metrics_port`): ``/metrics`` serves the operator's
-gauges of the ingestion (:mod:`lakeslot.ingestion_metrics`: slot, lag, freshness, conditions, per
+gauges of the ingestion (:mod:`lakeslot.observability.metrics`: slot, lag, freshness, conditions, per
 table), labelled with the ingestion file's namespace and name, computed from the status each
 supervision tick computes (every ``Options.interval`` seconds) and the jobs' documents — what
 ``lakeslot status`` prints, in numbers. A tick whose status cannot be computed keeps the last
-values; none refreshed for :data:`~lakeslot.ingestion_metrics.MAX_AGE_S` disappear. The
+values; none refreshed for :data:`~lakeslot.observability.metrics.MAX_AGE_S` disappear. The
 operator's counters (reconciles, evictions) and the reader's own metrics are not served: a
 local run has no reconcile, and its reader runs without a port (two runs would fight over it).
 A port that cannot be bound fails the run before anything starts (exit 2).
@@ -93,16 +93,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TextIO
 
-from lakeslot import control, ingestion_metrics, metrics_http, resnapshot
 from lakeslot import lsn as lsnlib
-from lakeslot import status as st
 from lakeslot.api.models import PostgresIngestionStatus, TableStatus
+from lakeslot.api.naming import TableName
+from lakeslot.control import resnapshot
+from lakeslot.control import steps as control
 from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from lakeslot.local import observe, reader_process, state, tree
 from lakeslot.local.config import Local
 from lakeslot.local.display import Display
+from lakeslot.observability import http as metrics_http
+from lakeslot.observability import metrics as ingestion_metrics
+from lakeslot.observability import status as st
 from lakeslot.source import connection
-from lakeslot.source.tables import TableName
 
 if TYPE_CHECKING:  # pyspark is imported only once a run needs Spark
     from wsgiref.simple_server import WSGIServer
@@ -171,7 +174,7 @@ def spark_session(local: Local, tables: list[TableName], *, master: str = "local
     Spark's own log in ``spark.log`` of the state directory (the JVM inherits the stderr it is
     started with: it is pointed there while the JVM starts, so Spark's logging never mixes with
     the progress display)."""
-    from lakeslot.spark_session import job_session
+    from lakeslot.spark.session import job_session
 
     local.state_dir.mkdir(parents=True, exist_ok=True)
     with open(local.path("spark.log"), "ab") as spark_log:
@@ -547,7 +550,7 @@ class _Session:
         def in_session() -> object:
             # SQL conf (the Iceberg catalog) is the JVM thread's active session's: a new
             # thread has none until it is set.
-            from lakeslot.spark_session import make_active
+            from lakeslot.spark.session import make_active
 
             make_active(spark)
             return target()
@@ -571,7 +574,7 @@ class _Session:
         self._resnapshot()
 
     def _resnapshot(self) -> _Worker | None:
-        """Start copying, online, the tables :func:`lakeslot.resnapshot.decide` wants again and
+        """Start copying, online, the tables :func:`lakeslot.control.resnapshot.decide` wants again and
         the joined tables without a mirror that the apply job already waits for (unless a copy
         is running); the worker, or None when nothing is to be copied. The mirrors are read once
         per finished apply pass, not on every supervision tick: only a pass marks a table, and
@@ -658,7 +661,7 @@ class _Session:
         that handles it starts, until its copy moves its position: a definite error at its
         position, which the copy lifts (DESIGN.md invariant 8: its mirror misses what changed
         while it was out, so changes must not be applied on top of it meanwhile)."""
-        from lakeslot.mirror.catalog import Tables
+        from lakeslot.spark.tables import Tables
 
         sink = self.local.ingestion.spec.sink
         mirrors = Tables(self.spark, sink.catalog.name, sink.namespace)
@@ -693,7 +696,7 @@ class _Session:
     # the selection -------------------------------------------------------------------------
 
     def _selection_fingerprint(self) -> tuple | None:
-        """:func:`lakeslot.control.selection_fingerprint` on the run's own connection, opened
+        """:func:`lakeslot.control.steps.selection_fingerprint` on the run's own connection, opened
         once and again after a failure; None when the source cannot answer now."""
         import psycopg
 

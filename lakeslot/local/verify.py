@@ -24,9 +24,9 @@ from datetime import UTC, datetime
 
 import psycopg
 
-from lakeslot import typemap
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.exits import EXIT_FAILED, EXIT_USAGE
+from lakeslot.mirror import typemap
 from lakeslot.source.connection import application_name, connect
 from lakeslot.source.tables import selected
 from lakeslot.staging.format import GapError

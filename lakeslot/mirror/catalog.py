@@ -1,424 +1,168 @@
-"""The mirror tables through the Spark session's Iceberg catalog (Java, via py4j) and Spark SQL:
-how the snapshot and apply jobs create, replace, evolve and commit to them. Works with any catalog
-type Spark is configured with, since it goes through Spark's own catalog object.
+"""``sink.catalog`` translated for both readers of the mirror tables, side by side: Spark's
+Iceberg ``SparkCatalog`` (the jobs) and pyiceberg (the operator, ``lakeslot status`` and
+``lakeslot verify``, which read without a JVM).
 
 Invariants:
 
-- Every commit that moves a table's position carries ``lakeslot.lsn`` in its snapshot summary
-  (DESIGN.md rule 1): the snapshot's create/replace transaction (:meth:`MirrorWrite.commit`), the
-  MERGE (:meth:`Tables.commit_sql`, through ``with_commit_properties``), the changelog append,
-  and the empty append that advances an idle table (:meth:`Tables.advance`, a snapshot with no
-  data change: readers and :mod:`lakeslot.mirror.progress` see the new position, no data is
-  rewritten). A statement that Iceberg turns into no commit at all (nothing changed) is followed
-  by such an empty append, so the position always reaches the batch end.
-- A snapshot of a table is ONE Iceberg transaction: ``createTransaction`` when the table does
-  not exist, ``replaceTransaction`` when it does (a re-snapshot, or an empty table created
-  beforehand). It sets the schema (:func:`lakeslot.typemap.mirror_schema`: format v2, identifier
-  fields = the key, ``_lakeslot_lsn``), the table properties, and appends every data file the
-  followers wrote, then sets the partition spec of ``partitionBy``
-  (:mod:`lakeslot.mirror.partitions`). Readers see either the old table (or none) or the
-  complete copy; a job that dies before the commit leaves nothing behind in the catalog.
-- Which tables are snapshotted (:meth:`Catalog.state`): generation ``g`` when the property
-  ``lakeslot.snapshot-generation`` is ``g`` (set in the same commit as the data), or generation
-  0 when its snapshot lineage carries ``lakeslot.lsn`` (a table snapshotted before the property
-  existed).
-- Schema changes (add column, promote type) are metadata commits without a snapshot; they are
-  idempotent (a rerun after a crash finds them done and skips them). A column PostgreSQL added
-  with a default holds that value in every existing row without any change being logged: the
-  same commit that adds it records the value in ``lakeslot.backfill`` (:meth:`Tables.evolve`);
-  the apply job fills the existing rows and then removes the marker.
-- A definite error of the apply job is recorded on the table itself (:meth:`Tables.record_error`,
-  see :mod:`lakeslot.mirror.contract` for when it is in force).
-- Tables are re-read (``refresh``) before every decision: another job (a re-snapshot) may have
-  committed since, and Spark's catalog caches table objects.
+- Both translations take the same spec and the same Secret-backed values (``secretProperties``,
+  resolved by the caller: from the environment in jobs and local mode, from Kubernetes Secrets in
+  the operator) and give the catalog the same properties.
+- Secret values are never part of the static Spark conf (:func:`spark_conf`, which the operator
+  writes into SparkApplications): the jobs set them on the running session
+  (:func:`spark_secret_conf`), before the catalog's first use loads it.
+- A hadoop catalog is read by pyiceberg from its metadata files (``version-hint.text`` names the
+  current ``v<N>.metadata.json``): pyiceberg has no hadoop catalog, and cannot write one.
 
-Failure modes: an existing table with data and no lakeslot marks is refused by the snapshot (it
-is not ours: replacing it would destroy someone's data); a concurrent commit to the same table
-makes Iceberg retry or fail; catalog and Spark errors surface as ``py4j`` errors
-(``Py4JJavaError``) with Iceberg's message: callers treat them as transient and retry.
+Failure modes: :func:`load_table` returns None for a table that does not exist; a catalog or
+warehouse that refuses or cannot be reached raises :class:`CatalogAccessError` naming the setting to
+fix (REST: refused credentials, 401, 403, 404, no connection; the object store: refused keys, a
+missing bucket, an unreachable endpoint), else the library's error; callers report it as a
+condition. A SeaweedFS REST catalog answers an unknown warehouse like a missing table.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from pathlib import Path
 
-from pyiceberg.schema import Schema
-from pyiceberg.types import IcebergType, ListType
-
-from lakeslot.api.partitioning import PartitionField, PartitionSpecError, type_problems
-from lakeslot.mirror import partitions
-from lakeslot.mirror.contract import (
-    BACKFILL_PROPERTY,
-    ERROR_LSN_PROPERTY,
-    ERROR_PROPERTIES,
-    ERROR_PROPERTY,
-    FAILURES_PROPERTY,
-    GENERATION_PROPERTY,
-    LSN_PROPERTY,
-    MAX_SNAPSHOT_AGE_PROPERTY,
-    OWN_COLUMNS,
-    PARTITION_PROPERTY,
-    RESNAPSHOT_AUTOMATIC,
-    RESNAPSHOT_PROPERTY,
-    RESNAPSHOT_SUMMARY,
-    RETRY_AT_PROPERTY,
-    SNAPSHOT_LSN_PROPERTY,
-    apply_error,
+from pyiceberg.exceptions import (
+    ForbiddenError,
+    NoSuchTableError,
+    OAuthError,
+    RESTError,
+    ServiceUnavailableError,
+    UnauthorizedError,
 )
-from lakeslot.spark_session import with_commit_properties
+from pyiceberg.io import load_file_io
+from pyiceberg.table import StaticTable, Table
 
-MiB = 1 << 20
-CODECS = {"uncompressed": "none"}
+from lakeslot.api.models import CatalogSpec
+from lakeslot.filesystems import explain
 
-
-@dataclass(frozen=True)
-class WriteOptions:
-    """How data files of a table are written (from its ``write.*`` properties)."""
-
-    compression: str = "zstd"
-    compression_level: int | None = None
-    row_group_bytes: int = 128 * MiB
-    target_file_bytes: int = 512 * MiB
-
-
-@dataclass(frozen=True)
-class MirrorState:
-    exists: bool
-    generation: int | None = None  # the snapshot generation, None when never snapshotted
-    has_data: bool = False
-    snapshot_lsn: int | None = None  # lakeslot.snapshot-lsn: where the last snapshot was taken
-    properties: Mapping[str, str] = field(default_factory=dict)  # the table's, when it exists
+# How each sink.catalog.type is configured in Iceberg's SparkCatalog.
+CATALOG_IMPLEMENTATIONS: dict[str, dict[str, str]] = {
+    "hadoop": {"type": "hadoop"},
+    "hive": {"type": "hive"},
+    "rest": {"type": "rest"},
+    "jdbc": {"catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog"},
+    "glue": {"catalog-impl": "org.apache.iceberg.aws.glue.GlueCatalog",
+             "io-impl": "org.apache.iceberg.aws.s3.S3FileIO"},
+}
 
 
-class Catalog:
-    def __init__(self, spark, name: str) -> None:
-        self._spark, self._name = spark, name
-        self._gateway = spark.sparkContext._gateway
-        self._jvm = spark.sparkContext._jvm
-        self._catalog = (spark._jsparkSession.sessionState().catalogManager().catalog(name)
-                         .icebergCatalog())
-
-    def _namespace(self, namespace: str):
-        levels = namespace.split(".")
-        array = self._gateway.new_array(self._jvm.java.lang.String, len(levels))
-        for i, level in enumerate(levels):
-            array[i] = level
-        return self._jvm.org.apache.iceberg.catalog.Namespace.of(array)
-
-    def _identifier(self, namespace: str, table: str):
-        return self._jvm.org.apache.iceberg.catalog.TableIdentifier.of(self._namespace(namespace),
-                                                                       table)
-
-    def ensure_namespace(self, namespace: str) -> None:
-        levels = ".".join(f"`{level.replace('`', '``')}`" for level in namespace.split("."))
-        self._spark.sql(f"CREATE NAMESPACE IF NOT EXISTS `{self._name}`.{levels}")
-
-    def state(self, namespace: str, table: str) -> MirrorState:
-        ident = self._identifier(namespace, table)
-        if not self._catalog.tableExists(ident):
-            return MirrorState(False)
-        loaded = self._catalog.loadTable(ident)
-        current = loaded.currentSnapshot()
-        properties = dict(loaded.properties())
-        generation = properties.get(GENERATION_PROPERTY)
-        if generation is not None:
-            taken = properties.get(SNAPSHOT_LSN_PROPERTY)
-            return MirrorState(True, int(generation), current is not None,
-                               int(taken) if taken is not None else None, properties)
-        snapshot = current
-        while snapshot is not None:
-            if snapshot.summary().get(LSN_PROPERTY) is not None:
-                return MirrorState(True, 0, True, properties=properties)
-            parent = snapshot.parentId()
-            snapshot = loaded.snapshot(parent) if parent is not None else None
-        return MirrorState(True, None, current is not None, properties=properties)
-
-    def java_table(self, namespace: str, table: str):
-        """The Java Iceberg table, refreshed."""
-        loaded = self._catalog.loadTable(self._identifier(namespace, table))
-        loaded.refresh()
-        return loaded
-
-    def begin(self, namespace: str, table: str, schema: Schema, properties: dict[str, str],
-              replace: bool, partition: Sequence[PartitionField] = ()) -> MirrorWrite:
-        """An open create (or ``replace``) transaction; ``partition``: the spec the commit sets
-        (after appending the unpartitioned files, see :mod:`lakeslot.mirror.partitions`)."""
-        jvm = self._jvm
-        props = jvm.java.util.HashMap()
-        for key, value in properties.items():
-            props.put(key, value)
-        builder = self._catalog.buildTable(
-            self._identifier(namespace, table),
-            jvm.org.apache.iceberg.SchemaParser.fromJson(schema.model_dump_json()),
-        ).withProperties(props)
-        return MirrorWrite(jvm, builder.replaceTransaction() if replace
-                           else builder.createTransaction(), tuple(partition))
+# Catalog types whose metastore stores table and column names case-insensitively (lower-cased):
+# a table with columns that differ only in case cannot be mirrored there (preflight says so).
+FOLDING_CATALOGS = ("glue", "hive")
 
 
-class MirrorWrite:
-    """An open create/replace transaction of one mirror table."""
-
-    def __init__(self, jvm, transaction, partition: tuple[PartitionField, ...] = ()) -> None:
-        self._jvm, self._txn, self._partition = jvm, transaction, partition
-        self._table = transaction.table()
-
-    def schema(self) -> Schema:
-        """The schema with the field ids the catalog assigned."""
-        return Schema.model_validate_json(self._jvm.org.apache.iceberg.SchemaParser.toJson(
-            self._table.schema()))
-
-    def data_location(self, name: str) -> str:
-        return self._table.locationProvider().newDataLocation(name)
-
-    def write_options(self) -> WriteOptions:
-        props, default = self._table.properties(), WriteOptions()
-        codec = (props.get("write.parquet.compression-codec") or default.compression).lower()
-        level = props.get("write.parquet.compression-level")
-        return WriteOptions(
-            compression=CODECS.get(codec, codec),
-            compression_level=int(level) if level else None,
-            row_group_bytes=int(props.get("write.parquet.row-group-size-bytes")
-                                or default.row_group_bytes),
-            target_file_bytes=int(props.get("write.target-file-size-bytes")
-                                  or default.target_file_bytes))
-
-    def commit(self, files: list[str], lsn: int, *, resnapshot: bool = False) -> None:
-        """Append ``files`` (metrics read from their footers) and commit, tagged ``lakeslot.lsn``
-        (and ``lakeslot.resnapshot`` when this replaces a table that had been snapshotted: what
-        the re-snapshot loop guard counts)."""
-        iceberg = self._jvm.org.apache.iceberg
-        io, spec = self._table.io(), self._table.spec()
-        config = iceberg.MetricsConfig.forTable(self._table)
-        append = self._txn.newAppend()
-        for uri in files:
-            data = io.newInputFile(uri)
-            append.appendFile(
-                iceberg.DataFiles.builder(spec).withInputFile(data).withFormat("PARQUET")
-                .withMetrics(iceberg.parquet.ParquetUtil.fileMetrics(data, config)).build())
-        append.set(LSN_PROPERTY, str(lsn))
-        if resnapshot:
-            append.set(RESNAPSHOT_SUMMARY, "true")
-        append.commit()
-        partitions.evolve(self._jvm, self._txn, self._txn.table(), self._partition)
-        self._txn.commitTransaction()
+def folding(catalog: CatalogSpec) -> str | None:
+    """``catalog``'s type when it folds the case of names (:data:`FOLDING_CATALOGS`), else None."""
+    return catalog.type if catalog.type in FOLDING_CATALOGS else None
 
 
-def position_of(table) -> int | None:
-    """The ``lakeslot.lsn`` of the Java ``table``'s current snapshot; a ``replace`` snapshot
-    without one (a compaction lakeslot did not run) has its parent's (as
-    :func:`lakeslot.mirror.progress.position`)."""
-    snapshot = table.currentSnapshot()
-    while (snapshot is not None and snapshot.summary().get(LSN_PROPERTY) is None
-           and snapshot.operation() == "replace" and snapshot.parentId() is not None):
-        snapshot = table.snapshot(snapshot.parentId())
-    value = snapshot.summary().get(LSN_PROPERTY) if snapshot is not None else None
-    return int(value) if value is not None else None
+def warehouse_uri(warehouse: str | Path) -> str:
+    """A URI for the warehouse: URIs (``s3a://…``, ``file:/…``) unchanged, local paths made
+    absolute ``file://`` URIs."""
+    if isinstance(warehouse, str) and ":/" in warehouse:
+        return warehouse
+    return Path(warehouse).resolve().as_uri()
 
 
-def quote(name: str) -> str:
-    """A Spark SQL identifier, backquoted with backquotes doubled."""
-    return "`" + name.replace("`", "``") + "`"
+def hadoop_catalog(warehouse: str | Path, name: str = "lakeslot") -> CatalogSpec:
+    return CatalogSpec(name=name, type="hadoop", warehouse=str(warehouse))
 
 
-@dataclass(frozen=True)
-class TableState:
-    """A table as the catalog has it now."""
+# Spark ---------------------------------------------------------------------------------------
 
-    lsn: int | None  # lakeslot.lsn of the current snapshot
-    schema: Schema
-    properties: dict[str, str]
-
-    @property
-    def error(self) -> str | None:
-        """The recorded definite error, if still in force (see the module docstring)."""
-        return apply_error(self.properties, self.lsn)
-
-    @property
-    def resnapshot_required(self) -> bool:
-        return self.properties.get(RESNAPSHOT_PROPERTY) in ("true", RESNAPSHOT_AUTOMATIC)
-
-    @property
-    def retry(self) -> tuple[float, int] | None:
-        """A retryable error's (when it is tried again, failures in a row); None otherwise."""
-        at = self.properties.get(RETRY_AT_PROPERTY)
-        if at is None:
-            return None
-        return float(at), int(self.properties.get(FAILURES_PROPERTY, "1"))
-
-    @property
-    def stale_error(self) -> bool:
-        return ERROR_PROPERTY in self.properties and self.error is None
-
-    @property
-    def backfill(self) -> dict[str, str]:
-        """Added columns whose existing rows still need their value (see ``Tables.evolve``)."""
-        return json.loads(self.properties.get(BACKFILL_PROPERTY, "{}"))
-
-    @property
-    def key(self) -> list[str]:
-        key = []
-        for field_id in self.schema.identifier_field_ids:
-            name = self.schema.find_column_name(field_id)
-            assert name is not None  # Iceberg only accepts identifier fields that are in the schema
-            key.append(name)
-        return key
-
-    def data_columns(self) -> dict[str, IcebergType]:
-        """Columns other than lakeslot's own, in order."""
-        return {f.name: f.field_type for f in self.schema.fields
-                if f.name not in OWN_COLUMNS}
+def spark_conf(catalog: CatalogSpec) -> dict[str, str]:
+    """``spark.sql.catalog.<name>.*`` for ``sink.catalog`` (without its Secret-backed properties)."""
+    prefix = f"spark.sql.catalog.{catalog.name}"
+    conf = {prefix: "org.apache.iceberg.spark.SparkCatalog"}
+    settings = {**CATALOG_IMPLEMENTATIONS[catalog.type], **catalog.properties}
+    if catalog.uri:
+        settings["uri"] = catalog.uri
+    if catalog.warehouse:
+        settings["warehouse"] = (warehouse_uri(catalog.warehouse) if catalog.type == "hadoop"
+                                 else catalog.warehouse)
+    conf.update({f"{prefix}.{key}": value for key, value in settings.items()})
+    return conf
 
 
-class Tables(Catalog):
-    """The tables of one namespace."""
+def spark_secret_conf(catalog: CatalogSpec, secrets: Mapping[str, str]) -> dict[str, str]:
+    """The Secret-backed properties (``secrets``: key → value) as runtime session conf."""
+    return {f"spark.sql.catalog.{catalog.name}.{key}": value for key, value in secrets.items()}
 
-    def __init__(self, spark, catalog: str, namespace: str) -> None:
-        super().__init__(spark, catalog)
-        self.namespace = namespace
 
-    def qualified(self, table: str) -> str:
-        levels = [self._name, *self.namespace.split("."), table]
-        return ".".join(quote(level) for level in levels)
+# pyiceberg -----------------------------------------------------------------------------------
 
-    def iceberg_table(self, table: str):
-        """The Java Iceberg table, refreshed."""
-        return self.java_table(self.namespace, table)
+def pyiceberg_properties(catalog: CatalogSpec, secrets: Mapping[str, str]) -> dict[str, str]:
+    """``load_catalog`` options for ``sink.catalog`` (the FileIO properties of a hadoop one)."""
+    options = {**catalog.properties, **secrets}
+    if catalog.type != "hadoop":
+        options["type"] = catalog.type
+        options.update({k: v for k, v in (("uri", catalog.uri), ("warehouse", catalog.warehouse))
+                        if v})
+    return options
 
-    def load(self, table: str) -> TableState | None:
-        if not self._catalog.tableExists(self._identifier(self.namespace, table)):
-            return None
-        loaded = self.iceberg_table(table)
-        schema = Schema.model_validate_json(
-            self._jvm.org.apache.iceberg.SchemaParser.toJson(loaded.schema()))
-        return TableState(position_of(loaded), schema, dict(loaded.properties()))
 
-    def create(self, table: str, schema: Schema, properties: dict[str, str], lsn: int,
-               partition: Sequence[PartitionField] = ()) -> None:
-        """Create the table empty, at position ``lsn``, partitioned by ``partition``, in one
-        commit."""
-        write = self.begin(self.namespace, table, schema, properties, replace=False,
-                           partition=partition)
-        write.commit([], lsn)
+class CatalogAccessError(RuntimeError):
+    """The catalog or the warehouse's storage refused or could not be reached; the message says
+    which setting to fix."""
 
-    def partition(self, table: str, fields: Sequence[PartitionField],
-                  properties: Mapping[str, str]) -> bool:
-        """Evolve the table's partition spec to ``fields`` when the ``partitionBy`` recorded in its
-        ``properties`` (as just loaded: :data:`PARTITION_PROPERTY`) differs (a metadata commit: no
-        snapshot, the position stays); a table never given one keeps its spec while ``fields`` is
-        empty. Whether it changed anything. :class:`PartitionSpecError` when the mirror's
-        columns cannot take ``fields`` (e.g. a textColumns change not yet re-snapshotted)."""
-        if properties.get(PARTITION_PROPERTY, "") == partitions.spec_text(fields):
-            return False
-        state = self.load(table)
-        assert state is not None  # the caller just loaded it
-        problems = type_problems(fields, state.data_columns())
-        if problems:
-            raise PartitionSpecError(f"mirror {table}: " + "; ".join(map(str, problems)))
-        loaded = self.iceberg_table(table)
-        return partitions.evolve(self._jvm, loaded, loaded, fields)
 
-    def advance(self, table: str, lsn: int) -> None:
-        """An empty commit recording that the table reflects ``lsn`` (no data changes)."""
-        self.iceberg_table(table).newAppend().set(LSN_PROPERTY, str(lsn)).commit()
+def load_table(catalog: CatalogSpec, ident: tuple[str, ...],
+               secrets: Mapping[str, str] | None = None) -> Table | None:
+    """The current state of a mirror table, or None when it does not exist."""
+    options = pyiceberg_properties(catalog, secrets or {})
+    try:
+        if catalog.type == "hadoop":
+            assert catalog.warehouse is not None  # the API requires it for hadoop catalogs
+            return load_hadoop_table(catalog.warehouse, ident, options)
+        from pyiceberg.catalog import load_catalog
 
-    def lsn(self, table: str) -> int | None:
-        return position_of(self.iceberg_table(table))
+        return load_catalog(catalog.name, **options).load_table(ident)
+    except NoSuchTableError:
+        return None
+    except Exception as e:  # re-raised, explained where a setting is to blame
+        if (message := explain_error(catalog, e)) is None:
+            raise
+        raise CatalogAccessError(message) from e
 
-    def evolve(self, table: str, add: list[tuple[str, IcebergType]],
-               promote: list[tuple[str, IcebergType]] | None = None,
-               backfill: dict[str, str] | None = None,
-               properties: dict[str, str] | None = None,
-               renames: list[tuple[str, str]] | None = None) -> None:
-        """Rename columns (in order), add optional columns and promote types, in one commit;
-        what is already done is skipped (a rename whose old name is gone). ``backfill`` (column
-        → PostgreSQL text value: what every existing row has in the source) is recorded in the
-        same commit, as :data:`BACKFILL_PROPERTY`, and so are ``properties``."""
-        loaded = self.iceberg_table(table)
-        current = self.load(table)
-        assert current is not None  # _table just loaded it (it raises for a missing table)
-        state = dict(current.data_columns())
-        todo_renames = []
-        for old, new in renames or []:
-            if old in state and new not in state:
-                state[new] = state.pop(old)
-                todo_renames.append((old, new))
-        add = [(n, t) for n, t in add if n not in state]
-        promote = [(n, t) for n, t in promote or [] if str(state.get(n)) != str(t)]
-        values = dict(properties or {})
-        added = {name for name, _ in add}
-        backfill = {k: v for k, v in (backfill or {}).items() if k in added}
-        if backfill:
-            values[BACKFILL_PROPERTY] = json.dumps(backfill)
-        if not add and not promote and not todo_renames and all(
-                current.properties.get(k) == v for k, v in values.items()):
-            return
-        transaction = loaded.newTransaction()
-        for old, new in todo_renames:  # one update each: a swap goes through a third name
-            transaction.updateSchema().renameColumn(old, new).commit()
-        if add or promote:
-            update = transaction.updateSchema()
-            for name, iceberg in add:
-                update.addColumn(name, self._java_type(iceberg))
-            for name, iceberg in promote:
-                update.updateColumn(name, self._java_type(iceberg))
-            update.commit()
-        if values:
-            update_properties = transaction.updateProperties()
-            for key, value in values.items():
-                update_properties.set(key, value)
-            update_properties.commit()
-        transaction.commitTransaction()
 
-    def _java_type(self, iceberg: IcebergType):
-        types = self._jvm.org.apache.iceberg.types.Types
-        if isinstance(iceberg, ListType):
-            # field ids of a new nested type are reassigned by the schema update
-            return types.ListType.ofOptional(0, self._java_type(iceberg.element_type))
-        return types.fromPrimitiveString(str(iceberg))
+def explain_error(catalog: CatalogSpec, error: BaseException) -> str | None:
+    """What a failure to read ``catalog`` means and which setting fixes it, or None."""
+    uri, secret_keys = catalog.uri, ", ".join(sorted(catalog.secret_properties)) or "none set"
+    credentials = f"sink.catalog.secretProperties ({secret_keys}: credential, token)"
+    if isinstance(error, OAuthError):
+        return (f"the catalog at {uri} refused the OAuth2 client credentials ({error}): fix the "
+                f"credential (client id:secret) in {credentials}")
+    if isinstance(error, UnauthorizedError):
+        return (f"the catalog at {uri} answered 401 Unauthorized ({error}): set a valid credential or "
+                f"token in {credentials}")
+    if isinstance(error, ForbiddenError):
+        return (f"the catalog at {uri} answered 403 Forbidden ({error}): grant the principal of "
+                f"{credentials} access to warehouse {catalog.warehouse!r}, or fix the credential")
+    if isinstance(error, RESTError) and ("NotFound" in str(error) or "404" in str(error)):
+        return (f"sink.catalog.uri {uri} answered 404 ({error}): it is not an Iceberg REST catalog's "
+                "base URI (the path before /v1/…); fix sink.catalog.uri")
+    if isinstance(error, ServiceUnavailableError) or type(error).__name__ in ("ConnectionError", "ConnectTimeout"):
+        return f"sink.catalog.uri {uri} cannot be reached ({type(error).__name__}): fix sink.catalog.uri"
+    if isinstance(error, OSError):
+        return explain(catalog.warehouse or "", error,
+                       "sink.catalog.warehouse" if catalog.type == "hadoop" else
+                       "the warehouse's object store (sink.catalog.properties s3.*, secretProperties)")
+    return None
 
-    def set_properties(self, table: str, values: dict[str, str], remove: tuple[str, ...] = ()) -> None:
-        update = self.iceberg_table(table).updateProperties()
-        for key, value in values.items():
-            update.set(key, value)
-        for key in remove:
-            update.remove(key)
-        update.commit()
 
-    def record_error(self, table: str, message: str, lsn: int | None, resnapshot: bool,
-                     automatic: bool = False, retry: tuple[float, int] | None = None) -> None:
-        """Record a definite error (``resnapshot``: the way out is a re-snapshot) or, with
-        ``retry`` = (when, failures in a row), a retryable one (:mod:`lakeslot.apply.isolation`)."""
-        values = {ERROR_PROPERTY: message, ERROR_LSN_PROPERTY: str(lsn)}
-        if resnapshot:
-            values[RESNAPSHOT_PROPERTY] = RESNAPSHOT_AUTOMATIC if automatic else "true"
-        if retry is not None:
-            values[RETRY_AT_PROPERTY], values[FAILURES_PROPERTY] = f"{retry[0]:.3f}", str(retry[1])
-        self.set_properties(table, values, tuple(k for k in ERROR_PROPERTIES
-                                                 if k not in values and k != ERROR_PROPERTY))
-
-    def clear_error(self, table: str) -> None:
-        self.set_properties(table, {}, ERROR_PROPERTIES)
-
-    def expire_snapshots(self, table: str, default_age_s: float) -> None:
-        """Expire old snapshots (and delete the files only they referenced) by the table's own
-        history.expire.* settings; snapshots older than ``default_age_s`` when the table sets no
-        maximum age. Iceberg's Java action on the driver, not the Spark procedure: for the few
-        hundred snapshots a mirror keeps it costs milliseconds where the procedure's Spark jobs
-        cost seconds (measured 1-3 s on 2 cores), a stall in the pass's freshness."""
-        loaded = self.iceberg_table(table)
-        expire = loaded.expireSnapshots()
-        if MAX_SNAPSHOT_AGE_PROPERTY not in loaded.properties():
-            older = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=default_age_s)
-            expire = expire.expireOlderThan(int(older.timestamp() * 1000))
-        expire.commit()
-
-    def commit_sql(self, table: str, statement: str, lsn: int) -> None:
-        """Run a SQL statement that commits to ``table``, its commit tagged ``lakeslot.lsn``;
-        when it commits nothing, advance the table to ``lsn`` with an empty commit."""
-        with_commit_properties(self._spark, {LSN_PROPERTY: str(lsn)},
-                               lambda: self._spark.sql(statement))
-        if self.lsn(table) != lsn:
-            self.advance(table, lsn)
+def load_hadoop_table(warehouse: str, ident: tuple[str, ...],
+                      properties: Mapping[str, str] | None = None) -> Table | None:
+    """The current state of a hadoop-catalog table, or None when it does not exist."""
+    location = "/".join([warehouse.rstrip("/"), *ident])
+    io = load_file_io(dict(properties or {}), location)
+    hint = io.new_input(f"{location}/metadata/version-hint.text")
+    if not hint.exists():
+        return None
+    with hint.open() as f:
+        version = int(f.read().decode().strip())
+    return StaticTable.from_metadata(f"{location}/metadata/v{version}.metadata.json",
+                                     dict(properties or {}))

@@ -23,17 +23,23 @@ Invariants:
   A table from before these properties existed is adopted: the apply job records them.
 - Columns: the source's, plus :data:`LSN_COLUMN` (commit LSN of the row's last change) in the
   mirror; the changelog table adds :data:`OP_COLUMN` and :data:`SEQ_COLUMN`.
+- :class:`TableState` reads a table's properties by these rules (what the apply job decides on).
 - Tables lakeslot creates are format v2 with :data:`TABLE_DEFAULTS` unless
   ``sink.tableProperties`` says otherwise (format v2 is not negotiable).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pyiceberg.schema import Schema
+from pyiceberg.types import IcebergType
 
 # snapshot summary properties
 LSN_PROPERTY = "lakeslot.lsn"
-RESNAPSHOT_SUMMARY = "lakeslot.resnapshot"  # "true" on the commit that replaced a snapshotted table
+RESNAPSHOT_SUMMARY = "lakeslot.control.resnapshot"  # "true" on the commit that replaced a snapshotted table
 MAINTENANCE_SUMMARY = "lakeslot.maintenance"  # compaction | delete-files | manifests
 
 # table properties
@@ -44,7 +50,7 @@ SOURCE_FACTS_PROPERTY = "lakeslot.source-facts"  # lakeslot.source.facts.TableFa
 SCHEMA_CHANGE_PROPERTY = "lakeslot.schema-change"  # the last DDL applied in place, and where
 ERROR_PROPERTY = "lakeslot.apply-error"
 ERROR_LSN_PROPERTY = "lakeslot.apply-error-lsn"
-RESNAPSHOT_PROPERTY = "lakeslot.resnapshot-required"  # "true", or RESNAPSHOT_AUTOMATIC
+RESNAPSHOT_PROPERTY = "lakeslot.control.resnapshot-required"  # "true", or RESNAPSHOT_AUTOMATIC
 RETRY_AT_PROPERTY = "lakeslot.apply-error-retry-at"  # a retryable error: when it is tried again
 FAILURES_PROPERTY = "lakeslot.apply-error-failures"  # ... and how many times in a row it failed
 ERROR_PROPERTIES = (ERROR_PROPERTY, ERROR_LSN_PROPERTY, RESNAPSHOT_PROPERTY,
@@ -131,3 +137,52 @@ def ownership_problem(properties: Mapping[str, str], mirror: str, owner: str,
             f"{owner}: lakeslot never writes one table's changes into another's mirror; give "
             f"{table} another mirror name (mirrorName in spec.source.tables, "
             "sink.tableNameTemplate or sink.namespace)")
+
+
+@dataclass(frozen=True)
+class TableState:
+    """A table as the catalog has it now."""
+
+    lsn: int | None  # lakeslot.lsn of the current snapshot
+    schema: Schema
+    properties: dict[str, str]
+
+    @property
+    def error(self) -> str | None:
+        """The recorded definite error, if still in force (see the module docstring)."""
+        return apply_error(self.properties, self.lsn)
+
+    @property
+    def resnapshot_required(self) -> bool:
+        return self.properties.get(RESNAPSHOT_PROPERTY) in ("true", RESNAPSHOT_AUTOMATIC)
+
+    @property
+    def retry(self) -> tuple[float, int] | None:
+        """A retryable error's (when it is tried again, failures in a row); None otherwise."""
+        at = self.properties.get(RETRY_AT_PROPERTY)
+        if at is None:
+            return None
+        return float(at), int(self.properties.get(FAILURES_PROPERTY, "1"))
+
+    @property
+    def stale_error(self) -> bool:
+        return ERROR_PROPERTY in self.properties and self.error is None
+
+    @property
+    def backfill(self) -> dict[str, str]:
+        """Added columns whose existing rows still need their value (see ``Tables.evolve``)."""
+        return json.loads(self.properties.get(BACKFILL_PROPERTY, "{}"))
+
+    @property
+    def key(self) -> list[str]:
+        key = []
+        for field_id in self.schema.identifier_field_ids:
+            name = self.schema.find_column_name(field_id)
+            assert name is not None  # Iceberg only accepts identifier fields that are in the schema
+            key.append(name)
+        return key
+
+    def data_columns(self) -> dict[str, IcebergType]:
+        """Columns other than lakeslot's own, in order."""
+        return {f.name: f.field_type for f in self.schema.fields
+                if f.name not in OWN_COLUMNS}

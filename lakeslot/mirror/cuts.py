@@ -40,10 +40,9 @@ from pyiceberg.table.snapshots import ancestors_of
 
 from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestion
-from lakeslot.api.naming import IngestionNames
-from lakeslot.mirror import catalogs
+from lakeslot.api.naming import IngestionNames, TableName
+from lakeslot.mirror import catalog as catalogs
 from lakeslot.mirror.contract import LSN_PROPERTY
-from lakeslot.source.tables import TableName
 
 # A table's history: lakeslot.lsn → (snapshot id, committed at, ms since the epoch)
 History = dict[int, tuple[int, int]]

@@ -3,7 +3,7 @@
 By DESIGN.md invariant 1, every commit on a mirror table records in its snapshot summary
 (``lakeslot.lsn``) the source LSN the table reflects. So the truth about how far a table got is
 in the table, not in any side file: the operator and ``lakeslot status`` read it here, read-only,
-with pyiceberg (no Spark, no JVM), through :func:`lakeslot.mirror.catalogs.load_table`.
+with pyiceberg (no Spark, no JVM), through :func:`lakeslot.mirror.catalog.load_table`.
 
 - A table that does not exist, or whose current snapshot has no ``lakeslot.lsn``, has no
   progress (``None``): it has not been snapshotted yet — except a ``replace`` snapshot (a
@@ -14,7 +14,7 @@ with pyiceberg (no Spark, no JVM), through :func:`lakeslot.mirror.catalogs.load_
   the table's position is the one it stopped at (:func:`lakeslot.mirror.contract.apply_error`):
   ``error`` and ``resnapshot_required`` report it (``resnapshot_automatic``: lakeslot copies the
   table again by itself; ``resnapshots_last_hour`` counts the re-snapshot commits, for the loop
-  guard of :mod:`lakeslot.resnapshot`).
+  guard of :mod:`lakeslot.control.resnapshot`).
 
 - ``rows`` is the mirror's live row count as of its position: the snapshot summary's
   ``total-records`` (every row in the live data files) minus ``total-position-deletes`` (rows
@@ -42,8 +42,8 @@ from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lakeslot.api.models import PostgresIngestion
-from lakeslot.api.naming import IngestionNames
-from lakeslot.mirror import catalogs
+from lakeslot.api.naming import IngestionNames, TableName
+from lakeslot.mirror import catalog as catalogs
 from lakeslot.mirror.contract import (
     LSN_PROPERTY,
     MAINTENANCE_PROPERTY,
@@ -54,7 +54,6 @@ from lakeslot.mirror.contract import (
     SNAPSHOT_LSN_PROPERTY,
     apply_error,
 )
-from lakeslot.source.tables import TableName
 
 
 @dataclass(frozen=True)

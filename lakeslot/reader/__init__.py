@@ -10,7 +10,7 @@
 - ``command``: its command line (arguments → configuration), light to import.
 - ``metrics``: Prometheus metrics, the health endpoint and ``/status``.
 - ``health``: the reader's own state while it runs (streaming, or retrying a transient error),
-  the status document of :mod:`lakeslot.stream_status`, written on a change and bounded.
+  the status document of :mod:`lakeslot.observability.reader_status`, written on a change and bounded.
 - ``arrays``: Arrow arrays from numpy buffers (``pyarrow.array`` would import pandas).
 
 This package module only holds the defaults the command line shows without importing the rest.

@@ -1,5 +1,5 @@
 """What the running reader reports about itself: streaming, or retrying a transient error — the
-document of :mod:`lakeslot.stream_status`, served at ``/status`` and written to the status file.
+document of :mod:`lakeslot.observability.reader_status`, served at ``/status`` and written to the status file.
 
 The reader's retry loop (:func:`lakeslot.reader.reader.run`) tells :class:`Health` about every
 transient error (:meth:`Health.failed`) and every session that starts streaming
@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 from lakeslot import lsn as lsn_text
-from lakeslot import stream_status as ss
+from lakeslot.observability import reader_status as ss
 
 log = logging.getLogger("lakeslot.reader")
 

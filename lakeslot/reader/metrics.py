@@ -2,7 +2,7 @@
 
 Served on one port (the reader Deployment's ``metrics`` port): ``/metrics`` in Prometheus' text
 format, ``/healthz`` for the liveness and readiness probes, ``/status`` the reader's status document
-(:mod:`lakeslot.stream_status`: streaming, or retrying with the reason and error — how the
+(:mod:`lakeslot.observability.reader_status`: streaming, or retrying with the reason and error — how the
 operator learns why a running reader makes no progress). Every metric lives in the reader's
 own registry (no process-global state, so tests can run readers side by side).
 
@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 
-from lakeslot import metrics_http
+from lakeslot.observability import http as metrics_http
 
 STALE_AFTER_S = 120.0
 

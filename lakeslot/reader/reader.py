@@ -12,7 +12,7 @@ Exit codes (:mod:`lakeslot.exits`): ``0`` stopped cleanly (SIGTERM/SIGINT, or ``
 or transient errors persisted for ``--max-retry-seconds``; ``2`` bad arguments; ``3`` definite
 error — restarting cannot help, a human or the operator must act (the status file says why).
 
-Status document (:mod:`lakeslot.stream_status`): while the reader runs, ``state`` is
+Status document (:mod:`lakeslot.observability.reader_status`): while the reader runs, ``state`` is
 ``running``, or ``retrying`` with a reason (``StagingUnwritable``, ``SourceUnreachable``,
 ``ReaderRetrying``) and the error while a transient error keeps it from making progress
 (:mod:`lakeslot.reader.health`: written to the status file on a change, at most every 2 s, and
@@ -58,8 +58,8 @@ import psycopg
 from psycopg import errors
 
 from lakeslot import lsn as lsn_text
-from lakeslot import stream_status
 from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
+from lakeslot.observability import reader_status as stream_status
 from lakeslot.reader import DEFAULT_MAX_RETRY_SECONDS, DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SEGMENT_MAX_SECONDS, pgoutput
 from lakeslot.reader.health import Health, describe, redact, write_document
 from lakeslot.reader.metrics import Metrics

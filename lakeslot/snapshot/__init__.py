@@ -13,9 +13,9 @@ Roles and modules:
   every heap is open-ended); :mod:`.keys` checks configured key columns on the snapshot's rows
   (unique, never NULL) before anything is copied.
 - :mod:`.follower` (Spark tasks, one range per task): imports the snapshot, reads its range through
-  the ADBC driver (binary COPY → Arrow), converts with :mod:`lakeslot.typemap` and writes Parquet
+  the ADBC driver (binary COPY → Arrow), converts with :mod:`lakeslot.mirror.typemap` and writes Parquet
   data files for the mirror table. It returns the files; it never commits.
-- the driver commits through :mod:`lakeslot.mirror.catalog`: it creates or replaces the Iceberg
+- the driver commits through :mod:`lakeslot.spark.tables`: it creates or replaces the Iceberg
   table in one transaction holding all of a table's files, with ``lakeslot.lsn = s`` in the
   snapshot summary.
 - :mod:`.progress`: the machine-readable progress document; :mod:`.job` runs all of it.

@@ -3,13 +3,13 @@ data files of the mirror table. Runs in a Spark task (:func:`run_task`), one ran
 
 Reading: the ADBC PostgreSQL driver (C++, binary COPY → Arrow record batches of ≈16 MB) on a
 connection in autocommit mode, so its own catalog queries at connect time run outside our
-transaction; then :func:`lakeslot.snapshot.leader.import_statements` as the first statements of
+transaction; then :func:`lakeslot.source.exported_snapshot.import_statements` as the first statements of
 the transaction, then one ``SELECT … FROM ONLY <heap> WHERE ctid …`` (the driver wraps it in
 COPY). Session options: UTC/ISO text forms (as every lakeslot session), no lock or idle timeouts,
 ``statement_timeout`` as configured, and ``row_security = off``: PostgreSQL then refuses to run a
 query that row-level security would filter, instead of silently returning fewer rows.
 
-Converting: :mod:`lakeslot.typemap` per column (native reads are checked, text reads parsed),
+Converting: :mod:`lakeslot.mirror.typemap` per column (native reads are checked, text reads parsed),
 then ``_lakeslot_lsn = s`` on every row.
 
 Writing: Parquet (Iceberg's conventions: field ids, 3-level lists, µs timestamps) with the
@@ -57,10 +57,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from psycopg import conninfo, sql
 
-from lakeslot import typemap
+from lakeslot.api.naming import TableName
 from lakeslot.filesystems import create_parent, filesystem
-from lakeslot.mirror.catalog import WriteOptions
-from lakeslot.snapshot.leader import import_statements
+from lakeslot.mirror import typemap
 from lakeslot.snapshot.plan import Heap, PageRange
 from lakeslot.source.connection import (
     LONG_RUNNING_OPTIONS,
@@ -69,7 +68,8 @@ from lakeslot.source.connection import (
     ConnectionSettings,
     application_name,
 )
-from lakeslot.source.tables import TableName
+from lakeslot.source.exported_snapshot import import_statements
+from lakeslot.spark.tables import WriteOptions
 
 PASSWORD_VARIABLES = (PASSWORD_ENV, "PGPASSWORD")  # ours first, then libpq's
 MiB = 1 << 20

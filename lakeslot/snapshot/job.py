@@ -12,7 +12,7 @@ It derives a :class:`SnapshotJob` from the ingestion (:meth:`SnapshotJob.of`: ta
 hands it to :func:`copy`, which tests and benchmarks also call with a SnapshotJob of their own.
 Steps:
 
-1. For every requested table, the mirror's state (:meth:`lakeslot.mirror.catalog.Catalog.state`):
+1. For every requested table, the mirror's state (:meth:`lakeslot.spark.tables.Catalog.state`):
    snapshotted at a generation ≥ ``resnapshot_generation`` and an LSN ≥ ``min_snapshot_lsn`` →
    ``skipped``; an existing table with data that lakeslot did not write, or that another
    ingestion or source table owns (:func:`lakeslot.mirror.contract.ownership_problem`) →
@@ -20,7 +20,7 @@ Steps:
    is copied (created, or replaced in one commit). When nothing is left, no slot is created at all.
 2. The leader exports a snapshot (:mod:`.leader`); the tables are planned in a session importing it
    (:mod:`.plan`); each table opens its Iceberg create/replace transaction
-   (:mod:`lakeslot.mirror.catalog`).
+   (:mod:`lakeslot.spark.tables`).
 3. Ranges run as Spark jobs of exactly one task each (``sc.parallelize([range], 1)``), at most
    ``parallelism`` at a time, from a pool of driver threads. A range that fails transiently is
    retried (after Spark's own task retries) up to ``max_attempts`` times, with backoff, inside the
@@ -30,7 +30,7 @@ Steps:
    is dropped (leader commits last).
 5. A table with ``partitionBy`` was committed with that spec but unpartitioned files (followers
    do not split by partition): its files are rewritten into the spec on Spark's executors
-   (:func:`lakeslot.mirror.partitions.lay_out`, a ``replace`` commit keeping ``lakeslot.lsn``).
+   (:func:`lakeslot.spark.partitions.lay_out`, a ``replace`` commit keeping ``lakeslot.lsn``).
 
 The exported snapshot lost while copying (the leader's session terminated or its connection
 broken): ranges that had imported it finish, the others fail with
@@ -67,9 +67,8 @@ from dataclasses import dataclass, field
 
 from py4j.protocol import Py4JJavaError
 
-from lakeslot import typemap
-from lakeslot.mirror import partitions
-from lakeslot.mirror.catalog import Catalog, MirrorState, MirrorWrite
+from lakeslot.api.naming import TableName
+from lakeslot.mirror import typemap
 from lakeslot.mirror.contract import (
     GENERATION_PROPERTY,
     SNAPSHOT_LSN_PROPERTY,
@@ -78,11 +77,13 @@ from lakeslot.mirror.contract import (
     ownership_problem,
     table_properties,
 )
-from lakeslot.snapshot import follower, leader, plan
-from lakeslot.snapshot.progress import Progress
+from lakeslot.snapshot import follower, plan
+from lakeslot.snapshot.report import Progress
+from lakeslot.source import exported_snapshot as leader
 from lakeslot.source import facts
 from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings, application_name, connect
-from lakeslot.source.tables import TableName
+from lakeslot.spark import partitions
+from lakeslot.spark.tables import Catalog, MirrorState, MirrorWrite
 from lakeslot.workloads import JobInput
 
 log = logging.getLogger(__name__)
@@ -227,7 +228,7 @@ def _to_copy(catalog: Catalog, job: SnapshotJob,
 def _lay_out(spark, job: SnapshotJob, catalog: Catalog, copied: list[plan.TableRequest],
              progress: Progress) -> None:
     """Rewrite the files of each table just committed with a partition spec into that spec (the
-    followers wrote them unpartitioned: :mod:`lakeslot.mirror.partitions`), after the exported
+    followers wrote them unpartitioned: :mod:`lakeslot.spark.partitions`), after the exported
     snapshot is released. A failure only delays the layout: the data is complete and correct."""
     for request in copied:
         entry = progress.tables[request.source]

@@ -18,7 +18,7 @@ Invariants:
 Failure modes (a :class:`TableFailure`, a definite error for that table only): the table does not
 exist (dropped before the snapshot), a listed key/excluded/text column does not exist, a
 ``partitionBy`` column is missing or of a type its transform cannot take, the table
-has no key, a column type is unsupported or cannot be a key (:class:`lakeslot.typemap.MappingError`),
+has no key, a column type is unsupported or cannot be a key (:class:`lakeslot.mirror.typemap.MappingError`),
 the configured key columns do not identify the rows (:class:`lakeslot.source.keys.KeyColumnsError`), a leaf
 partition is not an ordinary table (a foreign table cannot be read by ctid).
 """
@@ -32,12 +32,13 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from lakeslot import typemap
 from lakeslot.api import partitioning
+from lakeslot.api.naming import TableName
 from lakeslot.api.partitioning import PartitionField
+from lakeslot.mirror import typemap
 from lakeslot.source import columns, keys
 from lakeslot.source.connection import one_row
-from lakeslot.source.tables import TableName, existing
+from lakeslot.source.tables import existing
 
 TID_RANGE_SCAN_VERSION = 140000
 

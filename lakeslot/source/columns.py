@@ -10,12 +10,12 @@ the key is ``keyColumns`` when configured, else the replica identity (primary ke
 a ``textColumns`` column maps to ``string`` (its text form) whatever its type. A mirror holds
 exactly the columns logical replication sends on this server: generated columns that pgoutput
 does not publish (stored ones before PostgreSQL 18, virtual ones always; see
-:func:`lakeslot.source.preflight.unpublished_generated_columns`) are left out like excluded
+:func:`unpublished_generated_columns`) are left out like excluded
 columns, so the snapshot never copies a value the stream would then turn into NULL.
 
 Failure modes: :class:`DescribeError` (no key, a listed column that does not exist, a key column
 excluded or a generated column the stream does not carry) and
-:class:`lakeslot.typemap.MappingError` (an unsupported type, or one that cannot be a key) —
+:class:`lakeslot.mirror.typemap.MappingError` (an unsupported type, or one that cannot be a key) —
 definite errors for that table only, with the message to show.
 """
 
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import psycopg
 
-from lakeslot import typemap
+from lakeslot.mirror import typemap
 from lakeslot.source.connection import one_row
-from lakeslot.source.preflight import replica_identity_key, unpublished_generated_columns
+from lakeslot.source.keys import table_key
 
 
 class DescribeError(ValueError):
@@ -92,7 +92,7 @@ def describe(conn: psycopg.Connection, oid: int, *, key_columns: Sequence[str] =
              exclude_columns: Sequence[str] = (), text_columns: Sequence[str] = (),
              types: TypeCache | None = None) -> tuple[typemap.ColumnMapping, ...]:
     """The mirror columns of table ``oid``: every column not excluded (by ``exclude_columns``,
-    or as a generated column the stream does not carry), mapped by :mod:`lakeslot.typemap`
+    or as a generated column the stream does not carry), mapped by :mod:`lakeslot.mirror.typemap`
     (``text_columns`` as text), the key flagged (``key_columns``, else the replica identity)."""
     types = types or TypeCache(conn)
     rows = conn.execute(
@@ -100,7 +100,7 @@ def describe(conn: psycopg.Connection, oid: int, *, key_columns: Sequence[str] =
             WHERE attrelid = %s::oid AND attnum > 0 AND NOT attisdropped ORDER BY attnum""",
         (oid,)).fetchall()
     names = [r[0] for r in rows]
-    key = list(key_columns) or replica_identity_key(conn, oid)[1]
+    key = table_key(conn, oid, key_columns)
     if not key:
         raise DescribeError("no key: no primary key or replica identity index, and no key columns "
                          "configured (the mirror needs a key to apply updates and deletes)")
@@ -124,3 +124,27 @@ def describe(conn: psycopg.Connection, oid: int, *, key_columns: Sequence[str] =
         typemap.map_column(name, types.pg_type(typid, typmod), key=name in key,
                            as_text=name in text_columns)
         for name, typid, typmod in rows if name not in left_out)
+
+
+PUBLISH_GENERATED_VERSION = 180000  # publish_generated_columns = stored
+
+
+def generated_columns(conn: psycopg.Connection, oid: int) -> dict[str, str]:
+    """The generated columns of table ``oid``: name → ``s`` (stored) or ``v`` (virtual)."""
+    return dict(conn.execute(
+        "SELECT attname, attgenerated::text FROM pg_catalog.pg_attribute WHERE attrelid = %s::oid"
+        " AND attnum > 0 AND NOT attisdropped AND attgenerated <> ''", (oid,)).fetchall())
+
+
+def publishes_generated(server_version: int, kind: str) -> bool:
+    """Whether pgoutput sends a generated column of ``kind`` (``s``/``v``) on that server (with
+    ``publish_generated_columns = stored``, which lakeslot's publication sets)."""
+    return kind == "s" and server_version >= PUBLISH_GENERATED_VERSION
+
+
+def unpublished_generated_columns(conn: psycopg.Connection, oid: int) -> dict[str, str]:
+    """The generated columns of table ``oid`` that logical replication does not send on this
+    server (name → kind): the mirror leaves them out."""
+    version = conn.info.server_version
+    return {name: kind for name, kind in generated_columns(conn, oid).items()
+            if not publishes_generated(version, kind)}

@@ -47,8 +47,9 @@ from dataclasses import dataclass, field, replace
 
 import psycopg
 
+from lakeslot.api.naming import TableName
 from lakeslot.source import ddl_capture
-from lakeslot.source.tables import TableName, existing
+from lakeslot.source.tables import existing
 
 
 @dataclass(frozen=True)

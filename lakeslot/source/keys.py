@@ -1,4 +1,5 @@
-"""Configured key columns checked on the data: they must identify every row of the snapshot.
+"""A table's key: which columns it is (:func:`table_key`, the one rule), and configured key
+columns checked on the data — they must identify every row of the snapshot.
 
 The mirror keys its rows by ``keyColumns`` (Iceberg identifier fields, the MERGE condition of the
 apply job). If two source rows share a key value, or a key column holds NULL, the mirror collapses
@@ -39,10 +40,30 @@ from collections.abc import Sequence
 import psycopg
 from psycopg import sql
 
+from lakeslot.api.naming import TableName, quote_ident
 from lakeslot.source.connection import one_row, render_sql
-from lakeslot.source.tables import TableName, quote_ident
 
 MAX_SHOWN = 200  # characters of a key value quoted in a message
+
+
+def replica_identity_key(conn: psycopg.Connection, oid: int) -> tuple[str, list[str]]:
+    """``(relreplident, key columns)`` where the key comes from the primary key (DEFAULT or
+    FULL) or from the replica identity index (USING INDEX); empty when there is none."""
+    identity = one_row(conn.execute("SELECT relreplident FROM pg_class WHERE oid = %s::oid", (oid,)))[0]
+    index_flag = "indisreplident" if identity == "i" else "indisprimary"
+    key = [r[0] for r in conn.execute(
+        sql.SQL("""SELECT a.attname FROM pg_index i
+                     JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) ON true
+                     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                    WHERE i.indrelid = %s::oid AND i.{} ORDER BY k.n""").format(
+            sql.Identifier(index_flag)), (oid,))]
+    return identity, key
+
+
+def table_key(conn: psycopg.Connection, oid: int, key_columns: Sequence[str]) -> list[str]:
+    """The key of table ``oid``, the one rule: the configured ``keyColumns`` when there are
+    any, else its replica identity's key (:func:`replica_identity_key`; empty when none)."""
+    return list(key_columns) or replica_identity_key(conn, oid)[1]
 
 
 class KeyColumnsError(ValueError):

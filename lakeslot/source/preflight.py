@@ -27,7 +27,7 @@ Replica identity rules (what the mirror's key will be):
   table is snapshotted (:mod:`lakeslot.source.keys`);
 - DEFAULT without a primary key, or NOTHING → not usable.
 
-Generated columns (:func:`unpublished_generated_columns`): pgoutput publishes a *stored*
+Generated columns (:func:`lakeslot.source.columns.unpublished_generated_columns`): pgoutput publishes a *stored*
 generated column only from PostgreSQL 18 on (lakeslot's publication sets
 ``publish_generated_columns = stored``), and a *virtual* one (18) never. Such a column is left out
 of the mirror by snapshot and apply alike (:func:`lakeslot.source.columns.describe`), never
@@ -48,15 +48,15 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from lakeslot import typemap
 from lakeslot.api import partitioning
+from lakeslot.api.naming import TableName, quote_ident
 from lakeslot.api.partitioning import PartitionField
-from lakeslot.source import failover
+from lakeslot.mirror import typemap
+from lakeslot.source import columns, failover, keys
 from lakeslot.source.connection import one_row, render_sql
-from lakeslot.source.tables import TableName, existing, quote_ident
+from lakeslot.source.tables import existing
 
 MIN_SERVER_VERSION = 130000
-PUBLISH_GENERATED_VERSION = 180000  # publish_generated_columns = stored
 # Managed services grant replication through a role instead of the REPLICATION attribute.
 REPLICATION_ROLES = ("rds_replication",)
 
@@ -290,23 +290,9 @@ def _ownership(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:
                    table)
 
 
-def replica_identity_key(conn: psycopg.Connection, oid: int) -> tuple[str, list[str]]:
-    """``(relreplident, key columns)`` where the key comes from the primary key (DEFAULT or
-    FULL) or from the replica identity index (USING INDEX); empty when there is none."""
-    identity = one_row(conn.execute("SELECT relreplident FROM pg_class WHERE oid = %s::oid", (oid,)))[0]
-    index_flag = "indisreplident" if identity == "i" else "indisprimary"
-    key = [r[0] for r in conn.execute(
-        sql.SQL("""SELECT a.attname FROM pg_index i
-                     JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) ON true
-                     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-                    WHERE i.indrelid = %s::oid AND i.{} ORDER BY k.n""").format(
-            sql.Identifier(index_flag)), (oid,))]
-    return identity, key
-
-
 def _replica_identity(conn: psycopg.Connection, table: TableName, oid: int,
                       key_columns: list[str]) -> Finding:
-    identity, key = replica_identity_key(conn, oid)
+    identity, key = keys.replica_identity_key(conn, oid)
     check = "replica_identity"
     full = render_sql(conn, "ALTER TABLE {} REPLICA IDENTITY FULL;", table.sql())
     if key_columns:
@@ -361,7 +347,7 @@ def _excluded_columns(conn: psycopg.Connection, table: TableName, oid: int,
     if missing:
         return Finding(check, False, f"excluded columns {missing} do not exist",
                        "fix excludeColumns in the spec", table)
-    key = key_columns or replica_identity_key(conn, oid)[1]
+    key = keys.table_key(conn, oid, key_columns)
     excluded_keys = [c for c in excluded if c in key]
     if excluded_keys:
         return Finding(check, False, f"key columns {excluded_keys} cannot be excluded: the mirror "
@@ -370,39 +356,18 @@ def _excluded_columns(conn: psycopg.Connection, table: TableName, oid: int,
                    table=table)
 
 
-def generated_columns(conn: psycopg.Connection, oid: int) -> dict[str, str]:
-    """The generated columns of table ``oid``: name → ``s`` (stored) or ``v`` (virtual)."""
-    return dict(conn.execute(
-        "SELECT attname, attgenerated::text FROM pg_catalog.pg_attribute WHERE attrelid = %s::oid"
-        " AND attnum > 0 AND NOT attisdropped AND attgenerated <> ''", (oid,)).fetchall())
-
-
-def publishes_generated(server_version: int, kind: str) -> bool:
-    """Whether pgoutput sends a generated column of ``kind`` (``s``/``v``) on that server (with
-    ``publish_generated_columns = stored``, which lakeslot's publication sets)."""
-    return kind == "s" and server_version >= PUBLISH_GENERATED_VERSION
-
-
-def unpublished_generated_columns(conn: psycopg.Connection, oid: int) -> dict[str, str]:
-    """The generated columns of table ``oid`` that logical replication does not send on this
-    server (name → kind): the mirror leaves them out."""
-    version = conn.info.server_version
-    return {name: kind for name, kind in generated_columns(conn, oid).items()
-            if not publishes_generated(version, kind)}
-
-
 def _generated_columns(conn: psycopg.Connection, table: TableName, oid: int,
                        key_columns: list[str], excluded: list[str]) -> Finding:
     check = "generated_columns"
-    left_out = {n: k for n, k in unpublished_generated_columns(conn, oid).items()
+    left_out = {n: k for n, k in columns.unpublished_generated_columns(conn, oid).items()
                 if n not in excluded}
     if not left_out:
         return Finding(check, True, "no generated column left out", table=table)
     major = conn.info.server_version // 10000
-    key = key_columns or replica_identity_key(conn, oid)[1]
-    keys = [c for c in key if c in left_out]
-    if keys:
-        return Finding(check, False, f"key columns {keys} are generated columns, which "
+    key = keys.table_key(conn, oid, key_columns)
+    generated_key = [c for c in key if c in left_out]
+    if generated_key:
+        return Finding(check, False, f"key columns {generated_key} are generated columns, which "
                        f"PostgreSQL {major} does not send in logical replication",
                        "choose other key columns" + ("" if major >= 18 else
                                                      " (or upgrade to PostgreSQL 18)"), table)
@@ -473,8 +438,6 @@ def _partition_by(conn: psycopg.Connection, table: TableName, oid: int, key_colu
                   fields: Sequence[PartitionField]) -> Finding:
     """Every ``partitionBy`` field names a column the mirror has, of a type its transform takes
     (decided on the mirror's Iceberg types: :func:`lakeslot.api.partitioning.type_problems`)."""
-    from lakeslot.source import columns  # (columns imports this module)
-
     check = "partition_by"
     try:
         mapped = columns.describe(conn, oid, key_columns=key_columns, exclude_columns=excluded,
@@ -485,7 +448,7 @@ def _partition_by(conn: psycopg.Connection, table: TableName, oid: int, key_colu
                        table=table)
     left_out = dict.fromkeys(excluded, "excluded (excludeColumns)")
     left_out.update((c, "a generated column logical replication does not send here")
-                    for c in unpublished_generated_columns(conn, oid) if c not in left_out)
+                    for c in columns.unpublished_generated_columns(conn, oid) if c not in left_out)
     problems = partitioning.type_problems(
         fields, {c.name: c.iceberg(0) for c in mapped}, left_out=left_out,
         source_types={c.name: c.pg.name + "[]" * c.pg.array for c in mapped})

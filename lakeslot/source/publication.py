@@ -37,7 +37,7 @@ when a child was added first (tables are added in name order) — which earlier 
 a concurrent caller's duplicate, so the parent silently never joined the publication and its own
 rows' changes never reached its mirror. A publication left that way is repaired by the next sync:
 the parent joins (``ONLY``) and, as any table that joins, is copied again
-(:mod:`lakeslot.control`). Partitioned tables are unaffected: ``ONLY`` on a partitioned table
+(:mod:`lakeslot.control.steps`). Partitioned tables are unaffected: ``ONLY`` on a partitioned table
 still publishes its partitions through it.
 """
 
@@ -49,9 +49,11 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import errors, sql
 
+from lakeslot.api.naming import TableName, quote_ident
+from lakeslot.source.columns import PUBLISH_GENERATED_VERSION, generated_columns
 from lakeslot.source.connection import render_sql
-from lakeslot.source.preflight import PUBLISH_GENERATED_VERSION, generated_columns, replica_identity_key
-from lakeslot.source.tables import TableName, existing, quote_ident
+from lakeslot.source.keys import replica_identity_key
+from lakeslot.source.tables import existing
 
 MARKER = "managed by lakeslot: "
 PUBLISH = ("insert", "update", "delete", "truncate")

@@ -1,7 +1,7 @@
 """Is the mirror equal to the source? Two checks, both over every replicated column of every row.
 
 The expected content of a mirror table is the source table's rows, every replicated column,
-each value converted by the one type mapping (:mod:`lakeslot.typemap`) from its PostgreSQL text
+each value converted by the one type mapping (:mod:`lakeslot.mirror.typemap`) from its PostgreSQL text
 form — exactly the path a streamed change takes. The source is read in a session with lakeslot's
 settings (UTC, ISO dates, full float precision); the mirror is read with pyiceberg (no Spark,
 none of the apply job's code) and cast to the same Arrow types.
@@ -26,7 +26,7 @@ What they are built from:
   the request token of a verification the operator runs.
 
 Scope: the exact check reads any ``sink.catalog`` pyiceberg can read
-(:func:`lakeslot.mirror.catalogs.load_table`), and so does the quiet-source check.
+(:func:`lakeslot.mirror.catalog.load_table`), and so does the quiet-source check.
 Nothing here imports local mode (:mod:`lakeslot.local`) or the operator: the command line glue
 (:mod:`lakeslot.local.verify`) and the operator call in.
 """

@@ -9,11 +9,11 @@ every column when it has none.
 
 Limits: only meaningful when the source no longer changes (a change between the transaction and
 the mirror's read is a false difference); each whole table is held in memory, one at a time.
-The mirror is read through :func:`lakeslot.mirror.catalogs.load_table`, so any catalog type.
+The mirror is read through :func:`lakeslot.mirror.catalog.load_table`, so any catalog type.
 
 Failure modes: a missing mirror table counts as 0 rows; a table that does
 not exist or cannot be mirrored as configured raise ``ValueError``; a source value that has no
-mapping raises :class:`lakeslot.typemap.UnmappableValue`; connection, catalog and storage errors
+mapping raises :class:`lakeslot.mirror.typemap.UnmappableValue`; connection, catalog and storage errors
 propagate.
 """
 
@@ -25,11 +25,12 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lakeslot import typemap
 from lakeslot.api.models import PostgresIngestion
+from lakeslot.api.naming import TableName
+from lakeslot.mirror import typemap
 from lakeslot.source.columns import DescribeError, describe
 from lakeslot.source.connection import ConnectionSettings, application_name, connect
-from lakeslot.source.tables import TableName, existing
+from lakeslot.source.tables import existing
 from lakeslot.verify.mirror import current_rows
 from lakeslot.verify.source import FETCH_ROWS, expected
 from lakeslot.workloads import JobInput

@@ -2,7 +2,7 @@
 being written and the pipeline runs. One round:
 
 1. A source snapshot with a known LSN ``P`` — the snapshot leader's own method
-   (:func:`lakeslot.snapshot.leader.exported_snapshot`: a temporary slot created with
+   (:func:`lakeslot.source.exported_snapshot.exported_snapshot`: a temporary slot created with
    USE_SNAPSHOT, ``P = consistent point − 1``: exactly the transactions committed at or below
    ``P`` are visible). Each table is read in a session that imported it (:mod:`.source`).
 2. The mirror: wait (up to ``timeout``) until the table has an Iceberg snapshot whose
@@ -31,7 +31,7 @@ Failure modes: a table the check cannot settle is ``incomplete`` with the reason
 exist as of ``P``; it cannot be mirrored as configured; the mirror stayed behind ``P`` for
 ``timeout`` seconds, or the apply job stopped it; the whole table was in flight in the last
 round); a mirror lacking source columns is ``different``. A source value that has no mapping
-raises :class:`lakeslot.typemap.UnmappableValue`; connection and storage errors propagate
+raises :class:`lakeslot.mirror.typemap.UnmappableValue`; connection and storage errors propagate
 (``psycopg.Error``, ``OSError``, :class:`lakeslot.staging.format.GapError`): ``lakeslot verify``
 reports them (exit 1).
 """
@@ -45,12 +45,13 @@ from dataclasses import dataclass
 import psycopg
 
 from lakeslot import lsn as lsnlib
-from lakeslot import typemap
 from lakeslot.api.models import PostgresIngestion
-from lakeslot.snapshot.leader import exported_snapshot, import_statements
+from lakeslot.api.naming import TableName
+from lakeslot.mirror import typemap
 from lakeslot.source.columns import DescribeError, describe
 from lakeslot.source.connection import ConnectionSettings, application_name, connect
-from lakeslot.source.tables import TableName, existing
+from lakeslot.source.exported_snapshot import exported_snapshot, import_statements
+from lakeslot.source.tables import existing
 from lakeslot.verify.diff import diff, differing_entry, key_of, plain, side
 from lakeslot.verify.inflight import ChangedKey, SegmentCache, changed_keys
 from lakeslot.verify.mirror import mirror_rows, wait_for_mirror

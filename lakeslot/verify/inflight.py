@@ -36,8 +36,8 @@ import pyarrow.compute as pc
 from pyarrow import fs as pafs
 
 from lakeslot import lsn as lsnlib
-from lakeslot import typemap
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName
+from lakeslot.mirror import typemap
 from lakeslot.staging.format import CHANGE_OPS, GapError, Segment, SegmentName, chain
 from lakeslot.staging.store import Staging
 

@@ -36,10 +36,10 @@ from pyiceberg.table.snapshots import Snapshot as IcebergSnapshot
 from pyiceberg.table.snapshots import ancestors_of
 
 from lakeslot import lsn as lsnlib
-from lakeslot import typemap
-from lakeslot.mirror import catalogs
+from lakeslot.api.naming import TableName
+from lakeslot.mirror import catalog as catalogs
+from lakeslot.mirror import typemap
 from lakeslot.mirror.contract import LSN_PROPERTY, apply_error
-from lakeslot.source.tables import TableName
 from lakeslot.verify.inflight import ChangedKey
 from lakeslot.verify.report import lsn_text
 from lakeslot.workloads import JobInput

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from lakeslot import lsn as lsnlib
+from lakeslot.api.naming import TableName
 from lakeslot.exits import EXIT_FAILED, EXIT_OK
-from lakeslot.source.tables import TableName
 from lakeslot.verify.diff import LISTED_KEYS
 
 

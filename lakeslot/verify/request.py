@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName
 
 _IDENTIFIER = re.compile(r'"((?:[^"]|"")+)"|([^".]+)')
 _LIST_ENTRY = re.compile(r'(?:"(?:[^"]|"")*"|[^",])+')

@@ -3,7 +3,7 @@
 Invariants:
 
 - Each value is read as PostgreSQL's text form (``<output function>(column)::text``) and
-  converted by the column's mapping (:mod:`lakeslot.typemap`), the path a streamed change takes,
+  converted by the column's mapping (:mod:`lakeslot.mirror.typemap`), the path a streamed change takes,
   so the rows compare with the mirror's cast to the same Arrow types. The session must have
   lakeslot's settings (UTC, ISO dates, full float precision: :func:`lakeslot.source.connection.connect`).
 - The rows are the table's own (``FROM ONLY``), as its mirror holds them: an inheritance
@@ -17,7 +17,7 @@ Invariants:
 - :func:`fingerprint` reads the catalog as the session's snapshot sees it; two fingerprints
   differ after DDL, TRUNCATE or a rewrite of the table or one of its partitions.
 
-Failure modes: a source value that has no mapping raises :class:`lakeslot.typemap.UnmappableValue`
+Failure modes: a source value that has no mapping raises :class:`lakeslot.mirror.typemap.UnmappableValue`
 (the snapshot would have failed that table too); connection errors propagate (``psycopg.Error``).
 """
 
@@ -29,8 +29,8 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 
-from lakeslot import typemap
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName
+from lakeslot.mirror import typemap
 from lakeslot.verify.inflight import ChangedKey
 
 FETCH_ROWS = 50_000

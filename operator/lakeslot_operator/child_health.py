@@ -29,7 +29,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
-from lakeslot.status import APPLY_FAILED, CHILD_REJECTED, READER_FAILING
+from lakeslot.observability.status import APPLY_FAILED, CHILD_REJECTED, READER_FAILING
 
 READER_NOT_READY = "ReaderNotReady"
 APPLY_NOT_RUNNING = "ApplyNotRunning"

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from lakeslot.api.annotations import VERIFY
 from lakeslot.api.models import DriverSpec, ExecutorSpec, PostgresIngestion
 from lakeslot.api.naming import namespace_of
-from lakeslot.spark_conf import iceberg_conf
+from lakeslot.spark.conf import iceberg_conf
 from lakeslot.workloads import CA_FILE, CA_FILE_ENV, PASSWORD_ENV, READER_METRICS_PORT, catalog_secret_env
 
 GROUP = "lakeslot.io"

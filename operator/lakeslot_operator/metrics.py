@@ -2,7 +2,7 @@
 
 Invariants:
 
-- The gauges are :mod:`lakeslot.ingestion_metrics`' (the same as ``lakeslot run
+- The gauges are :mod:`lakeslot.observability.metrics`' (the same as ``lakeslot run
   --metrics-port``): computed from the status a reconcile wrote (which holds what the operator
   read from ``pg_replication_slots``, Iceberg and staging) and the jobs' documents it read, so a
   scrape and ``kubectl get pgi -o yaml`` never disagree. The kopf handler only hands each
@@ -10,11 +10,11 @@ Invariants:
 - Everything lives in the operator's own registry (no process-global state: tests run several
   operators side by side).
 - An ingestion's series disappear when it is deleted (:meth:`OperatorMetrics.forget`) and when
-  no reconcile refreshed them for :data:`~lakeslot.ingestion_metrics.MAX_AGE_S` (a replica that
+  no reconcile refreshed them for :data:`~lakeslot.observability.metrics.MAX_AGE_S` (a replica that
   kopf peering paused, or that lost the resource, stops reporting instead of repeating old
   values). With several replicas only the active one reports: alert on ``max by (namespace,
   ingestion)``.
-- Cardinality: per ingestion the 48 gauge series of :mod:`lakeslot.ingestion_metrics`, the two
+- Cardinality: per ingestion the 48 gauge series of :mod:`lakeslot.observability.metrics`, the two
   counters 4 with their ``_created`` and the reconcile histogram 15 (67 in all); per table 7.
 
 Metrics besides the gauges (prefix ``lakeslot_``, labels ``namespace``, ``ingestion``):
@@ -37,10 +37,10 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 
-from lakeslot import metrics_http
 from lakeslot.api.models import PostgresIngestionStatus
-from lakeslot.ingestion_metrics import INGESTION_LABELS, MAX_AGE_S, PREFIX, Gauges, samples
-from lakeslot.status import Event as StatusEvent
+from lakeslot.observability import http as metrics_http
+from lakeslot.observability.metrics import INGESTION_LABELS, MAX_AGE_S, PREFIX, Gauges, samples
+from lakeslot.observability.status import Event as StatusEvent
 
 
 class OperatorMetrics:

@@ -2,7 +2,7 @@
 
 A reader whose pod is available may still make no progress: it retries a transient error
 (staging full or unwritable, the source unreachable from the pod). Only the reader knows; it
-serves its status document (:mod:`lakeslot.stream_status`) next to its metrics, and the
+serves its status document (:mod:`lakeslot.observability.reader_status`) next to its metrics, and the
 operator asks for it once per reconcile of an ingestion whose reader Deployment is available.
 Staging cannot carry this document: it is often the thing that fails.
 

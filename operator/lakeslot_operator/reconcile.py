@@ -6,7 +6,7 @@ complete status to write plus the events worth telling. It is called from every 
 from a timer; calling it twice in a row changes nothing the second time.
 
 Steps, each gating the next (a failed step leaves later conditions Unknown/False and says why).
-Steps 3 and 4 are :mod:`lakeslot.control` and step 6 is :mod:`lakeslot.status`, shared with local
+Steps 3 and 4 are :mod:`lakeslot.control.steps` and step 6 is :mod:`lakeslot.observability.status`, shared with local
 mode (``lakeslot run`` and ``lakeslot status``), so both report the same conditions with the same
 messages:
 
@@ -27,13 +27,13 @@ messages:
 6. **Status** — per-table progress from Iceberg (invariant 1: a table's ``lakeslot.lsn`` is the
    truth), the reader's durable LSN from the slot's ``confirmed_flush_lsn`` (invariant 4: the
    reader confirms only what is sealed), lag from the server's current LSN, freshness in seconds
-   from the commit times in staging (:mod:`lakeslot.freshness`), and the apply job's last pass
+   from the commit times in staging (:mod:`lakeslot.observability.freshness`), and the apply job's last pass
    document from staging for the metrics (not part of the status); a table without a mirror
    whose last snapshot attempt failed is ``Failed`` with the error (``Pending`` with it after
-   transient errors) until the table is copied again (:func:`lakeslot.status.snapshot_failures`,
+   transient errors) until the table is copied again (:func:`lakeslot.observability.status.snapshot_failures`,
    from the snapshot's failures document in staging); conditions with
    ``observedGeneration``; ``Degraded``, ``Ready`` and the phase from the rest
-   (:func:`lakeslot.status.summary`).
+   (:func:`lakeslot.observability.status.summary`).
 
 Before the steps, whatever the spec's state: a verification requested with the
 ``lakeslot.io/verify`` annotation is served (:mod:`lakeslot_operator.verification`: its Job,
@@ -70,17 +70,20 @@ import psycopg
 import pydantic
 from kubernetes.client.exceptions import ApiException
 
-from lakeslot import control, freshness, resnapshot, stream_status, workloads
 from lakeslot import lsn as lsnlib
-from lakeslot import status as st
+from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SourceSpec
-from lakeslot.api.naming import IngestionNames
+from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.api.validation import parse_resource, problems_of
+from lakeslot.control import resnapshot
+from lakeslot.control import steps as control
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.progress import MirrorProgress
-from lakeslot.snapshot import progress as snapshot_progress
+from lakeslot.observability import freshness
+from lakeslot.observability import reader_status as stream_status
+from lakeslot.observability import status as st
+from lakeslot.snapshot import report as snapshot_progress
 from lakeslot.source import connection, slot
-from lakeslot.source.tables import TableName
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
 from lakeslot_operator import child_health, children, reader_status, scheduling, verification
@@ -267,10 +270,10 @@ class _Reconciler:
 
     def _again(self, tables: list[TableName], progress: dict[TableName, MirrorProgress]
                ) -> dict[TableName, int]:
-        """The tables to copy again alone (:mod:`lakeslot.resnapshot`): record each new per-table
+        """The tables to copy again alone (:mod:`lakeslot.control.resnapshot`): record each new per-table
         request with the LSN it must reach, serve the rows' ``resnapshotBelowLsn`` (a user's
         request, or a table that joined the publication again with a mirror: see
-        :func:`lakeslot.control.check_source`), tell each re-snapshot once, and say in the
+        :func:`lakeslot.control.steps.check_source`), tell each re-snapshot once, and say in the
         table's row why the loop guard holds one back."""
         rows = {TableName(r.schema_name, r.name): r for r in self.r.status.tables}
         requested: dict[TableName, int] = {}

@@ -10,7 +10,7 @@ Invariants:
 - A table is wanted when its mirror has no ``lakeslot.lsn`` yet (never snapshotted) or one below
   ``status.resnapshotBelowLsn`` (cut off: the slot was lost and recreated there, so the mirror
   misses changes); every table is wanted while ``spec.snapshot.resnapshotGeneration`` is above
-  ``status.observedResnapshotGeneration``; and a table :mod:`lakeslot.resnapshot` wants copied
+  ``status.observedResnapshotGeneration``; and a table :mod:`lakeslot.control.resnapshot` wants copied
   again alone (``again``: the user's per-table request, or the apply job's automatic
   re-snapshot), with the job's ``min_snapshot_lsn`` raised to the LSN its new snapshot must reach.
   ``snapshot.mode: never`` wants no table of its own accord; a re-snapshot request or a cut-off
@@ -45,7 +45,7 @@ from datetime import datetime, timedelta
 
 from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestionStatus, SnapshotSpec, SnapshotStatus
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName
 
 TERMINAL_SPARK_STATES = ("COMPLETED", "FAILED")
 SNAPSHOT_BACKOFF_S = 30
@@ -122,7 +122,7 @@ def plan(tables: Sequence[TableName], applied: Mapping[TableName, int | None],
          request: Request, again: Mapping[TableName, int] | None = None) -> Plan:
     """The tables to copy given each mirror's ``lakeslot.lsn`` (``applied``; None: no snapshot
     yet) and the ``request`` (see the module docstring); ``again``: tables to copy again alone
-    (:func:`lakeslot.resnapshot.decide`), each with the LSN its new snapshot must reach."""
+    (:func:`lakeslot.control.resnapshot.decide`), each with the LSN its new snapshot must reach."""
     resnapshot = request.resnapshot_generation > request.observed_generation
     below = request.below_lsn
     cut_off = [t for t in tables if (lsn := applied[t]) is not None and lsn < below]

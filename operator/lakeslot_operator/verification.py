@@ -46,12 +46,11 @@ from datetime import datetime
 
 from kubernetes.client.exceptions import ApiException
 
-from lakeslot import status as st
 from lakeslot import workloads
 from lakeslot.api.annotations import VERIFY, VERIFY_TABLES
 from lakeslot.api.models import PostgresIngestion, TableVerification, VerificationStatus
-from lakeslot.api.naming import namespace_of
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName, namespace_of
+from lakeslot.observability import status as st
 from lakeslot.staging.store import VERIFY_RESULTS, Staging
 from lakeslot.verify.report import key_text
 from lakeslot.verify.request import check_token, parse_table, parse_tables

@@ -39,8 +39,7 @@ from pathlib import Path
 import psycopg
 from psycopg import Rollback
 
-from lakeslot import pgcluster
-from lakeslot.local import state
+from lakeslot.local import pgcluster, state
 from lakeslot.local.tree import alive, descendants
 from lakeslot.mirror import progress as mirror_progress
 from tests.support import apply_workload

@@ -9,7 +9,7 @@ import random
 
 from psycopg import sql
 
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName
 
 MAIN = TableName("public", 'Odd "Tab" é')
 KEYLESS = TableName("public", "plain rows")

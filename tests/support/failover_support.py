@@ -2,7 +2,7 @@
 
 - :func:`ha_pair` starts a primary of one PostgreSQL version (``wal_sender_timeout`` 5 s, so a
   walsender gives up on a dead peer quickly) on 127.0.0.1 and its standby
-  (:meth:`lakeslot.pgcluster.Cluster.standby`) on 127.0.0.2 with the same port, so that one libpq
+  (:meth:`lakeslot.local.pgcluster.Cluster.standby`) on 127.0.0.2 with the same port, so that one libpq
   host list with one port reaches both; both are destroyed afterwards. A version that is not
   installed or cannot start skips the test with the reason.
 - :class:`SteadyWorkload`: the chaos suite's workload without its large transactions, so that
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 
-from lakeslot import pgcluster
+from lakeslot.local import pgcluster
 from tests.chaos.harness import ChaosWorkload
 from tests.support.fixtures_pg import RESTARTABLE_SETTINGS, VERSIONS
 

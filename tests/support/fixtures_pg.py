@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 
-from lakeslot import pgcluster
+from lakeslot.local import pgcluster
 from lakeslot.source.connection import ConnectionSettings
 
 VERSIONS = {

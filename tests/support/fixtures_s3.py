@@ -14,7 +14,7 @@
   ``lakeslot run``'s own session does). The workers' environment is restored at the end.
 
 Iceberg's Java side (the REST client, ``S3FileIO``) runs on the jars ``lakeslot provision-jars``
-built from PyPI substitutes when Maven Central is unreachable (lakeslot/iceberg_jars.py): a green
+built from PyPI substitutes when Maven Central is unreachable (lakeslot/spark/jars.py): a green
 run is evidence for the protocol and lakeslot's code, not for the official ``iceberg-aws-bundle``.
 """
 
@@ -158,7 +158,7 @@ def _wait_ready(process: subprocess.Popen, store: ObjectStore, log: Path) -> Non
 @pytest.fixture(scope="session")
 def rest_spark(spark, object_store: ObjectStore) -> Iterator:
     from lakeslot.api.models import CatalogSpec
-    from lakeslot.mirror import catalogs
+    from lakeslot.mirror import catalog as catalogs
 
     spec = CatalogSpec.model_validate(object_store.catalog_document())
     for key, value in {**catalogs.spark_conf(spec),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from lakeslot import iceberg_jars
+from lakeslot.spark import jars as iceberg_jars
 
 CATALOG = "lakeslot"
 
@@ -40,7 +40,7 @@ def spark(spark_warehouse: Path) -> Iterator:
         iceberg_jars.ensure_jars()
     except iceberg_jars.JarProvisioningError as e:
         pytest.skip(f"Spark unavailable: Iceberg jars: {e}")
-    from lakeslot.spark_session import build_session
+    from lakeslot.spark.session import build_session
 
     session = build_session(spark_warehouse, app_name="lakeslot-tests", catalog=CATALOG)
     yield session
@@ -56,7 +56,7 @@ def iceberg_namespace(spark) -> str:
 
 def static_table(warehouse: Path, table: str):
     """The latest committed state of ``catalog.namespace.table`` as a pyiceberg ``StaticTable``."""
-    from lakeslot.mirror.catalogs import load_hadoop_table
+    from lakeslot.mirror.catalog import load_hadoop_table
 
     _catalog, namespace, name = table.split(".")
     return load_hadoop_table(warehouse.as_uri(), (namespace, name))

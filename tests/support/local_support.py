@@ -21,11 +21,11 @@ import yaml
 from psycopg import sql
 
 from lakeslot import workloads
+from lakeslot.api.naming import TableName
 from lakeslot.local import config, run, state
 from lakeslot.mirror import progress
 from lakeslot.mirror.contract import LSN_PROPERTY
-from lakeslot.source.tables import TableName
-from lakeslot.spark_session import with_commit_properties
+from lakeslot.spark.session import with_commit_properties
 from tests.support import operator_env
 from tests.support.waiting import wait_for
 

@@ -3,7 +3,7 @@ words. Every component that names schemas, tables or columns is tested with thes
 
 from psycopg import sql
 
-from lakeslot.source.tables import TableName
+from lakeslot.api.naming import TableName
 
 ODD_SCHEMA = 'Sales "EU" 2024'
 ODD_TABLES = [

@@ -29,10 +29,9 @@ from kubernetes.client import ApiException
 
 from lakeslot import workloads
 from lakeslot.api.models import GROUP, PLURAL, VERSION, SinkSpec
-from lakeslot.api.naming import IngestionNames
+from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.api.validation import parse_resource
 from lakeslot.local import config
-from lakeslot.source.tables import TableName
 
 NAMESPACE = "default"
 SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"

@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from psycopg import sql
 
-from lakeslot import typemap
+from lakeslot.api.naming import TableName
+from lakeslot.mirror import typemap
 from lakeslot.snapshot import plan
 from lakeslot.snapshot.follower import (
     RangeResult,
@@ -21,10 +22,9 @@ from lakeslot.snapshot.follower import (
     without_password,
 )
 from lakeslot.snapshot.job import SnapshotJob
-from lakeslot.snapshot.leader import SLOT_PREFIX, exported_snapshot, import_statements
 from lakeslot.snapshot.plan import TableRequest
 from lakeslot.source.connection import PASSWORD_ENV, connect
-from lakeslot.source.tables import TableName
+from lakeslot.source.exported_snapshot import SLOT_PREFIX, exported_snapshot, import_statements
 from tests.support.fixtures_pg import connection_settings
 from tests.support.fixtures_spark import static_table
 

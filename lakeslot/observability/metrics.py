@@ -20,7 +20,7 @@ Invariants:
   ``outcome`` take only the values listed below.
 
 The apply job's and the snapshot's figures come from the documents they rewrite whole
-(``apply-status.json`` in staging; the snapshot progress document, :mod:`lakeslot.snapshot.progress`)
+(``apply-status.json`` in staging; the snapshot progress document, :mod:`lakeslot.snapshot.report`)
 rather than from scrapes of the Spark driver: its pod is named and restarted by the
 spark-operator, it would need a Service and a monitor of its own, and a value it held would die
 with it, while the documents outlive every driver. They describe the *last* pass and the *last*
@@ -49,7 +49,7 @@ Gauges (prefix ``lakeslot_``; "absent" means the series is not exported):
 ``tables{state}``                       tables per state (Pending, Snapshotting, Streaming, Failed, Removed)
 ``table_applied_lsn{table}``            the table's ``lakeslot.lsn`` as a number
 ``table_freshness_seconds{table}``      seconds since the first staged transaction not applied to it
-                                        (:mod:`lakeslot.freshness`; 0: caught up)
+                                        (:mod:`lakeslot.observability.freshness`; 0: caught up)
 ``table_rows{table}``                   rows in the mirror as of its applied LSN
 ``table_failed{table}``                 1 while the table is Failed (its status message says why)
 ``table_snapshot_rows{table}``          rows the last snapshot of the table copied so far (range by range)
@@ -94,9 +94,9 @@ from prometheus_client.registry import Collector
 
 from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestionStatus, TableState
+from lakeslot.api.naming import TableName
+from lakeslot.observability.status import DEFINITE
 from lakeslot.source import connection
-from lakeslot.source.tables import TableName
-from lakeslot.status import DEFINITE
 
 PREFIX = "lakeslot_"
 MAX_AGE_S = 300.0

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
 from lakeslot import workloads
+from lakeslot.api.naming import TableName
 from lakeslot.exits import EXIT_FAILED, EXIT_OK
-from lakeslot.source.tables import TableName
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
@@ -102,7 +102,7 @@ class Entry(Generic[R]):
             signal.signal(signal.SIGTERM, lambda *_: stop.set())
         try:
             if spark is None:
-                from lakeslot.spark_session import job_session
+                from lakeslot.spark.session import job_session
 
                 spark = job_session(job, f"lakeslot-{self.name}", master=args.master)
             result = self.run(spark, job, args, stop)

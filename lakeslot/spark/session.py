@@ -2,7 +2,7 @@
 
 Invariants:
 
-- The conf comes from :mod:`lakeslot.spark_conf` (pure, shared with the operator's
+- The conf comes from :mod:`lakeslot.spark.conf` (pure, shared with the operator's
   SparkApplications). Catalog properties that come from Secrets are never in it: jobs set them
   at runtime (:func:`set_catalog_secrets`), before the catalog's first use loads it.
 - ``build_session`` adds the local-mode settings and the jars from ``iceberg_jars.ensure_jars()``.
@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, ClassVar, TypeVar
 from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import SparkSession
 
-from lakeslot import iceberg_jars
 from lakeslot.api.models import CatalogSpec
-from lakeslot.mirror import catalogs
-from lakeslot.spark_conf import iceberg_conf
+from lakeslot.mirror import catalog as catalogs
+from lakeslot.spark import jars as iceberg_jars
+from lakeslot.spark.conf import iceberg_conf
 
 if TYPE_CHECKING:
     from lakeslot.workloads import JobInput
@@ -106,6 +106,13 @@ def make_active(spark: SparkSession) -> None:
     the one that built the session; and now and then the apply job's own thread, whose session
     it had set) loading a catalog fails ("spark.sql.catalog.<name> is not defined")."""
     _jvm(spark).org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+
+
+def each(iterable):
+    """The elements of a Java ``Iterable`` (py4j does not iterate those)."""
+    iterator = iterable.iterator()
+    while iterator.hasNext():
+        yield iterator.next()
 
 
 def execute(spark: SparkSession, action):

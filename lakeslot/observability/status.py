@@ -2,7 +2,7 @@
 
 The operator writes this status into the resource; ``lakeslot run`` shows it live and
 ``lakeslot status`` prints it. Both build it with these functions (the control steps that feed
-it are :mod:`lakeslot.control`), so a condition, a reason and a message mean the same thing
+it are :mod:`lakeslot.control.steps`), so a condition, a reason and a message mean the same thing
 wherever they are read (the operations page's conditions table, docs/operations.md).
 
 - :class:`Report` — the status being built and the events its changes deserve.
@@ -37,9 +37,9 @@ from lakeslot.api.models import (
     SlotStatus,
     TableStatus,
 )
+from lakeslot.api.naming import TableName
 from lakeslot.mirror.progress import MirrorProgress
 from lakeslot.source import failover, slot
-from lakeslot.source.tables import TableName
 
 # Reasons that waiting will not fix: the user must act (the message says how).
 DEFINITE = ("InvalidSpec", "SlotLost", "SlotUnusable")
@@ -245,7 +245,7 @@ def snapshot_failures(report: Report, failures: Mapping[TableName, Mapping],
     """A table without a mirror whose last snapshot attempt failed says why, until it is retried:
     ``Failed`` for a definite error (a human must act: the error says how), ``Pending`` with the
     error when only retries of transient errors ran out (the next attempt may pass). ``failures``:
-    :func:`lakeslot.snapshot.progress.failures` — it outlives the progress document, which each
+    :func:`lakeslot.snapshot.report.failures` — it outlives the progress document, which each
     job rewrites with its own tables only. A table being copied again (``snapshotting``: the
     retry) is ``Snapshotting``, its message still saying what failed last time; a table with a
     mirror shows no snapshot failure; a table that failed its checks (preflight) keeps that

@@ -21,7 +21,7 @@ transiently (retries exhausted): running the job again may succeed; otherwise it
 
 Where it goes: into staging (:func:`in_staging`), under the operator (the snapshot job's default)
 and ``lakeslot run`` alike; the operator reads staging anyway, and the document outlives each
-driver (its rows per table are metrics, :mod:`lakeslot.ingestion_metrics`).
+driver (its rows per table are metrics, :mod:`lakeslot.observability.metrics`).
 
 Failures outlive the document (``snapshot-failures.json`` next to it, :func:`failures_location`):
 each job rewrites the progress document with its own tables only, so a later job that copies
@@ -31,7 +31,7 @@ failures document keeps, per table, the error of its last snapshot attempt when 
 failed (``{"version": 1, "tables": [{"schema", "name", "error", "transient", "job",
 "failedAt"}]}``): a job records a table's failure when it fails and removes it when the table
 commits or is skipped (it has a mirror); tables the job does not copy keep their entries. Status
-(:func:`lakeslot.status.snapshot_failures`) reads both documents.
+(:func:`lakeslot.observability.status.snapshot_failures`) reads both documents.
 
 Invariants: the document is rewritten whole on every change, and readers never see a torn file
 (a local file is written next to it and renamed; an object store PUT is atomic). Writes from the
@@ -52,8 +52,8 @@ import uuid
 from dataclasses import dataclass
 
 from lakeslot import lsn as lsn_text
+from lakeslot.api.naming import TableName
 from lakeslot.filesystems import filesystem
-from lakeslot.source.tables import TableName
 
 log = logging.getLogger(__name__)
 VERSION = 1

@@ -1,6 +1,6 @@
 """The control steps against the source, taken once per reconcile by the operator, per start by
 ``lakeslot run`` and per ``lakeslot status`` (read-only): one sequence, so all three report the
-same conditions with the same messages (:mod:`lakeslot.status` builds the report).
+same conditions with the same messages (:mod:`lakeslot.observability.status` builds the report).
 
 Steps, each gating the next:
 
@@ -49,12 +49,12 @@ import psycopg
 
 from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestion, SourceSpec
-from lakeslot.api.naming import IngestionNames, collision_fix
-from lakeslot.mirror import catalogs
+from lakeslot.api.naming import IngestionNames, TableName, collision_fix, quote_ident
+from lakeslot.mirror import catalog as catalogs
+from lakeslot.observability.status import Report, first_line, lost_condition, slot_condition, slot_status, table_rows
 from lakeslot.source import connection, ddl_capture, failover, preflight, publication, slot
-from lakeslot.source.tables import TableName, quote_ident, selected
+from lakeslot.source.tables import selected
 from lakeslot.staging.store import Staging
-from lakeslot.status import Report, first_line, lost_condition, slot_condition, slot_status, table_rows
 
 Connect = Callable[..., psycopg.Connection]
 
@@ -200,7 +200,7 @@ def _joined(report: Report, added: list[TableName], lsn: int) -> None:
     (written before they joined, or while they were out of it): each is copied from a snapshot
     at or after ``lsn`` — new ones by the ordinary snapshot, those with a mirror by a re-snapshot
     of that table alone (``status.tables[].resnapshotBelowLsn``, served like a user's request,
-    see :mod:`lakeslot.resnapshot`)."""
+    see :mod:`lakeslot.control.resnapshot`)."""
     rows = {TableName(r.schema_name, r.name): r for r in report.status.tables}
     for table in added:
         row = rows.get(table)

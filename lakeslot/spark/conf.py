@@ -3,8 +3,8 @@ SparkApplications (no PySpark import, so the operator stays light).
 
 Invariants: the same arguments give the same dict. ``iceberg_conf`` enables Iceberg's SQL
 extensions, defines one catalog (``sink.catalog``, translated by
-:func:`lakeslot.mirror.catalogs.spark_conf`), runs the session and the driver/executor JVMs in
-UTC, starts Python workers through :mod:`lakeslot.spark_daemon` (a cheaper task start), and lets
+:func:`lakeslot.mirror.catalog.spark_conf`), runs the session and the driver/executor JVMs in
+UTC, starts Python workers through :mod:`lakeslot.spark.daemon` (a cheaper task start), and lets
 a join build a hash table of its small side instead of sorting both (the apply job's MERGE).
 Names resolve case-sensitively (``spark.sql.caseSensitive``): PostgreSQL and Iceberg both tell
 ``Id``, ``id`` and ``ID`` apart, and Spark's default (case-insensitive) would make a MERGE over
@@ -18,20 +18,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from lakeslot.api.cluster import TUNING
 from lakeslot.api.models import CatalogSpec
-from lakeslot.mirror import catalogs
+from lakeslot.mirror import catalog as catalogs
 
 UTC_JVM_OPTIONS = "-Duser.timezone=UTC"
-# Defaults ``sparkConf`` may override (the reference page's "Spark configuration keys" lists them):
-TUNING = {
-    # Python workers start without the archives Spark puts on their path (25 ms less a task)
-    "spark.python.daemon.module": "lakeslot.spark_daemon",
-    # the apply job's MERGE joins the mirror (right outer) with the changes: a shuffled hash
-    # join building the changes' side when every partition of it is at most this (64 MB,
-    # AQE's advisory partition size, the least it takes), not a sort of both sides — 5M-row
-    # table, 100k changes: 2.0 s against 3.3-4.0 s; a bigger side sorts as before
-    "spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold": "64m",
-}
 
 
 def iceberg_conf(catalog: CatalogSpec, *, jars: Sequence[str | Path] = ()) -> dict[str, str]:

@@ -38,7 +38,7 @@ from collections.abc import Collection, Sequence
 
 from lakeslot.api.partitioning import PartitionField
 from lakeslot.mirror.contract import LSN_PROPERTY, MAINTENANCE_SUMMARY, PARTITION_PROPERTY
-from lakeslot.spark_session import execute, iceberg_actions
+from lakeslot.spark.session import each, execute, iceberg_actions
 
 
 def spec_text(fields: Sequence[PartitionField]) -> str:
@@ -70,12 +70,6 @@ def _term(jvm, field: PartitionField):
     return getattr(expressions, field.transform[:-1])(field.column)  # years → year, ...
 
 
-def _each(iterable):
-    iterator = iterable.iterator()
-    while iterator.hasNext():
-        yield iterator.next()
-
-
 def evolve(jvm, operations, table, fields: Sequence[PartitionField]) -> bool:
     """Make the partition spec of ``operations`` (a Java ``Table`` or ``Transaction``: what
     ``updateSpec()`` and ``updateProperties()`` are called on; ``table`` is how it looks now,
@@ -83,10 +77,10 @@ def evolve(jvm, operations, table, fields: Sequence[PartitionField]) -> bool:
     :data:`PARTITION_PROPERTY`; nothing is changed when both already agree. Whether anything
     changed."""
     schema = table.schema()
-    columns = {f.name() for f in _each(schema.columns())}
+    columns = {f.name() for f in each(schema.columns())}
     wanted = {(str(f.iceberg), f.column): f for f in fields}
     current = {}
-    for part in _each(table.spec().fields()):
+    for part in each(table.spec().fields()):
         if str(part.transform()) == "void":
             continue
         current[(str(part.transform()), schema.findColumnName(part.sourceId()))] = part.name()
@@ -124,7 +118,7 @@ def lay_out(spark, table, lsn: int | None) -> int:
     outdated = 0
     tasks = table.newScan().planFiles()
     try:
-        outdated = sum(1 for task in _each(tasks) if task.file().specId() != spec_id)
+        outdated = sum(1 for task in each(tasks) if task.file().specId() != spec_id)
     finally:
         tasks.close()
     if not outdated:

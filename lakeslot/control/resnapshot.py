@@ -9,7 +9,7 @@ A table is copied again when
   seen), and it is served once the mirror's ``lakeslot.snapshot-lsn`` reaches it — so a
   reconcile that runs while the copy completes does not ask again; the same request, with the
   LSN it joined at, is made for a table that joined the publication again with a mirror
-  (:func:`lakeslot.control.check_source`: what changed while it was out is in no stream); or
+  (:func:`lakeslot.control.steps.check_source`: what changed while it was out is in no stream); or
 - the apply job stopped it with an error whose way out is a re-snapshot it may start by itself
   (``policies.onSchemaChange: Resnapshot``: DDL, a rewrite, partition maintenance, a drop and
   re-create — see :mod:`lakeslot.apply.job`), and fewer than
@@ -35,8 +35,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from lakeslot.api.models import PoliciesSpec
+from lakeslot.api.naming import TableName
 from lakeslot.mirror.progress import MirrorProgress
-from lakeslot.source.tables import TableName
 
 
 @dataclass(frozen=True)
