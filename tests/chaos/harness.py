@@ -399,13 +399,16 @@ def staging_unwritable(c: Context) -> str:
 def staging_full(c: Context) -> str:
     """The staging filesystem full for a while: the tmpfs under staging shrunk to what it holds
     (writes fail with ENOSPC; renames, reads and deletes go on), then given its size back. It
-    lasts its seeded length and at least until the run noticed it (:func:`_until_noticed`)."""
+    lasts its seeded length and at least until the run noticed it (:func:`_until_noticed`); while
+    it waits, it is shrunk again to what is left (retention deletes applied segments, and the
+    space they free would otherwise let the reader's writes succeed: no attempt ever failed, in
+    one CI run, for 300 s)."""
     assert os.path.ismount(c.staging), f"{c.staging} is not a tmpfs (see staging_on_tmpfs)"
     seconds = c.rng.uniform(3, 10)
     marks = _log_sizes(c)
     full = wait_for(lambda: shrink_to_used(c.staging), "the staging tmpfs to be made full")
     try:
-        noticed = _until_noticed(c, marks, seconds)
+        noticed = _until_noticed(c, marks, seconds, hold=lambda: shrink_to_used(c.staging))
     finally:
         restore_size(c.staging)
     return f"staging full (ENOSPC, {full >> 10} KiB used) for {noticed:.1f} s"
@@ -471,14 +474,18 @@ def _log_sizes(c: Context) -> dict[Path, int]:
     return {log: log.stat().st_size if log.exists() else 0 for log in logs}
 
 
-def _until_noticed(c: Context, marks: dict[Path, int], seconds: float) -> float:
+def _until_noticed(c: Context, marks: dict[Path, int], seconds: float,
+                   hold: Callable[[], object] | None = None) -> float:
     """Hold an outage for ``seconds`` (its seeded length), and then until the run's or its
     reader's log has a warning or error past ``marks`` (an attempt failed on it: a fault that
-    struck between two attempts would test nothing); how long it lasted."""
+    struck between two attempts would test nothing); how long it lasted. ``hold``, when given,
+    runs before every look (to keep the outage in force while waiting)."""
     started = time.monotonic()
     time.sleep(seconds)  # the outage's length (a fault parameter)
 
     def noticed() -> bool:
+        if hold is not None:
+            hold()
         for log, mark in marks.items():
             with open(log, "rb") as f:
                 f.seek(mark)
