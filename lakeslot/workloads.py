@@ -64,7 +64,7 @@ def reader_command(ingestion: PostgresIngestion) -> list[str]:
                "--host", source.host, "--port", str(source.port), "--dbname", source.database,
                "--user", source.user, "--sslmode", source.ssl_mode,
                "--metrics-port", str(READER_METRICS_PORT),
-               "--segment-max-seconds", f"{reader.seal_seconds(ingestion.spec.apply.trigger_interval_seconds):g}"]
+               "--segment-max-seconds", f"{ingestion.spec.seal_seconds():g}"]
     if reader.segment_max_bytes is not None:
         command += ["--segment-max-bytes", str(reader.segment_max_bytes)]
     if source.ca_secret_ref is not None:

@@ -130,9 +130,11 @@ def test_the_reader_seals_segments_as_the_apply_trigger_needs(trigger, reader, s
                                   warehouse="/tmp/wh", staging="file:///tmp/staging")
     document["spec"]["apply"] = {"triggerIntervalSeconds": trigger}
     document["spec"]["reader"] = reader
-    command = workloads.reader_command(PostgresIngestion.model_validate(document))
+    ingestion = PostgresIngestion.model_validate(document)
+    command = workloads.reader_command(ingestion)
     config = reader_command.config(cli.build_parser().parse_args(command[1:]))
     assert (config.segment_max_seconds, config.segment_max_bytes) == (seconds, size)
+    assert ingestion.spec.seal_seconds() == seconds  # the period the apply job's passes follow
 
 
 def test_the_reader_command_stays_light():

@@ -633,12 +633,6 @@ class ReaderSpec(ApiModel):
         le=1024 * MiB,
     )
 
-    def seal_seconds(self, trigger_interval_seconds: int) -> float:
-        """``segmentMaxSeconds``, or its default for the apply job's trigger interval."""
-        if self.segment_max_seconds is not None:
-            return self.segment_max_seconds
-        return min(DEFAULT_SEAL_MAX_S, max(DEFAULT_SEAL_MIN_S, trigger_interval_seconds / 2))
-
 
 class ApplySpec(ApiModel):
     """The long-running Spark job that merges staged changes into the mirror tables."""
@@ -714,6 +708,16 @@ class PostgresIngestionSpec(ApiModel):
     )
 
     rules = (cluster.reserved_spark_conf,)
+
+    def seal_seconds(self) -> float:
+        """The reader's seal period: ``reader.segmentMaxSeconds``, or its default for
+        ``apply.triggerIntervalSeconds``. Its one derivation: the reader is given it on its
+        command line (:func:`lakeslot.workloads.reader_command`), the apply job starts its passes
+        on its grid (:mod:`lakeslot.cadence`), and the status judges freshness by it."""
+        if self.reader.segment_max_seconds is not None:
+            return self.reader.segment_max_seconds
+        interval = self.apply.trigger_interval_seconds
+        return min(DEFAULT_SEAL_MAX_S, max(DEFAULT_SEAL_MIN_S, interval / 2))
 
 
 # ------------------------------------------------------------------------------------- status

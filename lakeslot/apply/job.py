@@ -199,7 +199,7 @@ class Applier:
         self.steps = Steps()  # this pass's
         self.totals = Totals()
         self.interval = spec.apply.trigger_interval_seconds
-        self.lag = cadence.Lag(spec.reader.seal_seconds(self.interval))  # passes behind the seals
+        self.lag = cadence.Lag(spec.seal_seconds())  # passes behind the seals
         self._seen_end: int | None = None  # the furthest segment end a listing showed
         # a failed table waits for its retry time (lakeslot.apply.isolation); a --once run tries
         # every table at once

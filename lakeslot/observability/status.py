@@ -318,7 +318,7 @@ def catching_up_after_s(spec: PostgresIngestionSpec) -> float:
     a change waits in a steady stream (its segment's seal, then the next apply pass), and at
     least :data:`CATCHING_UP_MIN_S`."""
     trigger = spec.apply.trigger_interval_seconds
-    return max(CATCHING_UP_MIN_S, 2 * (spec.reader.seal_seconds(trigger) + trigger))
+    return max(CATCHING_UP_MIN_S, 2 * (spec.seal_seconds() + trigger))
 
 
 def streaming(report: Report, applied: list[int], *, reader_problem: str | None,
