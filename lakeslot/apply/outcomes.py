@@ -2,8 +2,9 @@
 counters since the job started, and where a pass spends its time — plus the hook points tests
 raise from to simulate a crash (or plant a failure) at a named point.
 
-Plain data: :mod:`lakeslot.apply.job` fills them in, :mod:`lakeslot.staging.apply_status`'s
-readers see them as the status document (:meth:`TableOutcome.document`, :meth:`Totals.document`).
+Plain data: :mod:`lakeslot.apply.passes` and :mod:`lakeslot.apply.table_pass` fill them in,
+:mod:`lakeslot.staging.apply_status`'s readers see them as the status document
+(:meth:`TableOutcome.document`, :meth:`Totals.document`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ A table is copied again when
   (:func:`lakeslot.control.steps.check_source`: what changed while it was out is in no stream); or
 - the apply job stopped it with an error whose way out is a re-snapshot it may start by itself
   (``policies.onSchemaChange: Resnapshot``: DDL, a rewrite, partition maintenance, a drop and
-  re-create — see :mod:`lakeslot.apply.job`), and fewer than
+  re-create — see :mod:`lakeslot.apply.evolution`), and fewer than
   ``policies.maxResnapshotsPerHour`` re-snapshots of it were committed within the last hour.
 
 Invariants:

@@ -148,6 +148,13 @@ class TableState:
     properties: dict[str, str]
 
     @property
+    def position(self) -> int:
+        """``lsn``, of a table known to have one (the apply job works only on such tables: one
+        without waits for its snapshot; evolving or backfilling a table keeps it)."""
+        assert self.lsn is not None, "the table has no lakeslot.lsn yet"
+        return self.lsn
+
+    @property
     def error(self) -> str | None:
         """The recorded definite error, if still in force (see the module docstring)."""
         return apply_error(self.properties, self.lsn)

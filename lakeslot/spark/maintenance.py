@@ -9,7 +9,7 @@ Invariants:
   position the table had when it started (the actions' ``snapshotProperty``) and rewrites files,
   never rows: the table's content and position are those of the commit before it.
 - **Never concurrent with the apply job's own commits**: it runs in the apply job's thread
-  between passes (:meth:`lakeslot.apply.job.Applier.run_pass`). The only other writer of a mirror
+  between passes (:meth:`lakeslot.apply.passes.Passes.run_pass`). The only other writer of a mirror
   is a re-snapshot (a replace transaction): a compaction committing after it fails Iceberg's
   validation (the files it rewrote are gone) and is retried at a later run, and one committing
   before it is replaced with everything else — so a maintenance tag never lands on top of a

@@ -1,5 +1,5 @@
 """The apply job's status document, ``<staging>/apply-status.json``: the contract between the
-apply job, which rewrites it after every pass (:meth:`lakeslot.apply.job.Applier.run_pass`), and
+apply job, which rewrites it after every pass (:meth:`lakeslot.apply.passes.Passes.run_pass`), and
 its readers — local mode (``lakeslot run``, ``lakeslot status``, metrics) and the operator.
 
 The document (JSON object): ``version``, ``ingestion``, ``updatedAt``, ``batchEnd``,

@@ -1,0 +1,176 @@
+"""How an apply pass schedules its tables: the pass loop, from the staging listing to the status
+document. What happens to each table is :mod:`lakeslot.apply.table_pass`'s; this module decides
+which tables go through which phase, in what order, and what the pass reports.
+
+A pass (:meth:`Passes.run_pass`), every step timed (:class:`lakeslot.apply.outcomes.Steps`):
+
+1. ``prepare``: every table's mirror (:meth:`~lakeslot.apply.table_pass.TablePass.prepare`);
+   staging is listed; a table whose position is below the first staged segment is cut off (a
+   definite error: its changes are gone).
+2. ``scan``: the batch (:func:`lakeslot.apply.spread.scan`, at most ``max_segments`` segments
+   from the lowest position).
+3. ``plan``: lakeslot's DDL messages of the batch, then every table's plan.
+4. ``reduce``: every table with changes at once (:mod:`lakeslot.apply.reduction`).
+5. Every planned table applied in turn (:meth:`~lakeslot.apply.table_pass.TablePass.apply`),
+   then its reductions released.
+6. ``maintenance``: escalation of tables that keep failing transiently, upkeep
+   (:mod:`lakeslot.apply.upkeep`: expiry, compaction, retention), lifting the errors of tables
+   that work again.
+7. ``status``: the status document ``<staging>/apply-status.json``.
+
+Invariants:
+
+- Every table of the job has exactly one outcome per pass, reported in the job's table order.
+- Each table's work runs through :meth:`lakeslot.apply.failures.Failures.attempt`: an error of
+  one table becomes that table's outcome and the pass goes on (DESIGN.md "Isolation"); when
+  the source cannot be read for the DDL messages, no table is planned and each is ``retrying``.
+- Retention sees every table's outcome, failed ones included (their changes wait in staging).
+- Passes start on the seals' grid (:mod:`lakeslot.cadence`): :meth:`Passes.until_next_pass`.
+
+Failure modes: an error that belongs to no table — staging or the catalog unreachable, a gap in
+staging (:class:`lakeslot.staging.format.GapError`) — propagates out of :meth:`Passes.run_pass`:
+the pass fails as a whole (the caller counts it and ends the job). Hooks
+(:class:`lakeslot.apply.outcomes.Hooks`) may raise at any of their points to simulate a crash.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import NoReturn
+
+from lakeslot import cadence
+from lakeslot import lsn as lsn_text
+from lakeslot.api.naming import TableName
+from lakeslot.apply import spread
+from lakeslot.apply.changes import TableError
+from lakeslot.apply.failures import Exhausted, Failures
+from lakeslot.apply.outcomes import Hooks, PassResult, Steps, TableOutcome, Totals, now_text
+from lakeslot.apply.reduction import Reduction
+from lakeslot.apply.table_pass import Planned, TablePass
+from lakeslot.apply.upkeep import Upkeep
+from lakeslot.mirror.contract import TableState
+from lakeslot.spark.session import make_active
+from lakeslot.spark.tables import Tables
+from lakeslot.staging.format import SegmentName
+from lakeslot.staging.store import Staging
+from lakeslot.workloads import JobInput
+
+
+class Passes:
+    """One apply job's passes (its memory: the furthest segment listed, the lag behind the
+    seals, the totals since the job started)."""
+
+    def __init__(self, spark, job: JobInput, tables: Tables, staging: Staging, hooks: Hooks,
+                 failures: Failures, totals: Totals, work: TablePass, reduction: Reduction,
+                 upkeep: Upkeep, max_segments: int) -> None:
+        self.spark, self.job, self.spec = spark, job, job.ingestion.spec
+        self.tables, self.staging, self.hooks = tables, staging, hooks
+        self.failures, self.totals = failures, totals
+        self.work, self.reduction, self.upkeep = work, reduction, upkeep
+        self.max_segments = max_segments
+        self.interval = self.spec.apply.trigger_interval_seconds
+        self.lag = cadence.Lag(self.spec.seal_seconds())  # passes behind the seals
+        self._seen_end: int | None = None  # the furthest segment end a listing showed
+
+    def run_pass(self) -> PassResult:
+        make_active(self.spark)  # (the JVM thread may lose it)
+        self.tables.ensure_namespace(self.spec.sink.namespace)
+        self.failures.retried_now = set()
+        outcomes: dict[TableName, TableOutcome] = {}
+        states: dict[TableName, TableState] = {}
+        steps = Steps()
+        self.work.begin(steps)
+        with steps("prepare"):
+            for table in self.job.tables:
+                prepared = self.failures.attempt(table, functools.partial(self.work.prepare, table))
+                if isinstance(prepared, TableState):
+                    states[table] = prepared
+                else:
+                    outcomes[table] = prepared
+        staged = self._list_staging()
+        for table, state in list(states.items()):
+            position = state.position
+            if staged and position > 0 and position + 1 < staged[0].start:
+                outcomes[table] = self.failures.attempt(table, functools.partial(
+                    _cut_off, table, position, staged[0].start))
+                del states[table]
+        with steps("scan"):
+            batch = spread.scan(self.staging, staged, {t: s.position for t, s in states.items()},
+                                max_segments=self.max_segments)
+        self.hooks("batch-read")
+        planned: dict[TableName, Planned] = {}
+        with steps("plan"):
+            read = self.failures.retried("reading lakeslot's DDL messages",
+                                         functools.partial(self.work.read_messages, batch))
+            if isinstance(read, Exhausted):  # (the source is down: nothing can be planned)
+                outcomes.update((t, self.failures.retrying(t, read.error)) for t in states)
+                states = {}
+            for table, state in states.items():
+                plan = self.failures.attempt(table, functools.partial(
+                    self.work.plan, table, state, batch))
+                if isinstance(plan, Planned):
+                    planned[table] = plan
+                else:
+                    outcomes[table] = plan
+        with steps("reduce"):
+            reduced = self.reduction.reduce(
+                batch, [p.config for p in planned.values() if p.scan.changes], outcomes)
+        try:
+            for table, plan in planned.items():
+                if table not in outcomes:
+                    outcomes[table] = self.failures.attempt(table, functools.partial(
+                        self.work.apply, table, plan, batch, reduced.get(table)))
+        finally:
+            for each in {id(r): r for r in reduced.values()}.values():
+                each.release()
+        self.hooks("after-tables")
+        self.failures.escalate(outcomes)
+        ordered = tuple(outcomes[t] for t in self.job.tables)
+        with steps("maintenance"):
+            self.upkeep.expire(ordered)
+            for table, error in self.upkeep.maintain(ordered).items():
+                outcomes[table] = self.failures.retryable(table, error)
+            ordered = tuple(outcomes[t] for t in self.job.tables)
+            self.failures.recovered(ordered)
+            deleted = self.upkeep.retention(ordered, staged)
+        self.hooks("after-retention")
+        result = PassResult(batch.end, len(batch.segments) == self.max_segments, ordered, deleted,
+                            steps.seconds)
+        self.totals.add_pass(result, batch.tables)
+        with steps("status"):
+            self._write_status(result)
+        return result
+
+    def until_next_pass(self, started: float) -> float:
+        """Seconds until the pass after one that started at the wall time ``started``, just after
+        a seal when the interval allows (:func:`lakeslot.cadence.wait`)."""
+        return cadence.wait(started, self.interval, self.lag.period, self.lag.seconds, time.time())
+
+    def _list_staging(self) -> list[SegmentName]:
+        """The sealed segments; when those new since the last listing were sealed feeds the
+        passes' lag behind the seals (:mod:`lakeslot.cadence`) — not those of the job's first
+        listing, which may have been sealed long before, by size or by an older reader."""
+        listing = self.staging.listing()
+        seen = self._seen_end
+        if seen is not None:
+            self.lag.observe(t for name, t in listing if t is not None and name.end > seen)
+        self._seen_end = max((name.end for name, _ in listing), default=seen)
+        return [name for name, _ in listing]
+
+    def _write_status(self, result: PassResult) -> None:
+        document = {
+            "version": 1, "ingestion": self.job.names.owner,
+            "updatedAt": now_text(),
+            "batchEnd": None if result.end is None else lsn_text.format(result.end),
+            "segmentsDeleted": result.deleted,
+            "tables": [t.document() for t in result.tables],
+            "totals": self.totals.document()}
+        self.staging.write_apply_status(document)
+
+
+def _cut_off(table: TableName, position: int, first: int) -> NoReturn:
+    raise TableError(
+        f"{table}: the mirror reflects {lsn_text.format(position)} but staging starts at "
+        f"{lsn_text.format(first)}: the changes in between are gone (the slot was recreated after "
+        "it was lost, or segments were deleted by hand); re-snapshot the table", resnapshot=True)
