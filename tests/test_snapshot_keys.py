@@ -125,6 +125,18 @@ def test_a_unique_index_on_not_null_columns_is_trusted_without_reading_the_table
         keys.check(conn, T, oid, ["a", "b"])  # guaranteed: returns without a query
 
 
+def test_the_data_is_checked_only_for_configured_keys_postgresql_does_not_keep_unique(pgdb):
+    _create(pgdb, f"CREATE TABLE {T.name} (a int NOT NULL, b text)", "(1, 'x')")
+    with pgdb.connect() as conn:
+        oid = existing(conn, [T])[T]
+        assert not keys.must_check(conn, oid, [])  # the replica identity's key: PostgreSQL's
+        assert keys.must_check(conn, oid, ["a"])
+        conn.execute(f"CREATE UNIQUE INDEX keyed_a ON {T.name} (a)")
+        assert not keys.must_check(conn, oid, ["a"])
+        assert keys.must_check(conn, oid, ["b"])
+        assert not keys.must_check(conn, oid, ["b"], ["a"])  # the key the mirror has decides
+
+
 def test_a_not_valid_not_null_constraint_is_no_guarantee(pg_cluster_factory):
     """PostgreSQL 18 sets attnotnull for ``NOT NULL … NOT VALID`` while old rows may be NULL."""
     cluster = pg_cluster_factory.get("pg18")

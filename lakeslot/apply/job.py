@@ -637,14 +637,15 @@ class Applier:
 
     def _check_unique(self, table: TableName, state: TableState) -> bool:
         """Whether the table's key is configured (keyColumns) without PostgreSQL keeping it
-        unique: then every insert is checked against the batch and the mirror."""
+        unique (:func:`lakeslot.source.keys.must_check`): then every insert is checked against
+        the batch and the mirror."""
         options = self.job.table_spec(table)
-        if options is None or not options.key_columns:
+        if options is None or not options.key_columns:  # (no catalog read: nothing to check)
             return False
         if table not in self._unique:
             current = self._current_facts().get(table)
-            self._unique[table] = current is not None and not keys.guaranteed(
-                self._source(), current.oid, state.key)
+            self._unique[table] = current is not None and keys.must_check(
+                self._source(), current.oid, options.key_columns, state.key)
         return self._unique[table]
 
     def _duplicate(self, table: TableName, state: TableState, key: tuple, where: str) -> NoReturn:

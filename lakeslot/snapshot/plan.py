@@ -12,7 +12,7 @@ Invariants:
   range: such a heap is one range with no predicate (one reader per heap).
 - A partitioned table is read through its leaf partitions (each its own heap and ranges), into one
   mirror table, as logical replication publishes it through the root.
-- Configured key columns (``keyColumns``) are checked on the snapshot's rows (:mod:`.keys`): a
+- Configured key columns (``keyColumns``) are checked on the snapshot's rows (:mod:`lakeslot.source.keys`): a
   duplicate key value or a NULL in a key column fails the table before anything is copied.
 
 Failure modes (a :class:`TableFailure`, a definite error for that table only): the table does not
@@ -119,8 +119,7 @@ def inspect(conn: psycopg.Connection, requests: Sequence[TableRequest], *,
         try:
             mapped = columns.describe(conn, oid, request.options, types=types)
             heaps, rows = _heaps(conn, request, oid)
-            if request.options.key_columns:
-                keys.check(conn, request.source, oid, request.options.key_columns)
+            keys.check(conn, request.source, oid, request.options.key_columns)
             _check_partition_by(request, mapped)
         except (typemap.MappingError, columns.DescribeError, keys.KeyColumnsError) as e:
             plans.append(TableFailure(request, f"table {request.source}: {e}"))
