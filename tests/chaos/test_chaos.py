@@ -18,9 +18,9 @@ the rounds: the workload stops, the run is stopped with SIGTERM (exit 0), ``lake
 catches up (exit 0), and each mirror is read with pyiceberg, independently of lakeslot's readers,
 and compared with its source row by row.
 
-Environment: ``LAKESLOT_CHAOS_ROUNDS`` rounds per version (CI: 8, a fresh seed per test session,
+Environment: ``LAKESLOT_CHAOS_ROUNDS`` rounds per version (CI: 6, a fresh seed per test session,
 shared by both versions: they take the seeded order of the 12 fault kinds from opposite ends, so
-CI injects every kind once per run); ``LAKESLOT_CHAOS_SEED`` replays a seed (printed at the start
+CI injects every kind exactly once per run); ``LAKESLOT_CHAOS_SEED`` replays a seed (printed at the start
 and in every failure message); ``LAKESLOT_CHAOS_FAULTS`` (comma-separated names) restricts the
 kinds.
 """
@@ -44,7 +44,7 @@ from tests.support.apply_workload import IDLE, KEYLESS, MAIN
 from tests.support.fixtures_pg import RESTARTABLE_SETTINGS
 from tests.support.waiting import wait_for
 
-ROUNDS = int(os.environ.get("LAKESLOT_CHAOS_ROUNDS", "8"))
+ROUNDS = int(os.environ.get("LAKESLOT_CHAOS_ROUNDS", "6"))
 SEED = int(os.environ.get("LAKESLOT_CHAOS_SEED") or random.SystemRandom().randrange(2**32))
 ONLY = [k for k in os.environ.get("LAKESLOT_CHAOS_FAULTS", "").split(",") if k]
 WAL_SENDER_TIMEOUT_S = 5
