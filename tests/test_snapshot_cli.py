@@ -50,8 +50,8 @@ def test_the_ingestion_decides_the_job_and_the_password_comes_only_from_the_envi
     first, second = job.tables
     assert first.source == TableName('Sales "EU"', "Order Lines")
     assert first.target == "sales__eu___order_lines_95436ecc"
-    assert (first.key_columns, first.exclude_columns) == (("id",), ("secret",))
-    assert second.source == TableName("public", "plain") and second.key_columns == ()
+    assert (first.options.key_columns, first.options.exclude_columns) == (("id",), ("secret",))
+    assert second.source == TableName("public", "plain") and second.options.key_columns == ()
     assert job.table_properties == {"write.parquet.compression-codec": "zstd"}
     with pytest.raises(SystemExit):
         entry.build_parser().parse_args([*argv, "--password", "x"])
