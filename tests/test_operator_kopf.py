@@ -150,6 +150,7 @@ def test_fifty_ingestions_reconcile(kube, api, pg_cluster_factory, spark_warehou
         cluster.drop_database("fifty")
 
 
+@pytest.mark.one_version  # (nothing here depends on the server version)
 def test_a_spec_listing_a_thousand_tables_is_handled(kube, api, pgdb, spark_warehouse, tmp_path):
     """A spec the CRD accepts can be larger than one command-line argument (Linux: 128 KiB) and
     than all of an object's annotations (256 KiB, which the emulator enforces like the API
@@ -168,9 +169,13 @@ def test_a_spec_listing_a_thousand_tables_is_handled(kube, api, pgdb, spark_ware
     assert len(json.dumps(document["spec"])) > 256 * 1024
     with _operator(kube, api):
         env.create_ingestion(api, document, pgdb.cluster.password)
-        resource = wait_for(lambda: (found := env.get_ingestion(api, "many")) and (
-            found.get("status") or {}).get("snapshot", {}).get("application") and found,
-            "the snapshot application", deadline=300, interval=1)
+        def submitted() -> dict | None:
+            found = env.get_ingestion(api, "many")
+            application = ((found or {}).get("status") or {}).get("snapshot", {}).get("application")
+            return found if application else None
+
+        resource = wait_for(submitted, "the snapshot application", deadline=300, interval=1)
+        assert resource is not None  # (wait_for returns only a truthy result)
     app = env.spark_applications(api)[resource["status"]["snapshot"]["application"]]
     assert len(json.dumps(app["spec"]["arguments"])) < 512
     assert sorted(env.job_input(api, app).tables) == sorted(tables)
