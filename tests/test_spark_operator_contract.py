@@ -44,7 +44,7 @@ from kubeflow_spark_api.models.spark_v1beta2_spark_application import (
 
 from lakeslot.api.cluster import INGESTION_NAME_MAX
 from lakeslot.api.models import PostgresIngestion
-from lakeslot.workloads import CA_FILE_ENV, JobInput
+from lakeslot.workloads import CA_FILE_ENV, JOB_INPUT_FILE, JOB_INPUT_KEY, JobInput
 from lakeslot_operator import children
 from tests.api_cases import EXAMPLES, apply_edits, base_document
 from tests.support import spark_operator
@@ -85,6 +85,9 @@ def _ingestion(name: str) -> PostgresIngestion:
     return PostgresIngestion.model_validate(SPECS[name])
 
 
+JOB_DOCUMENT = '{"ingestion": {}, "tables": []}'  # (what Spark mounts is all that is checked)
+
+
 def _applications(ingestion: PostgresIngestion, config: children.OperatorConfig = CONFIG) -> list[dict]:
     generation = f"g{ingestion.spec.snapshot.resnapshot_generation}-0123abcd"
     return [children.snapshot_application(ingestion, "uid", config, ["--x"], generation=generation),
@@ -104,8 +107,23 @@ def _pod_specs(ingestion: PostgresIngestion, config: children.OperatorConfig = C
 
 
 def _secrets(ingestion: PostgresIngestion) -> dict[str, dict[str, str]]:
+    """The Secrets Spark mounts: the CA's (when there is one) and every job's input Secret."""
     ref = ingestion.spec.source.ca_secret_ref
-    return {} if ref is None else {ref.name: {ref.key: "-----BEGIN CERTIFICATE-----", "other": "x"}}
+    secrets = {} if ref is None else {ref.name: {ref.key: "-----BEGIN CERTIFICATE-----", "other": "x"}}
+    for app in _applications(ingestion):
+        secrets[children.input_name(app["metadata"]["name"])] = {JOB_INPUT_KEY: JOB_DOCUMENT}
+    return secrets
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_job_document_is_where_the_driver_reads_it(name):
+    ingestion = _ingestion(name)
+    for app in _applications(ingestion):
+        driver = spark_operator.pod_view(app, "driver", _secrets(ingestion))
+        assert driver["files"][JOB_INPUT_FILE] == JOB_DOCUMENT
+        assert all(spark_operator.DNS1123_LABEL.fullmatch(v) and len(v) <= 63 for v in driver["volumes"])
+        executor = spark_operator.pod_view(app, "executor", _secrets(ingestion))
+        assert JOB_INPUT_FILE not in executor["files"]  # (the driver alone reads it)
 
 
 @pytest.mark.parametrize(("version", "mode"), SCHEMA_MODES)

@@ -30,7 +30,7 @@ from lakeslot.api.naming import TableName
 from lakeslot.apply import columns, spread
 from lakeslot.mirror import typemap
 from lakeslot.source import ddl_capture, facts
-from lakeslot.source.columns import TypeCache
+from lakeslot.source.columns import ColumnOptions, TypeCache
 from lakeslot.source.connection import ConnectionSettings, application_name, connect
 from lakeslot.staging.relations import Column, Relation
 from lakeslot.workloads import JobInput
@@ -72,13 +72,11 @@ class SourceTables:
         return TypeCache(self.connection()).pg_type(column.type_oid, column.type_modifier)
 
     def _excluded(self, table: TableName) -> tuple[str, ...]:
-        options = self.job.table_spec(table)
-        return tuple(options.exclude_columns) if options else ()
+        return ColumnOptions.of(self.job.table_spec(table)).exclude_columns
 
     def _text_columns(self, table: TableName) -> tuple[str, ...]:
         """The table's ``textColumns``: kept as text, as the snapshot keeps them."""
-        options = self.job.table_spec(table)
-        return tuple(options.text_columns) if options else ()
+        return ColumnOptions.of(self.job.table_spec(table)).text_columns
 
     def _relation_text_columns(self, relation: Relation) -> tuple[str, ...]:
         return self._text_columns(TableName(relation.schema, relation.table))

@@ -60,7 +60,7 @@ from lakeslot.mirror.contract import (
     table_properties,
 )
 from lakeslot.source import facts, keys
-from lakeslot.source.columns import DescribeError, describe
+from lakeslot.source.columns import ColumnOptions, DescribeError, describe
 from lakeslot.source.tables import existing
 from lakeslot.spark.tables import Tables
 from lakeslot.staging.relations import Relation
@@ -153,9 +153,7 @@ class TablePass:
         if oid is None:
             raise TableError(f"table {table} does not exist (dropped, renamed, or not a table)")
         try:
-            mapped = describe(conn, oid, key_columns=options.key_columns if options else (),
-                              exclude_columns=self.sources._excluded(table),
-                              text_columns=self.sources._text_columns(table))
+            mapped = describe(conn, oid, ColumnOptions.of(options))
         except (typemap.MappingError, DescribeError) as e:
             raise TableError(f"table {table}: {e}") from None
         self.tables.create(target, typemap.mirror_schema(mapped),
@@ -193,14 +191,15 @@ class TablePass:
 
     def _check_unique(self, table: TableName, state: TableState) -> bool:
         """Whether the table's key is configured (keyColumns) without PostgreSQL keeping it
-        unique: then every insert is checked against the batch and the mirror."""
+        unique (:func:`lakeslot.source.keys.must_check`): then every insert is checked against
+        the batch and the mirror."""
         options = self.job.table_spec(table)
-        if options is None or not options.key_columns:
+        if options is None or not options.key_columns:  # (no catalog read: nothing to check)
             return False
         if table not in self._unique:
             current = self.sources.current_facts().get(table)
-            self._unique[table] = current is not None and not keys.guaranteed(
-                self.sources.connection(), current.oid, state.key)
+            self._unique[table] = current is not None and keys.must_check(
+                self.sources.connection(), current.oid, options.key_columns, state.key)
         return self._unique[table]
 
     # 3. with the reduction ---------------------------------------------------------------------

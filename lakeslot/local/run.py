@@ -488,7 +488,7 @@ class _Session:
         ``lakeslot.lsn``. Anything else, a dead Spark JVM (a session cannot be revived in this
         process), or :data:`APPLY_RESTARTS` failures in a row without a finished pass in between
         end the run (exit 1)."""
-        from lakeslot.apply import isolation
+        from lakeslot.errors import transient_in_spark
 
         error = worker.error
         if error is None:
@@ -498,7 +498,7 @@ class _Session:
                             f"where the mirrors say when started again; last error: "
                             f"{type(error).__name__}: {st.first_line(error)}")
         what = f"{type(error).__name__}: {st.first_line(error)}"
-        if not isinstance(error, isolation.TRANSIENT) or failures.add(what, progressed=progressed):
+        if not isinstance(error, transient_in_spark()) or failures.add(what, progressed=progressed):
             worker.outcome()  # raises RunFailed with the error
         delay = min(APPLY_BACKOFF_MAX_S, APPLY_BACKOFF_S * 2 ** (failures.count - 1))
         log.warning("the apply job failed transiently (%s); restarting it in %.0f s (failure %d "
