@@ -5,15 +5,16 @@ key other than ``ca.crt``, image pull secrets, a reader service account), in bot
 Spark modes (``MODES``: security contexts for spark-operator's mutating webhook; and, for a
 spark-operator ≥ 2.1 without it, pod templates as well):
 
-- SparkApplications validate strictly (nothing pruned) against the schemas of spark-operator
-  v1beta2-1.3.8 (webhook mode only: it has no pod template field, and the check shows it would
-  prune one) and v2 (tests/data/spark-operator/: excerpts transcribed from the upstream API
-  types, each file naming its source; the full CRDs, 197k and 800k characters, were not copied,
-  and no PyPI, npm or Debian package ships them), and the core types inside them (the security
-  contexts, the pod templates) against Kubernetes' own schemas, for the oldest supported
-  Kubernetes (1.29) and the newest the validator knows; and they round-trip unchanged through
-  spark-operator 2.4's own API models (PyPI ``kubeflow-spark-api``, generated from its OpenAPI
-  spec, corev1 types included);
+- SparkApplications validate strictly (nothing pruned) against the schema of spark-operator v2,
+  and against v1beta2-1.3.8's with nothing pruned but ``seccompProfile`` (webhook mode only: it
+  has no pod template field, and the check shows it would prune one; its CRD predates
+  ``seccompProfile``, so the Spark pods it makes are not ``restricted``, as the docs say)
+  (tests/data/spark-operator/: excerpts transcribed from the upstream API types, each file naming
+  its source; the full CRDs, 197k and 800k characters, were not copied, and no PyPI, npm or
+  Debian package ships them), and the core types inside them (the security contexts, the pod
+  templates) against Kubernetes' own schemas, for the oldest supported Kubernetes (1.29) and the
+  newest the validator knows; and they round-trip unchanged through spark-operator 2.4's own API
+  models (PyPI ``kubeflow-spark-api``, generated from its OpenAPI spec, corev1 types included);
 - they pass the replay of spark-operator's published webhook rules (DNS-1035 names, denied
   sparkConf keys), and the replay itself refuses what it must;
 - Spark's own secret-mount naming (``<secret>-volume``, one file per key at the mount path) puts a
@@ -32,6 +33,7 @@ parts lakeslot's output depends on.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import kubernetes_validate
@@ -56,6 +58,12 @@ CONFIG = children.OperatorConfig(image="registry.example/lakeslot:1", image_pull
 # The operator's Spark modes: for spark-operator's webhook, and pod templates (no webhook, >= 2.1).
 MODES = {"webhook": CONFIG, "pod-templates": dataclasses.replace(CONFIG, spark_pod_templates=True)}
 # Which spark-operator schema each mode is for (v1beta2-1.3.8 has no pod template field).
+# What each version's API server prunes from every application lakeslot builds (webhook mode):
+# v1beta2-1.3.x's CRD predates seccompProfile (tests/data/spark-operator/, the header).
+PRUNED = {"v2": [], "v1beta2-1.3.8": [
+    "fields the API server would prune: [" + ", ".join(
+        f"'.spec.{role}.{field}.seccompProfile'" for role in ("driver", "executor")
+        for field in ("securityContext", "podSecurityContext")) + "]"]}
 SCHEMA_MODES = [(version, mode) for version in sorted(spark_operator.SCHEMAS) for mode in sorted(MODES)
                 if not (version.startswith("v1beta2-1.3") and mode == "pod-templates")]
 CA_KEY = "ca.pem"  # the project's own fixture's key: not ca.crt
@@ -131,7 +139,7 @@ def test_the_job_document_is_where_the_driver_reads_it(name):
 def test_spark_applications_validate_strictly_against_the_upstream_schema(name, version, mode):
     schema = spark_operator.load_schema(version)
     for app in _applications(_ingestion(name), MODES[mode]):
-        assert spark_operator.schema_problems(app, schema) == [], app["metadata"]["name"]
+        assert spark_operator.schema_problems(app, schema) == PRUNED[version], app["metadata"]["name"]
         for role in ("driver", "executor"):  # the core types inside, with Kubernetes' schemas
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {
                 "securityContext": app["spec"][role]["podSecurityContext"],
@@ -148,15 +156,32 @@ def test_spark_applications_validate_strictly_against_the_upstream_schema(name, 
 def test_spark_operator_before_2_1_would_prune_the_pod_templates():
     app = _applications(_ingestion("ingestion"), MODES["pod-templates"])[0]
     assert spark_operator.schema_problems(app, spark_operator.load_schema("v1beta2-1.3.8")) == [
-        "fields the API server would prune: ['.spec.driver.template', '.spec.executor.template']"]
+        "fields the API server would prune: [" + ", ".join(
+            f"'.spec.{role}.{field}'" for role in ("driver", "executor")
+            for field in ("securityContext.seccompProfile", "podSecurityContext.seccompProfile",
+                          "template")) + "]"]
+
+
+def test_spark_operator_1_3_prunes_seccomp_so_its_spark_pods_are_not_restricted():
+    """v1beta2-1.3.x's CRD predates ``seccompProfile``: its API server drops it, and the pods its
+    webhook makes are refused where ``restricted`` is enforced — what the docs' support table
+    says (restricted namespaces need spark-operator ≥ 2.0)."""
+    schema = spark_operator.load_schema("v1beta2-1.3.8")
+    for app in _applications(_ingestion("ingestion")):
+        stored = spark_operator.prune(copy.deepcopy(app), schema, object_meta=True)
+        for role in ("driver", "executor"):
+            pod = spark_operator.pod_view(stored, role, _secrets(_ingestion("ingestion")))["pod"]
+            assert "seccompProfile" not in pod["securityContext"]
+            assert "seccompProfile" not in pod["containers"][0]["securityContext"]
+            with pytest.raises(AssertionError):
+                assert_restricted(pod)
 
 
 def test_the_schema_check_refuses_a_field_upstream_does_not_have():
     app = _applications(_ingestion("ingestion"))[0]
     app["spec"]["driver"]["podTemplate"] = {}
-    for version in spark_operator.SCHEMAS:
-        assert spark_operator.schema_problems(app, spark_operator.load_schema(version)) == [
-            "fields the API server would prune: ['.spec.driver.podTemplate']"]
+    assert spark_operator.schema_problems(app, spark_operator.load_schema("v2")) == [
+        "fields the API server would prune: ['.spec.driver.podTemplate']"]
     app = _applications(_ingestion("ingestion"))[0]
     app["spec"]["pythonVersion"] = 3
     assert spark_operator.schema_problems(app, spark_operator.load_schema("v2"))
