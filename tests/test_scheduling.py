@@ -150,3 +150,12 @@ def test_backoff_over(attempts, finished, over):
     state = SnapshotStatus(state="FAILED", attempts=attempts,
                            finished_at=None if finished is None else ago(finished))
     assert scheduling.backoff_over(state, NOW) == over
+
+
+@pytest.mark.parametrize(("failures", "seconds"), [
+    (0, 30), (1, 30), (2, 60), (3, 120), (7, 1920), (8, 3600), (50, 3600),
+], ids=lambda value: str(value))
+def test_the_backoff_doubles_per_failure_up_to_an_hour(failures, seconds):
+    # The operator's snapshot application (backoff_over) and local mode's per-table copy retries
+    # (lakeslot.local.schedule.Schedule.copy_due) wait this long.
+    assert scheduling.backoff_s(failures) == seconds
