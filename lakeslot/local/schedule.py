@@ -5,12 +5,14 @@ the tables the apply job handles (:meth:`Schedule.apply_list`) and the next copy
 :func:`lakeslot.control.scheduling.plan` (which tables, from which LSN) — with the per-table
 backoff of :func:`lakeslot.control.scheduling.backoff_s`.
 
-- A table that joins (created in a selected schema, or now usable: :mod:`.selection`) is added
-  to the publication, the apply job is restarted with it (it waits for its snapshot, which holds
-  staging's retention), and then it is copied alone, online, with the re-snapshot machinery (the
-  snapshot job for that subset) from a snapshot taken after it joined: the rows written before it
-  joined are in no stream. A copy that fails is retried after a backoff (30 s, doubled per
-  failure, at most an hour); meanwhile the table is Pending and out of the apply job.
+Invariants:
+
+- A table that joins (created in a selected schema, or now usable: :mod:`.selection`) is in the
+  apply job from its next restart (it waits for its snapshot, which holds staging's retention),
+  and then it is copied alone, online (the snapshot job for that subset), from a snapshot taken
+  after it joined: the rows written before it joined are in no stream. A copy that fails is
+  retried after a backoff (30 s, doubled per failure, at most an hour); meanwhile the table is
+  Pending and out of the apply job.
 - A table that joins with a mirror already there (re-created, or selected again) is stopped at
   its position until its copy moves it (DESIGN.md invariant 8: its mirror misses what changed
   while it was out), and copied again the same way (its ``resnapshotBelowLsn``), as is any table
@@ -19,9 +21,6 @@ backoff of :func:`lakeslot.control.scheduling.backoff_s`.
   generation recorded in the state directory) or that the apply job marked for an automatic
   re-snapshot is copied again the same way; the generation is recorded once its copy committed.
 - A table that left the selection leaves the apply job; its mirror is kept as it was.
-
-Invariants:
-
 - One copy at a time, and only of tables the running apply job handles: it keeps staging's
   retention from deleting the changes after the copy's snapshot. A table seen just now is copied
   after the restart that adds it, at the apply job's first pass.
@@ -33,8 +32,9 @@ Invariants:
   and cut-off say is not done (whatever ``snapshot.mode`` says) — so a table that joins is copied
   even under ``mode: never``.
 
-Failure modes: a copy's failure is its tables' (backoff, then tried again), never the run's; a
-catalog that cannot be read raises (the run fails, as the apply job would).
+Failure modes: a copy's failure is its tables' (backoff, then tried again), never the run's. An
+error reading the mirrors' progress from the catalog is not caught here: it ends the run, after
+the run has stopped what it started.
 """
 
 from __future__ import annotations
