@@ -129,22 +129,22 @@ def _cut(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from lakeslot import workloads
     from lakeslot.local import config, verify
 
+    tables = args.tables
     try:
-        ingestion = args.ingestion_json or config.load_ingestion(args.filename)
+        if args.input is not None:  # the operator's verification Job: the job document
+            job = workloads.read_input(args.input, args.input_sha256)
+            ingestion, tables = job.ingestion, [*tables, *map(str, job.tables)]
+        else:
+            ingestion = config.load_ingestion(args.filename)
         environ = config.environment(ingestion, args.env_file)
-    except config.ConfigError as e:
+    except (config.ConfigError, ValueError) as e:
         print(f"lakeslot verify: {e}", file=sys.stderr)
         return EXIT_USAGE
-    return verify.command(ingestion, environ, args.tables, output=args.output,
+    return verify.command(ingestion, environ, tables, output=args.output,
                           timeout=args.timeout, rounds=args.rounds, result_token=args.result_token)
-
-
-def _ingestion_json(text: str):
-    from lakeslot import workloads
-
-    return workloads.ingestion_from_json(text)
 
 
 def _token(text: str) -> str:
@@ -355,9 +355,11 @@ def build_parser() -> argparse.ArgumentParser:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("-f", "--filename", metavar="FILE",
                         help="YAML file holding one PostgresIngestion")
-    source.add_argument("--ingestion-json", type=_ingestion_json, metavar="JSON",
-                        help="the PostgresIngestion (metadata and spec) as JSON, as the operator's "
-                        "verification Job passes it")
+    source.add_argument("--input", metavar="FILE",
+                        help="a job document (the PostgresIngestion and the tables, JSON), as the "
+                        "operator's verification Job mounts it")
+    p.add_argument("--input-sha256", metavar="HEX", help="with --input: wait until FILE is the "
+                   "document with this digest (a mounted ConfigMap)")
     p.add_argument("--env-file", metavar="FILE",
                    help="KEY=VALUE lines for the secrets (the process environment wins)")
     p.add_argument("--table", dest="tables", action="append", default=[], metavar="SCHEMA.NAME",

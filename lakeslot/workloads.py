@@ -1,37 +1,46 @@
-"""How an ingestion's workloads are invoked: the one definition of their command lines, shared
-by the operator (container commands, SparkApplication arguments) and local mode (child
-processes, in-process calls).
+"""How an ingestion's workloads are invoked: the one definition of their inputs and command
+lines, shared by the operator (container commands, SparkApplication arguments, input ConfigMaps)
+and local mode (child processes, in-process calls).
 
 Contract:
 
 - The reader is ``lakeslot reader`` with explicit flags (it needs no Spark and no catalog).
-- The operator's verification Job is ``lakeslot verify --ingestion-json`` with the tables as a
-  person names them and the request token its result document answers (:func:`verify_command`).
-- The Spark jobs take ``--ingestion-json``: the ingestion resource (metadata name/namespace
-  and spec) as JSON, from which they derive everything with the same models and naming
-  functions as the operator, so operator and jobs can never disagree about a name — plus the
-  tables the job should handle and job-specific flags.
-- No credential is ever part of a command line: the spec holds only Secret *references*; the
-  password arrives as the ``LAKESLOT_SOURCE_PASSWORD`` environment variable and the CA as a
-  file at ``CA_FILE`` (both wired by the operator from the user's Secrets; local mode sets
-  ``LAKESLOT_SOURCE_CA_FILE`` to where it wrote the CA). Catalog properties from Secrets
-  (``sink.catalog.secretProperties``) arrive as ``LAKESLOT_CATALOG_<KEY>`` variables
+- The Spark jobs and the operator's verification Job (``lakeslot verify``) read their input from
+  a file, never from the command line: a JSON document (:func:`job_document`) holding the
+  ingestion resource (metadata name/namespace and spec, from which they derive everything with
+  the same models and naming functions as the operator, so operator and jobs can never disagree
+  about a name) and the tables to handle. Linux caps one argument at 128 KiB, which a spec the
+  CRD accepts (1,000 tables) exceeds; a ConfigMap holds 1 MiB. The operator mounts the document
+  from a ConfigMap owned by the child at :data:`JOB_INPUT_FILE`; the arguments are
+  ``--input FILE --input-sha256 DIGEST`` and job-specific flags (:class:`Invocation`). The
+  digest is part of the child's spec, so a new document changes the child (the spark-operator
+  resubmits it), and the job waits until the mounted file is that document (the kubelet
+  refreshes a mounted ConfigMap only after a while).
+- No credential is ever part of a command line or of the document: the spec holds only Secret
+  *references*; the password arrives as the ``LAKESLOT_SOURCE_PASSWORD`` environment variable
+  and the CA as a file at ``CA_FILE`` (both wired by the operator from the user's Secrets; local
+  mode sets ``LAKESLOT_SOURCE_CA_FILE`` to where it wrote the CA). Catalog properties from
+  Secrets (``sink.catalog.secretProperties``) arrive as ``LAKESLOT_CATALOG_<KEY>`` variables
   (:func:`catalog_secret_env`).
 
-Failure modes: :func:`add_job_arguments` makes argparse exit with status 2 and a message naming
-the flag when the JSON is malformed or the resource fails validation (the same message
-``lakeslot validate`` prints).
+Failure modes: :func:`job_input` makes argparse exit with status 2 and a message naming the
+flag when the file cannot be read, is not JSON, or the resource fails validation (the same
+message ``lakeslot validate`` prints), or when the file is still not the document of
+``--input-sha256`` after :data:`INPUT_WAIT_S` (a ConfigMap that was not updated).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import pydantic
 
@@ -45,15 +54,39 @@ CA_FILE_ENV = "LAKESLOT_SOURCE_CA_FILE"
 READER_METRICS_PORT = 9187
 
 
-def ingestion_json(ingestion: PostgresIngestion) -> str:
-    """The resource without status, as compact JSON (camelCase, unset defaults omitted)."""
+JOB_INPUT_DIR = "/etc/lakeslot/job-input"  # where the operator mounts a child's input ConfigMap
+JOB_INPUT_KEY = "job.json"  # the ConfigMap's key, the file's name
+JOB_INPUT_FILE = f"{JOB_INPUT_DIR}/{JOB_INPUT_KEY}"
+INPUT_WAIT_S = 180.0  # the longest wait for a mounted input to become the expected document
+
+
+def job_document(ingestion: PostgresIngestion, tables: Iterable[TableName]) -> str:
+    """A job's input: the resource without status and the tables, as compact JSON (camelCase,
+    unset defaults omitted; the same arguments give the same text)."""
     document = ingestion.to_document()
     document.pop("status", None)
-    return json.dumps(document, separators=(",", ":"), sort_keys=True)
+    return json.dumps({"ingestion": document, "tables": [[t.schema, t.name] for t in tables]},
+                      separators=(",", ":"), sort_keys=True)
 
 
-def _table_args(tables: Iterable[TableName]) -> list[str]:
-    return [arg for t in tables for arg in ("--table", json.dumps([t.schema, t.name]))]
+def digest(document: str) -> str:
+    return hashlib.sha256(document.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """A job's input document and its own flags; :meth:`arguments` for a file holding it."""
+
+    document: str
+    flags: tuple[str, ...] = ()
+
+    def arguments(self, path: str = JOB_INPUT_FILE) -> list[str]:
+        return ["--input", path, "--input-sha256", digest(self.document), *self.flags]
+
+    def write(self, path: str | os.PathLike) -> list[str]:
+        """Write the document to ``path`` (local runs, tests) and return the arguments."""
+        Path(path).write_text(self.document)
+        return self.arguments(os.fspath(path))
 
 
 def reader_command(ingestion: PostgresIngestion) -> list[str]:
@@ -74,24 +107,28 @@ def reader_command(ingestion: PostgresIngestion) -> list[str]:
     return command
 
 
-def snapshot_arguments(ingestion: PostgresIngestion, tables: Iterable[TableName], *,
-                       min_snapshot_lsn: int = 0) -> list[str]:
+def snapshot_invocation(ingestion: PostgresIngestion, tables: Iterable[TableName], *,
+                        min_snapshot_lsn: int = 0) -> Invocation:
     """The snapshot job copies each listed table unless it already holds a snapshot of
     generation ≥ ``spec.snapshot.resnapshotGeneration`` taken at an LSN ≥ ``min_snapshot_lsn``
     (so a rerun after a crash resumes; a recreated slot invalidates older snapshots)."""
-    return ["--ingestion-json", ingestion_json(ingestion), *_table_args(tables),
-            *(["--min-snapshot-lsn", str(min_snapshot_lsn)] if min_snapshot_lsn else [])]
+    return Invocation(job_document(ingestion, tables),
+                      ("--min-snapshot-lsn", str(min_snapshot_lsn)) if min_snapshot_lsn else ())
 
 
-def apply_arguments(ingestion: PostgresIngestion, tables: Iterable[TableName]) -> list[str]:
-    return ["--ingestion-json", ingestion_json(ingestion), *_table_args(tables)]
+def apply_invocation(ingestion: PostgresIngestion, tables: Iterable[TableName]) -> Invocation:
+    return Invocation(job_document(ingestion, tables))
 
 
-def verify_command(ingestion: PostgresIngestion, tables: Iterable[TableName], token: str) -> list[str]:
+def verify_invocation(ingestion: PostgresIngestion, tables: Iterable[TableName], token: str
+                      ) -> Invocation:
     """``lakeslot verify`` of ``tables`` (none: every selected table), writing its outcome to
     staging for the request ``token``; secrets come from the environment, as for the jobs."""
-    return ["lakeslot", "verify", "--ingestion-json", ingestion_json(ingestion),
-            *[arg for t in tables for arg in ("--table", str(t))], "--result-token", token]
+    return Invocation(job_document(ingestion, tables), ("--result-token", token))
+
+
+def verify_command(invocation: Invocation, path: str = JOB_INPUT_FILE) -> list[str]:
+    return ["lakeslot", "verify", *invocation.arguments(path)]
 
 
 def catalog_secret_env(key: str) -> str:
@@ -135,32 +172,61 @@ class JobInput:
         return self.ingestion.spec.source.table_options(table.schema, table.name)
 
 
-def ingestion_from_json(text: str) -> PostgresIngestion:
-    """The value of ``--ingestion-json`` (argparse's ``ArgumentTypeError`` saying what is wrong)."""
+def ingestion_from_document(document: object) -> PostgresIngestion:
+    """The resource of a job's input (ValueError saying what is wrong)."""
     try:
-        return parse_resource(json.loads(text))
-    except json.JSONDecodeError as e:
-        raise argparse.ArgumentTypeError(f"not JSON: {e}") from None
+        return parse_resource(document)
     except pydantic.ValidationError as e:
         problems = "; ".join(f"{p.path}: {p.problem} (fix: {p.fix})" for p in problems_of(e))
-        raise argparse.ArgumentTypeError(f"not a valid PostgresIngestion: {problems}") from None
+        raise ValueError(f"not a valid PostgresIngestion: {problems}") from None
 
 
-def _table(text: str) -> TableName:
+def read_input(path: str, expected: str | None = None, *, wait_s: float = INPUT_WAIT_S,
+               sleep=time.sleep) -> JobInput:
+    """The job input in the file ``path``; with ``expected`` (a sha256), once the file is that
+    document, waiting up to ``wait_s`` (ValueError saying what is wrong)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            text = Path(path).read_text()
+        except OSError as e:
+            raise ValueError(f"cannot read the job input {path}: {e.strerror or e}") from None
+        if expected is None or digest(text) == expected:
+            break
+        if time.monotonic() >= deadline:
+            raise ValueError(f"the job input {path} is not the document this job was started "
+                             f"for (sha256 {digest(text)[:12]}…, expected {expected[:12]}…) after "
+                             f"{wait_s:.0f} s: its ConfigMap was not updated; the operator "
+                             "rewrites it at its next reconcile")
+        sleep(2.0)
+    return parse_input(text, path)
+
+
+def parse_input(text: str, where: str = "the job input") -> JobInput:
+    """The job input in the document ``text`` (ValueError naming ``where`` and the problem)."""
     try:
-        schema, name = json.loads(text)
-    except (json.JSONDecodeError, TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f'expected ["schema", "table"], got {text!r}') from None
-    return TableName(schema, name)
+        document = json.loads(text)
+        tables = tuple(TableName(schema, name) for schema, name in document["tables"])
+        resource = document["ingestion"]
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise ValueError(f"{where} is not a job document "
+                         f'({{"ingestion": …, "tables": [["schema", "name"], …]}}): {e}') from None
+    return JobInput(ingestion_from_document(resource), tables)
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags every Spark job takes (see :func:`snapshot_arguments`, :func:`apply_arguments`)."""
-    parser.add_argument("--ingestion-json", required=True, type=ingestion_from_json, metavar="JSON",
-                        help="the PostgresIngestion (metadata and spec) as JSON")
-    parser.add_argument("--table", dest="tables", action="append", type=_table, default=[],
-                        metavar='["SCHEMA","NAME"]', help="a table to handle (repeatable)")
+    """The flags every job reading a job document takes (see :class:`Invocation`)."""
+    parser.add_argument("--input", metavar="FILE", help="the job document: "
+                        '{"ingestion": <PostgresIngestion>, "tables": [["schema", "name"], …]}')
+    parser.add_argument("--input-sha256", metavar="HEX",
+                        help="wait until FILE is the document with this digest (a mounted ConfigMap)")
 
 
-def job_input(args: argparse.Namespace) -> JobInput:
-    return JobInput(args.ingestion_json, tuple(args.tables))
+def job_input(parser: argparse.ArgumentParser, args: argparse.Namespace) -> JobInput:
+    """The job input the parsed ``args`` name (``parser.error`` — exit 2 — when it is bad)."""
+    if args.input is None:
+        parser.error("--input FILE is required")
+    try:
+        return read_input(args.input, args.input_sha256)
+    except ValueError as e:
+        parser.error(f"argument --input: {e}")

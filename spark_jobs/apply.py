@@ -14,14 +14,13 @@ Run it as ``spark-submit spark_jobs/apply.py ARGS`` (the SparkApplication's
 ``python -m spark_jobs.apply --master 'local[2]' ARGS`` (builds a local session from
 ``spec.sink.catalog``), or call :func:`main` with an existing session.
 
-Arguments follow ``lakeslot.workloads`` (``apply_arguments``):
+Arguments follow ``lakeslot.workloads`` (``apply_invocation``):
 
-``--ingestion-json JSON``
-    The PostgresIngestion: staging URI and retention, sink (catalog, namespace, table names,
-    changelog, table properties), ``apply.triggerIntervalSeconds``, ``policies.onTruncate`` /
-    ``onSchemaChange``, ``snapshot.mode`` and per-table keyColumns/excludeColumns.
-``--table '["schema","name"]'`` (repeatable, at least one)
-    The tables to apply.
+``--input FILE`` (and ``--input-sha256 HEX``: wait until FILE is that document)
+    The job document: the PostgresIngestion — staging URI and retention, sink (catalog,
+    namespace, table names, changelog, table properties), ``apply.triggerIntervalSeconds``,
+    ``policies.onTruncate`` / ``onSchemaChange``, ``snapshot.mode`` and per-table
+    keyColumns/excludeColumns — and the tables to apply (at least one).
 ``--once``
     One pass over everything sealed now, then exit (local mode loops such passes).
 ``--master URL``

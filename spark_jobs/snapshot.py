@@ -15,14 +15,13 @@ Run it as ``spark-submit spark_jobs/snapshot.py ARGS`` (the SparkApplication's
 Arguments follow ``lakeslot.workloads`` (the one contract shared with the operator and local
 mode; nothing secret is ever an argument):
 
-``--ingestion-json JSON``
-    The PostgresIngestion: source, sink (catalog, namespace, table names, table properties),
-    snapshot settings (parallelism, target range size, statement timeout, resnapshotGeneration)
-    and per-table options (keyColumns, excludeColumns) all come from it.
-``--table '["schema","name"]'`` (repeatable, at least one)
-    The tables to copy. Each is copied unless its mirror already holds a snapshot of generation
-    ≥ ``spec.snapshot.resnapshotGeneration``: so a rerun after a crash resumes with the tables
-    not yet done, and raising the counter re-snapshots every listed table once.
+``--input FILE`` (and ``--input-sha256 HEX``: wait until FILE is that document)
+    The job document: the PostgresIngestion — source, sink (catalog, namespace, table names,
+    table properties), snapshot settings (parallelism, target range size, statement timeout,
+    resnapshotGeneration) and per-table options (keyColumns, excludeColumns) — and the tables to
+    copy (at least one). Each is copied unless its mirror already holds a snapshot of
+    generation ≥ ``spec.snapshot.resnapshotGeneration``: so a rerun after a crash resumes with
+    the tables not yet done, and raising the counter re-snapshots every listed table once.
 Password and CA
     ``LAKESLOT_SOURCE_PASSWORD`` (none: password-less authentication) and, when
     ``source.caSecretRef`` is set, the CA file at ``LAKESLOT_SOURCE_CA_FILE`` (default the path

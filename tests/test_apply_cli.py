@@ -28,16 +28,17 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_runnable_as_a_module_and_as_the_spark_applications_main_file(how, tmp_path):
     result = subprocess.run([sys.executable, *how, "--help"], capture_output=True, text=True,
                             check=True, cwd=tmp_path if how[0] != "-m" else ROOT)
-    assert "--once" in result.stdout and "--ingestion-json" in result.stdout
+    assert "--once" in result.stdout and "--input FILE" in result.stdout
 
 
-def test_no_table_is_a_usage_error(capsys):
+def test_no_table_is_a_usage_error(capsys, tmp_path):
     document = ingestion_document("apply", OfflineDatabase(), [MAIN], warehouse="/tmp/wh",
                                   staging="file:///tmp/staging")
-    argv = workloads.apply_arguments(PostgresIngestion.model_validate(document), [])
+    argv = workloads.apply_invocation(PostgresIngestion.model_validate(document), []).write(
+        tmp_path / "job.json")
     with pytest.raises(SystemExit) as exit_:
         entry.main(argv)
-    assert exit_.value.code == 2 and "no --table" in capsys.readouterr().err
+    assert exit_.value.code == 2 and "lists no table" in capsys.readouterr().err
 
 
 def test_once_with_the_operators_arguments(spark, spark_warehouse, iceberg_namespace, pgdb,
@@ -53,7 +54,7 @@ def test_once_with_the_operators_arguments(spark, spark_warehouse, iceberg_names
         Workload(conn, random.Random(9)).run(5)
     pipeline.seal()
     capsys.readouterr()
-    argv = workloads.apply_arguments(pipeline.ingestion, [MAIN, IDLE])
+    argv = workloads.apply_invocation(pipeline.ingestion, [MAIN, IDLE]).write(tmp_path / "job.json")
     assert entry.main([*argv, "--once"], spark=spark) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["ok"] and [t["state"] for t in summary["tables"]] == ["applied", "advanced"]
@@ -63,6 +64,7 @@ def test_once_with_the_operators_arguments(spark, spark_warehouse, iceberg_names
         conn.execute(f"TRUNCATE {MAIN}")
     pipeline.seal()
     strict = pipeline.with_spec(policies={"onTruncate": "Error"})
-    assert entry.main([*workloads.apply_arguments(strict.ingestion, [MAIN, IDLE]), "--once"],
-                      spark=spark) == 1
+    strict_argv = workloads.apply_invocation(strict.ingestion, [MAIN, IDLE]).write(
+        tmp_path / "strict.json")
+    assert entry.main([*strict_argv, "--once"], spark=spark) == 1
     assert "onTruncate is Error" in capsys.readouterr().err

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 import lakeslot_operator
+from lakeslot import errors
 from lakeslot.api import validation
 from lakeslot.api.crd import crd_manifest
 from lakeslot.api.models import GROUP, KIND
@@ -80,7 +81,7 @@ def test_every_waiting_reason_is_one_the_operator_writes():
     table = found.group(1)
     waiting = set(re.findall(r"^\s*(\w+) = true", table, re.M))
     assert waiting and waiting <= operator_reasons()
-    assert not waiting & set(status.DEFINITE), "a definite error is never waited out"
+    assert not waiting & set(errors.DEFINITE_REASONS), "a definite error is never waited out"
     assert not waiting & set(status.CHILD_FAILURES), "a child that cannot work is never waited out"
 
 

@@ -22,7 +22,7 @@ from lakeslot.control import steps as control
 from lakeslot.observability.status import Report
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.source import preflight, publication, slot
-from lakeslot.source.columns import DescribeError, describe
+from lakeslot.source.columns import ColumnOptions, DescribeError, describe
 from lakeslot.source.tables import existing
 from tests.support.apply_support import Pipeline
 from tests.support.operator_env import ingestion_document
@@ -54,11 +54,11 @@ def test_describe_mirrors_exactly_the_generated_columns_the_stream_carries(pgdb)
         _create(conn)
         oid = existing(conn, [T])[T]
         assert [c.name for c in describe(conn, oid)] == _mirrored(conn)
-        assert [c.name for c in describe(conn, oid, exclude_columns=["b"])] == [
+        assert [c.name for c in describe(conn, oid, ColumnOptions(exclude_columns=("b",)))] == [
             c for c in _mirrored(conn) if c != "b"]
         left_out = "v" if _major(conn) >= 18 else "s"
         with pytest.raises(DescribeError, match=f"key columns \\['{left_out}'\\] are generated"):
-            describe(conn, oid, key_columns=[left_out])
+            describe(conn, oid, ColumnOptions(key_columns=(left_out,)))
 
 
 def test_preflight_notes_the_left_out_columns_and_how_to_get_them(pgdb):
@@ -77,13 +77,13 @@ def test_preflight_notes_the_left_out_columns_and_how_to_get_them(pgdb):
         assert ("upgrade to PostgreSQL 18" in finding.fix) == (major < 18)
         assert preflight.notes([finding]) == [finding] and not preflight.failures([finding])
 
-        excluded = {T: ["v"] if major >= 18 else ["s", "t"]}
-        [quiet] = [f for f in preflight.run(conn, [T], excluded_columns=excluded)
+        excluded = {T: ColumnOptions(exclude_columns=("v",) if major >= 18 else ("s", "t"))}
+        [quiet] = [f for f in preflight.run(conn, [T], options=excluded)
                    if f.check == "generated_columns"]
         assert quiet.ok and not quiet.note
 
-        key = {T: ["v"] if major >= 18 else ["s"]}
-        [failed] = [f for f in preflight.run(conn, [T], key_columns=key)
+        key = {T: ColumnOptions(key_columns=("v",) if major >= 18 else ("s",))}
+        [failed] = [f for f in preflight.run(conn, [T], options=key)
                     if f.check == "generated_columns"]
         assert not failed.ok and "are generated columns" in failed.message
 

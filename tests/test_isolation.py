@@ -199,7 +199,7 @@ def _a_mirror_owned_by_another_source_table_is_never_written(pipeline, spark, wa
         assert outcomes[table].state == "applied"
         assert_mirror_equals_source(pipeline, warehouse, table)
     resnapshot = pipeline.with_spec(snapshot={"resnapshotGeneration": 1})
-    argv = workloads.snapshot_arguments(resnapshot.ingestion, [IDLE])
+    argv = pipeline.arguments(workloads.snapshot_invocation(resnapshot.ingestion, [IDLE]))
     assert snapshot_entry.main(argv, spark=spark) != 0  # the snapshot refuses to replace it
     assert pipeline.mirror_rows(IDLE, ["id", "v"]) == before
     spark.sql(f"ALTER TABLE {target} SET TBLPROPERTIES ('{SOURCE_TABLE_PROPERTY}'='{IDLE}')")

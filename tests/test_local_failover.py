@@ -54,10 +54,10 @@ def test_a_new_timeline_is_resumed_only_if_staging_ends_before_the_old_one_ended
     promoted = SourceIdentity("7", 2)
     for ended in ({1: 300}, {1: 400}):  # the standby had everything staged: resume at its end
         assert reader.check_resume(staging, _slot(77), promoted, ended.copy) == 300
-    with pytest.raises(reader.DefiniteError, match=r"at 0/12B .* staging ends at 0/12C") as e:
+    with pytest.raises(reader.ReaderError, match=r"at 0/12B .* staging ends at 0/12C") as e:
         reader.check_resume(staging, _slot(77), promoted, lambda: {1: 299})
     assert (e.value.reason, e.value.lsn) == ("TimelineChanged", 300)
-    with pytest.raises(reader.DefiniteError, match="does not descend from it"):
+    with pytest.raises(reader.ReaderError, match="does not descend from it"):
         reader.check_resume(staging, _slot(77), SourceIdentity("7", 3), lambda: {2: 400})
 
 

@@ -1,6 +1,7 @@
 """The real kopf operator (lakeslot's registry) on the Kubernetes API emulator with real
 PostgreSQL 15 and 18: create → children and status, delete under each deletionPolicy, a blocked
-cleanup and its documented way out, a restart without duplicate children, 50 ingestions.
+cleanup and its documented way out, a restart without duplicate children, 50 ingestions, a spec
+listing 1,000 tables.
 
 Simulated (they cannot run here): the spark-operator and the Deployment controller (nothing
 sets the children's status, so ingestions stay in Snapshotting — enough for these flows).
@@ -8,10 +9,12 @@ sets the children's status, so ingestions stay in Snapshotting — enough for th
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import kubernetes.client
 import pytest
+from psycopg import sql
 
 from lakeslot.api.naming import TableName
 from lakeslot.source import slot
@@ -145,3 +148,39 @@ def test_fifty_ingestions_reconcile(kube, api, pg_cluster_factory, spark_warehou
         assert len(env.deployments(api)) == 50
     finally:
         cluster.drop_database("fifty")
+
+
+@pytest.mark.one_version  # (nothing here depends on the server version)
+def test_a_spec_listing_a_thousand_tables_is_handled(kube, api, pgdb, spark_warehouse, tmp_path):
+    """A spec the CRD accepts can be larger than one command-line argument (Linux: 128 KiB) and
+    than all of an object's annotations (256 KiB, which the emulator enforces like the API
+    server): the operator keeps kopf's diff base in status and hands the snapshot job its input
+    in a Secret the job's SparkApplication owns, its arguments a few hundred bytes."""
+    schema = "many"
+    tables = [TableName(schema, f"table_with_a_rather_long_name_{i:04d}") for i in range(1000)]
+    with pgdb.connect() as conn:
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        for t in tables:
+            conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (id int PRIMARY KEY)").format(t.sql()))
+    document = env.ingestion_document("many", pgdb, tables, warehouse=spark_warehouse.as_uri(),
+                                      staging=(tmp_path / "many").as_uri())
+    for i, entry in enumerate(document["spec"]["source"]["tables"]):
+        entry["mirrorName"] = f"mirror_{i:04d}_" + "m" * 240
+    assert len(json.dumps(document["spec"])) > 256 * 1024
+    with _operator(kube, api):
+        env.create_ingestion(api, document, pgdb.cluster.password)
+        def submitted() -> dict | None:
+            found = env.get_ingestion(api, "many")
+            application = ((found or {}).get("status") or {}).get("snapshot", {}).get("application")
+            return found if application else None
+
+        resource = wait_for(submitted, "the snapshot application", deadline=300, interval=1)
+        assert resource is not None  # (wait_for returns only a truthy result)
+    app = env.spark_applications(api)[resource["status"]["snapshot"]["application"]]
+    assert len(json.dumps(app["spec"]["arguments"])) < 512
+    assert sorted(env.job_input(api, app).tables) == sorted(tables)
+    handled = json.loads(resource["status"]["lastHandledConfiguration"])["spec"]["source"]["tables"]
+    assert [(t["name"], t["mirrorName"]) for t in handled] == [
+        (t["name"], t["mirrorName"]) for t in document["spec"]["source"]["tables"]]
+    annotations = resource["metadata"].get("annotations") or {}
+    assert sum(len(k) + len(v) for k, v in annotations.items()) < 4096

@@ -240,7 +240,8 @@ def test_the_snapshot_jobs_rows_reach_the_operators_metrics(api, pgdb, spark, sp
     assert _reconciled(api, metrics).snapshot is None  # no snapshot ran yet
     (application,) = env.spark_applications(api).values()
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
-    assert snapshot_entry.main(application["spec"]["arguments"], spark=spark) == 0
+    arguments = env.mounted(api, application, application["spec"]["arguments"], tmp_path)
+    assert snapshot_entry.main(arguments, spark=spark) == 0
     assert _reconciled(api, metrics).snapshot is not None
     labels = {"namespace": env.NAMESPACE, "ingestion": NAME, "table": TABLE}
     assert metrics.registry.get_sample_value("lakeslot_table_snapshot_rows", labels) == 3_000
@@ -402,7 +403,7 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
 
             # 4. The apply job catches up: freshness falls back to 0.
             application = env.spark_applications(api)[f"{NAME}-apply"]
-            passed = apply_job.run(spark, env.job_input(application), once=True)
+            passed = apply_job.run(spark, env.job_input(api, application), once=True)
             assert passed.ok, passed
             last_pass = Staging(local.ingestion.spec.staging.uri).read_apply_status()
             assert last_pass is not None

@@ -96,7 +96,7 @@ def test_create_then_snapshot_then_stream(api, source, spark, spark_warehouse, t
     apps = env.spark_applications(api)
     [snapshot_name] = apps
     assert snapshot_name == status["snapshot"]["application"]
-    job = env.job_input(apps[snapshot_name])
+    job = env.job_input(api, apps[snapshot_name])
     assert sorted(job.tables) == sorted(tables) and job.ingestion.metadata.name == "orders"
     assert job.ingestion.spec.snapshot.resnapshot_generation == 0
 
@@ -116,8 +116,9 @@ def test_create_then_snapshot_then_stream(api, source, spark, spark_warehouse, t
     assert env.required_condition(resource, "SnapshotComplete")["status"] == "True"
     assert {t["state"] for t in resource["status"]["tables"]} == {"Streaming"}
     assert {t["appliedLsn"] for t in resource["status"]["tables"]} == {lsnlib.format(snapshot_lsn)}
-    apply_args = env.job_arguments(env.spark_applications(api)["orders-apply"])
-    assert sorted(apply_args.tables) == sorted(tables) and not apply_args.once  # long-running
+    apply_app = env.spark_applications(api)["orders-apply"]
+    assert sorted(env.job_input(api, apply_app).tables) == sorted(tables)
+    assert not env.job_arguments(apply_app).once  # long-running
     assert env.required_condition(resource, "Streaming")["reason"] == "ReaderNotReady"
 
     # Reader pod and apply job running (simulated controllers) → Ready.
@@ -246,7 +247,7 @@ def test_adding_a_table_snapshots_only_it_and_resnapshot_takes_all(api, source, 
     resource, events = _reconcile(api, "orders")
     second = resource["status"]["snapshot"]["application"]
     assert second != first
-    assert env.job_input(env.spark_applications(api)[second]).tables == (new,)
+    assert env.job_input(api, env.spark_applications(api)[second]).tables == (new,)
     assert any(e.reason == "TableAdded" and "New Table" in e.message for e in events)
 
     # Remove a table: out of the publication, its mirror kept (nothing drops Iceberg tables); its
@@ -271,7 +272,7 @@ def test_adding_a_table_snapshots_only_it_and_resnapshot_takes_all(api, source, 
     resource, _ = _reconcile(api, "orders")
     third = resource["status"]["snapshot"]["application"]
     assert third.startswith("orders-snapshot-g1-")
-    job = env.job_input(env.spark_applications(api)[third])
+    job = env.job_input(api, env.spark_applications(api)[third])
     assert job.ingestion.spec.snapshot.resnapshot_generation == 1
     assert len(job.tables) == len(spec_tables) - 1
     env.set_spark_state(api, third, "COMPLETED")
@@ -400,7 +401,7 @@ def test_a_lost_slot_is_recreated_staging_emptied_and_every_table_snapshotted_ag
         assert env.required_condition(resource, "SlotReady")["status"] == "True"
         application = resource["status"]["snapshot"]["application"]
         arguments = env.job_arguments(env.spark_applications(api)[application])
-        assert tuple(arguments.tables) == tuple(tables)
+        assert env.job_input(api, env.spark_applications(api)[application]).tables == tuple(tables)
         assert arguments.min_snapshot_lsn == lsnlib.parse(below)
         assert env.required_condition(resource, "SnapshotComplete")["reason"] == "Snapshotting"
 
@@ -443,7 +444,7 @@ def test_a_table_is_copied_again_alone_automatically_on_request_and_within_the_g
     resource, events = _reconcile(api, "again")
     name = resource["status"]["snapshot"]["application"]
     arguments = env.job_arguments(env.spark_applications(api)[name])
-    assert env.job_input(env.spark_applications(api)[name]).tables == (first,)
+    assert env.job_input(api, env.spark_applications(api)[name]).tables == (first,)
     assert arguments.min_snapshot_lsn == 101
     assert any(e.reason == "TableResnapshot" and "renamed" in e.message and str(first) in e.message
                for e in events)
@@ -474,7 +475,7 @@ def test_a_table_is_copied_again_alone_automatically_on_request_and_within_the_g
     row = {(r["schema"], r["name"]): r for r in resource["status"]["tables"]}[(second.schema, second.name)]
     assert row["observedResnapshotGeneration"] == 1 and row["resnapshotBelowLsn"] == lsnlib.format(101)
     name = resource["status"]["snapshot"]["application"]
-    assert second in env.job_input(env.spark_applications(api)[name]).tables
+    assert second in env.job_input(api, env.spark_applications(api)[name]).tables
     assert any(e.reason == "TableResnapshot" and "as requested" in e.message for e in events)
     resource, events = _reconcile(api, "again")  # asked once: not again
     assert not any(e.reason == "TableResnapshot" and "as requested" in e.message for e in events)
@@ -520,8 +521,8 @@ def test_schemas_a_table_created_joins_a_keyless_one_fails_alone_a_dropped_one_i
     assert rows(resource)[orders]["state"] == "Streaming"
     assert "1 failed" in env.required_condition(resource, "SourceReady")["message"]
     second = resource["status"]["snapshot"]["application"]
-    assert env.job_input(env.spark_applications(api)[second]).tables == (fresh,)
-    assert sorted(env.job_input(env.spark_applications(api)["shop-apply"]).tables) == [fresh, orders]
+    assert env.job_input(api, env.spark_applications(api)[second]).tables == (fresh,)
+    assert sorted(env.job_input(api, env.spark_applications(api)["shop-apply"]).tables) == [fresh, orders]
     with pgdb.connect() as conn:
         conn.execute("UPDATE app.keyless SET a = 1")  # the application is not broken
 
@@ -538,7 +539,7 @@ def test_schemas_a_table_created_joins_a_keyless_one_fails_alone_a_dropped_one_i
     assert rows(resource)[fresh]["state"] == "Removed"
     assert "no longer in schema app" in rows(resource)[fresh]["message"]
     assert any(e.reason == "TableRemoved" and "app.fresh" in e.message for e in events)
-    assert env.job_input(env.spark_applications(api)["shop-apply"]).tables == (orders,)
+    assert env.job_input(api, env.spark_applications(api)["shop-apply"]).tables == (orders,)
     assert resource["status"]["tableCount"] == 2  # orders, keyless
     assert published() == {orders}
 
@@ -552,5 +553,5 @@ def test_schemas_a_table_created_joins_a_keyless_one_fails_alone_a_dropped_one_i
     third = resource["status"]["snapshot"]["application"]
     assert third not in (first, second)
     arguments = env.job_arguments(env.spark_applications(api)[third])
-    assert env.job_input(env.spark_applications(api)[third]).tables == (fresh,)
+    assert env.job_input(api, env.spark_applications(api)[third]).tables == (fresh,)
     assert arguments.min_snapshot_lsn == lsnlib.parse(below)

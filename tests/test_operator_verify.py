@@ -71,8 +71,8 @@ def ingestion() -> PostgresIngestion:
 
 def test_the_job_runs_lakeslot_verify_once_with_credentials_by_reference(ingestion):
     tables = [TableName("public", "accounts"), ODD]
-    job = children.verify_job(ingestion, UID, CONFIG, workloads.verify_command(ingestion, tables, "t1"),
-                              token="t1")
+    invocation = workloads.verify_invocation(ingestion, tables, "t1")
+    job = children.verify_job(ingestion, UID, CONFIG, workloads.verify_command(invocation), token="t1")
     kubernetes_validate.validate(job, kubernetes_validate.latest_version(), strict=True)
     assert job["metadata"]["name"] == children.verify_name(ingestion, "t1") != children.verify_name(ingestion, "t2")
     assert len(job["metadata"]["name"]) <= 63 and job["metadata"]["annotations"] == {VERIFY: "t1"}
@@ -87,12 +87,23 @@ def test_the_job_runs_lakeslot_verify_once_with_credentials_by_reference(ingesti
     (container,) = pod["containers"]
     assert container["image"] == CONFIG.image
 
-    # The command is the real CLI's: the ingestion as JSON, the tables as a person names them.
+    # The command is the real CLI's; the ingestion and the tables are in the job document,
+    # mounted from the Secret the Job owns (the command line holds no spec: it has a size limit).
     command = container["command"]
     assert command[:2] == ["lakeslot", "verify"]
     args = build_parser().parse_args(command[1:])
-    assert args.ingestion_json == ingestion and args.result_token == "t1"
-    assert args.tables == ["public.accounts", str(ODD)]
+    assert args.input == workloads.JOB_INPUT_FILE and args.result_token == "t1"
+    assert args.input_sha256 == workloads.digest(invocation.document)
+    job_input = workloads.parse_input(invocation.document)
+    assert (job_input.ingestion, job_input.tables) == (ingestion, tuple(tables))
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == workloads.JOB_INPUT_DIR]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["secret"]["secretName"] == children.input_name(job["metadata"]["name"])
+    secret = children.job_input_secret(job, invocation.document, "job-uid")
+    kubernetes_validate.validate(secret, kubernetes_validate.latest_version(), strict=True)
+    assert secret["metadata"]["ownerReferences"] == [{
+        "apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"], "uid": "job-uid",
+        "controller": True, "blockOwnerDeletion": False}]  # deleted with the Job
 
     # Credentials only by reference; the one literal value is the CA file's path.
     env_vars = {e["name"]: e for e in container["env"]}
@@ -237,7 +248,8 @@ def _run_job(api, job: dict, tmp_path: Path) -> subprocess.CompletedProcess:
     environment holds exactly the container's variables (Secret references resolved)."""
     (container,) = job["spec"]["template"]["spec"]["containers"]
     environ = env.container_environment(api, container, home=tmp_path)
-    return subprocess.run([ls.LAKESLOT, *container["command"][1:]], env=environ, capture_output=True,
+    command = env.mounted(api, job, container["command"], tmp_path)
+    return subprocess.run([ls.LAKESLOT, *command[1:]], env=environ, capture_output=True,
                           text=True, timeout=JOB_DEADLINE_S, check=False)
 
 

@@ -25,7 +25,8 @@ SPARK_DRIVER_VERBS = {"get", "list", "watch", "create", "update", "patch", "dele
 def test_kube_calls_are_derived():
     """The derivation finds what the operator does today (guards the parser itself)."""
     assert kube_calls() == {
-        ("get", "", "secrets"), ("list", "", "pods"),
+        # secrets: the user's are read; the jobs' input Secrets are created and replaced
+        *[(verb, "", "secrets") for verb in ("get", "create", "update")], ("list", "", "pods"),
         *[(verb, "apps", "deployments") for verb in ("get", "list", "create", "update", "patch", "delete")],
         *[(verb, "sparkoperator.k8s.io", "sparkapplications")
           for verb in ("get", "list", "create", "update", "delete")],

@@ -255,7 +255,7 @@ def test_staging_from_another_timeline_or_system_is_a_definite_error(pgdb, tmp_p
         if case == "same":
             read_until(pgdb, staging.uri, end)
             continue
-        with pytest.raises(reader.DefiniteError) as error:
+        with pytest.raises(reader.ReaderError) as error:
             reader.run(config(pgdb, staging.uri), stop=threading.Event(), metrics=Metrics())
         assert (error.value.reason, error.value.lsn) == (case, start)
         assert staging.list() == [segments.SegmentName(start, start)]  # nothing streamed

@@ -79,14 +79,14 @@ def test_resume_is_the_end_of_staging_from_the_same_system_and_timeline(tmp_path
     assert reader.check_resume(staging, _slot(77), SOURCE) == 77  # empty staging: the slot
     SegmentWriter(staging, 77, SOURCE).seal(300)
     assert reader.check_resume(staging, _slot(77), SOURCE) == 300
-    with pytest.raises(reader.DefiniteError, match="from timeline 1 to 2") as e:
+    with pytest.raises(reader.ReaderError, match="from timeline 1 to 2") as e:
         reader.check_resume(staging, _slot(77), SourceIdentity(SOURCE.system_id, 2))
     assert (e.value.reason, e.value.lsn) == ("TimelineChanged", 300)
-    with pytest.raises(reader.DefiniteError) as e:
+    with pytest.raises(reader.ReaderError) as e:
         reader.check_resume(staging, _slot(77), SourceIdentity("42", 1))
     assert e.value.reason == "SystemChanged"
     reader.check_not_ahead(_slot(300), 300)
-    with pytest.raises(reader.DefiniteError, match="advanced to 0/12D but staging ends at 0/12C"):
+    with pytest.raises(reader.ReaderError, match="advanced to 0/12D but staging ends at 0/12C"):
         reader.check_not_ahead(_slot(301), 300)
 
 

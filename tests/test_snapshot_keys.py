@@ -14,6 +14,7 @@ from lakeslot.snapshot import job as snapshot_job
 from lakeslot.snapshot import plan
 from lakeslot.snapshot.plan import TableRequest
 from lakeslot.source import keys
+from lakeslot.source.columns import ColumnOptions
 from lakeslot.source.connection import connect
 from lakeslot.source.exported_snapshot import exported_snapshot, import_statements
 from lakeslot.source.tables import existing
@@ -46,7 +47,7 @@ def _plan(pgdb: Database, *requests: TableRequest, after_export=None):
 
 
 def _failure(pgdb: Database, key: tuple[str, ...], table: TableName = T) -> str:
-    (result,) = _plan(pgdb, TableRequest(table, "t", key_columns=key))
+    (result,) = _plan(pgdb, TableRequest(table, "t", ColumnOptions(key_columns=key)))
     assert isinstance(result, plan.TableFailure), result
     return result.message
 
@@ -59,7 +60,7 @@ def test_a_duplicate_key_value_fails_the_table_naming_the_value_and_the_fix(pgdb
     assert message.startswith(f"table {T}: ") and FIX in message
     assert "REPLICA IDENTITY USING INDEX" in message and "PRIMARY KEY" in message
     # unique columns pass
-    (ok,) = _plan(pgdb, TableRequest(T, "t", key_columns=("c",)))
+    (ok,) = _plan(pgdb, TableRequest(T, "t", ColumnOptions(key_columns=("c",))))
     assert isinstance(ok, plan.TablePlan) and [c.name for c in ok.columns if c.required] == ["c"]
 
 
@@ -102,7 +103,7 @@ def test_the_check_sees_the_exported_snapshot_only(pgdb):
         with pgdb.connect() as conn:
             conn.execute(f"INSERT INTO {T.name} VALUES (1, 'later')")
 
-    (result,) = _plan(pgdb, TableRequest(T, "t", key_columns=("a",)), after_export=add_duplicate)
+    (result,) = _plan(pgdb, TableRequest(T, "t", ColumnOptions(key_columns=("a",))), after_export=add_duplicate)
     assert isinstance(result, plan.TablePlan)
     assert "2 rows have (a) = (1)" in _failure(pgdb, ("a",))  # the next snapshot sees it
 
@@ -122,6 +123,18 @@ def test_a_unique_index_on_not_null_columns_is_trusted_without_reading_the_table
         assert not keys.guaranteed(conn, oid, ["b"])
         assert not keys.guaranteed(conn, oid, ["a", "c"])  # c may be NULL
         keys.check(conn, T, oid, ["a", "b"])  # guaranteed: returns without a query
+
+
+def test_the_data_is_checked_only_for_configured_keys_postgresql_does_not_keep_unique(pgdb):
+    _create(pgdb, f"CREATE TABLE {T.name} (a int NOT NULL, b text)", "(1, 'x')")
+    with pgdb.connect() as conn:
+        oid = existing(conn, [T])[T]
+        assert not keys.must_check(conn, oid, [])  # the replica identity's key: PostgreSQL's
+        assert keys.must_check(conn, oid, ["a"])
+        conn.execute(f"CREATE UNIQUE INDEX keyed_a ON {T.name} (a)")
+        assert not keys.must_check(conn, oid, ["a"])
+        assert keys.must_check(conn, oid, ["b"])
+        assert not keys.must_check(conn, oid, ["b"], ["a"])  # the key the mirror has decides
 
 
 def test_a_not_valid_not_null_constraint_is_no_guarantee(pg_cluster_factory):
@@ -155,8 +168,8 @@ def test_the_snapshot_job_fails_the_table_with_duplicate_keys_and_copies_the_oth
         conn.execute("INSERT INTO good SELECT g, 'v' || g FROM generate_series(1, 500) g")
         conn.execute("ALTER TABLE good REPLICA IDENTITY FULL")
     job = make_job(pgdb, iceberg_namespace, [
-        TableRequest(T, target_name(T), key_columns=("a",)),
-        TableRequest(good, target_name(good), key_columns=("a",))])
+        TableRequest(T, target_name(T), ColumnOptions(key_columns=("a",))),
+        TableRequest(good, target_name(good), ColumnOptions(key_columns=("a",)))])
     result = snapshot_job.copy(spark, job)
     outcome = {t.source: t for t in result.tables}
     error = outcome[T].error

@@ -9,6 +9,7 @@ from lakeslot.mirror import typemap
 from lakeslot.snapshot import plan
 from lakeslot.snapshot.plan import PageRange, TableRequest
 from lakeslot.source import exported_snapshot as leader
+from lakeslot.source.columns import ColumnOptions
 from tests.support.fixtures_pg import connection_settings
 
 
@@ -53,7 +54,7 @@ def test_plan_reads_types_keys_and_partitions(pgdb):
         conn.execute("CREATE TABLE empty_parted (id int PRIMARY KEY) PARTITION BY RANGE (id)")
         pages = conn.execute("SELECT relpages FROM pg_class WHERE relname = 'plain'").fetchone()[0]
     plain, parted, empty = _inspect(pgdb, [
-        TableRequest(TableName("public", "plain"), "p", exclude_columns=("c",)),
+        TableRequest(TableName("public", "plain"), "p", ColumnOptions(exclude_columns=("c",))),
         TableRequest(TableName("public", "parted"), "q"),
         TableRequest(TableName("public", "empty_parted"), "r")], target_range_bytes=8192 * 4)
     assert [(m.name, str(m.pg), m.required) for m in plain.columns] == [
@@ -69,9 +70,11 @@ def test_plan_reads_types_keys_and_partitions(pgdb):
     ("CREATE TABLE nokey (a int)", TableRequest(TableName("public", "nokey"), "x"), "no key"),
     ("CREATE TABLE t (a int PRIMARY KEY, r regclass)", TableRequest(TableName("public", "t"), "x"),
      "unsupported type regclass"),
-    ("CREATE TABLE t (a int PRIMARY KEY)", TableRequest(TableName("public", "t"), "x", key_columns=("b",)),
+    ("CREATE TABLE t (a int PRIMARY KEY)", TableRequest(TableName("public", "t"), "x",
+                                                        ColumnOptions(key_columns=("b",))),
      "key columns ['b'] do not exist"),
-    ("CREATE TABLE t (a int PRIMARY KEY)", TableRequest(TableName("public", "t"), "x", exclude_columns=("a",)),
+    ("CREATE TABLE t (a int PRIMARY KEY)", TableRequest(TableName("public", "t"), "x",
+                                                        ColumnOptions(exclude_columns=("a",))),
      "cannot be excluded"),
     ("CREATE TABLE t (a float8 PRIMARY KEY)", TableRequest(TableName("public", "t"), "x"), "identifier field"),
 ])

@@ -10,6 +10,7 @@ from psycopg import sql
 
 from lakeslot.api.naming import TableName
 from lakeslot.source import connection, preflight
+from lakeslot.source.columns import ColumnOptions
 from tests.support.fixtures_pg import connection_settings
 from tests.support.odd_names import create_odd_tables
 
@@ -99,7 +100,8 @@ def test_tables_without_a_usable_replica_identity(pgdb):
     t = {n: TableName("public", n) for n in
          ("keyless", "indexed", "nothing", "full_keyless", "keyed_default")}
     findings = _run(connection_settings(pgdb), list(t.values()),
-                    key_columns={t["full_keyless"]: ["a"], t["keyed_default"]: ["a"]})
+                    options={t["full_keyless"]: ColumnOptions(key_columns=("a",)),
+                             t["keyed_default"]: ColumnOptions(key_columns=("a",))})
 
     keyless = _failure(findings, "replica_identity", t["keyless"])
     assert "no primary key" in keyless.message
@@ -158,20 +160,20 @@ def test_unsupported_column_type(pgdb):
     assert all("excludeColumns" in f.fix for f in preflight.failures(findings))
     # Excluding the unsupported columns is the documented way out.
     assert preflight.failures(_run(connection_settings(pgdb), [table],
-                                   excluded_columns={table: ["rel", "r"]})) == []
+                                   options={table: ColumnOptions(exclude_columns=("rel", "r"))})) == []
 
 
 def test_excluded_columns_must_exist_and_not_be_keys(pgdb):
     with pgdb.connect() as conn:
         conn.execute('CREATE TABLE t ("Id" int PRIMARY KEY, "Big Blob" bytea)')
     table = TableName("public", "t")
-    findings = _run(connection_settings(pgdb), [table], excluded_columns={table: ["Id", "nope"]})
+    findings = _run(connection_settings(pgdb), [table], options={table: ColumnOptions(exclude_columns=("Id", "nope"))})
     assert _failure(findings, "excluded_columns", table).message == \
         "excluded columns ['nope'] do not exist"
-    findings = _run(connection_settings(pgdb), [table], excluded_columns={table: ["Id"]})
+    findings = _run(connection_settings(pgdb), [table], options={table: ColumnOptions(exclude_columns=("Id",))})
     assert "key columns ['Id'] cannot be excluded" in _failure(findings, "excluded_columns",
                                                                table).message
-    ok = _run(connection_settings(pgdb), [table], excluded_columns={table: ["Big Blob"]})
+    ok = _run(connection_settings(pgdb), [table], options={table: ColumnOptions(exclude_columns=("Big Blob",))})
     assert preflight.failures(ok) == []
 
 
@@ -186,7 +188,7 @@ def test_columns_that_differ_only_in_case_are_refused_only_where_the_catalog_fol
     assert "'Id', 'id', 'ID'" in failure.message and "glue" in failure.message
     assert "excludeColumns" in failure.fix
     assert preflight.failures(_run(settings, [table], folding_catalog="glue",
-                                   excluded_columns={table: ["id", "ID"]})) == []
+                                   options={table: ColumnOptions(exclude_columns=("id", "ID"))})) == []
 
 
 def test_missing_table_and_exhausted_slots(pg_cluster_factory):

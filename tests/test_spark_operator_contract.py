@@ -5,15 +5,16 @@ key other than ``ca.crt``, image pull secrets, a reader service account), in bot
 Spark modes (``MODES``: security contexts for spark-operator's mutating webhook; and, for a
 spark-operator ≥ 2.1 without it, pod templates as well):
 
-- SparkApplications validate strictly (nothing pruned) against the schemas of spark-operator
-  v1beta2-1.3.8 (webhook mode only: it has no pod template field, and the check shows it would
-  prune one) and v2 (tests/data/spark-operator/: excerpts transcribed from the upstream API
-  types, each file naming its source; the full CRDs, 197k and 800k characters, were not copied,
-  and no PyPI, npm or Debian package ships them), and the core types inside them (the security
-  contexts, the pod templates) against Kubernetes' own schemas, for the oldest supported
-  Kubernetes (1.29) and the newest the validator knows; and they round-trip unchanged through
-  spark-operator 2.4's own API models (PyPI ``kubeflow-spark-api``, generated from its OpenAPI
-  spec, corev1 types included);
+- SparkApplications validate strictly (nothing pruned) against the schema of spark-operator v2,
+  and against v1beta2-1.3.8's with nothing pruned but ``seccompProfile`` (webhook mode only: it
+  has no pod template field, and the check shows it would prune one; its CRD predates
+  ``seccompProfile``, so the Spark pods it makes are not ``restricted``, as the docs say)
+  (tests/data/spark-operator/: excerpts transcribed from the upstream API types, each file naming
+  its source; the full CRDs, 197k and 800k characters, were not copied, and no PyPI, npm or
+  Debian package ships them), and the core types inside them (the security contexts, the pod
+  templates) against Kubernetes' own schemas, for the oldest supported Kubernetes (1.29) and the
+  newest the validator knows; and they round-trip unchanged through spark-operator 2.4's own API
+  models (PyPI ``kubeflow-spark-api``, generated from its OpenAPI spec, corev1 types included);
 - they pass the replay of spark-operator's published webhook rules (DNS-1035 names, denied
   sparkConf keys), and the replay itself refuses what it must;
 - Spark's own secret-mount naming (``<secret>-volume``, one file per key at the mount path) puts a
@@ -32,6 +33,7 @@ parts lakeslot's output depends on.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import kubernetes_validate
@@ -44,7 +46,7 @@ from kubeflow_spark_api.models.spark_v1beta2_spark_application import (
 
 from lakeslot.api.cluster import INGESTION_NAME_MAX
 from lakeslot.api.models import PostgresIngestion
-from lakeslot.workloads import CA_FILE_ENV, JobInput
+from lakeslot.workloads import CA_FILE_ENV, JOB_INPUT_FILE, JOB_INPUT_KEY, JobInput
 from lakeslot_operator import children
 from tests.api_cases import EXAMPLES, apply_edits, base_document
 from tests.support import spark_operator
@@ -56,6 +58,12 @@ CONFIG = children.OperatorConfig(image="registry.example/lakeslot:1", image_pull
 # The operator's Spark modes: for spark-operator's webhook, and pod templates (no webhook, >= 2.1).
 MODES = {"webhook": CONFIG, "pod-templates": dataclasses.replace(CONFIG, spark_pod_templates=True)}
 # Which spark-operator schema each mode is for (v1beta2-1.3.8 has no pod template field).
+# What each version's API server prunes from every application lakeslot builds (webhook mode):
+# v1beta2-1.3.x's CRD predates seccompProfile (tests/data/spark-operator/, the header).
+PRUNED = {"v2": [], "v1beta2-1.3.8": [
+    "fields the API server would prune: [" + ", ".join(
+        f"'.spec.{role}.{field}.seccompProfile'" for role in ("driver", "executor")
+        for field in ("securityContext", "podSecurityContext")) + "]"]}
 SCHEMA_MODES = [(version, mode) for version in sorted(spark_operator.SCHEMAS) for mode in sorted(MODES)
                 if not (version.startswith("v1beta2-1.3") and mode == "pod-templates")]
 CA_KEY = "ca.pem"  # the project's own fixture's key: not ca.crt
@@ -85,6 +93,9 @@ def _ingestion(name: str) -> PostgresIngestion:
     return PostgresIngestion.model_validate(SPECS[name])
 
 
+JOB_DOCUMENT = '{"ingestion": {}, "tables": []}'  # (what Spark mounts is all that is checked)
+
+
 def _applications(ingestion: PostgresIngestion, config: children.OperatorConfig = CONFIG) -> list[dict]:
     generation = f"g{ingestion.spec.snapshot.resnapshot_generation}-0123abcd"
     return [children.snapshot_application(ingestion, "uid", config, ["--x"], generation=generation),
@@ -104,8 +115,23 @@ def _pod_specs(ingestion: PostgresIngestion, config: children.OperatorConfig = C
 
 
 def _secrets(ingestion: PostgresIngestion) -> dict[str, dict[str, str]]:
+    """The Secrets Spark mounts: the CA's (when there is one) and every job's input Secret."""
     ref = ingestion.spec.source.ca_secret_ref
-    return {} if ref is None else {ref.name: {ref.key: "-----BEGIN CERTIFICATE-----", "other": "x"}}
+    secrets = {} if ref is None else {ref.name: {ref.key: "-----BEGIN CERTIFICATE-----", "other": "x"}}
+    for app in _applications(ingestion):
+        secrets[children.input_name(app["metadata"]["name"])] = {JOB_INPUT_KEY: JOB_DOCUMENT}
+    return secrets
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_job_document_is_where_the_driver_reads_it(name):
+    ingestion = _ingestion(name)
+    for app in _applications(ingestion):
+        driver = spark_operator.pod_view(app, "driver", _secrets(ingestion))
+        assert driver["files"][JOB_INPUT_FILE] == JOB_DOCUMENT
+        assert all(spark_operator.DNS1123_LABEL.fullmatch(v) and len(v) <= 63 for v in driver["volumes"])
+        executor = spark_operator.pod_view(app, "executor", _secrets(ingestion))
+        assert JOB_INPUT_FILE not in executor["files"]  # (the driver alone reads it)
 
 
 @pytest.mark.parametrize(("version", "mode"), SCHEMA_MODES)
@@ -113,7 +139,7 @@ def _secrets(ingestion: PostgresIngestion) -> dict[str, dict[str, str]]:
 def test_spark_applications_validate_strictly_against_the_upstream_schema(name, version, mode):
     schema = spark_operator.load_schema(version)
     for app in _applications(_ingestion(name), MODES[mode]):
-        assert spark_operator.schema_problems(app, schema) == [], app["metadata"]["name"]
+        assert spark_operator.schema_problems(app, schema) == PRUNED[version], app["metadata"]["name"]
         for role in ("driver", "executor"):  # the core types inside, with Kubernetes' schemas
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}, "spec": {
                 "securityContext": app["spec"][role]["podSecurityContext"],
@@ -130,15 +156,32 @@ def test_spark_applications_validate_strictly_against_the_upstream_schema(name, 
 def test_spark_operator_before_2_1_would_prune_the_pod_templates():
     app = _applications(_ingestion("ingestion"), MODES["pod-templates"])[0]
     assert spark_operator.schema_problems(app, spark_operator.load_schema("v1beta2-1.3.8")) == [
-        "fields the API server would prune: ['.spec.driver.template', '.spec.executor.template']"]
+        "fields the API server would prune: [" + ", ".join(
+            f"'.spec.{role}.{field}'" for role in ("driver", "executor")
+            for field in ("securityContext.seccompProfile", "podSecurityContext.seccompProfile",
+                          "template")) + "]"]
+
+
+def test_spark_operator_1_3_prunes_seccomp_so_its_spark_pods_are_not_restricted():
+    """v1beta2-1.3.x's CRD predates ``seccompProfile``: its API server drops it, and the pods its
+    webhook makes are refused where ``restricted`` is enforced — what the docs' support table
+    says (restricted namespaces need spark-operator ≥ 2.0)."""
+    schema = spark_operator.load_schema("v1beta2-1.3.8")
+    for app in _applications(_ingestion("ingestion")):
+        stored = spark_operator.prune(copy.deepcopy(app), schema, object_meta=True)
+        for role in ("driver", "executor"):
+            pod = spark_operator.pod_view(stored, role, _secrets(_ingestion("ingestion")))["pod"]
+            assert "seccompProfile" not in pod["securityContext"]
+            assert "seccompProfile" not in pod["containers"][0]["securityContext"]
+            with pytest.raises(AssertionError):
+                assert_restricted(pod)
 
 
 def test_the_schema_check_refuses_a_field_upstream_does_not_have():
     app = _applications(_ingestion("ingestion"))[0]
     app["spec"]["driver"]["podTemplate"] = {}
-    for version in spark_operator.SCHEMAS:
-        assert spark_operator.schema_problems(app, spark_operator.load_schema(version)) == [
-            "fields the API server would prune: ['.spec.driver.podTemplate']"]
+    assert spark_operator.schema_problems(app, spark_operator.load_schema("v2")) == [
+        "fields the API server would prune: ['.spec.driver.podTemplate']"]
     app = _applications(_ingestion("ingestion"))[0]
     app["spec"]["pythonVersion"] = 3
     assert spark_operator.schema_problems(app, spark_operator.load_schema("v2"))

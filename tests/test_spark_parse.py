@@ -30,7 +30,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import DataType, StructField, StructType
 
 from lakeslot.apply import columns, merge, spread
-from lakeslot.apply.isolation import TRANSIENT
+from lakeslot.errors import transient_in_spark
 from lakeslot.mirror import typemap
 from lakeslot.mirror.contract import TableState
 from lakeslot.spark.tables import Tables
@@ -206,6 +206,6 @@ def test_a_value_no_mirror_type_holds_is_the_python_parsers_definite_error(spark
     bad = [(["4", value, None, None, None], "vvnnn", None, "I", 13)]
     with pytest.raises(typemap.UnmappableValue) as python:
         columns.parser("amount", DecimalType(10, 2)).from_text([value])
-    with pytest.raises(TRANSIENT) as raised:  # (as Spark delivers an executor's error)
+    with pytest.raises(transient_in_spark()) as raised:  # (as Spark delivers an executor's error)
         _typed(spark, spark_types, types, bad)
     assert str(merge.definite_error(raised.value)) == f"public.t: {python.value}"

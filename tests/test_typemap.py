@@ -26,6 +26,7 @@ from lakeslot.api.naming import TableName
 from lakeslot.mirror import typemap
 from lakeslot.mirror.contract import LSN_COLUMN
 from lakeslot.snapshot.plan import TableRequest
+from lakeslot.source.columns import ColumnOptions
 from tests.support.snapshot_helpers import copy_without_spark, read_files
 
 UTC = dt.UTC
@@ -185,7 +186,7 @@ def test_unmappable_values_fail_with_column_and_key_and_are_kept_as_text_on_requ
         conn.execute(f"CREATE TABLE {T.name} (id int PRIMARY KEY, v {type_}, w {type_})")
         conn.execute(f"INSERT INTO {T.name} VALUES (1, NULL, NULL), (42, {literal}, {literal})")
         text = conn.execute(f"SELECT v::text FROM {T.name} WHERE id = 42").fetchone()[0]
-    table_plan, results = copy_without_spark(pgdb, TableRequest(T, "t", text_columns=("w",)),
+    table_plan, results = copy_without_spark(pgdb, TableRequest(T, "t", ColumnOptions(text_columns=("w",))),
                                              tmp_path / "a")
     (error,) = [r.error for r in results]
     assert error is not None and "'v'" in error and "(id)=(42)" in error and reason in error
@@ -197,7 +198,7 @@ def test_unmappable_values_fail_with_column_and_key_and_are_kept_as_text_on_requ
     assert raised.value.index == 1 and raised.value.reason == reason and raised.value.value == text
 
     _, results = copy_without_spark(
-        pgdb, TableRequest(T, "t", text_columns=("v", "w")), tmp_path / "b")
+        pgdb, TableRequest(T, "t", ColumnOptions(text_columns=("v", "w"))), tmp_path / "b")
     copied = read_files(results).sort_by("id")
     assert copied.column("v").to_pylist() == [None, text] == copied.column("w").to_pylist()
 

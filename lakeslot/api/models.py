@@ -939,6 +939,11 @@ class PostgresIngestionStatus(ApiModel):
     verification: VerificationStatus | None = optional(
         "The last verification (requested with the lakeslot.io/verify annotation; see the Verified condition)."
     )
+    last_handled_configuration: str | None = optional(
+        "The spec the operator last handled, as JSON (what the next change is compared with; "
+        "written by kopf). Kept in status, not in an annotation: an object's annotations are "
+        "limited to 256 KiB in total, which a spec listing many tables exceeds."
+    )
 
 
 # ----------------------------------------------------------------------------------- resource

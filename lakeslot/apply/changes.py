@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from lakeslot import lsn as lsn_text
 from lakeslot.api.naming import TableName
+from lakeslot.errors import DefiniteError
 from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName
 from lakeslot.staging.relations import Relation
 
@@ -46,7 +47,7 @@ TOAST_FIX = ("set REPLICA IDENTITY FULL on the table (the old tuple then carries
              "then re-snapshot it")
 
 
-class TableError(Exception):
+class TableError(DefiniteError):
     """A definite error of one table; the message says why and what to do."""
 
     def __init__(self, message: str, *, resnapshot: bool = False, automatic: bool = False) -> None:

@@ -22,9 +22,8 @@ from typing import TypeVar
 from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.api.partitioning import PartitionSpecError
 from lakeslot.apply import isolation, merge
-from lakeslot.apply.changes import TableError
-from lakeslot.apply.isolation import TRANSIENT
 from lakeslot.apply.outcomes import TableOutcome, Totals, now_text
+from lakeslot.errors import DefiniteError, transient_in_spark
 from lakeslot.mirror import typemap
 from lakeslot.spark.session import error_summary
 from lakeslot.spark.tables import Tables
@@ -58,14 +57,15 @@ class Failures:
         def definite_or_transient() -> T:
             try:
                 return action()
-            except TRANSIENT as e:  # an executor's definite error arrives as Spark's
+            except transient_in_spark() as e:  # an executor's definite error arrives as Spark's
                 if (definite := merge.definite_error(e)) is not None:
                     raise definite from None
                 raise
 
         try:
             result = self.retried(str(table), definite_or_transient)
-        except (TableError, typemap.MappingError, PartitionSpecError) as e:
+        except (DefiniteError, typemap.MappingError, PartitionSpecError) as e:  # a type, a spec
+            # the mirror cannot take are definite too
             return self.fail(table, str(e), getattr(e, "resnapshot", True),
                               getattr(e, "automatic", False))
         except Exception as e:  # any other error of this table's work fails it alone
@@ -82,7 +82,7 @@ class Failures:
         target = self.names.mirror_table(table)
         try:
             state = self.tables.load(target)
-        except TRANSIENT:
+        except transient_in_spark():
             state = None
         previous = state.retry if state is not None and state.error is not None else None
         failures = previous[1] + 1 if previous is not None else 1
@@ -90,7 +90,7 @@ class Failures:
         message = isolation.retry_message(error, failures, retry_at)
         log.error("%s: %s", table, message)
         if state is not None:
-            with contextlib.suppress(*TRANSIENT):
+            with contextlib.suppress(*transient_in_spark()):
                 self.tables.record_error(target, message, state.lsn, False,
                                          retry=(retry_at, failures))
         return TableOutcome(table, target, "failed", state.lsn if state else None, error=message)
@@ -140,7 +140,7 @@ class Failures:
         for attempt in range(self.max_attempts):
             try:
                 return action()
-            except TRANSIENT as e:
+            except transient_in_spark() as e:
                 error = f"{type(e).__name__}: {error_summary(e)}"
                 self.totals.retries[what] = self.totals.retries.get(what, 0) + 1
                 log.warning("%s: transient error (attempt %d of %d): %s", what, attempt + 1,
@@ -152,7 +152,7 @@ class Failures:
     def _lsn_or_none(self, target: str) -> int | None:
         try:
             return self.tables.lsn(target)
-        except TRANSIENT:
+        except transient_in_spark():
             return None
 
     def fail(self, table: TableName, message: str, resnapshot: bool,

@@ -20,8 +20,9 @@ Invariants:
     at most 30 min), so the table is ``Failed`` in every status with the error; the job tries it
     again at that time (a new ``lakeslot run --once`` at once) and the first pass that works
     lifts the error;
-  - *transient* (connection, storage, Spark executor lost): retried within the pass, then
-    ``retrying``, and the next pass tries again.
+  - *transient* (connection, storage, Spark executor lost:
+    :func:`lakeslot.errors.transient_in_spark`): retried within the pass, then ``retrying``, and
+    the next pass tries again.
 
 - A batch's reduction runs for every table at once; when it fails it is split in halves, and
   halves again, until each failing table is found alone (:func:`halves`): the tables of every
@@ -41,14 +42,6 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import TypeVar
 
-import psycopg
-from py4j.protocol import Py4JError
-from pyspark.errors.exceptions.captured import PythonException
-
-# What a retry may cure: Spark and py4j (an executor lost; an executor's definite error arrives
-# this way too and is told apart by lakeslot.apply.merge.definite_error), storage and catalog
-# I/O, PostgreSQL connections.
-TRANSIENT = (Py4JError, PythonException, OSError, psycopg.OperationalError)
 RETRY_BASE_S = 30.0
 RETRY_MAX_S = 1800.0
 TRANSIENT_STREAK = 3  # passes in a row a table fails transiently while others pass → retryable

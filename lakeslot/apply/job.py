@@ -115,7 +115,7 @@ from lakeslot.mirror.contract import (
     table_properties,
 )
 from lakeslot.source import ddl_capture, facts, keys
-from lakeslot.source.columns import DescribeError, TypeCache, describe
+from lakeslot.source.columns import ColumnOptions, DescribeError, TypeCache, describe
 from lakeslot.source.connection import application_name, connect
 from lakeslot.source.tables import existing
 from lakeslot.spark.session import error_summary, make_active
@@ -224,13 +224,11 @@ class Applier:
         return TypeCache(self._source()).pg_type(column.type_oid, column.type_modifier)
 
     def _excluded(self, table: TableName) -> tuple[str, ...]:
-        options = self.job.table_spec(table)
-        return tuple(options.exclude_columns) if options else ()
+        return ColumnOptions.of(self.job.table_spec(table)).exclude_columns
 
     def _text_columns(self, table: TableName) -> tuple[str, ...]:
         """The table's ``textColumns``: kept as text, as the snapshot keeps them."""
-        options = self.job.table_spec(table)
-        return tuple(options.text_columns) if options else ()
+        return ColumnOptions.of(self.job.table_spec(table)).text_columns
 
     def _relation_text_columns(self, relation: Relation) -> tuple[str, ...]:
         return self._text_columns(TableName(relation.schema, relation.table))
@@ -366,9 +364,7 @@ class Applier:
         if oid is None:
             raise TableError(f"table {table} does not exist (dropped, renamed, or not a table)")
         try:
-            mapped = describe(conn, oid, key_columns=options.key_columns if options else (),
-                              exclude_columns=self._excluded(table),
-                              text_columns=self._text_columns(table))
+            mapped = describe(conn, oid, ColumnOptions.of(options))
         except (typemap.MappingError, DescribeError) as e:
             raise TableError(f"table {table}: {e}") from None
         self.tables.create(target, typemap.mirror_schema(mapped),
@@ -641,14 +637,15 @@ class Applier:
 
     def _check_unique(self, table: TableName, state: TableState) -> bool:
         """Whether the table's key is configured (keyColumns) without PostgreSQL keeping it
-        unique: then every insert is checked against the batch and the mirror."""
+        unique (:func:`lakeslot.source.keys.must_check`): then every insert is checked against
+        the batch and the mirror."""
         options = self.job.table_spec(table)
-        if options is None or not options.key_columns:
+        if options is None or not options.key_columns:  # (no catalog read: nothing to check)
             return False
         if table not in self._unique:
             current = self._current_facts().get(table)
-            self._unique[table] = current is not None and not keys.guaranteed(
-                self._source(), current.oid, state.key)
+            self._unique[table] = current is not None and keys.must_check(
+                self._source(), current.oid, options.key_columns, state.key)
         return self._unique[table]
 
     def _duplicate(self, table: TableName, state: TableState, key: tuple, where: str) -> NoReturn:

@@ -34,6 +34,7 @@ from pyspark import StorageLevel
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BooleanType, LongType, StringType, StructField, StructType
 
+from lakeslot import errors
 from lakeslot.apply import columns
 from lakeslot.apply.changes import TableError
 from lakeslot.mirror import typemap
@@ -76,9 +77,6 @@ def _parse(table: str, parser: typemap.ColumnMapping, texts: list) -> list:
         raise TableError(f"{table}: {e}") from None
 
 
-DEFINITE = "lakeslot definite error: "  # marks an executor's error that is not transient
-
-
 def typed_source(rows, table: str, state: TableState, spark_schema: StructType,
                  keeps: Iterable[int], layout: Sequence[str], delimiters: Mapping[str, str],
                  absent: Mapping[str, str] | None = None, reused: bool = False) -> Source:
@@ -96,7 +94,7 @@ def typed_source(rows, table: str, state: TableState, spark_schema: StructType,
     Parsed in the JVM where Spark's casts are exact (:func:`_spark_parsed`: no Python worker,
     no rows crossing to Python and back), else in Python (:class:`_Parse`); either way an
     unmappable value fails the first Spark action on the view with the Python parser's message,
-    carrying :data:`DEFINITE` (see :func:`definite_error`)."""
+    marked as definite (:func:`lakeslot.errors.marked`, see :func:`definite_error`)."""
     data = state.data_columns()
     names = list(data)
     key = [names.index(k) for k in state.key]
@@ -128,11 +126,11 @@ def _spark_parsed(rows, table: str, schema: StructType, names: Sequence[str],
                   absent: Sequence[str | None]):
     """The typed rows parsed in the JVM (:func:`lakeslot.apply.columns.spark_parse`), or None
     when a column has no exact Spark cast. A value the Python parser rejects fails the first
-    action on them with the Python parser's definite error (:data:`DEFINITE`). Three projections
-    written as SQL text — the texts, their parsed values, the values checked — so each value is
-    parsed once (one projection parsing and checking measured 1.6× as long), in a handful of
-    Py4J calls, where building them as columns took ~600 (0.1 s of every pass); every text in
-    them is :func:`~lakeslot.apply.columns.sql_text`."""
+    action on them with the Python parser's definite error, marked
+    (:func:`lakeslot.errors.marked`). Three projections written as SQL text — the texts, their
+    parsed values, the values checked — so each value is parsed once (one projection parsing and
+    checking measured 1.6× as long), in a handful of Py4J calls, where building them as columns
+    took ~600 (0.1 s of every pass); every text in them is :func:`~lakeslot.apply.columns.sql_text`."""
     fields = {f.name: f.dataType for f in schema.fields}
     columns_ = [(f"c{i}", f"t{i}", names[i]) for i in range(len(positions))]
     columns_ += [(f"s{j}", f"u{j}", names[key[j]]) for j in range(len(key))]
@@ -147,7 +145,7 @@ def _spark_parsed(rows, table: str, schema: StructType, names: Sequence[str],
         # the Python parser's words around the value (its repr: quoted, as PostgreSQL prints
         # nothing to escape in these types) and the reason
         value, reason = "\x00", "\x01"
-        words = f"{DEFINITE}{table}: {typemap.UnmappableValue(reason, 0, value, column)}"
+        words = errors.marked(f"{table}: {typemap.UnmappableValue(reason, 0, value, column)}")
         before, rest = words.split(repr(value))
         between, after = rest.split(reason)
         message = (f"concat({columns.sql_text(before + chr(39))}, `{text}`, "
@@ -176,10 +174,8 @@ def _spark_parsed(rows, table: str, schema: StructType, names: Sequence[str],
 def definite_error(error: Exception) -> TableError | None:
     """The definite error an executor raised (an unmappable value), when ``error`` — as Spark
     delivers it to the driver — carries one."""
-    text = str(error)
-    if DEFINITE not in text:
-        return None
-    return TableError(text.split(DEFINITE, 1)[1].splitlines()[0])
+    message = errors.carried(error)
+    return None if message is None else TableError(message)
 
 
 def drop(spark, source: Source) -> None:
@@ -226,7 +222,7 @@ class _Parse:
         try:
             parsed = parser.from_text(texts)
         except typemap.UnmappableValue as e:
-            raise RuntimeError(f"{DEFINITE}{self.table}: {e}") from None
+            raise RuntimeError(errors.marked(f"{self.table}: {e}")) from None
         if _has_uuid(parsed.type):
             return pa.array(_python(parsed), wanted)
         return parsed if parsed.type == wanted else parsed.cast(wanted)

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from lakeslot import lsn as lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.apply import isolation
-from lakeslot.apply.isolation import TRANSIENT
 from lakeslot.apply.outcomes import Hooks, TableOutcome, Totals
+from lakeslot.errors import transient_in_spark
 from lakeslot.mirror.contract import history_age_s
 from lakeslot.spark.maintenance import Maintainer
 from lakeslot.spark.session import error_summary
@@ -74,7 +74,7 @@ class Upkeep:
                 continue
             try:
                 self.tables.expire_snapshots(target, age)
-            except TRANSIENT as e:
+            except transient_in_spark() as e:
                 log.warning("%s: expiring old snapshots failed (retried later): %s", target,
                             error_summary(e))
 
@@ -117,7 +117,7 @@ class Upkeep:
                 self.totals.maintenance["failed"] = self.totals.maintenance.get("failed", 0) + 1
                 streak = self._failures.failed(target)
                 error = f"{type(e).__name__}: {error_summary(e)}"
-                if isinstance(e, TRANSIENT) and streak < isolation.MAINTENANCE_STREAK:
+                if isinstance(e, transient_in_spark()) and streak < isolation.MAINTENANCE_STREAK:
                     log.warning("%s: maintenance failed (tried again later): %s", target, error)
                     continue
                 self._failures.passed(target)

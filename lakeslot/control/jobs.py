@@ -4,11 +4,13 @@
 
 Invariants:
 
-- Arguments are the contract of :mod:`lakeslot.workloads` (``--ingestion-json``, ``--table``),
-  ``--master`` and the job's own flags. Nothing secret is ever an argument: the password, the
-  CA file and Secret-backed catalog properties come from the environment.
-- Bad arguments — the JSON, the resource, a table, no table at all, a job flag — exit with
-  status 2 through argparse, before a Spark session, a connection or a log line exists.
+- Arguments are the contract of :mod:`lakeslot.workloads` (``--input FILE``, the job document
+  with the resource and the tables, and ``--input-sha256``), ``--master`` and the job's own
+  flags. Nothing secret is ever an argument or in the document: the password, the CA file and
+  Secret-backed catalog properties come from the environment.
+- Bad input — an unreadable file, not JSON, an invalid resource, no table at all, a job flag —
+  exits with status 2 through argparse, before a Spark session, a connection or a log line
+  exists.
 - Per-table errors go to stderr, one line each (``schema.table: error``); the last line on
   stdout is the job's JSON summary. Neither is printed when the job failed as a whole.
 - Exit status (:mod:`lakeslot.exits`): ``EXIT_OK`` when every table is done (or only waits),
@@ -92,9 +94,9 @@ class Entry(Generic[R]):
         return the exit status (bad arguments: SystemExit(2) from argparse)."""
         parser = self.parser()
         args = parser.parse_args(argv)
-        job = workloads.job_input(args)
+        job = workloads.job_input(parser, args)
         if not job.tables:
-            parser.error(f"no --table given: nothing to {self.name}")
+            parser.error(f"the job document lists no table: nothing to {self.name}")
         logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
         log = logging.getLogger(f"lakeslot.{self.name}")
         stop = threading.Event()

@@ -53,6 +53,7 @@ from lakeslot.api.naming import IngestionNames, TableName, collision_fix, quote_
 from lakeslot.mirror import catalog as catalogs
 from lakeslot.observability.status import Report, first_line, lost_condition, slot_condition, slot_status, table_rows
 from lakeslot.source import connection, ddl_capture, failover, preflight, publication, slot
+from lakeslot.source.columns import ColumnOptions
 from lakeslot.source.tables import selected
 from lakeslot.staging.store import Staging
 
@@ -112,10 +113,7 @@ def check_source(conn: psycopg.Connection, ingestion: PostgresIngestion, report:
     tables = selected(conn, source)
     options = {TableName(t.schema_name, t.name): t for t in source.tables}
     findings = preflight.run(
-        conn, tables,
-        key_columns={t: o.key_columns for t, o in options.items()},
-        excluded_columns={t: o.exclude_columns for t, o in options.items()},
-        text_columns={t: o.text_columns for t, o in options.items()},
+        conn, tables, options={t: ColumnOptions.of(o) for t, o in options.items()},
         partition_by={t: o.partition_fields() for t, o in options.items()},
         slot_name=names.slot, failover_slot=source.failover_slot,
         on_slot_lost=ingestion.spec.policies.on_slot_lost,

@@ -139,7 +139,7 @@ class ApplyLoop:
     def _ended(self, worker: Worker, failures: FailureStreak, *, progressed: bool) -> None:
         """The streaming apply job ended by itself: restarted after a backoff when the error is
         transient, else the run ends (see the module docstring)."""
-        from lakeslot.apply import isolation
+        from lakeslot.errors import transient_in_spark
 
         error = worker.error
         if error is None:
@@ -149,7 +149,7 @@ class ApplyLoop:
                             f"where the mirrors say when started again; last error: "
                             f"{type(error).__name__}: {st.first_line(error)}")
         what = f"{type(error).__name__}: {st.first_line(error)}"
-        if not isinstance(error, isolation.TRANSIENT) or failures.add(what, progressed=progressed):
+        if not isinstance(error, transient_in_spark()) or failures.add(what, progressed=progressed):
             worker.outcome()  # raises RunFailed with the error
         delay = min(APPLY_BACKOFF_MAX_S, APPLY_BACKOFF_S * 2 ** (failures.count - 1))
         log.warning("the apply job failed transiently (%s); restarting it in %.0f s (failure %d "

@@ -95,7 +95,7 @@ from prometheus_client.registry import Collector
 from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestionStatus, TableState
 from lakeslot.api.naming import TableName
-from lakeslot.observability.status import DEFINITE
+from lakeslot.errors import DEFINITE_REASONS
 from lakeslot.source import connection
 
 PREFIX = "lakeslot_"
@@ -188,7 +188,7 @@ def samples(status: PostgresIngestionStatus, *, owner: str, suspended: bool,
     for c in status.conditions:
         for each in CONDITION_STATUSES:
             put("condition", c.status == each, c.type, each)
-    put("definite_error", any(c.status == "False" and c.reason in DEFINITE
+    put("definite_error", any(c.status == "False" and c.reason in DEFINITE_REASONS
                               for c in status.conditions))
     for state in TABLE_STATES:
         put("tables", sum(1 for t in status.tables if t.state == state), state)

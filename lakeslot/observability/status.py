@@ -38,11 +38,10 @@ from lakeslot.api.models import (
     TableStatus,
 )
 from lakeslot.api.naming import TableName
+from lakeslot.errors import DEFINITE_REASONS
 from lakeslot.mirror.progress import MirrorProgress
 from lakeslot.source import failover, slot
 
-# Reasons that waiting will not fix: the user must act (the message says how).
-DEFINITE = ("InvalidSpec", "SlotLost", "SlotUnusable")
 # A child the operator runs cannot work (lakeslot_operator.child_health): Degraded until fixed.
 CHILD_REJECTED = "ChildRejected"  # the API server refused to create or change it
 READER_FAILING = "ReaderFailing"  # CrashLoopBackOff, ImagePullBackOff, progress deadline
@@ -112,8 +111,9 @@ def summary(status: PostgresIngestionStatus) -> Summary:
     """``Degraded`` (a child cannot work (:data:`CHILD_FAILURES`), a table failed, or the slot's
     WAL is about to be removed), ``Ready`` (True
     when every needed condition is True, else the first failing one's reason and message) and the
-    phase (``Failed`` on a definite reason, ``Streaming`` when ready, ``Snapshotting`` while a
-    snapshot runs, else ``Pending``). Pure: reads ``status``, changes nothing."""
+    phase (``Failed`` on a definite reason, :data:`lakeslot.errors.DEFINITE_REASONS`,
+    ``Streaming`` when ready, ``Snapshotting`` while a snapshot runs, else ``Pending``). Pure:
+    reads ``status``, changes nothing."""
     failed_tables = [t for t in status.tables if t.state == "Failed"]
     wal_danger = status.slot is not None and status.slot.wal_status == "unreserved"
     failing = [c for c in status.conditions if c.type not in ("Ready", "Degraded")
@@ -139,7 +139,7 @@ def summary(status: PostgresIngestionStatus) -> Summary:
                         else f"{not_ready[0]} is not known yet")
     else:
         ready = Verdict("Ready", True, "Streaming", "every selected table is streaming")
-    definite = [c for c in states.values() if c.status == "False" and c.reason in DEFINITE]
+    definite = [c for c in states.values() if c.status == "False" and c.reason in DEFINITE_REASONS]
     running = status.snapshot is not None and status.snapshot.state not in (None, "COMPLETED")
     phase: Phase = ("Failed" if definite else "Streaming" if not not_ready
                     else "Snapshotting" if running else "Pending")

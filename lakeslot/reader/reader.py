@@ -34,11 +34,12 @@ other holder of the slot (:func:`lakeslot.source.slot.evict_stale_holders`); ``S
 does not have (PostgreSQL ≥ 15 would silently fast-forward): definite error; then stream
 (:mod:`lakeslot.reader.stream`).
 
-Transient errors (connection lost, backend terminated, slot still held for a moment after an
-eviction, staging I/O) end the session; the next one starts after an exponential backoff and
-resumes from staging, so nothing is lost or duplicated. Every session start re-verifies the
-publication and the slot, so a transient-looking failure caused by a dropped publication or an
-invalidated slot becomes the definite error it is.
+Transient errors (:data:`lakeslot.errors.TRANSIENT_IN_READER`: connection lost, backend
+terminated, slot still held for a moment after an eviction, staging I/O) end the session; the
+next one starts after an exponential backoff and resumes from staging, so nothing is lost or
+duplicated. Every session start re-verifies the publication and the slot, so a
+transient-looking failure caused by a dropped publication or an invalidated slot becomes the
+definite error it is.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ import psycopg
 from psycopg import errors
 
 from lakeslot import lsn as lsn_text
+from lakeslot.errors import TRANSIENT_IN_READER, DefiniteError
 from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
 from lakeslot.observability import reader_status as stream_status
 from lakeslot.reader import DEFAULT_MAX_RETRY_SECONDS, DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SEGMENT_MAX_SECONDS, pgoutput
@@ -75,12 +77,13 @@ log = logging.getLogger("lakeslot.reader")
 BACKOFF_FIRST_S, BACKOFF_MAX_S = 0.5, 30.0
 
 
-class DefiniteError(Exception):
-    """Restarting cannot fix this; ``reason`` is a stable CamelCase word for status and events."""
+class ReaderError(DefiniteError):
+    """The reader's definite error: ``reason`` is a stable CamelCase word for status and events,
+    ``lsn`` the durable LSN when known."""
 
     def __init__(self, reason: str, message: str, lsn: int | None = None) -> None:
         super().__init__(message)
-        self.reason, self.message, self.lsn = reason, message, lsn
+        self.reason, self.lsn = reason, lsn
 
 
 class RetriesExhausted(Exception):
@@ -126,23 +129,23 @@ def check_source(meta: psycopg.Connection, config: ReaderConfig,
     (:func:`lakeslot.source.failover.lost_by_failover`)."""
     if meta.execute("SELECT 1 FROM pg_publication WHERE pubname = %s",
                     (config.publication,)).fetchone() is None:
-        raise DefiniteError("PublicationMissing",
-                            f"publication {config.publication} does not exist (dropped?); "
-                            "recreate it (the operator does so for publications it manages) "
-                            "and re-snapshot the tables whose changes were missed")
+        raise ReaderError("PublicationMissing",
+                          f"publication {config.publication} does not exist (dropped?); "
+                          "recreate it (the operator does so for publications it manages) "
+                          "and re-snapshot the tables whose changes were missed")
     health = slot.health(meta, config.slot)
     lost = None if health is not None or staging is None else failover.lost_by_failover(
         meta, config.slot, staging)
     if lost is not None:
-        raise DefiniteError("SlotLost", f"{lost}; recreate the slot and re-snapshot "
-                            "(policies.onSlotLost: Resnapshot does both)")
+        raise ReaderError("SlotLost", f"{lost}; recreate the slot and re-snapshot "
+                          "(policies.onSlotLost: Resnapshot does both)")
     if health is None:
-        raise DefiniteError("SlotMissing", f"replication slot {config.slot} does not exist "
-                            "(dropped?); the changes since it was dropped are lost: re-snapshot")
+        raise ReaderError("SlotMissing", f"replication slot {config.slot} does not exist "
+                          "(dropped?); the changes since it was dropped are lost: re-snapshot")
     reason = slot.lost_reason(health)
     if reason is not None:
-        raise DefiniteError("SlotLost", f"{reason}; recreate the slot and re-snapshot",
-                            health.confirmed_flush_lsn)
+        raise ReaderError("SlotLost", f"{reason}; recreate the slot and re-snapshot",
+                          health.confirmed_flush_lsn)
     return health
 
 
@@ -161,28 +164,28 @@ def check_resume(staging: Staging, health: slot.SlotHealth, source: SourceIdenti
         return health.confirmed_flush_lsn
     recorded = staging.metadata(last).source
     if recorded.system_id != source.system_id:
-        raise DefiniteError("SystemChanged",
-                            f"staging was written from PostgreSQL system {recorded.system_id}, "
-                            f"the source is now system {source.system_id}; use a new staging "
-                            "location and re-snapshot", last.end)
+        raise ReaderError("SystemChanged",
+                          f"staging was written from PostgreSQL system {recorded.system_id}, "
+                          f"the source is now system {source.system_id}; use a new staging "
+                          "location and re-snapshot", last.end)
     if recorded.timeline != source.timeline:
         ended = switchpoints().get(recorded.timeline)
         if ended is None:
-            raise DefiniteError("TimelineChanged",
-                                f"the source moved from timeline {recorded.timeline} to "
-                                f"{source.timeline}, which does not descend from it "
-                                "(point-in-time recovery, or a standby of another history?): "
-                                f"what was staged up to {lsn_text.format(last.end)} may differ "
-                                "from its WAL; re-snapshot", last.end)
+            raise ReaderError("TimelineChanged",
+                              f"the source moved from timeline {recorded.timeline} to "
+                              f"{source.timeline}, which does not descend from it "
+                              "(point-in-time recovery, or a standby of another history?): "
+                              f"what was staged up to {lsn_text.format(last.end)} may differ "
+                              "from its WAL; re-snapshot", last.end)
         if last.end > ended:
-            raise DefiniteError("TimelineChanged",
-                                f"the source moved from timeline {recorded.timeline} to "
-                                f"{source.timeline} at {lsn_text.format(ended)} (failover or "
-                                f"point-in-time recovery), but staging ends at "
-                                f"{lsn_text.format(last.end)}: what was staged after the switch "
-                                "may be missing from the promoted server (only a failover slot "
-                                "with the standby in synchronized_standby_slots holds the reader "
-                                "back to what the standby has); re-snapshot", last.end)
+            raise ReaderError("TimelineChanged",
+                              f"the source moved from timeline {recorded.timeline} to "
+                              f"{source.timeline} at {lsn_text.format(ended)} (failover or "
+                              f"point-in-time recovery), but staging ends at "
+                              f"{lsn_text.format(last.end)}: what was staged after the switch "
+                              "may be missing from the promoted server (only a failover slot "
+                              "with the standby in synchronized_standby_slots holds the reader "
+                              "back to what the standby has); re-snapshot", last.end)
         # A failover slot's consumer gets only WAL the standby has (synchronized_standby_slots):
         # everything staged is on the new timeline too.
         log.info("the source moved from timeline %d to %d at %s, after the end of staging: "
@@ -194,11 +197,11 @@ def check_not_ahead(health: slot.SlotHealth | None, resume: int) -> None:
     """After START_REPLICATION (we hold the slot, nobody can move it): the slot must not be past
     the resume point."""
     if health is None:
-        raise DefiniteError("SlotMissing", "the replication slot vanished after the start")
+        raise ReaderError("SlotMissing", "the replication slot vanished after the start")
     # We hold the slot, so it is a created logical slot: it has a confirmed_flush_lsn.
     assert health.confirmed_flush_lsn is not None
     if health.confirmed_flush_lsn > resume:
-        raise DefiniteError(
+        raise ReaderError(
             "SlotAhead",
             f"slot {health.name} was advanced to {lsn_text.format(health.confirmed_flush_lsn)} "
             f"but staging ends at {lsn_text.format(resume)}: the changes in between were "
@@ -296,13 +299,10 @@ class Session:
 
 # the process ----------------------------------------------------------------------------------
 
-TRANSIENT = (psycopg.Error, OSError)  # re-verified by the next session's checks
-
-
 def run(config: ReaderConfig, *, stop: threading.Event, metrics: Metrics,
         health: Health | None = None) -> int | None:
     """Sessions until stopped; returns the durable LSN (None if no session ever started).
-    Raises :class:`DefiniteError`, or :class:`RetriesExhausted` when no session could start for
+    Raises :class:`ReaderError`, or :class:`RetriesExhausted` when no session could start for
     ``max_retry_seconds``. ``health`` hears of every transient error and every session start
     (:mod:`lakeslot.reader.health`)."""
     health = health or Health(None, settle_s=settle_seconds(config))
@@ -311,12 +311,12 @@ def run(config: ReaderConfig, *, stop: threading.Event, metrics: Metrics,
         session = Session(config, metrics, stop, health)
         try:
             return session.run()
-        except TRANSIENT as e:
+        except TRANSIENT_IN_READER as e:
             error = e
             health.failed(e)
         except pgoutput.ProtocolError as e:
-            raise DefiniteError("ProtocolError", f"the replication stream could not be decoded: "
-                                f"{e}", session.durable) from e
+            raise ReaderError("ProtocolError", f"the replication stream could not be decoded: "
+                              f"{e}", session.durable) from e
         finally:
             durable = session.durable if session.durable is not None else durable
         if session.started:
@@ -372,7 +372,7 @@ def main(config: ReaderConfig, *, status_file: str | None = None,
         durable = run(config, stop=stop, metrics=metrics, health=health)
         outcome = ("stopped", False, "Stopped", "the reader stopped cleanly", durable,
                    EXIT_OK)
-    except DefiniteError as e:
+    except ReaderError as e:
         log.error("definite error %s: %s", e.reason, e.message, extra={"reason": e.reason})
         outcome = ("failed", True, e.reason, e.message, e.lsn, EXIT_DEFINITE)
     except RetriesExhausted as e:

@@ -10,7 +10,7 @@ Roles and modules:
 - :mod:`.plan`: in a session importing the snapshot, reads what the catalog said *as of s* (columns,
   types and key through :mod:`lakeslot.source.columns`, leaf partitions, ``relfilenode``) and
   splits each heap into ctid page ranges by ``pg_class.relpages`` (an estimate: the last range of
-  every heap is open-ended); :mod:`.keys` checks configured key columns on the snapshot's rows
+  every heap is open-ended); :mod:`lakeslot.source.keys` checks configured key columns on the snapshot's rows
   (unique, never NULL) before anything is copied.
 - :mod:`.follower` (Spark tasks, one range per task): imports the snapshot, reads its range through
   the ADBC driver (binary COPY → Arrow), converts with :mod:`lakeslot.mirror.typemap` and writes Parquet

@@ -28,10 +28,10 @@ Invariants:
 - The password is read from the environment (``LAKESLOT_SOURCE_PASSWORD``, else ``PGPASSWORD``),
   never shipped in the task.
 
-Failure modes: a definite error (:class:`DefiniteError` — table dropped or altered during the
-snapshot, heap rewritten, row-level security, missing privilege, statement timeout, the exported
-snapshot gone, a value with no faithful mapping, a NULL in a key column) comes back as
-``RangeResult.error``; it would fail again on retry under the same snapshot (the exported snapshot
+Failure modes: a definite error (:class:`lakeslot.errors.DefiniteError` — table dropped or
+altered during the snapshot, heap rewritten, row-level security, missing privilege, statement
+timeout, the exported snapshot gone, a value with no faithful mapping, a NULL in a key column)
+comes back as ``RangeResult.error``; it would fail again on retry under the same snapshot (the exported snapshot
 gone — :class:`SnapshotLost` — is flagged ``snapshot_lost``: the job copies the table again under
 a new snapshot). Anything else (connection lost, backend
 terminated, executor lost) raises, so Spark and then the driver retry the range.
@@ -58,6 +58,7 @@ import pyarrow.parquet as pq
 from psycopg import conninfo, sql
 
 from lakeslot.api.naming import TableName
+from lakeslot.errors import DefiniteError
 from lakeslot.filesystems import create_parent, filesystem
 from lakeslot.mirror import typemap
 from lakeslot.snapshot.plan import Heap, PageRange
@@ -78,10 +79,6 @@ MiB = 1 << 20
 def password_from_env(environ: Mapping[str, str] | None = None) -> str | None:
     env: Mapping[str, str] = os.environ if environ is None else environ
     return next((env[k] for k in PASSWORD_VARIABLES if env.get(k)), None)
-
-
-class DefiniteError(RuntimeError):
-    """Retrying cannot help; the message says what happened and what to do."""
 
 
 class SnapshotLost(DefiniteError):

@@ -81,6 +81,7 @@ from lakeslot.snapshot import follower, plan
 from lakeslot.snapshot.report import Progress
 from lakeslot.source import exported_snapshot as leader
 from lakeslot.source import facts
+from lakeslot.source.columns import ColumnOptions
 from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings, application_name, connect
 from lakeslot.spark import partitions
 from lakeslot.spark.tables import Catalog, MirrorState, MirrorWrite
@@ -124,11 +125,8 @@ class SnapshotJob:
 
         def request(table: TableName) -> plan.TableRequest:
             options = job.table_spec(table)
-            if options is None:
-                return plan.TableRequest(table, job.names.mirror_table(table))
-            return plan.TableRequest(table, job.names.mirror_table(table),
-                                     tuple(options.key_columns), tuple(options.exclude_columns),
-                                     tuple(options.text_columns), options.partition_fields())
+            return plan.TableRequest(table, job.names.mirror_table(table), ColumnOptions.of(options),
+                                     options.partition_fields() if options else ())
 
         return cls(
             source=job.source(environ), tables=tuple(request(t) for t in job.tables),

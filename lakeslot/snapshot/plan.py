@@ -12,7 +12,7 @@ Invariants:
   range: such a heap is one range with no predicate (one reader per heap).
 - A partitioned table is read through its leaf partitions (each its own heap and ranges), into one
   mirror table, as logical replication publishes it through the root.
-- Configured key columns (``keyColumns``) are checked on the snapshot's rows (:mod:`.keys`): a
+- Configured key columns (``keyColumns``) are checked on the snapshot's rows (:mod:`lakeslot.source.keys`): a
   duplicate key value or a NULL in a key column fails the table before anything is copied.
 
 Failure modes (a :class:`TableFailure`, a definite error for that table only): the table does not
@@ -49,9 +49,7 @@ class TableRequest:
 
     source: TableName
     target: str
-    key_columns: tuple[str, ...] = ()
-    exclude_columns: tuple[str, ...] = ()
-    text_columns: tuple[str, ...] = ()
+    options: columns.ColumnOptions = columns.NO_OPTIONS  # keyColumns, excludeColumns, textColumns
     partition_by: tuple[PartitionField, ...] = ()  # the mirror's partition spec (partitionBy)
 
 
@@ -119,12 +117,9 @@ def inspect(conn: psycopg.Connection, requests: Sequence[TableRequest], *,
                                       "renamed, or not a table) as of the snapshot"))
             continue
         try:
-            mapped = columns.describe(conn, oid, key_columns=request.key_columns,
-                                      exclude_columns=request.exclude_columns,
-                                      text_columns=request.text_columns, types=types)
+            mapped = columns.describe(conn, oid, request.options, types=types)
             heaps, rows = _heaps(conn, request, oid)
-            if request.key_columns:
-                keys.check(conn, request.source, oid, request.key_columns)
+            keys.check(conn, request.source, oid, request.options.key_columns)
             _check_partition_by(request, mapped)
         except (typemap.MappingError, columns.DescribeError, keys.KeyColumnsError) as e:
             plans.append(TableFailure(request, f"table {request.source}: {e}"))
@@ -140,7 +135,7 @@ def _check_partition_by(request: TableRequest, mapped: Sequence[typemap.ColumnMa
     table may have changed since)."""
     problems = partitioning.type_problems(
         request.partition_by, {c.name: c.iceberg(0) for c in mapped},
-        left_out=dict.fromkeys(request.exclude_columns, "excluded (excludeColumns)"),
+        left_out=dict.fromkeys(request.options.exclude_columns, "excluded (excludeColumns)"),
         source_types={c.name: c.pg.name + "[]" * c.pg.array for c in mapped})
     if problems:
         raise columns.DescribeError("; ".join(map(str, problems)))

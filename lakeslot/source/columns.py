@@ -1,8 +1,9 @@
 """Describing a source table for its mirror: its columns mapped to Iceberg/Arrow types and its key.
 
 The snapshot (as of its exported snapshot), the apply job (a mirror created without a snapshot,
-and column types pgoutput names only by OID) and ``lakeslot verify`` describe tables this one
-way, so they agree on every column.
+and column types pgoutput names only by OID), preflight and ``lakeslot verify`` describe tables
+this one way, each table with the options its spec entry gives (:class:`ColumnOptions`), so they
+agree on every column.
 
 Invariants: types are read from ``pg_type`` through domains to their base type, keeping the
 innermost explicit type modifier; arrays map element-wise with the element type's delimiter;
@@ -21,8 +22,8 @@ definite errors for that table only, with the message to show.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -30,9 +31,33 @@ from lakeslot.mirror import typemap
 from lakeslot.source.connection import one_row
 from lakeslot.source.keys import table_key
 
+if TYPE_CHECKING:
+    from lakeslot.api.models import TableSpec
+
 
 class DescribeError(ValueError):
     """The table cannot be mirrored as configured; the message says why."""
+
+
+@dataclass(frozen=True)
+class ColumnOptions:
+    """A table's column options, what :func:`describe` takes besides the catalog: its
+    ``keyColumns``, ``excludeColumns`` and ``textColumns`` (:meth:`of`, from its entry in
+    ``spec.source.tables``; none for a table selected by schema)."""
+
+    key_columns: tuple[str, ...] = ()
+    exclude_columns: tuple[str, ...] = ()
+    text_columns: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, spec: TableSpec | None) -> ColumnOptions:
+        """The options ``spec`` (a table's entry in ``spec.source.tables``, or None) gives."""
+        if spec is None:
+            return cls()
+        return cls(tuple(spec.key_columns), tuple(spec.exclude_columns), tuple(spec.text_columns))
+
+
+NO_OPTIONS = ColumnOptions()
 
 
 @dataclass(frozen=True)
@@ -88,12 +113,14 @@ class TypeCache:
         return typemap.PgType(base.name, base.typtype, typmod, output=output)
 
 
-def describe(conn: psycopg.Connection, oid: int, *, key_columns: Sequence[str] = (),
-             exclude_columns: Sequence[str] = (), text_columns: Sequence[str] = (),
+def describe(conn: psycopg.Connection, oid: int, options: ColumnOptions = NO_OPTIONS, *,
              types: TypeCache | None = None) -> tuple[typemap.ColumnMapping, ...]:
-    """The mirror columns of table ``oid``: every column not excluded (by ``exclude_columns``,
-    or as a generated column the stream does not carry), mapped by :mod:`lakeslot.mirror.typemap`
-    (``text_columns`` as text), the key flagged (``key_columns``, else the replica identity)."""
+    """The mirror columns of table ``oid``: every column not excluded (by
+    ``options.exclude_columns``, or as a generated column the stream does not carry), mapped by
+    :mod:`lakeslot.mirror.typemap` (``options.text_columns`` as text), the key flagged
+    (``options.key_columns``, else the replica identity)."""
+    key_columns, exclude_columns, text_columns = (options.key_columns, options.exclude_columns,
+                                                  options.text_columns)
     types = types or TypeCache(conn)
     rows = conn.execute(
         """SELECT attname, atttypid::int8, atttypmod FROM pg_attribute

@@ -7,6 +7,7 @@ rows or updates the wrong one — silently. So a table with configured key colum
 it is snapshotted (and re-snapshotted), in the transaction that imported the exported snapshot,
 i.e. on exactly the rows being copied; and while streaming, the apply job checks every insert
 (and key change) of such a table against the batch and the mirror (:func:`duplicate_error`).
+Whether a table is such a table is decided once, by :func:`must_check`.
 
 Invariants:
 
@@ -92,10 +93,21 @@ def guaranteed(conn: psycopg.Connection, oid: int, key: Sequence[str]) -> bool:
         {"oid": oid, "key": list(key)}))[0])
 
 
+def must_check(conn: psycopg.Connection, oid: int, key_columns: Sequence[str],
+               key: Sequence[str] | None = None) -> bool:
+    """Whether the data must show that the key identifies the rows of table ``oid`` — the one
+    rule for the snapshot (:func:`check`) and the stream (the apply job checks every insert,
+    :func:`duplicate_error`): key columns are configured (``key_columns``) and PostgreSQL does not
+    guarantee them (:func:`guaranteed`; ``key``: the key as the mirror has it, by default
+    ``key_columns``). No query when none are configured."""
+    return bool(key_columns) and not guaranteed(conn, oid, key_columns if key is None else key)
+
+
 def check(conn: psycopg.Connection, table: TableName, oid: int, key: Sequence[str]) -> None:
-    """Raise :class:`KeyColumnsError` when ``key`` does not identify every row of ``table`` (``conn``
-    inside the snapshot's transaction); nothing when PostgreSQL already guarantees it."""
-    if guaranteed(conn, oid, key):
+    """Raise :class:`KeyColumnsError` when the configured key columns ``key`` do not identify
+    every row of ``table`` (``conn`` inside the snapshot's transaction); nothing when none are
+    configured or PostgreSQL already guarantees it (:func:`must_check`)."""
+    if not must_check(conn, oid, key):
         return
     columns = [sql.Identifier(c) for c in key]
     kind = one_row(conn.execute("SELECT relkind::text FROM pg_catalog.pg_class WHERE oid = %s::oid",

@@ -87,22 +87,18 @@ def notes(findings: Sequence[Finding]) -> list[Finding]:
 
 
 def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
-        key_columns: Mapping[TableName, Sequence[str]] | None = None,
-        excluded_columns: Mapping[TableName, Sequence[str]] | None = None,
-        text_columns: Mapping[TableName, Sequence[str]] | None = None,
+        options: Mapping[TableName, columns.ColumnOptions] | None = None,
         partition_by: Mapping[TableName, Sequence[PartitionField]] | None = None,
         slot_name: str | None = None, manage_publication: bool = True,
         failover_slot: bool = False, on_slot_lost: str = "Error",
         folding_catalog: str | None = None) -> list[Finding]:
-    """All checks for these tables, in the order a user should address them.
-    ``failover_slot``/``on_slot_lost``: the spec's ``source.failoverSlot`` and
-    ``policies.onSlotLost``, for the failover check; ``text_columns``/``partition_by``: the
-    tables' ``textColumns`` and parsed ``partitionBy``, for the partition check;
+    """All checks for these tables, in the order a user should address them. ``options``: the
+    tables' column options (none: a table's defaults); ``failover_slot``/``on_slot_lost``: the
+    spec's ``source.failoverSlot`` and ``policies.onSlotLost``, for the failover check;
+    ``partition_by``: the tables' parsed ``partitionBy``, for the partition check;
     ``folding_catalog``: the catalog type when it stores names case-insensitively (columns that
     differ only in case cannot be told apart there)."""
-    key_columns = key_columns or {}
-    excluded_columns = excluded_columns or {}
-    text_columns, partition_by = text_columns or {}, partition_by or {}
+    options, partition_by = options or {}, partition_by or {}
     findings = [_server_version(conn), _wal_level(conn), *_headroom(conn, slot_name),
                 _replication_privilege(conn)]
     if slot_name is not None:
@@ -117,17 +113,14 @@ def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
                                     "table)", "check the schema and table name, including case",
                                     table))
             continue
-        findings += _table_checks(conn, table, oid, list(key_columns.get(table, ())),
-                                  list(excluded_columns.get(table, ())), manage_publication)
+        own = options.get(table, columns.NO_OPTIONS)
+        findings += _table_checks(conn, table, oid, list(own.key_columns),
+                                  list(own.exclude_columns), manage_publication)
         if folding_catalog is not None:
-            findings.append(_case_folded_columns(conn, table, oid,
-                                                 list(excluded_columns.get(table, ())),
+            findings.append(_case_folded_columns(conn, table, oid, list(own.exclude_columns),
                                                  folding_catalog))
         if partition_by.get(table):
-            findings.append(_partition_by(conn, table, oid, list(key_columns.get(table, ())),
-                                          list(excluded_columns.get(table, ())),
-                                          list(text_columns.get(table, ())),
-                                          partition_by[table]))
+            findings.append(_partition_by(conn, table, oid, own, partition_by[table]))
     return findings
 
 
@@ -433,20 +426,18 @@ def _column_types(conn: psycopg.Connection, table: TableName, oid: int,
                                 table=table)]
 
 
-def _partition_by(conn: psycopg.Connection, table: TableName, oid: int, key_columns: list[str],
-                  excluded: list[str], text: list[str],
-                  fields: Sequence[PartitionField]) -> Finding:
+def _partition_by(conn: psycopg.Connection, table: TableName, oid: int,
+                  options: columns.ColumnOptions, fields: Sequence[PartitionField]) -> Finding:
     """Every ``partitionBy`` field names a column the mirror has, of a type its transform takes
     (decided on the mirror's Iceberg types: :func:`lakeslot.api.partitioning.type_problems`)."""
     check = "partition_by"
     try:
-        mapped = columns.describe(conn, oid, key_columns=key_columns, exclude_columns=excluded,
-                                  text_columns=text)
+        mapped = columns.describe(conn, oid, options)
     except (typemap.MappingError, columns.DescribeError):
         # the key, column and type checks above report it; the spec is checked once they pass
         return Finding(check, True, "partitionBy not checked until the table's other checks pass",
                        table=table)
-    left_out = dict.fromkeys(excluded, "excluded (excludeColumns)")
+    left_out = dict.fromkeys(options.exclude_columns, "excluded (excludeColumns)")
     left_out.update((c, "a generated column logical replication does not send here")
                     for c in columns.unpublished_generated_columns(conn, oid) if c not in left_out)
     problems = partitioning.type_problems(

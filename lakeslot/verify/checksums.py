@@ -28,7 +28,7 @@ import pyarrow as pa
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import TableName
 from lakeslot.mirror import typemap
-from lakeslot.source.columns import DescribeError, describe
+from lakeslot.source.columns import ColumnOptions, DescribeError, describe
 from lakeslot.source.connection import ConnectionSettings, application_name, connect
 from lakeslot.source.tables import existing
 from lakeslot.verify.mirror import current_rows
@@ -85,14 +85,11 @@ def compare(ingestion: PostgresIngestion, settings: ConnectionSettings,
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
         oids = existing(conn, tables)
         for table in tables:
-            options, oid = job.table_spec(table), oids.get(table)
+            oid = oids.get(table)
             if oid is None:
                 raise ValueError(f"table {table} does not exist (dropped, renamed, or not a table)")
             try:
-                columns = describe(conn, oid,
-                                   key_columns=options.key_columns if options else (),
-                                   exclude_columns=options.exclude_columns if options else (),
-                                   text_columns=options.text_columns if options else ())
+                columns = describe(conn, oid, ColumnOptions.of(job.table_spec(table)))
             except (typemap.MappingError, DescribeError) as e:
                 raise ValueError(f"table {table}: {e}") from None
             keys = [c.name for c in columns if c.required] or [c.name for c in columns]

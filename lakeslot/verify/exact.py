@@ -48,7 +48,7 @@ from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import TableName
 from lakeslot.mirror import typemap
-from lakeslot.source.columns import DescribeError, describe
+from lakeslot.source.columns import ColumnOptions, DescribeError, describe
 from lakeslot.source.connection import ConnectionSettings, application_name, connect
 from lakeslot.source.exported_snapshot import exported_snapshot, import_statements
 from lakeslot.source.tables import existing
@@ -146,11 +146,8 @@ class _Check:
         if oid is None:
             return stop("the table does not exist in the source as of the snapshot "
                         f"{lsnlib.format(position)}")
-        options = self.job.table_spec(table)
         try:
-            columns = describe(conn, oid, key_columns=options.key_columns if options else (),
-                               exclude_columns=options.exclude_columns if options else (),
-                               text_columns=options.text_columns if options else ())
+            columns = describe(conn, oid, ColumnOptions.of(self.job.table_spec(table)))
         except (typemap.MappingError, DescribeError) as e:
             return stop(f"the table cannot be mirrored as configured: {e}")
         key_names = [c.name for c in columns if c.required]

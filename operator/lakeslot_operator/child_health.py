@@ -29,6 +29,7 @@ from typing import Any
 
 from kubernetes.client.exceptions import ApiException
 
+from lakeslot.errors import definite_status
 from lakeslot.observability.status import APPLY_FAILED, CHILD_REJECTED, READER_FAILING
 
 READER_NOT_READY = "ReaderNotReady"
@@ -39,7 +40,6 @@ STUCK_CONTAINER_REASONS = ("CrashLoopBackOff", "ImagePullBackOff", "ErrImagePull
                            "CreateContainerError")
 FAILED_SPARK_STATES = ("FAILED", "SUBMISSION_FAILED")
 ERROR_CHARS = 1000  # of spark-operator's errorMessage (a spark-submit log can be long)
-RETRIED_STATUSES = (409, 429)  # a conflict or throttling: the next reconcile resolves it
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ class Problem:
 
 
 def is_rejection(error: ApiException) -> bool:
-    """Whether the API server refused a write for good (a 4xx that retrying does not fix)."""
-    return error.status is not None and 400 <= error.status < 500 and error.status not in RETRIED_STATUSES
+    """Whether the API server refused a write for good (:func:`lakeslot.errors.definite_status`)."""
+    return definite_status(error.status)
 
 
 def rejection(kind: str, name: str, error: ApiException) -> Problem:

@@ -54,6 +54,7 @@ Failure modes: none here (pure); what the API server refuses is reported by the 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import posixpath
 from dataclasses import dataclass
@@ -62,7 +63,15 @@ from lakeslot.api.annotations import VERIFY
 from lakeslot.api.models import DriverSpec, ExecutorSpec, PostgresIngestion
 from lakeslot.api.naming import namespace_of
 from lakeslot.spark.conf import iceberg_conf
-from lakeslot.workloads import CA_FILE, CA_FILE_ENV, PASSWORD_ENV, READER_METRICS_PORT, catalog_secret_env
+from lakeslot.workloads import (
+    CA_FILE,
+    CA_FILE_ENV,
+    JOB_INPUT_DIR,
+    JOB_INPUT_KEY,
+    PASSWORD_ENV,
+    READER_METRICS_PORT,
+    catalog_secret_env,
+)
 
 GROUP = "lakeslot.io"
 INGESTION_LABEL = f"{GROUP}/ingestion"
@@ -71,6 +80,7 @@ SPARK_API_VERSION = "sparkoperator.k8s.io/v1beta2"
 CA_MOUNT = posixpath.dirname(CA_FILE)
 NAME_MAX = 63
 SPARK_NAME_MAX = NAME_MAX - len("-ui-svc")
+SPARK_SECRET_VOLUME_SUFFIX = "-volume"  # Spark names the volume of a mounted Secret <secret>-volume
 RUN_AS_USER = 10001
 # The Spark containers' names, as spark-operator passes them to Spark for its pod templates.
 SPARK_CONTAINERS = {"driver": "spark-kubernetes-driver", "executor": "spark-kubernetes-executor"}
@@ -127,7 +137,11 @@ def _metadata(ingestion: PostgresIngestion, uid: str, name: str, component: str)
 
 def child_name(ingestion: PostgresIngestion, suffix: str, limit: int = NAME_MAX) -> str:
     """``<ingestion>-<suffix>``, shortened with a stable hash to at most ``limit`` characters."""
-    name = f"{ingestion.metadata.name}-{suffix}"
+    return _bounded(f"{ingestion.metadata.name}-{suffix}", limit)
+
+
+def _bounded(name: str, limit: int) -> str:
+    """``name``, or when longer than ``limit``, cut and given a stable hash of the whole."""
     if len(name) <= limit:
         return name
     digest = hashlib.sha256(name.encode()).hexdigest()[:8]
@@ -137,6 +151,30 @@ def child_name(ingestion: PostgresIngestion, suffix: str, limit: int = NAME_MAX)
 def spark_name(ingestion: PostgresIngestion, suffix: str) -> str:
     """A SparkApplication's name: :func:`child_name` within :data:`SPARK_NAME_MAX`."""
     return child_name(ingestion, suffix, SPARK_NAME_MAX)
+
+
+def input_name(child: str) -> str:
+    """The Secret holding the job document of the child named ``child``: short enough for the
+    name of the volume Spark mounts it as (``<secret>-volume``, a DNS-1123 label)."""
+    return _bounded(f"{child}-input", NAME_MAX - len(SPARK_SECRET_VOLUME_SUFFIX))
+
+
+def job_input_secret(child: dict, document: str, child_uid: str) -> dict:
+    """The job document of ``child`` (a SparkApplication or Job), mounted at
+    :data:`lakeslot.workloads.JOB_INPUT_DIR`. A Secret rather than a ConfigMap because Spark
+    mounts Secrets into its pods by itself (``spark.kubernetes.driver.secrets.*``), with or
+    without spark-operator's webhook or pod templates; it holds no credential. Owned by the
+    child, so it is deleted with it (spark-operator's time to live included)."""
+    metadata = child["metadata"]
+    return {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": input_name(metadata["name"]), "namespace": metadata["namespace"],
+                     "labels": dict(metadata["labels"]),
+                     "ownerReferences": [{"apiVersion": child["apiVersion"], "kind": child["kind"],
+                                          "name": metadata["name"], "uid": child_uid,
+                                          "controller": True, "blockOwnerDeletion": False}]},
+        "data": {JOB_INPUT_KEY: base64.b64encode(document.encode()).decode()},
+    }
 
 
 # pods ------------------------------------------------------------------------------------
@@ -278,7 +316,10 @@ def verify_job(ingestion: PostgresIngestion, uid: str, config: OperatorConfig,
     if spec.source.ca_secret_ref is not None:
         env.append({"name": CA_FILE_ENV, "value": CA_FILE})  # a path: the file is the Secret
     volumes, mounts = _source_ca(ingestion)
-    metadata = _metadata(ingestion, uid, verify_name(ingestion, token), "verify")
+    name = verify_name(ingestion, token)
+    volumes.append({"name": "job-input", "secret": {"secretName": input_name(name)}})
+    mounts.append({"name": "job-input", "mountPath": JOB_INPUT_DIR, "readOnly": True})
+    metadata = _metadata(ingestion, uid, name, "verify")
     metadata["annotations"] = {VERIFY: token}
     container = {
         "name": "verify",
@@ -359,6 +400,7 @@ def _spark_application(ingestion: PostgresIngestion, uid: str, config: OperatorC
         "sparkVersion": spark.spark_version,
         "restartPolicy": restart,
         "sparkConf": {**iceberg_conf(ingestion.spec.sink.catalog), **_secret_conf(ingestion),
+                      f"spark.kubernetes.driver.secrets.{input_name(name)}": JOB_INPUT_DIR,
                       **spark.spark_conf},
         "driver": _spark_pod("driver", driver, role_labels, account, config),
         "executor": _spark_pod("executor", executor, role_labels, account, config),

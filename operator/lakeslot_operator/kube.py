@@ -15,7 +15,9 @@ Invariants:
   error: the next reconcile compares it like any live child.
 - Jobs (the verification's) are created once and never replaced (:meth:`Kube.create_job`): a
   Job's name says what it runs; deleting one deletes its pods too.
-- Secrets are read only to hand a value to libpq; values are never logged or returned in errors.
+- Secrets are read only to hand a value to libpq (the user's) or to compare a job document
+  (lakeslot's own input Secrets, :meth:`Kube.ensure_job_input`: the only Secrets it writes);
+  values are never logged or returned in errors.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from lakeslot.api.models import SecretKeyRef
+from lakeslot_operator import children
 
 HASH_ANNOTATION = "lakeslot.io/spec-hash"
 SPARK = ("sparkoperator.k8s.io", "v1beta2", "sparkapplications")
@@ -164,6 +167,32 @@ class Kube:
         except ApiException as e:
             if not _absent(e):
                 raise
+
+    def ensure_job_input(self, child: dict, document: str) -> None:
+        """Create or replace the Secret holding ``child``'s job document
+        (:func:`lakeslot_operator.children.job_input_secret`), owned by the live child — which
+        must exist (it was just written) — unless it already holds that document for it."""
+        namespace, name = child["metadata"]["namespace"], child["metadata"]["name"]
+        live = (self.get_spark_application(namespace, name) if child["kind"] == "SparkApplication"
+                else self.get_job(namespace, name))
+        if live is None:
+            return  # gone meanwhile (deleted, or its time to live ran out): nothing to feed
+        wanted = children.job_input_secret(child, document, live["metadata"]["uid"])
+        secret_name = wanted["metadata"]["name"]
+        try:
+            current = self.core.read_namespaced_secret(secret_name, namespace)
+        except ApiException as e:
+            if not _absent(e):
+                raise
+            self.core.create_namespaced_secret(namespace, client.V1Secret.model_validate(wanted))
+            return
+        owners = [o.uid for o in (current.metadata.owner_references or [])] if current.metadata else []
+        if current.data == wanted["data"] and owners == [live["metadata"]["uid"]]:
+            return
+        assert current.metadata is not None  # the API server returns every object's metadata
+        wanted["metadata"]["resourceVersion"] = current.metadata.resource_version
+        self.core.replace_namespaced_secret(secret_name, namespace,
+                                            client.V1Secret.model_validate(wanted))
 
     def create_job(self, obj: dict) -> None:
         """Create the Job ``obj`` unless a Job of its name exists: a Job is never rewritten (its

@@ -190,10 +190,14 @@ class _Reconciler:
         pod = self._reader_pod()
         return connection.application_name("reader", self.names.owner, pod) if pod else None
 
-    def _write(self, component: str, obj: dict) -> bool:
-        """Create or update a child; a refusal for good is recorded under ``component`` (False)."""
+    def _write(self, component: str, obj: dict,
+               invocation: workloads.Invocation | None = None) -> bool:
+        """Create or update a child and (``invocation``: a job) the Secret with its job document;
+        a refusal for good is recorded under ``component`` (False)."""
         try:
             self.ctx.kube.ensure(obj)
+            if invocation is not None:
+                self.ctx.kube.ensure_job_input(obj, invocation.document)
         except ApiException as e:
             if not child_health.is_rejection(e):
                 raise
@@ -212,8 +216,9 @@ class _Reconciler:
             return
         self._snapshot(tables, progress)
         if any(p.lsn is not None for p in progress.values()):
+            invocation = workloads.apply_invocation(ing, tables)
             self._write("apply", children.apply_application(
-                ing, self.uid, config, workloads.apply_arguments(ing, tables)))
+                ing, self.uid, config, invocation.arguments()), invocation)
 
     def _mirror_progress(self, tables: list[TableName]) -> dict[TableName, MirrorProgress] | None:
         try:
@@ -256,11 +261,11 @@ class _Reconciler:
         if waiting:
             step = dataclasses.replace(step, message=(
                 f"{step.message}; then {', '.join(map(str, waiting))} (waiting for it to finish)"))
+        invocation = workloads.snapshot_invocation(self.ing, plan.wanted,
+                                                   min_snapshot_lsn=plan.min_snapshot_lsn)
         if step.submit and self._write("snapshot", children.snapshot_application(
-                self.ing, self.uid, self.ctx.config,
-                workloads.snapshot_arguments(self.ing, plan.wanted,
-                                             min_snapshot_lsn=plan.min_snapshot_lsn),
-                generation=plan.generation)):
+                self.ing, self.uid, self.ctx.config, invocation.arguments(),
+                generation=plan.generation), invocation):
             self.r.tell("Normal", "SnapshotStarted", f"{name}: {len(plan.wanted)} table(s)")
         if step.delete:
             self.ctx.kube.delete_spark_application(self.ns, name)  # resubmitted next time

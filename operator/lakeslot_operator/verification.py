@@ -265,10 +265,12 @@ def serve(ingestion: PostgresIngestion, uid: str, kube: Kube, config: children.O
     refused = None
     if step.create is not None and step.verification is not None:
         token = step.verification.token
-        job = children.verify_job(ingestion, uid, config,
-                                  workloads.verify_command(ingestion, step.create, token), token=token)
+        invocation = workloads.verify_invocation(ingestion, step.create, token)
+        job = children.verify_job(ingestion, uid, config, workloads.verify_command(invocation),
+                                  token=token)
         try:
             kube.create_job(job)
+            kube.ensure_job_input(job, invocation.document)
         except ApiException as e:
             if not child_health.is_rejection(e):
                 raise

@@ -6,8 +6,11 @@ from __future__ import annotations
 import datetime as dt
 import decimal
 import json
+import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import urlparse
 
 from psycopg import sql
 
@@ -63,16 +66,22 @@ class Pipeline:
         return Pipeline(self.spark, self.pgdb, self.staging, self.namespace, self.tables,
                         PostgresIngestion.model_validate(document), self.staged)
 
+    def arguments(self, invocation: workloads.Invocation) -> list[str]:
+        """``invocation``'s arguments, its job document in a file beside staging."""
+        directory = Path(urlparse(self.staging).path).parent
+        return invocation.write(directory / f"job-{uuid.uuid4().hex[:8]}.json")
+
     def job_input(self) -> workloads.JobInput:
-        argv = workloads.apply_arguments(self.ingestion, self.tables)
-        return workloads.job_input(apply_entry.build_parser().parse_args(argv))
+        parser = apply_entry.build_parser()
+        argv = self.arguments(workloads.apply_invocation(self.ingestion, self.tables))
+        return workloads.job_input(parser, parser.parse_args(argv))
 
     def start_slot(self) -> None:
         with self.pgdb.connect() as conn:
             prepare(conn, self.tables)
 
     def snapshot(self) -> None:
-        argv = workloads.snapshot_arguments(self.ingestion, self.tables)
+        argv = self.arguments(workloads.snapshot_invocation(self.ingestion, self.tables))
         assert snapshot_entry.main(argv, spark=self.spark) == 0
 
     def seal(self) -> int:

@@ -630,15 +630,23 @@ def label_value_errors(field: str, value: Any) -> list[FieldError]:
         value)]
 
 
+ANNOTATIONS_MAX_BYTES = 256 * 1024  # an object's annotations, keys and values together
+
+
 def metadata_errors(rt: ResourceType, obj: Mapping[str, Any], old: Mapping[str, Any] | None) -> list[FieldError]:
     meta = obj['metadata']
     errors = dns_name_errors('metadata.name', meta['name'], rt.name_format)
     for key, value in (meta.get('labels') or {}).items():
         errors += qualified_name_errors('metadata.labels', key) + label_value_errors('metadata.labels', value)
-    for key, value in (meta.get('annotations') or {}).items():
+    annotations = meta.get('annotations') or {}
+    for key, value in annotations.items():
         errors += qualified_name_errors('metadata.annotations', key)
         if not isinstance(value, str):
             errors.append(FieldError('metadata.annotations', 'Invalid value', 'must be a string', value))
+    size = sum(len(k) + len(v) for k, v in annotations.items() if isinstance(v, str))
+    if size > ANNOTATIONS_MAX_BYTES:  # apimachinery's ValidateAnnotationsSize
+        errors.append(FieldError('metadata.annotations', 'Too long',
+                                 f'must have at most {ANNOTATIONS_MAX_BYTES} bytes'))
     for index, ref in enumerate(meta.get('ownerReferences') or []):
         errors += [FieldError(f'metadata.ownerReferences[{index}].{name}', 'Required value')
                    for name in ('apiVersion', 'kind', 'name', 'uid') if not ref.get(name)]

@@ -32,6 +32,7 @@ from lakeslot.api.models import GROUP, PLURAL, VERSION, SinkSpec
 from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.api.validation import parse_resource
 from lakeslot.local import config
+from lakeslot_operator import children
 
 NAMESPACE = "default"
 SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
@@ -230,9 +231,36 @@ def job_arguments(application: dict) -> argparse.Namespace:
     return parsers[main_file.rsplit("/", 1)[1]]().parse_args(application["spec"]["arguments"])
 
 
-def job_input(application: dict) -> workloads.JobInput:
-    """What a SparkApplication asks its job to do."""
-    return workloads.job_input(job_arguments(application))
+def input_document(api_client, child: dict) -> str:
+    """The job document of ``child`` (a SparkApplication or a Job): its input Secret's, which
+    must be owned by the child and be the document its arguments name (``--input-sha256``)."""
+    metadata = child["metadata"]
+    secret = api_client.sanitize_for_serialization(kubernetes.client.CoreV1Api(
+        api_client).read_namespaced_secret(children.input_name(metadata["name"]), metadata["namespace"]))
+    owners = secret["metadata"]["ownerReferences"]
+    assert [(o["kind"], o["name"]) for o in owners] == [(child["kind"], metadata["name"])], owners
+    document = base64.b64decode(secret["data"][workloads.JOB_INPUT_KEY]).decode()
+    arguments = (child["spec"]["arguments"] if child["kind"] == "SparkApplication"
+                 else child["spec"]["template"]["spec"]["containers"][0]["command"])
+    assert arguments[arguments.index("--input-sha256") + 1] == workloads.digest(document)
+    return document
+
+
+def job_input(api_client, application: dict) -> workloads.JobInput:
+    """What a SparkApplication asks its job to do (its arguments parse, its document read)."""
+    job_arguments(application)
+    return workloads.parse_input(input_document(api_client, application))
+
+
+def mounted(api_client, child: dict, arguments: list[str], directory: Path) -> list[str]:
+    """``arguments`` (the child's) with its input Secret "mounted" in ``directory``: the kubelet
+    that would mount it does not run here, so the document is written there and ``--input``
+    names it."""
+    path = directory / workloads.JOB_INPUT_KEY
+    path.write_text(input_document(api_client, child))
+    at = arguments.index("--input") + 1
+    assert arguments[at] == workloads.JOB_INPUT_FILE
+    return [*arguments[:at], str(path), *arguments[at + 1:]]
 
 
 def condition(resource: dict, type_: str) -> dict | None:

@@ -115,7 +115,7 @@ compares these rules with the API calls in operator/lakeslot_operator/kube.py pl
   verbs: [create]
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get]
+  verbs: [get, create, update]
 - apiGroups: [""]
   resources: [pods]
   verbs: [list]
