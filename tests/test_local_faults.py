@@ -23,7 +23,7 @@ import pytest
 
 from lakeslot.api.naming import TableName
 from lakeslot.exits import EXIT_DEFINITE
-from lakeslot.local import observe, reader_process, run, state
+from lakeslot.local import apply_loop, observe, processes, reader_process, run, state
 from lakeslot.local.tree import alive
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.staging.store import Staging
@@ -79,14 +79,14 @@ def test_once_exits_3_and_status_says_why_when_a_snapshot_failed_definitely(
 
 
 def test_only_failures_without_progress_in_between_stop_the_reader():
-    streak = run.FailureStreak(run.READER_RESTARTS)
-    for _ in range(3 * run.READER_RESTARTS):  # each after progress: never given up
+    streak = processes.FailureStreak(processes.READER_RESTARTS)
+    for _ in range(3 * processes.READER_RESTARTS):  # each after progress: never given up
         assert not streak.add("killed by SIGKILL", progressed=True)
     assert streak.count == 1
-    for _ in range(run.READER_RESTARTS - 1):
+    for _ in range(processes.READER_RESTARTS - 1):
         assert not streak.add("killed by SIGKILL", progressed=False)
     assert streak.add("exit 1, Crashed: OSError: disk full", progressed=False)
-    assert streak.count == run.READER_RESTARTS + 1
+    assert streak.count == processes.READER_RESTARTS + 1
     assert streak.last == "exit 1, Crashed: OSError: disk full"
     assert reader_process.describe_exit(-9, {}) == "killed by SIGKILL"
     assert reader_process.describe_exit(1, {}) == "exit 1 without a status file (see its log)"
@@ -105,7 +105,7 @@ def test_a_reader_killed_more_often_than_the_restart_limit_streams_on(
     killed: list[int] = []
 
     def during() -> list[int]:
-        for _ in range(run.READER_RESTARTS + 2):  # one more than the limit, each after progress
+        for _ in range(processes.READER_RESTARTS + 2):  # one more than the limit, each after progress
             pid = wait_for(lambda: _new_reader(local, killed), "the reader (re)started",
                            deadline=DEADLINE_S)
             assert pid > 0, "the run gave up restarting its reader"
@@ -186,15 +186,15 @@ def test_a_streaming_run_rides_out_a_postgresql_restart(restartable_pgdb, tmp_pa
         ls.create_accounts(conn, 200)
     local = _ingestion(db, tmp_path, spark_warehouse)
     requested, restarted = threading.Event(), threading.Event()
-    original = run._Session._apply_point
+    original = apply_loop.ApplyLoop.point
 
-    def point(session, name: str, table) -> None:
-        original(session, name, table)
+    def point(loop, name: str, table) -> None:
+        original(loop, name, table)
         if name == "after-retention" and requested.is_set() and not restarted.is_set():
             db.cluster.restart("fast")
             restarted.set()
 
-    monkeypatch.setattr(run._Session, "_apply_point", point)
+    monkeypatch.setattr(apply_loop.ApplyLoop, "point", point)
 
     def applied_past(position: int) -> bool:
         if not state.run_active(local.state_dir):

@@ -1,6 +1,7 @@
-"""The snapshot-scheduling decision (lakeslot_operator.scheduling), table-driven: which tables a
-snapshot copies, its generation, and the step from the SparkApplication's reported state. Pure,
-no cluster: tests/test_operator_reconcile.py runs the same decisions end to end.
+"""The snapshot SparkApplication's lifecycle (lakeslot_operator.snapshot_lifecycle), table-driven:
+the step from the application's reported state, one snapshot at a time. Pure, no cluster:
+tests/test_operator_reconcile.py runs the same decisions end to end. Which tables a snapshot
+copies is tests/test_scheduling.py's.
 """
 
 from __future__ import annotations
@@ -10,120 +11,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from lakeslot.api.models import PostgresIngestionStatus, SnapshotSpec, SnapshotStatus
+from lakeslot.api.models import SnapshotStatus
 from lakeslot.api.naming import TableName
-from lakeslot_operator import scheduling
-from lakeslot_operator.scheduling import Application, Plan, Request
+from lakeslot.control import scheduling
+from lakeslot.control.scheduling import Plan, Request
+from lakeslot_operator import snapshot_lifecycle
+from lakeslot_operator.snapshot_lifecycle import Application
 
 A = TableName("public", "a")
 B = TableName("public", "b")
 C = TableName("Sales", "Orders 2024")
 NOW = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 NAME = "orders-snapshot-g0-3ce44fe8"
-
-
-# plan: which tables, which generation ---------------------------------------------------------
-
-@dataclass(frozen=True)
-class PlanCase:
-    id: str
-    applied: dict[TableName, int | None]
-    request: Request
-    wanted: tuple[TableName, ...]
-    clear_below: bool = False
-    resnapshot: int | None = None
-    again: dict[TableName, int] = field(default_factory=dict)
-    min_snapshot_lsn: int | None = None  # None: the request's below_lsn
-
-
-PLAN_CASES = [
-    PlanCase("first snapshot: no mirror has lakeslot.lsn", {B: None, A: None}, Request(),
-             wanted=(A, B)),
-    PlanCase("all tables done", {A: 100, B: 200}, Request(), wanted=()),
-    PlanCase("a table added later is copied alone", {A: 100, B: None}, Request(), wanted=(B,)),
-    PlanCase("resnapshot requested: every table", {A: 100, B: 200},
-             Request(resnapshot_generation=2, observed_generation=1), wanted=(A, B),
-             resnapshot=2),
-    PlanCase("resnapshot already observed", {A: 100, B: 200},
-             Request(resnapshot_generation=2, observed_generation=2), wanted=()),
-    PlanCase("cut off by resnapshotBelowLsn", {A: 100, B: 200}, Request(below_lsn=150),
-             wanted=(A,)),
-    PlanCase("a mirror exactly at the cut-off is not below it", {A: 150, B: 200},
-             Request(below_lsn=150), wanted=(), clear_below=True),
-    PlanCase("cut-off reached by every mirror: cleared", {A: 160, B: 200},
-             Request(below_lsn=150), wanted=(), clear_below=True),
-    PlanCase("a table without snapshot is not cut off: the cut-off is cleared", {A: None, B: 200},
-             Request(below_lsn=150), wanted=(A,), clear_below=True),
-    PlanCase("mode never copies nothing of its own accord", {A: None, B: None},
-             Request(mode="never"), wanted=()),
-    PlanCase("mode never still honours a resnapshot request", {A: None, B: 200},
-             Request(mode="never", resnapshot_generation=1), wanted=(A, B), resnapshot=1),
-    PlanCase("mode never still honours a cut-off (and copies the unsnapshotted too)",
-             {A: 100, B: None}, Request(mode="never", below_lsn=150), wanted=(A, B)),
-    PlanCase("resnapshot of no table is observed at once", {},
-             Request(resnapshot_generation=3, observed_generation=1), wanted=(), resnapshot=3),
-    PlanCase("one table copied again alone, from past its position", {A: 100, B: 200},
-             Request(), wanted=(B,), again={B: 201}, min_snapshot_lsn=201),
-    PlanCase("copied again with a cut-off: the higher LSN bounds the job", {A: 100, B: 200},
-             Request(below_lsn=150), wanted=(A, B), again={B: 201}, min_snapshot_lsn=201),
-    PlanCase("copied again with a first snapshot", {A: None, B: 200}, Request(),
-             wanted=(A, B), again={B: 201}, min_snapshot_lsn=201),
-    PlanCase("mode never still copies a table again", {A: 100, B: 200}, Request(mode="never"),
-             wanted=(A,), again={A: 101}, min_snapshot_lsn=101),
-    PlanCase("a table not selected any more is not copied again", {A: 100}, Request(),
-             wanted=(), again={B: 201}),
-]
-
-
-@pytest.mark.parametrize("case", PLAN_CASES, ids=lambda case: case.id)
-def test_plan(case):
-    plan = scheduling.plan(list(case.applied), case.applied, case.request, case.again)
-    minimum = case.request.below_lsn if case.min_snapshot_lsn is None else case.min_snapshot_lsn
-    assert plan.wanted == case.wanted
-    assert plan.idle == (not case.wanted)
-    assert (plan.generation is None) == (not case.wanted)
-    if case.wanted:
-        assert plan.generation == scheduling.generation_of(
-            case.request.resnapshot_generation, case.wanted, minimum)
-    assert plan.min_snapshot_lsn == minimum
-    assert plan.clear_below == case.clear_below
-    assert plan.resnapshot == case.resnapshot
-
-
-@pytest.mark.parametrize(("generation", "wanted", "below", "expected"), [
-    (0, [A, B], 0, "g0-3ce44fe8"),
-    (3, [C], 0x16B3780, "g3-11350e1d"),
-], ids=["first", "resnapshot-with-cut-off"])
-def test_the_generation_is_stable_across_versions(generation, wanted, below, expected):
-    # Running snapshot applications are named by it: a changed digest resubmits them on upgrade.
-    assert scheduling.generation_of(generation, wanted, below) == expected
-
-
-@pytest.mark.parametrize(("left", "right", "same"), [
-    ((0, [A, B], 0), (0, [A, B], 0), True),
-    ((0, [A], 0), (0, [B], 0), False),
-    ((0, [A, B], 0), (0, [A], 0), False),
-    ((0, [A], 0), (1, [A], 0), False),
-    ((0, [A], 0), (0, [A], 150), False),
-], ids=["same-wish", "other-table", "fewer-tables", "other-resnapshot", "other-cut-off"])
-def test_the_generation_is_one_per_wish(left, right, same):
-    assert (scheduling.generation_of(*left) == scheduling.generation_of(*right)) == same
-
-
-def test_the_table_order_does_not_change_the_plan():
-    forward = scheduling.plan([A, B, C], {A: None, B: None, C: None}, Request())
-    backward = scheduling.plan([C, B, A], {A: None, B: None, C: None}, Request())
-    assert forward == backward and forward.wanted == tuple(sorted([A, B, C]))
-
-
-@pytest.mark.parametrize(("spec", "status", "expected"), [
-    (SnapshotSpec(), PostgresIngestionStatus(), Request("initial", 0, 0, 0)),
-    (SnapshotSpec(mode="never", resnapshot_generation=4),
-     PostgresIngestionStatus(observed_resnapshot_generation=3, resnapshot_below_lsn="1/2"),
-     Request("never", 4, 3, 0x1_00000002)),
-], ids=["defaults", "everything-set"])
-def test_the_request_from_spec_and_status(spec, status, expected):
-    assert Request.of(spec, status) == expected
 
 
 # advance: what the SparkApplication's state means ---------------------------------------------
@@ -219,7 +118,7 @@ STEP_CASES = [
 def test_advance(case):
     before = case.previous.model_copy(deep=True) if case.previous else None
     name = None if case.plan.idle else NAME
-    step = scheduling.advance(case.previous, case.plan, name, case.app, NOW)
+    step = snapshot_lifecycle.advance(case.previous, case.plan, name, case.app, NOW)
 
     assert (step.submit, step.delete) == (case.submit, case.delete)
     assert step.observed_generation == case.observed
@@ -247,40 +146,21 @@ def test_advance(case):
      f"{NAME} failed (attempt 1): driver OOM"),
 ], ids=["submitted", "running", "failed"])
 def test_the_condition_message(previous, app, message):
-    assert scheduling.advance(previous, FIRST, NAME, app, NOW).message == message
+    assert snapshot_lifecycle.advance(previous, FIRST, NAME, app, NOW).message == message
 
 
 def test_a_long_error_is_cut():
-    step = scheduling.advance(record(state="RUNNING"), FIRST, NAME,
+    step = snapshot_lifecycle.advance(record(state="RUNNING"), FIRST, NAME,
                               Application("FAILED", "x" * 10_000), NOW)
     assert step.snapshot is not None
-    assert step.snapshot.message == "x" * scheduling.MESSAGE_MAX
+    assert step.snapshot.message == "x" * snapshot_lifecycle.MESSAGE_MAX
 
 
 def test_a_new_record_lists_the_wanted_tables():
-    step = scheduling.advance(None, FIRST, NAME, None, NOW)
+    step = snapshot_lifecycle.advance(None, FIRST, NAME, None, NOW)
     assert step.snapshot is not None
     assert step.snapshot.tables == ["public.a", "public.b"]
     assert step.snapshot.application == NAME and step.snapshot.generation == FIRST.generation
-
-
-@pytest.mark.parametrize(("attempts", "finished", "over"), [
-    (0, None, True),
-    (1, 0, False),
-    (1, 29, False),
-    (1, 30, True),
-    (2, 59, False),
-    (2, 60, True),
-    (3, 119, False),
-    (3, 120, True),
-    (8, 3599, False),
-    (8, 3600, True),
-    (50, 3600, True),
-], ids=lambda value: str(value))
-def test_backoff_over(attempts, finished, over):
-    state = SnapshotStatus(state="FAILED", attempts=attempts,
-                           finished_at=None if finished is None else ago(finished))
-    assert scheduling.backoff_over(state, NOW) == over
 
 
 @pytest.mark.parametrize(("app", "expected"), [
@@ -313,10 +193,10 @@ def _running(state: str | None, tables=(A,), generation: str = "g0-aaaaaaaa") ->
 def test_a_new_wish_waits_for_the_snapshot_in_flight(previous, held):
     plan = Plan(wanted=(A, C), generation="g0-bbbbbbbb", min_snapshot_lsn=7, clear_below=True,
                 resnapshot=1)
-    waiting = scheduling.hold(previous, plan, [A, B, C])
+    waiting = snapshot_lifecycle.hold(previous, plan, [A, B, C])
     if not held:
         assert waiting is None
         return
     assert waiting == Plan(wanted=(A,), generation="g0-aaaaaaaa", min_snapshot_lsn=7,
                            clear_below=True, resnapshot=None)  # serves no request
-    assert scheduling.hold(previous, Plan((), None, 0, False, None), [A]) is None  # idle: none
+    assert snapshot_lifecycle.hold(previous, Plan((), None, 0, False, None), [A]) is None  # idle: none

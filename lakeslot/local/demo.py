@@ -42,7 +42,7 @@ from psycopg import sql
 from lakeslot import lsn as lsnlib
 from lakeslot import workloads
 from lakeslot.api.naming import TableName
-from lakeslot.local import config, observe, pgcluster, run
+from lakeslot.local import config, observe, pgcluster, processes, run
 from lakeslot.source.connection import ConnectionSettings, one_row
 from lakeslot.verify import checksums
 
@@ -213,7 +213,7 @@ def main(directory: Path, *, scale: int = 10, out=None) -> int:
                              directory / "state")
         run.configure_logging(local, interactive=interactive)
         tables = [*PGBENCH_TABLES, ODD_TABLE]
-        spark = run.spark_session(local, tables)
+        spark = processes.spark_session(local, tables)
         try:
             start_lsn = _current_lsn(cluster)
             workload = Workload(cluster)
@@ -235,7 +235,7 @@ def main(directory: Path, *, scale: int = 10, out=None) -> int:
                 say(f"lakeslot demo: the second run did not catch up: {second.message}")
                 return second.code or 130
         finally:
-            run.stop_spark(spark)
+            processes.stop_spark(spark)
         settings = ConnectionSettings("127.0.0.1", cluster.port, DATABASE, cluster.superuser,
                                       cluster.password, sslmode="disable")
         checks = checksums.compare(local.ingestion, settings, tables,

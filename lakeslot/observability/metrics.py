@@ -1,5 +1,5 @@
 """The gauges of an ingestion, as Prometheus reads them: shared by the operator's ``/metrics``
-(:mod:`lakeslot_operator.metrics`) and ``lakeslot run --metrics-port`` (:mod:`lakeslot.local.run`),
+(:mod:`lakeslot_operator.metrics`) and ``lakeslot run --metrics-port`` (:mod:`lakeslot.local.live_status`),
 so both export the same names, labels and meaning.
 
 Invariants:

@@ -20,9 +20,10 @@ messages:
    ``Resnapshot`` recreates it and re-snapshots every table); any holder other than the current
    reader pod is terminated (stale-holder eviction), and an event says so.
 5. **Children** — reader Deployment (always, once the slot is ready); the snapshot
-   SparkApplication as :mod:`lakeslot_operator.scheduling` decides (pure: the tables Iceberg shows
-   without ``lakeslot.lsn`` or below ``status.resnapshotBelowLsn``, all of them after a
-   re-snapshot request; a failed attempt is retried after a backoff) — here the decision is only
+   SparkApplication as :mod:`lakeslot.control.scheduling` decides (pure, shared with local mode:
+   the tables Iceberg shows without ``lakeslot.lsn`` or below ``status.resnapshotBelowLsn``, all
+   of them after a re-snapshot request) and :mod:`lakeslot_operator.snapshot_lifecycle` follows it
+   (one at a time; a failed attempt is retried after a backoff) — here the decision is only
    executed; the apply SparkApplication once a table has been snapshotted.
 6. **Status** — per-table progress from Iceberg (invariant 1: a table's ``lakeslot.lsn`` is the
    truth), the reader's durable LSN from the slot's ``confirmed_flush_lsn`` (invariant 4: the
@@ -75,7 +76,7 @@ from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SourceSpec
 from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.api.validation import parse_resource, problems_of
-from lakeslot.control import resnapshot
+from lakeslot.control import resnapshot, scheduling
 from lakeslot.control import steps as control
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.progress import MirrorProgress
@@ -86,7 +87,7 @@ from lakeslot.snapshot import report as snapshot_progress
 from lakeslot.source import connection, slot
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
-from lakeslot_operator import child_health, children, reader_status, scheduling, verification
+from lakeslot_operator import child_health, children, reader_status, snapshot_lifecycle, verification
 from lakeslot_operator.kube import Kube
 
 OPERATOR_CONNECT_TIMEOUT_S = "10"
@@ -231,31 +232,32 @@ class _Reconciler:
         return self.progress
 
     def _snapshot(self, tables: list[TableName], progress: dict) -> None:
-        """Execute :mod:`scheduling`'s decision: submit or delete the snapshot application, and
-        record its state, the condition and the event."""
+        """Execute :mod:`lakeslot.control.scheduling`'s decision as
+        :mod:`.snapshot_lifecycle` steps it: submit or delete the snapshot application, and record
+        its state, the condition and the event."""
         status = self.r.status
         plan = scheduling.plan(tables, {t: progress[t].lsn for t in tables},
                                scheduling.Request.of(self.ing.spec.snapshot, status),
                                self._again(tables, progress))
         if plan.clear_below:
             status.resnapshot_below_lsn = None
-        held = scheduling.hold(status.snapshot, plan, tables)
+        held = snapshot_lifecycle.hold(status.snapshot, plan, tables)
         waiting: list[TableName] = []
         if held is not None and held.generation is not None:
             running = self.ctx.kube.get_spark_application(
                 self.ns, children.snapshot_name(self.ing, held.generation))
-            if running is not None and scheduling.Application.of(running).state \
-                    not in scheduling.TERMINAL_SPARK_STATES:
+            if running is not None and snapshot_lifecycle.Application.of(running).state \
+                    not in snapshot_lifecycle.TERMINAL_SPARK_STATES:
                 waiting = sorted(set(plan.wanted) - set(held.wanted))
                 plan = held
         if plan.generation is None:
-            self._record(scheduling.advance(status.snapshot, plan, None, None, self.r.now))
+            self._record(snapshot_lifecycle.advance(status.snapshot, plan, None, None, self.r.now))
             return
         name = children.snapshot_name(self.ing, plan.generation)
         app = self.ctx.kube.get_spark_application(self.ns, name)
-        step = scheduling.advance(status.snapshot, plan, name,
-                                  None if app is None else scheduling.Application.of(app),
-                                  self.r.now)
+        step = snapshot_lifecycle.advance(
+            status.snapshot, plan, name,
+            None if app is None else snapshot_lifecycle.Application.of(app), self.r.now)
         if waiting:
             step = dataclasses.replace(step, message=(
                 f"{step.message}; then {', '.join(map(str, waiting))} (waiting for it to finish)"))
@@ -317,10 +319,10 @@ class _Reconciler:
     def _copying(self, table: TableName) -> bool:
         """Whether the recorded snapshot, still in flight, copies ``table``."""
         running = self.r.status.snapshot
-        return running is not None and running.state not in scheduling.TERMINAL_SPARK_STATES \
+        return running is not None and running.state not in snapshot_lifecycle.TERMINAL_SPARK_STATES \
             and str(table) in running.tables
 
-    def _record(self, step: scheduling.Step) -> None:
+    def _record(self, step: snapshot_lifecycle.Step) -> None:
         status = self.r.status
         if step.observed_generation is not None:
             status.observed_resnapshot_generation = step.observed_generation

@@ -1,0 +1,110 @@
+"""What a local run shows while it runs: the status model computed every supervision tick
+(:mod:`.observe`), drawn or logged (:mod:`.display`) and, with ``--metrics-port``, served on
+``/metrics``.
+
+Invariants:
+
+- Showing never stops the pipeline: a tick whose status cannot be computed is logged and keeps
+  the last status (and the last metric values; none refreshed for
+  :data:`~lakeslot.observability.metrics.MAX_AGE_S` disappear).
+- ``/metrics`` serves the operator's gauges of the ingestion (:mod:`lakeslot.observability.metrics`:
+  slot, lag, freshness, conditions, per table), labelled with the ingestion file's namespace and
+  name, computed from the status each tick computes and the jobs' documents in staging — what
+  ``lakeslot status`` prints, in numbers. The operator's counters (reconciles, evictions) and the
+  reader's own metrics are not served: a local run has no reconcile, and its reader runs without
+  a port (two runs would fight over it).
+- The last status is the run's final one: it is computed once more after everything stopped
+  (:meth:`LiveStatus.refresh_final`), with no run active.
+
+Failure modes: a metrics port that cannot be bound is :class:`~.processes.RunFailed` with exit 2,
+raised before anything starts; an unreadable apply document leaves its series out until it can
+be read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, TextIO
+
+from lakeslot.api.models import PostgresIngestionStatus
+from lakeslot.exits import EXIT_USAGE
+from lakeslot.local import observe
+from lakeslot.local.config import Local
+from lakeslot.local.display import Display
+from lakeslot.local.processes import RunFailed
+from lakeslot.observability import http as metrics_http
+from lakeslot.observability import metrics as ingestion_metrics
+from lakeslot.observability import status as st
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+log = logging.getLogger("lakeslot.local")
+
+
+class LiveStatus:
+    """The run's status, refreshed each tick: shown, and served when asked (see the module
+    docstring)."""
+
+    def __init__(self, local: Local, staged: observe.StagedCounter, *, out: TextIO | None,
+                 interactive: bool | None) -> None:
+        self.local, self.staged = local, staged
+        self.display = Display(local, out, interactive=interactive)
+        self.started = time.monotonic()
+        self.last: PostgresIngestionStatus | None = None
+        self.gauges: ingestion_metrics.Gauges | None = None
+        self.metrics_server: WSGIServer | None = None
+
+    def serve_metrics(self, port: int, host: str) -> None:
+        from prometheus_client import CollectorRegistry, make_wsgi_app
+
+        self.gauges = ingestion_metrics.Gauges()
+        registry = CollectorRegistry()
+        registry.register(self.gauges)
+        try:
+            self.metrics_server = metrics_http.serve(
+                make_wsgi_app(registry), port, host, "lakeslot-run-metrics")
+        except OSError as e:
+            raise RunFailed(EXIT_USAGE, f"cannot serve metrics on {host}:{port}: "
+                            f"{e.strerror or e}") from e
+        log.info("metrics on http://%s:%d/metrics", host, self.metrics_server.server_port)
+
+    def refresh(self, activity: observe.Activity, target: int | None,
+                apply_seconds: float | None) -> PostgresIngestionStatus | None:
+        """The status now, shown and exported; None (the last one kept) when it cannot be
+        computed."""
+        try:
+            self.last = observe.observe(self.local, activity, staged=self.staged)
+        except Exception as e:  # noqa: BLE001 - the display must never stop the pipeline
+            log.warning("cannot compute the status: %s", st.first_line(e))
+            return None
+        self._export(self.last)
+        self.display.show(self.last, time.monotonic() - self.started, target,
+                          apply_seconds=apply_seconds)
+        return self.last
+
+    def refresh_final(self, activity: observe.Activity, target: int | None,
+                      apply_seconds: float | None) -> None:
+        self.last = observe.observe(self.local, activity, staged=self.staged)
+        self.display.show(self.last, time.monotonic() - self.started, target,
+                          apply_seconds=apply_seconds, final=True)
+
+    def _export(self, status: PostgresIngestionStatus) -> None:
+        """The status (and the jobs' documents) into the served gauges."""
+        if self.gauges is None:
+            return
+        names = self.local.job.names
+        try:
+            apply_pass = self.staged.staging.read_apply_status()
+        except (OSError, ValueError):  # unreadable now: its series are left out until it is
+            apply_pass = None
+        self.gauges.set(names.namespace, names.name, ingestion_metrics.samples(
+            status, owner=names.owner, suspended=False, apply_pass=apply_pass,
+            snapshot=observe.snapshot_document(self.local)))
+
+    def close(self) -> None:
+        self.display.close()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()

@@ -1,0 +1,231 @@
+"""What a streaming local run applies and what it copies, online, while the other tables stream:
+the tables the apply job handles (:meth:`Schedule.apply_list`) and the next copy
+(:meth:`Schedule.next_copy`), decided by the operator's functions —
+:func:`lakeslot.control.resnapshot.decide` (which tables to copy again) and
+:func:`lakeslot.control.scheduling.plan` (which tables, from which LSN) — with the per-table
+backoff of :func:`lakeslot.control.scheduling.backoff_s`.
+
+Invariants:
+
+- A table that joins (created in a selected schema, or now usable: :mod:`.selection`) is in the
+  apply job from its next restart (it waits for its snapshot, which holds staging's retention),
+  and then it is copied alone, online (the snapshot job for that subset), from a snapshot taken
+  after it joined: the rows written before it joined are in no stream. A copy that fails is
+  retried after a backoff (30 s, doubled per failure, at most an hour); meanwhile the table is
+  Pending and out of the apply job.
+- A table that joins with a mirror already there (re-created, or selected again) is stopped at
+  its position until its copy moves it (DESIGN.md invariant 8: its mirror misses what changed
+  while it was out), and copied again the same way (its ``resnapshotBelowLsn``), as is any table
+  the run's start found added.
+- A table the user asks to copy again (``spec.source.tables[].resnapshotGeneration`` above the
+  generation recorded in the state directory) or that the apply job marked for an automatic
+  re-snapshot is copied again the same way; the generation is recorded once its copy committed.
+- A table that left the selection leaves the apply job; its mirror is kept as it was.
+- One copy at a time, and only of tables the running apply job handles: it keeps staging's
+  retention from deleting the changes after the copy's snapshot. A table seen just now is copied
+  after the restart that adds it, at the apply job's first pass.
+- The mirrors are read once per finished apply pass, not on every supervision tick: only a pass
+  marks a table, and a restarted apply job makes a pass at once.
+- Local mode differs from the operator in one input of :func:`~lakeslot.control.scheduling.plan`
+  (:data:`STREAMING`): while it streams, the snapshot's generation, cut-off and ``mode`` play no
+  part — the run's start hands every table to the snapshot job, which copies what its generation
+  and cut-off say is not done (whatever ``snapshot.mode`` says) — so a table that joins is copied
+  even under ``mode: never``.
+
+Failure modes: a copy's failure is its tables' (backoff, then tried again), never the run's. An
+error reading the mirrors' progress from the catalog is not caught here: it ends the run, after
+the run has stopped what it started.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
+
+from lakeslot import lsn as lsnlib
+from lakeslot.api.naming import TableName
+from lakeslot.control import resnapshot, scheduling
+from lakeslot.local import observe, state
+from lakeslot.local.config import Local
+from lakeslot.local.selection import Selection
+from lakeslot.mirror import progress as mirror_progress
+from lakeslot.mirror.progress import MirrorProgress
+from lakeslot.observability import status as st
+
+log = logging.getLogger("lakeslot.local")
+
+# The request of a copy made while streaming (see the module docstring): no generation, no
+# cut-off, and tables without a mirror copied whatever spec.snapshot.mode says.
+STREAMING = scheduling.Request(mode="initial")
+
+
+@dataclass(frozen=True)
+class Copy:
+    """Tables to copy, online, in one snapshot job."""
+
+    tables: tuple[TableName, ...]  # sorted
+    min_snapshot_lsn: int
+    requested: frozenset[TableName]  # copied because the user asked (resnapshotGeneration)
+
+
+def copy_plan(apply_tables: Sequence[TableName], applied: Mapping[TableName, int | None],
+              due: Set[TableName], again: Mapping[TableName, int]) -> scheduling.Plan:
+    """The copy to make while streaming, :func:`lakeslot.control.scheduling.plan` under
+    :data:`STREAMING`: of the tables the running apply job handles (``apply_tables``), those
+    without a mirror (``applied``: each selected table's ``lakeslot.lsn``) that are ``due`` (joined,
+    their backoff over) and those to copy ``again`` (each with the LSN its copy must reach)."""
+    candidates = [t for t in apply_tables
+                  if t in applied and (applied[t] is not None or t in due)]
+    return scheduling.plan(candidates, {t: applied[t] for t in candidates}, STREAMING, again)
+
+
+class Schedule:
+    """The apply job's tables and the copies (see the module docstring)."""
+
+    def __init__(self, local: Local, selection: Selection) -> None:
+        self.local, self.selection = local, selection
+        self.job = local.job
+        self.mirrored: set[TableName] = set()  # tables known to have a mirror (a snapshot)
+        self.joined: set[TableName] = set()  # joined while streaming, without a mirror yet
+        self.copy_failures: dict[TableName, tuple[int, float]] = {}  # failures, last (monotonic)
+        self.apply_tables: tuple[TableName, ...] = ()  # the running apply job's tables
+        self.copying: tuple[TableName, ...] = ()  # the running copy's tables
+        self._copied: dict[TableName, str] = {}  # the last copy's outcome per table (its thread)
+        self._decided_at = -1  # the apply passes when next_copy last read the mirrors
+
+    def _progress(self, tables: list[TableName]) -> dict[TableName, MirrorProgress]:
+        return mirror_progress.read(self.local.ingestion, tables,
+                                    secrets=self.job.catalog_secrets(self.local.environ))
+
+    def streaming_tables(self, spark, tables: list[TableName]) -> list[TableName]:
+        """After the start's snapshot: the tables with a mirror, which the apply job takes (those
+        that joined again with one are held until their copy: :meth:`_hold`)."""
+        progress = self._progress(tables)
+        self.mirrored = {t for t in tables if progress[t].lsn is not None}
+        self._hold(spark, self.selection.joined_below(progress), progress)
+        return [t for t in tables if progress[t].lsn is not None]
+
+    def join(self, spark, joined: set[TableName], left: set[TableName]) -> None:
+        """Tables that joined while streaming, and those that left: those without a mirror wait
+        for their first copy; those with one (created again, or selected again) are stopped until
+        their copy, before the apply job that handles them starts (:meth:`_hold`)."""
+        if joined:
+            progress = self._progress(sorted(joined))
+            with_mirror = {t for t in joined if progress[t].lsn is not None}
+            self.mirrored |= with_mirror
+            self.joined |= joined - with_mirror
+            self._hold(spark, self.selection.joined_below(progress), progress)
+        self.joined &= set(self.selection.tables)
+        for table in left:
+            self.copy_failures.pop(table, None)
+
+    def apply_list(self) -> tuple[TableName, ...]:
+        """The tables the apply job handles now: the selected ones with a mirror, those being
+        copied, and those that joined and are due for a copy (waiting for it, they keep staging's
+        retention from deleting changes the copy will need)."""
+        return tuple(t for t in self.selection.tables if t in self.mirrored or t in self.copying
+                     or (t in self.joined and self.copy_due(t)))
+
+    def copy_due(self, table: TableName) -> bool:
+        failures, at = self.copy_failures.get(table, (0, 0.0))
+        return not failures or time.monotonic() >= at + scheduling.backoff_s(failures)
+
+    def next_copy(self, passes: int) -> Copy | None:
+        """The tables to copy now, online (no copy may be running): those
+        :func:`lakeslot.control.resnapshot.decide` wants again and the joined tables without a
+        mirror that the apply job already waits for; None when nothing is to be copied, or when
+        no apply pass finished since the last decision (``passes``: the passes finished). A
+        request is read from the spec once, at the first call."""
+        if self.copying:
+            self._copy_finished()
+        if passes == self._decided_at:
+            return None
+        self._decided_at = passes
+        spec, tables = self.local.ingestion.spec, self.selection.tables
+        progress = self._progress(tables)
+        self.mirrored = {t for t in tables if progress[t].lsn is not None}
+        self.joined -= self.mirrored
+        generations = state.resnapshot_generations(self.local.state_dir)
+        requested = {t: (progress[t].lsn or 0) + 1 for t in tables
+                     if (options := self.job.table_spec(t)) is not None
+                     and options.resnapshot_generation > generations.get(str(t), 0)}
+        rejoined = self.selection.joined_below(progress)
+        for table, below in rejoined.items():
+            requested[table] = max(requested.get(table, 0), below)
+        decision = resnapshot.decide(progress, spec.policies, requested)
+        for table, why in decision.held.items():
+            log.warning("%s: %s", table, why)
+        new = {t for t in self.joined if self.copy_due(t)}
+        # Only tables the running apply job waits for: it keeps staging's retention from
+        # deleting the changes after the copy's snapshot. The others (a table that joined with
+        # a mirror, seen just now) are copied after the restart that adds them, at its first pass.
+        plan = copy_plan(self.apply_tables, {t: p.lsn for t, p in progress.items()}, new,
+                         decision.copy)
+        wanted = plan.wanted
+        if not wanted:
+            return None
+        for table in (t for t in decision.copy if t in wanted):
+            why = "requested (resnapshotGeneration)" if table in decision.requested \
+                else progress[table].error or "marked for a re-snapshot"
+            if table in decision.requested and table in rejoined:
+                why = "it joined the publication (its mirror missed what happened meanwhile)"
+            log.warning("TableResnapshot: copying %s again, online: %s", table, why)
+        for table in sorted(new & set(wanted)):
+            log.info("TableAdded: copying %s, online: it joined the publication", table)
+        self.copying = wanted
+        self._copied = {}
+        return Copy(wanted, plan.min_snapshot_lsn, decision.requested)
+
+    def copy(self, spark, copy: Copy) -> object:
+        """Run ``copy`` (in a job thread); what each table came to is kept for
+        :meth:`_copy_finished`, and the requests it served are recorded."""
+        from lakeslot.snapshot import job as snapshot_job
+
+        wanted = list(copy.tables)
+        try:
+            result = snapshot_job.run(spark, self.local.with_tables(wanted),
+                                      progress=observe.snapshot_location(self.local),
+                                      min_snapshot_lsn=copy.min_snapshot_lsn)
+        except Exception as e:
+            self._copied = dict.fromkeys(wanted, f"{type(e).__name__}: {st.first_line(e)}")
+            raise
+        self._copied = {t.source: t.error or t.state for t in result.tables}
+        done = {t.source for t in result.tables if t.state in ("committed", "skipped")}
+        state.record_resnapshot_generations(self.local.state_dir, {
+            str(t): options.resnapshot_generation for t in copy.requested & done
+            if (options := self.job.table_spec(t)) is not None})
+        for table in result.tables:
+            if table.error:
+                log.warning("re-snapshot of %s failed: %s", table.source, table.error)
+        return result
+
+    def _copy_finished(self) -> None:
+        """The copy's tables that did not commit wait for their backoff (a joined table leaves the
+        apply job meanwhile); a finished copy lets the next apply pass decide again."""
+        for table in self.copying:
+            if self._copied.get(table) not in ("committed", "skipped"):
+                failures, _ = self.copy_failures.get(table, (0, 0.0))
+                self.copy_failures[table] = (failures + 1, time.monotonic())
+            else:
+                self.copy_failures.pop(table, None)
+        self.copying = ()
+
+    def _hold(self, spark, rejoined: dict[TableName, int],
+              progress: dict[TableName, MirrorProgress]) -> None:
+        """Stop each table that joined the publication again with a mirror, before an apply job
+        that handles it starts, until its copy moves its position: a definite error at its
+        position, which the copy lifts (DESIGN.md invariant 8: its mirror misses what changed
+        while it was out, so changes must not be applied on top of it meanwhile)."""
+        from lakeslot.spark.tables import Tables
+
+        sink = self.local.ingestion.spec.sink
+        mirrors = Tables(spark, sink.catalog.name, sink.namespace)
+        for table, below in sorted(rejoined.items()):
+            if progress[table].error is not None:  # stopped already: its error holds it
+                continue
+            mirrors.record_error(self.job.names.mirror_table(table), (
+                f"{table} joined the publication again at {lsnlib.format(below)}: what changed "
+                "while it was out of it is in no stream, so its mirror is copied again (alone, "
+                "online) before it streams on"), progress[table].lsn, resnapshot=True)
