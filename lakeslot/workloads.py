@@ -181,10 +181,12 @@ def ingestion_from_document(document: object) -> PostgresIngestion:
         raise ValueError(f"not a valid PostgresIngestion: {problems}") from None
 
 
-def read_input(path: str, expected: str | None = None, *, wait_s: float = INPUT_WAIT_S,
+def read_input(path: str, expected: str | None = None, *, wait_s: float | None = None,
                sleep=time.sleep) -> JobInput:
     """The job input in the file ``path``; with ``expected`` (a sha256), once the file is that
-    document, waiting up to ``wait_s`` (ValueError saying what is wrong)."""
+    document, waiting up to ``wait_s`` (default :data:`INPUT_WAIT_S`; ValueError saying what is
+    wrong)."""
+    wait_s = INPUT_WAIT_S if wait_s is None else wait_s
     deadline = time.monotonic() + wait_s
     while True:
         try:

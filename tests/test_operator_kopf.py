@@ -171,8 +171,9 @@ def test_a_spec_listing_a_thousand_tables_is_handled(kube, api, pgdb, spark_ware
         env.create_ingestion(api, document, pgdb.cluster.password)
         def submitted() -> dict | None:
             found = env.get_ingestion(api, "many")
-            application = ((found or {}).get("status") or {}).get("snapshot", {}).get("application")
-            return found if application else None
+            status = (found or {}).get("status") or {}
+            handled = "lastHandledConfiguration" in status  # (kopf stores it after the handler)
+            return found if handled and status.get("snapshot", {}).get("application") else None
 
         resource = wait_for(submitted, "the snapshot application", deadline=300, interval=1)
         assert resource is not None  # (wait_for returns only a truthy result)
