@@ -642,6 +642,12 @@ class ApplySpec(ApiModel):
         "segments (a pass that takes longer is followed at once by the next). Changes become "
         "visible in Iceberg within about this interval plus a pass; 1 for freshness in seconds.",
     )
+    table_parallelism: int = Field(
+        1, ge=1, le=64, description="How many tables' changes a pass applies at once (their MERGEs "
+        "and commits in flight together in the apply job's Spark application; each table's "
+        "commit stays its own). More overlaps the per-table costs of a pass that touches many "
+        "tables; 1 applies them one after the other.",
+    )
     driver: DriverSpec | None = optional("Driver resources of the apply job. Default: spark.driver.")
     executor: ExecutorSpec | None = optional("Executor resources of the apply job. Default: spark.executor.")
 

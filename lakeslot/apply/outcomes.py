@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -108,10 +109,12 @@ class Totals:
 
 
 class Steps:
-    """Where a pass spends its time: seconds per named step, in the order first timed."""
+    """Where a pass spends its time: seconds per named step, in the order first timed (a step
+    timed in several threads at once adds up each thread's time)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def __call__(self, name: str) -> Iterator[None]:
@@ -119,7 +122,8 @@ class Steps:
         try:
             yield
         finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - started
+            with self._lock:
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.monotonic() - started
 
 
 def now_text() -> str:

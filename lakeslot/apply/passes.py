@@ -11,8 +11,8 @@ A pass (:meth:`Passes.run_pass`), every step timed (:class:`lakeslot.apply.outco
    from the lowest position).
 3. ``plan``: lakeslot's DDL messages of the batch, then every table's plan.
 4. ``reduce``: every table with changes at once (:mod:`lakeslot.apply.reduction`).
-5. Every planned table applied in turn (:meth:`~lakeslot.apply.table_pass.TablePass.apply`),
-   then its reductions released.
+5. Every planned table applied (:meth:`~lakeslot.apply.table_pass.TablePass.apply`),
+   ``apply.tableParallelism`` at a time, then the reductions released.
 6. ``maintenance``: escalation of tables that keep failing transiently, upkeep
    (:mod:`lakeslot.apply.upkeep`: expiry, compaction, retention), lifting the errors of tables
    that work again.
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import NoReturn
 
 from lakeslot import cadence
@@ -70,6 +71,7 @@ class Passes:
         self.work, self.reduction, self.upkeep = work, reduction, upkeep
         self.max_segments = max_segments
         self.interval = self.spec.apply.trigger_interval_seconds
+        self.parallelism = self.spec.apply.table_parallelism
         self.lag = cadence.Lag(self.spec.seal_seconds())  # passes behind the seals
         self._seen_end: int | None = None  # the furthest segment end a listing showed
 
@@ -117,10 +119,8 @@ class Passes:
             reduced = self.reduction.reduce(
                 batch, [p.config for p in planned.values() if p.scan.changes], outcomes)
         try:
-            for table, plan in planned.items():
-                if table not in outcomes:
-                    outcomes[table] = self.failures.attempt(table, functools.partial(
-                        self.work.apply, table, plan, batch, reduced.get(table)))
+            outcomes.update(self._apply(
+                [(t, p) for t, p in planned.items() if t not in outcomes], batch, reduced))
         finally:
             for each in {id(r): r for r in reduced.values()}.values():
                 each.release()
@@ -141,6 +141,27 @@ class Passes:
         with steps("status"):
             self._write_status(result)
         return result
+
+    def _apply(self, todo: list[tuple[TableName, Planned]], batch: spread.Batch,
+               reduced: dict[TableName, spread.Reduced]) -> dict[TableName, TableOutcome]:
+        """Each planned table applied (:meth:`TablePass.apply`), ``apply.tableParallelism`` at a
+        time: threads of this Spark application, each table's MERGE and commit its own (an error
+        that belongs to no table ends the pass once the tables in flight are done)."""
+        def one(table: TableName, plan: Planned) -> TableOutcome:
+            return self.failures.attempt(table, functools.partial(
+                self.work.apply, table, plan, batch, reduced.get(table)))
+
+        if self.parallelism == 1 or len(todo) < 2:
+            return {table: one(table, plan) for table, plan in todo}
+
+        def in_thread(table: TableName, plan: Planned) -> TableOutcome:
+            make_active(self.spark)  # (the active session is the JVM thread's)
+            return one(table, plan)
+
+        with ThreadPoolExecutor(min(self.parallelism, len(todo)),
+                                thread_name_prefix="lakeslot-apply") as pool:
+            futures = {table: pool.submit(in_thread, table, plan) for table, plan in todo}
+        return {table: future.result() for table, future in futures.items()}
 
     def until_next_pass(self, started: float) -> float:
         """Seconds until the pass after one that started at the wall time ``started``, just after
