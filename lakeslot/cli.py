@@ -359,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="a job document (the PostgresIngestion and the tables, JSON), as the "
                         "operator's verification Job mounts it")
     p.add_argument("--input-sha256", metavar="HEX", help="with --input: wait until FILE is the "
-                   "document with this digest (a mounted ConfigMap)")
+                   "document with this digest (a mounted Secret)")
     p.add_argument("--env-file", metavar="FILE",
                    help="KEY=VALUE lines for the secrets (the process environment wins)")
     p.add_argument("--table", dest="tables", action="append", default=[], metavar="SCHEMA.NAME",
