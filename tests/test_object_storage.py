@@ -35,36 +35,15 @@ from lakeslot.mirror import progress as mirror_progress
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.store import TEMP_PREFIX, Staging
 from lakeslot.verify import checksums
+from tests.support import fixtures_s3
 from tests.support import local_support as ls
-from tests.support import operator_env
 from tests.support.fixtures_pg import connection_settings
-from tests.support.fixtures_s3 import STAGING_BUCKET, ObjectStore, free_ports
+from tests.support.fixtures_s3 import STAGING_BUCKET, free_ports
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
 
 ITEMS = TableName("public", "items")
-
-
-def _document(db, store: ObjectStore, staging: str, tables: list[TableName]) -> dict:
-    document = operator_env.ingestion_document(
-        "s3-rest", db, tables, warehouse="unused", staging=staging,
-        snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20},
-        apply={"triggerIntervalSeconds": 1},
-        secretEnv=[{"name": name, "secretKeyRef": {"name": "s3", "key": name}}
-                   for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")])
-    spec = document["spec"]
-    spec["sink"]["catalog"] = store.catalog_document()
-    # every apply pass that leaves a delete file makes its table due for compaction
-    spec["sink"]["maintenance"] = {"deleteFileThreshold": 1, "maxTimeShare": 1}
-    spec["staging"]["retentionSeconds"] = 0
-    spec["source"]["ddlCapture"] = "Catalog"  # a column rename is a re-snapshot
-    return document
-
-
-def _environment(db, store: ObjectStore) -> dict[str, str]:
-    return {workloads.PASSWORD_ENV: db.cluster.password, **store.environment(),
-            **store.catalog_environment()}
 
 
 def _assert_equal(local: config.Local, db, tables: list[TableName], secrets: dict[str, str]) -> None:
@@ -84,8 +63,8 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
     tables = [accounts, ITEMS]
     prefix = f"{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}"
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
-    path.write_text(yaml.safe_dump(_document(db, store, f"s3://{prefix}", tables)))
-    environment = _environment(db, store)
+    path.write_text(yaml.safe_dump(fixtures_s3.ingestion_document(db, store, f"s3://{prefix}", tables)))
+    environment = fixtures_s3.run_environment(db, store)
     for name, value in environment.items():  # (restored at the end: run.run exports them)
         monkeypatch.setenv(name, value)
     local = config.load(str(path), state_dir=str(state_dir), environ=environment)
@@ -199,8 +178,9 @@ def test_refused_or_unreachable_storage_and_catalog_name_the_setting_to_fix(obje
     with pgdb.connect() as conn:
         table = ls.create_accounts(conn, 10)
     path = tmp_path / "ingestion.yaml"
-    path.write_text(yaml.safe_dump(_document(pgdb, store, f"s3://{STAGING_BUCKET}/status", [table])))
-    for name, value in {**_environment(pgdb, store),
+    path.write_text(yaml.safe_dump(
+        fixtures_s3.ingestion_document(pgdb, store, f"s3://{STAGING_BUCKET}/status", [table])))
+    for name, value in {**fixtures_s3.run_environment(pgdb, store),
                         workloads.catalog_secret_env("credential"): f"{store.access_key}:wrong"}.items():
         monkeypatch.setenv(name, value)
     capsys.readouterr()

@@ -157,6 +157,7 @@ class Supervisor:
     db: Database
     state_dir: Path
     log: Path
+    environ: dict[str, str] = field(default_factory=dict)  # further variables of every run
     process: subprocess.Popen | None = None
     exits: Counter = field(default_factory=Counter)  # exit code → how often
     expected: set[int] = field(default_factory=set)  # exit codes the current fault may cause
@@ -164,7 +165,7 @@ class Supervisor:
     _sampling: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
-        self.process = ls.spawn_run(self.path, self.db, self.state_dir, self.log)
+        self.process = ls.spawn_run(self.path, self.db, self.state_dir, self.log, environ=self.environ)
         if not hasattr(self, "_sampler"):
             self._sampler = threading.Thread(target=self._sample, daemon=True)
             self._sampler.start()
@@ -215,7 +216,8 @@ class Supervisor:
 
     def once(self, deadline: float) -> int:
         """``lakeslot run --once`` (catch up, then exit), its processes sampled too."""
-        self.process = ls.spawn_run(self.path, self.db, self.state_dir, self.log, "--once")
+        self.process = ls.spawn_run(self.path, self.db, self.state_dir, self.log, "--once",
+                                   environ=self.environ)
         try:
             return self.process.wait(deadline)
         except subprocess.TimeoutExpired:
@@ -263,11 +265,11 @@ class Supervisor:
         return 0
 
 
-def applied_past(local, tables, position: int) -> bool:
+def applied_past(local, tables, position: int, secrets: dict[str, str] | None = None) -> bool:
     """Every mirror of ``tables`` has committed and its ``lakeslot.lsn`` is at or past
-    ``position`` (False while unreadable)."""
+    ``position`` (False while unreadable); ``secrets``: the catalog's."""
     try:
-        progress = mirror_progress.read(local.ingestion, tables)
+        progress = mirror_progress.read(local.ingestion, tables, secrets=secrets)
     except Exception:  # noqa: BLE001 - no mirror yet, a commit in flight or a fault: read again later
         return False
     return all(p.lsn is not None and p.lsn >= position for p in progress.values())

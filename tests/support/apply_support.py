@@ -168,13 +168,18 @@ def assert_mirror_equals_source(pipeline: Pipeline, warehouse, table: TableName)
 def assert_equal_to_source(pgdb: Database, warehouse_uri: str, identifier: tuple[str, ...],
                            table: TableName) -> None:
     """The same, for the mirror ``identifier`` (namespace levels, name) in a hadoop ``warehouse_uri``."""
+    loaded = load_hadoop_table(warehouse_uri, identifier)
+    assert loaded is not None, table
+    assert_table_equals_source(pgdb, loaded, table)
+
+
+def assert_table_equals_source(pgdb: Database, loaded, table: TableName) -> None:
+    """Every column of every row of the source ``table`` equals the pyiceberg table ``loaded``."""
     with pgdb.connect() as conn:
         cursor = conn.execute(sql.SQL("SELECT * FROM {}").format(table.sql()))
         assert cursor.description is not None
         names = [d.name for d in cursor.description]
         expected = sorted(tuple(normal(v) for v in row) for row in cursor.fetchall())
-    loaded = load_hadoop_table(warehouse_uri, identifier)
-    assert loaded is not None, table
     data = loaded.scan(selected_fields=tuple(names)).to_arrow().select(names)
     mirrored = sorted(tuple(normal(v) for v in row.values()) for row in data.to_pylist())
     assert len(mirrored) == len(expected), (table, len(mirrored), len(expected))

@@ -38,6 +38,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from lakeslot import workloads
+from lakeslot.api.naming import TableName
+from tests.support import operator_env
 
 REST_CATALOG = "lake"  # the REST catalog's name in Spark (sink.catalog.name)
 STAGING_BUCKET, WAREHOUSE = "stage", "lake"
@@ -81,6 +83,35 @@ class ObjectStore:
     def catalog_environment(self) -> dict[str, str]:
         """The catalog's secrets as local mode reads them (``LAKESLOT_CATALOG_<KEY>``)."""
         return {workloads.catalog_secret_env(k): v for k, v in self.catalog_secrets().items()}
+
+
+def ingestion_document(db, store: ObjectStore, staging: str, tables: list[TableName],
+                       catalog_uri: str | None = None) -> dict:
+    """A PostgresIngestion for ``db`` with staging on ``staging`` (``s3://…``) and its mirrors in
+    the store's REST catalog (at ``catalog_uri``: a proxy in front of it) with ``S3FileIO``; quick
+    passes, every pass leaving a delete file makes its table due for compaction, retention 0, a
+    column rename is a re-snapshot (``ddlCapture: Catalog``)."""
+    document = operator_env.ingestion_document(
+        "s3-rest", db, tables, warehouse="unused", staging=staging,
+        snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20},
+        apply={"triggerIntervalSeconds": 1},
+        secretEnv=[{"name": name, "secretKeyRef": {"name": "s3", "key": name}}
+                   for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")])
+    spec = document["spec"]
+    spec["sink"]["catalog"] = store.catalog_document()
+    if catalog_uri is not None:
+        spec["sink"]["catalog"]["uri"] = catalog_uri
+    spec["sink"]["maintenance"] = {"deleteFileThreshold": 1, "maxTimeShare": 1}
+    spec["staging"]["retentionSeconds"] = 0
+    spec["source"]["ddlCapture"] = "Catalog"
+    return document
+
+
+def run_environment(db, store: ObjectStore) -> dict[str, str]:
+    """What a ``lakeslot run`` on :func:`ingestion_document` reads from its environment: the
+    source password, the object store's keys and endpoint, the catalog's secrets."""
+    return {workloads.PASSWORD_ENV: db.cluster.password, **store.environment(),
+            **store.catalog_environment()}
 
 
 def free_ports(count: int) -> list[int]:

@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -72,9 +72,11 @@ def run_env(db) -> dict[str, str]:
     return env
 
 
-def spawn_run(path: Path, db, state_dir: Path, log: Path, *args: str) -> subprocess.Popen:
-    """``lakeslot run --plain -f path`` with the password in its environment only."""
-    env = run_env(db)
+def spawn_run(path: Path, db, state_dir: Path, log: Path, *args: str,
+              environ: Mapping[str, str] | None = None) -> subprocess.Popen:
+    """``lakeslot run --plain -f path`` with the password in its environment only (and
+    ``environ``: further variables, e.g. object-store keys)."""
+    env = {**run_env(db), **(environ or {})}
     argv = [LAKESLOT, "run", "--plain", "-f", str(path), "--state-dir", str(state_dir), *args]
     assert db.cluster.password not in " ".join(argv)
     with open(log, "ab") as out:
