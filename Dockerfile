@@ -2,20 +2,23 @@
 #
 # The lakeslot image: the operator (`lakeslot operator`), the replication reader
 # (`lakeslot reader`) and the Spark jobs (/opt/lakeslot/spark_jobs/*.py, submitted by the
-# spark-operator) on Python 3.11, Java 17 and Spark 3.5 with Iceberg's Spark runtime jar and
-# its AWS, GCP and Azure bundles.
+# spark-operator) on Python 3.11, Java 17 and Spark 3.5 with Iceberg's Spark runtime jar, its AWS,
+# GCP and Azure bundles and the PostgreSQL JDBC driver (a JDBC catalog on PostgreSQL).
 # It runs as the unprivileged user 10001 and holds no credentials: they come from Kubernetes
 # Secrets at run time.
 #
 #   docker build -t ghcr.io/lakeslot/lakeslot:0.1.0 .
 #
-# SPARK_VERSION is the pyspark it installs (the CRD's default spec.spark.sparkVersion) and
-# ICEBERG_VERSION the one lakeslot/spark/jars.py provisions; tests/test_helm_image.py keeps both,
-# and the paths and user the operator puts into its children, in step with the code. It is not
-# built in CI (no Docker engine there).
+# SPARK_VERSION is the pyspark it installs (the CRD's default spec.spark.sparkVersion),
+# ICEBERG_VERSION and POSTGRES_JDBC_VERSION (with the driver's SHA-256) the ones
+# lakeslot/spark/jars.py provisions; tests/test_helm_image.py keeps them, and the paths and user
+# the operator puts into its children, in step with the code. It is not built in CI (no Docker
+# engine there).
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG SPARK_VERSION=3.5.9
 ARG ICEBERG_VERSION=1.10.2
+ARG POSTGRES_JDBC_VERSION=42.7.4
+ARG POSTGRES_JDBC_SHA256=188976721ead8e8627eb6d8389d500dccc0c9bebd885268a3047180274a6031e
 
 # Spark's Kubernetes entrypoint (driver, executor, pass-through), from the official Spark image.
 FROM apache/spark:${SPARK_VERSION}-scala2.12-java17-ubuntu AS spark
@@ -36,6 +39,17 @@ RUN set -eux; \
       curl -fsSLo "${jar}" "${url}"; \
       echo "$(curl -fsSL "${url}.sha1")  ${jar}" | sha1sum -c -; \
     done
+# The PostgreSQL JDBC driver, for Iceberg's JDBC catalog on PostgreSQL: checked against Maven's
+# SHA-1 and the SHA-256 lakeslot/spark/jars.py pins. On Spark's class path (below) DriverManager
+# finds it from any thread.
+ARG POSTGRES_JDBC_VERSION
+ARG POSTGRES_JDBC_SHA256
+RUN set -eux; \
+    jar="postgresql-${POSTGRES_JDBC_VERSION}.jar"; \
+    url="https://repo1.maven.org/maven2/org/postgresql/postgresql/${POSTGRES_JDBC_VERSION}/${jar}"; \
+    curl -fsSLo "${jar}" "${url}"; \
+    echo "$(curl -fsSL "${url}.sha1")  ${jar}" | sha1sum -c -; \
+    echo "${POSTGRES_JDBC_SHA256}  ${jar}" | sha256sum -c -
 
 FROM ${PYTHON_IMAGE}
 ARG SPARK_VERSION
@@ -50,7 +64,7 @@ COPY operator /src/operator
 COPY spark_jobs /src/spark_jobs
 RUN pip install --no-cache-dir /src "pyspark==${SPARK_VERSION}" && rm -rf /src
 
-# SPARK_HOME is pyspark's distribution (bin/, jars/); Iceberg joins its class path.
+# SPARK_HOME is pyspark's distribution (bin/, jars/); Iceberg and the JDBC driver join its class path.
 ENV SPARK_HOME=/opt/spark
 RUN ln -s "$(python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" "${SPARK_HOME}"
 COPY --from=iceberg /jars/ /tmp/jars/

@@ -3,8 +3,9 @@
 No Docker engine runs here, so the image is never built in tests: this checks what can be checked
 from the text — the versions it installs are the ones the code expects (Spark = the CRD's default
 ``spec.spark.sparkVersion``, Iceberg = what ``lakeslot provision-jars`` provisions, for the runtime
-and its aws, gcp and azure bundles alike, each SHA-1-checked from lakeslot's Maven URL; Python = the
-package's), the Spark jobs' directory is where the SparkApplications' ``mainApplicationFile`` points,
+and its aws, gcp and azure bundles alike, each SHA-1-checked from lakeslot's Maven URL, and so is the
+PostgreSQL JDBC driver, also checked against the SHA-256 lakeslot pins; Python = the package's),
+the Spark jobs' directory is where the SparkApplications' ``mainApplicationFile`` points,
 the commands the chart and the reader Deployment run exist, the user is the one the pods run as,
 nothing from the build context it copies is excluded by .dockerignore, and no credential is baked
 in as an ARG or ENV.
@@ -41,14 +42,29 @@ def arg_default(name: str) -> str:
     return value
 
 
+def expand(template: str, **values: str) -> str:
+    """``template`` with each ``${name}`` of ``values`` replaced (as the shell does)."""
+    for name, value in values.items():
+        template = template.replace(f"${{{name}}}", value)
+    return template
+
+
+def download(path: str) -> tuple[str, str, str]:
+    """The RUN that downloads from ``path`` on Maven Central, and its ``jar`` and ``url``
+    templates."""
+    (run,) = [r for r in instructions("RUN") if f"repo1.maven.org/maven2/{path}/" in r]
+    jar_match = re.search(r'jar="([^"]+)"', run)
+    url_match = re.search(r'url="([^"]+)"', run)
+    assert jar_match and url_match, run
+    return run, jar_match.group(1), url_match.group(1)
+
+
 def test_versions_are_the_ones_the_code_expects():
     assert arg_default("SPARK_VERSION") == SparkSpec().spark_version
     assert arg_default("ICEBERG_VERSION") == iceberg_jars.ICEBERG_VERSION
-    (download,) = [r for r in instructions("RUN") if "repo1.maven.org" in r]
-    loop = re.search(r"for artifact in ([^;]+); do", download)
-    jar_match = re.search(r'jar="([^"]+)"', download)
-    url_match = re.search(r'url="([^"]+)"', download)
-    assert loop and jar_match and url_match, download
+    run, jar_template, url_template = download("org/apache/iceberg")
+    loop = re.search(r"for artifact in ([^;]+); do", run)
+    assert loop, run
     # the runtime and Iceberg's aws, gcp and azure bundles, each of the runtime's version, each
     # from the URL lakeslot's Maven route uses, each checked against Maven's checksum
     artifacts = loop.group(1).split()
@@ -56,13 +72,12 @@ def test_versions_are_the_ones_the_code_expects():
     assert set(iceberg_jars.LOCAL_MAVEN_ARTIFACTS) <= set(artifacts)
     version = iceberg_jars.ICEBERG_VERSION
     for artifact in artifacts:
-        jar = jar_match.group(1).replace("${artifact}", artifact).replace("${ICEBERG_VERSION}", version)
-        url = (url_match.group(1).replace("${jar}", jar).replace("${artifact}", artifact)
-               .replace("${ICEBERG_VERSION}", version))
-        assert url == iceberg_jars.maven_url(artifact)
-    assert jar_match.group(1).replace("${artifact}", iceberg_jars.RUNTIME_ARTIFACT).replace(
-        "${ICEBERG_VERSION}", version) == iceberg_jars.RUNTIME_JAR
-    assert 'sha1sum -c -' in download and '"${url}.sha1"' in download
+        jar = expand(jar_template, artifact=artifact, ICEBERG_VERSION=version)
+        assert expand(url_template, jar=jar, artifact=artifact, ICEBERG_VERSION=version) == \
+            iceberg_jars.maven_url(artifact)
+    assert expand(jar_template, artifact=iceberg_jars.RUNTIME_ARTIFACT,
+                  ICEBERG_VERSION=version) == iceberg_jars.RUNTIME_JAR
+    assert 'sha1sum -c -' in run and '"${url}.sha1"' in run
     assert "mv /tmp/jars/*.jar" in " ".join(instructions("RUN", FINAL_STAGE))  # all of them
     assert any('"pyspark==${SPARK_VERSION}"' in r for r in instructions("RUN", FINAL_STAGE))
     python_match = re.match(r"python:(\d+\.\d+)-", arg_default("PYTHON_IMAGE"))
@@ -70,6 +85,25 @@ def test_versions_are_the_ones_the_code_expects():
     python = python_match.group(1)
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     assert f">={python}" in requires
+
+
+def test_the_jdbc_driver_is_the_one_the_code_provisions():
+    """The PostgreSQL JDBC driver (Iceberg's JDBC catalog on PostgreSQL): lakeslot's version, from
+    lakeslot's Maven URL, checked against Maven's SHA-1 and the SHA-256 lakeslot pins for the
+    copy its PyPI route takes (the same bytes), into the jars the final stage puts on Spark's
+    class path."""
+    version = arg_default("POSTGRES_JDBC_VERSION")
+    assert version == iceberg_jars.POSTGRES_JDBC_VERSION
+    assert arg_default("POSTGRES_JDBC_SHA256") == iceberg_jars.POSTGRES_JDBC_SHA256
+    run, jar_template, url_template = download("org/postgresql/postgresql")
+    jar = expand(jar_template, POSTGRES_JDBC_VERSION=version)
+    assert jar == iceberg_jars.POSTGRES_JDBC_JAR
+    assert expand(url_template, jar=jar, POSTGRES_JDBC_VERSION=version) == iceberg_jars.POSTGRES_JDBC_URL
+    assert 'sha1sum -c -' in run and '"${url}.sha1"' in run
+    assert '"${POSTGRES_JDBC_SHA256}  ${jar}" | sha256sum -c -' in run
+    (stage,) = [s for s in DOCKERFILE.split("\nFROM ") if "org/postgresql" in s]
+    assert {"POSTGRES_JDBC_VERSION", "POSTGRES_JDBC_SHA256"} <= set(instructions("ARG", stage))
+    assert stage.startswith("${PYTHON_IMAGE} AS iceberg")  # (the stage whose jars the last one takes)
 
 
 def test_the_spark_jobs_are_where_the_spark_applications_look():

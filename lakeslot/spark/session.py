@@ -5,7 +5,9 @@ Invariants:
 - The conf comes from :mod:`lakeslot.spark.conf` (pure, shared with the operator's
   SparkApplications). Catalog properties that come from Secrets are never in it: jobs set them
   at runtime (:func:`set_catalog_secrets`), before the catalog's first use loads it.
-- ``build_session`` adds the local-mode settings and the jars from ``iceberg_jars.ensure_jars()``.
+- ``build_session`` adds the local-mode settings and the jars from ``iceberg_jars.ensure_jars()``
+  (``spark.jars``; the JDBC driver also on the driver's system class path, where
+  ``DriverManager`` finds it whichever thread uses it first).
   It must create the process's SparkSession: like ``getOrCreate`` it would reuse a running one,
   on which the static settings (jars, extensions, JVM options) no longer take effect.
 - ``with_commit_properties`` sets Iceberg snapshot summary properties on every Iceberg commit made
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from lakeslot.workloads import JobInput
 
 T = TypeVar("T")
+CLASS_PATH = "spark.driver.extraClassPath"
 
 def set_catalog_secrets(spark: SparkSession, catalog: CatalogSpec, values: Mapping[str, str]) -> None:
     """Set the Secret-backed catalog properties (``values``: key → value) on a running session."""
@@ -58,14 +61,19 @@ def build_session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    jars = iceberg_jars.ensure_jars()
     conf = {
-        **iceberg_conf(spec, jars=iceberg_jars.ensure_jars()),
+        **iceberg_conf(spec, jars=jars),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",
         "spark.driver.memory": "1g",
         **(extra_conf or {}),
     }
+    # the JDBC driver on the system class path as well (jars.system_class_path says why), after
+    # what ``extra_conf`` puts there
+    if system_jars := iceberg_jars.system_class_path(jars):
+        conf[CLASS_PATH] = os.pathsep.join([*filter(None, [conf.get(CLASS_PATH)]), *map(str, system_jars)])
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in conf.items():
         builder = builder.config(key, value)

