@@ -29,6 +29,7 @@ import time
 import urllib.parse
 import uuid
 
+import kubernetes.client
 import pytest
 import yaml
 from psycopg import sql
@@ -36,18 +37,24 @@ from pyarrow import fs as pafs
 from pyiceberg.exceptions import ForbiddenError
 
 from lakeslot import cli, workloads
+from lakeslot import lsn as lsnlib
 from lakeslot.api.models import CatalogSpec
 from lakeslot.api.naming import TableName
 from lakeslot.filesystems import StorageError
-from lakeslot.local import config
+from lakeslot.local import config, reader_process
 from lakeslot.mirror import catalog as catalogs
 from lakeslot.mirror import cuts
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.store import TEMP_PREFIX, Staging
 from lakeslot.verify import checksums
+from lakeslot_operator.handlers import build_registry
+from lakeslot_operator.kube import Kube
+from lakeslot_operator.reconcile import Context
 from tests.support import fixtures_s3
 from tests.support import local_support as ls
+from tests.support import operator_env as env
+from tests.support.fixtures_kube import running_operator
 from tests.support.fixtures_pg import connection_settings
 from tests.support.fixtures_s3 import (
     STAGING_BUCKET,
@@ -244,6 +251,54 @@ def test_s3_staging_and_a_jdbc_catalog_on_postgresql_end_to_end(pgdb, rest_spark
         db.cluster.drop_database(catalog_db)
         with db.cluster.connect() as conn:
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+@pytest.mark.slow
+def test_the_operator_reads_the_mirrors_through_the_rest_catalog_with_credentials_only_in_secrets(
+        kube, api, pgdb, rest_spark, object_store, tmp_path, monkeypatch):
+    """The real kopf operator on the Kubernetes API emulator reconciles an S3 + REST ingestion: it
+    reads every mirror's progress through the REST catalog with the credentials it resolves from
+    the Secrets the spec names, and no credential shows in the resource, its status, its events or
+    the children it writes (they refer to the Secrets). Simulated, because pods cannot run here:
+    the reader Deployment and the SparkApplications, whose work ``lakeslot run`` does in this process
+    (its reader registered as the reader pod, so the operator leaves it the slot)."""
+    db, store = pgdb, object_store
+    tables = _create_tables(db, 500, 100)
+    document = fixtures_s3.ingestion_document(db, f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}", tables,
+                                              store.catalog_document())
+    name = document["metadata"]["name"]
+    path = tmp_path / "ingestion.yaml"
+    path.write_text(yaml.safe_dump(document))
+    environment = fixtures_s3.run_environment(db, store, store.catalog_secrets())
+    for key, value in environment.items():  # (the apply job's, in this process)
+        monkeypatch.setenv(key, value)
+    local = config.load(str(path), state_dir=str(tmp_path / "state"), environ=environment)
+    env.create_secret(api, "lake-credentials", {ref["key"]: store.catalog_secrets()[key] for key, ref
+                                                in document["spec"]["sink"]["catalog"]["secretProperties"].items()})
+    env.create_secret(api, "s3", {k: store.environment()[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
+    registry = build_registry(Context(kube=Kube(api)), timer_interval=1.0, login_via_client=False)
+    with running_operator(kube, registry):
+        env.create_ingestion(api, document, db.cluster.password)
+        wait_for(lambda: f"{name}-reader" in env.deployments(api), "the reader Deployment")
+        env.reader_pod_running(api, name, reader_process.pod_identity())
+        ls.run_in_process(local, rest_spark, once=True)  # snapshot, stream, apply: caught up, stopped
+        progress = mirror_progress.read(local.ingestion, tables, secrets=local.job.catalog_secrets(environment))
+        applied = {str(t): lsnlib.format(p.lsn) for t, p in progress.items() if p.lsn is not None}
+        assert len(applied) == len(tables), progress
+
+        def read_by_the_operator() -> dict | None:
+            resource = env.get_ingestion(api, name) or {}
+            shown = {f"{t['schema']}.{t['name']}": t.get("appliedLsn")
+                     for t in resource.get("status", {}).get("tables", [])}
+            return resource if shown == applied else None
+
+        resource = wait_for(read_by_the_operator, "the operator to show each mirror's applied LSN")
+        children = {**env.spark_applications(api), **env.deployments(api)}
+        assert children, "the operator wrote its children"
+    events = kubernetes.client.CoreV1Api(api).list_namespaced_event(env.NAMESPACE)
+    written = json.dumps([resource, children, api.sanitize_for_serialization(events)])
+    for secret in (store.secret_key, store.catalog_secrets()["credential"], db.cluster.password):
+        assert secret not in written
 
 
 def test_refused_or_unreachable_storage_and_catalog_name_the_setting_to_fix(object_store, pgdb, tmp_path,
