@@ -71,6 +71,12 @@ TUNING = {
     "spark.sql.adaptive.maxShuffledHashJoinLocalMapThreshold": "64m",
 }
 
+# Settings that keep the catalog's Secret-backed properties out of Spark's logs and event log
+# (lakeslot.spark.conf says why); like TUNING, a sparkConf value replaces them.
+REDACTION_CONF = "spark.redaction.regex"  # this default, with those properties' session keys added
+SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]key"  # Spark 3.5's default
+QUIET_SLOW_EVENTS = {"spark.scheduler.listenerbus.logSlowEvent": "false"}
+
 # Keys lakeslot writes into every SparkApplication (lakeslot.spark.conf.iceberg_conf and the
 # operator's Secret and environment wiring).
 RESERVED_SPARK_CONF = (

@@ -21,8 +21,11 @@ from lakeslot.api.annotations import ANNOTATIONS
 from lakeslot.api.cluster import (
     CATALOG_CONF_PREFIX,
     DENIED_SPARK_CONF,
+    QUIET_SLOW_EVENTS,
+    REDACTION_CONF,
     RESERVED_SPARK_CONF,
     RESERVED_SPARK_CONF_PREFIXES,
+    SPARK_REDACTION_REGEX,
     TUNING,
 )
 from lakeslot.api.crd import PRINTER_COLUMNS, openapi_schema
@@ -216,6 +219,15 @@ def _spark_conf_section() -> str:
         "per task; the apply job's MERGE builds a hash table of the changes when every shuffle "
         "partition of them is at most 64 MB, instead of sorting the mirror: 2.0 s against "
         "3.3–4.0 s for 100k changes into a 5M-row table).",
+        "",
+        "Also set, so that Spark's logs and event log do not show the catalog's Secret-backed "
+        f"properties, and replaced by a value of yours: `{REDACTION_CONF}` = `{SPARK_REDACTION_REGEX}` "
+        "(Spark's default) and the session keys of `sink.catalog.secretProperties` (Spark redacts "
+        "keys or values that match it, and `credential` or `s3.access-key-id` match none of its "
+        "words), "
+        + ", ".join(f"`{key}` = `{value}`" for key, value in QUIET_SLOW_EVENTS.items())
+        + " (Spark's line about a slow event listener shows a job's properties, every session "
+        "setting among them, unredacted).",
     ])
 
 

@@ -8,8 +8,8 @@ Invariants:
   resolved by the caller: from the environment in jobs and local mode, from Kubernetes Secrets in
   the operator) and give the catalog the same properties.
 - Secret values are never part of the static Spark conf (:func:`spark_conf`, which the operator
-  writes into SparkApplications): the jobs set them on the running session
-  (:func:`spark_secret_conf`), before the catalog's first use loads it.
+  writes into SparkApplications): a job's driver adds them (:func:`spark_secret_conf`) to its
+  session's conf as it starts it, before the catalog's first use loads it.
 - A hadoop catalog is read by pyiceberg from its metadata files (``version-hint.text`` names the
   current ``v<N>.metadata.json``): pyiceberg has no hadoop catalog, and cannot write one.
 - A jdbc catalog (Iceberg's ``JdbcCatalog``) is read by pyiceberg's SQL catalog, which keeps the
@@ -107,7 +107,7 @@ def spark_conf(catalog: CatalogSpec) -> dict[str, str]:
 
 
 def spark_secret_conf(catalog: CatalogSpec, secrets: Mapping[str, str]) -> dict[str, str]:
-    """The Secret-backed properties (``secrets``: key → value) as runtime session conf."""
+    """The Secret-backed properties (``secrets``: key → value) as session conf."""
     return {f"spark.sql.catalog.{catalog.name}.{key}": value for key, value in secrets.items()}
 
 

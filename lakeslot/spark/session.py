@@ -3,8 +3,12 @@
 Invariants:
 
 - The conf comes from :mod:`lakeslot.spark.conf` (pure, shared with the operator's
-  SparkApplications). Catalog properties that come from Secrets are never in it: jobs set them
-  at runtime (:func:`set_catalog_secrets`), before the catalog's first use loads it.
+  SparkApplications). Catalog properties that come from Secrets are never in it: a job's driver
+  adds them from its environment as it starts its session (:func:`job_session`), so that they
+  are in the SparkConf. Spark copies every session setting into the properties of each job a SQL
+  statement runs, and its event log redacts only those of the SparkConf: a setting made on the
+  running session (:func:`set_catalog_secrets`, for a session that runs already) is written there
+  in clear when ``spark.eventLog.enabled``.
 - ``build_session`` adds the local-mode settings and the jars from ``iceberg_jars.ensure_jars()``
   (``spark.jars``; the JDBC driver also on the driver's system class path, where
   ``DriverManager`` finds it whichever thread uses it first).
@@ -42,7 +46,8 @@ T = TypeVar("T")
 CLASS_PATH = "spark.driver.extraClassPath"
 
 def set_catalog_secrets(spark: SparkSession, catalog: CatalogSpec, values: Mapping[str, str]) -> None:
-    """Set the Secret-backed catalog properties (``values``: key → value) on a running session."""
+    """Set the Secret-backed catalog properties (``values``: key → value) on a running session
+    (one that did not start with them: the tests' shared session; a job's has them already)."""
     for key, value in catalogs.spark_secret_conf(catalog, values).items():
         spark.conf.set(key, value)
 
@@ -85,16 +90,17 @@ def job_session(job: JobInput, app_name: str, *, master: str | None = None) -> S
     and ``spec.spark.sparkConf``) or, with ``master``, a local one built from ``sink.catalog``
     with ``spec.spark.sparkConf`` on top of the local defaults (the keys lakeslot sets itself are
     refused by the spec's validation, so they cannot be overridden); either way with the catalog's
-    Secret-backed properties set from the environment."""
+    Secret-backed properties from the environment in its SparkConf."""
     spec = job.ingestion.spec
     catalog = spec.sink.catalog
-    if master is None:
-        spark = SparkSession.builder.appName(app_name).getOrCreate()
-    else:
-        spark = build_session(catalog, app_name=app_name, master=master,
-                              extra_conf=spec.spark.spark_conf)
-    set_catalog_secrets(spark, catalog, job.catalog_secrets())
-    return spark
+    secrets = catalogs.spark_secret_conf(catalog, job.catalog_secrets())
+    if master is not None:
+        return build_session(catalog, app_name=app_name, master=master,
+                             extra_conf={**spec.spark.spark_conf, **secrets})
+    builder = SparkSession.builder.appName(app_name)
+    for key, value in secrets.items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
 
 
 def iceberg_actions(spark: SparkSession):

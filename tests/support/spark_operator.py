@@ -21,13 +21,19 @@ rules (neither can run here), for tests/test_spark_operator_contract.py.
   ``<name>-volume`` (Spark's MountSecretsFeatureStep) with one file per key, and, with ``webhook``
   (spark-operator's mutating webhook running), the role's ``securityContext`` (the container) and
   ``podSecurityContext`` (the pod) set over whatever the template said.
+- ``submit_command``, ``pod_environment`` and ``spark_home``: an application's driver run here as
+  spark-operator submits it (tests/test_multi_executor.py) — its ``spark-submit`` command line, the
+  pod's environment with the values of the Secrets it names, and a ``SPARK_HOME`` laid out like the
+  image's.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import posixpath
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +50,8 @@ DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 UI_SERVICE_SUFFIX = "-ui-svc"
 SECRET_VOLUME_SUFFIX = "-volume"
+SECRET_REF = "secretKeyRef:"  # pod_view's form of an environment variable from a Secret
+IMAGE_ROOT = "local:///opt/lakeslot/"  # the Spark jobs' main files in the image (Dockerfile)
 
 
 def load_schema(version: str) -> dict[str, Any]:
@@ -96,7 +104,7 @@ def pod_view(app: dict[str, Any], role: str, secrets: dict[str, dict[str, str]],
     env_prefix = "spark.kubernetes.driverEnv." if role == "driver" else "spark.executorEnv."
     env = {key.removeprefix(env_prefix): value for key, value in conf.items() if key.startswith(env_prefix)}
     ref_prefix = f"spark.kubernetes.{role}.secretKeyRef."
-    env.update({key.removeprefix(ref_prefix): f"secretKeyRef:{value}"
+    env.update({key.removeprefix(ref_prefix): f"{SECRET_REF}{value}"
                 for key, value in conf.items() if key.startswith(ref_prefix)})
     files: dict[str, str] = {}
     volumes = []
@@ -122,3 +130,55 @@ def pod_view(app: dict[str, Any], role: str, secrets: dict[str, dict[str, str]],
     if app["spec"].get("imagePullSecrets"):
         pod["imagePullSecrets"] = [{"name": secret} for secret in app["spec"]["imagePullSecrets"]]
     return {"env": env, "files": files, "volumes": [v["name"] for v in volumes], "pod": pod}
+
+
+def pod_environment(app: dict[str, Any], role: str, secrets: dict[str, dict[str, str]]) -> dict[str, str]:
+    """The variables Spark sets in the ``role`` pod of ``app`` (:func:`pod_view`), each
+    ``secretKeyRef`` replaced by its value in ``secrets`` (name → key → value; KeyError when the
+    application names a Secret or key that is not there)."""
+    def resolved(value: str) -> str:
+        if not value.startswith(SECRET_REF):
+            return value
+        secret, key = value.removeprefix(SECRET_REF).split(":", 1)
+        return secrets[secret][key]
+
+    return {name: resolved(value) for name, value in pod_view(app, role, secrets)["env"].items()}
+
+
+def submit_command(app: dict[str, Any], *, spark_submit: str, master: str, root: Path,
+                   conf: Mapping[str, str] | None = None) -> list[str]:
+    """The ``spark-submit`` command spark-operator runs for ``app`` — the application's name, each
+    ``sparkConf`` key, ``deps.jars``, the main application file and ``arguments`` — with ``master``
+    instead of the cluster's and ``conf`` on top (settings of this machine). The main file, a path
+    in the image (:data:`IMAGE_ROOT`), is taken at the same place under ``root`` (the checkout).
+    What only pods have (cores, memory, instances, labels, security contexts, mounted Secrets) has
+    no part in it: ``master`` says how many executors of which size."""
+    spec = app["spec"]
+    main = spec["mainApplicationFile"]
+    assert main.startswith(IMAGE_ROOT), main
+    settings = {"spark.app.name": app["metadata"]["name"], **(spec.get("sparkConf") or {}), **(conf or {})}
+    command = [spark_submit, "--master", master]
+    for key, value in settings.items():
+        command += ["--conf", f"{key}={value}"]
+    if (spec.get("deps") or {}).get("jars"):
+        command += ["--jars", ",".join(spec["deps"]["jars"])]
+    return [*command, str(root / main.removeprefix(IMAGE_ROOT)), *spec["arguments"]]
+
+
+def spark_home(directory: Path, jars: Sequence[Path]) -> Path:
+    """``directory`` made a ``SPARK_HOME`` like the image's (Dockerfile: the installed pyspark
+    package, Iceberg's ``jars`` added to its ``jars/``), of links to that package: a
+    ``local-cluster`` master's workers put their work directories (each executor's files and logs)
+    in ``$SPARK_HOME/work`` — Spark's LocalSparkCluster gives them no other outside Spark's own
+    tests — which must not be the installed package."""
+    import pyspark
+
+    package = Path(pyspark.__file__).parent
+    directory.mkdir(parents=True, exist_ok=True)
+    for entry in package.iterdir():
+        if entry.name not in ("jars", "work"):
+            (directory / entry.name).symlink_to(entry)
+    (directory / "jars").mkdir()
+    for jar in [*(package / "jars").iterdir(), *jars]:
+        (directory / "jars" / os.path.basename(jar)).symlink_to(jar)
+    return directory
