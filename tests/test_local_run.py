@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 
 import pyarrow.parquet as pq
@@ -15,14 +14,11 @@ import yaml
 from psycopg import sql
 
 from lakeslot.api.naming import TableName
-from lakeslot.local import observe, state
-from lakeslot.local.tree import alive, descendants
 from lakeslot.mirror.catalog import load_hadoop_table
 from lakeslot.verify import checksums
 from tests.support import local_support as ls
 from tests.support.fixtures_pg import connection_settings
 from tests.support.odd_names import ODD_TABLES, create_odd_tables
-from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
 
@@ -122,49 +118,3 @@ def test_run_once_under_a_concurrent_workload_then_resume_equals_the_source(sour
     assert conditions["Streaming"]["reason"] == "ReaderNotReady"  # no run is active any more
     assert document["slot"].get("activePid") is None
     assert db.cluster.password not in status.stdout
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("pg", ["pg18"], indirect=True)
-def test_kill_9_mid_stream_then_restart_then_ctrl_c_leaves_nothing_behind(source, tmp_path):
-    db, tables = source
-    path, state_dir, log = tmp_path / "ingestion.yaml", tmp_path / "state", tmp_path / "run.log"
-    ls.write_ingestion(path, db, tables, tmp_path)
-    local = ls.local(path, db, state_dir)
-    workload = _workload(db, tables)
-
-    def applied_past_snapshot() -> bool:
-        status = observe.observe(local, observe.activity(local))
-        return bool(status.tables) and all(
-            t.applied_lsn and t.snapshot_lsn and t.applied_lsn != t.snapshot_lsn
-            for t in status.tables)
-
-    first = ls.spawn_run(path, db, state_dir, log)
-    wait_for(lambda: first.poll() is not None or applied_past_snapshot(),
-             "the first run to apply streamed changes", deadline=RUN_DEADLINE_S, interval=1)
-    assert first.poll() is None, log.read_text()[-3000:]
-    children = descendants(first.pid)
-    reader_pid = state.read_run(state_dir)["readerPid"]
-    assert reader_pid in children
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    wait_for(lambda: not alive(children), "the killed run's children (reader, Spark) to exit")
-    wait_for(lambda: ls.temporary_slots(db) == [], "no temporary slot")
-
-    second = ls.spawn_run(path, db, state_dir, log)
-    wait_for(lambda: second.poll() is not None or (
-        state.read_run(state_dir).get("pid") == second.pid and applied_past_snapshot()),
-        "the restarted run to stream", deadline=RUN_DEADLINE_S, interval=1)
-    children = descendants(second.pid)
-    assert children, "the run has its reader and Spark below it"
-    second.send_signal(signal.SIGINT)
-    assert _finish(second, log) == 0, log.read_text()[-3000:]
-    assert alive(children) == set(), "Ctrl-C left processes behind"
-    assert ls.temporary_slots(db) == []
-    with db.connect() as conn:
-        assert conn.execute("SELECT active FROM pg_replication_slots WHERE NOT temporary"
-                            ).fetchone() == (False,)
-
-    workload.stop()
-    _run_once(path, db, state_dir, log)
-    _assert_equal(path, db, tables)

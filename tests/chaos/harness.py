@@ -207,11 +207,11 @@ class Supervisor:
         self.start()
         return code
 
-    def finish(self) -> None:
-        """SIGTERM the run: it must exit 0."""
+    def finish(self, signum: int = signal.SIGTERM) -> None:
+        """SIGTERM the run (or ``signum``: SIGINT is Ctrl-C): it must exit 0."""
         if self.run.poll() is None:
             self.seen |= descendants(self.run.pid)
-            self.run.send_signal(signal.SIGTERM)
+            self.run.send_signal(signum)
             assert self.run.wait(STOP_DEADLINE_S) == 0, self.tail()
 
     def once(self, deadline: float) -> int:

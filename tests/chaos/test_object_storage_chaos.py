@@ -16,11 +16,12 @@ a commit is in flight). Two rounds:
    itself, so the catalog answers the apply commit with a real 409; Iceberg's retry commits it on
    top of the other writer's snapshot.
 
-Then the workload stops, the run catches up and is stopped (SIGTERM: exit 0), and each mirror,
-read by pyiceberg through the REST catalog (not through lakeslot's code), is compared with its
-source row by row. One PostgreSQL version: the faults are the catalog's and the
-process's, not the source's (tests/chaos/test_chaos.py runs every fault, a SIGKILL of the run at a
-random moment among them, on both versions and the default configuration). The workload is the
+Then the workload stops, the run catches up and is stopped with Ctrl-C (SIGINT: exit 0; no process
+and no temporary slot left behind, the slot released), and each mirror, read by pyiceberg through
+the REST catalog (not through lakeslot's code), is compared with its source row by row. One
+PostgreSQL version: the faults are the catalog's and the process's, not the source's
+(tests/chaos/test_chaos.py runs every fault, a SIGKILL of the run at a random moment among them,
+on both versions and the default configuration). The workload is the
 chaos suite's, seeded (``LAKESLOT_CHAOS_SEED`` replays it).
 """
 
@@ -137,7 +138,7 @@ def test_kill_9_and_a_commit_conflict_on_s3_and_a_rest_catalog_lose_nothing(
             transactions = writer.stop()
         assert proxy.errors == [], proxy.errors
         recovered("the last changes")
-        supervisor.finish()
+        supervisor.finish(signal.SIGINT)  # Ctrl-C
         supervisor.close()
     proxy.close()
 
@@ -145,6 +146,10 @@ def test_kill_9_and_a_commit_conflict_on_s3_and_a_rest_catalog_lose_nothing(
     for table in TABLES:
         assert_table_equals_source(db, catalog.load_table(local.job.names.mirror_identifier(table)), table)
     wait_for(lambda: not alive(supervisor.seen), f"no process left behind; {replay}")
+    assert ls.temporary_slots(db) == []
+    with db.connect() as conn:
+        assert conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
+                            (local.job.names.slot,)).fetchone() == (False,)
     text = log.read_text(errors="replace")
     assert store.secret_key not in text and db.cluster.password not in text
     print(f"{replay}: run exits {dict(supervisor.exits)}; {transactions} units of work; "
