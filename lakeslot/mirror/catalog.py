@@ -35,7 +35,8 @@ from __future__ import annotations
 import functools
 import re
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -192,21 +193,50 @@ def _sql_catalog(name: str, options: tuple[tuple[str, str], ...]) -> Catalog:
     return load_catalog(name, **dict(options))
 
 
+# Tables loaded at once by :func:`load_tables`: each load is one request (REST) or one or two file
+# reads (hadoop) whose time is the round trip, so a status or a reconcile over 1,000 tables waits
+# for about 1,000 / LOAD_WORKERS of them.
+LOAD_WORKERS = 16
+
+
 def load_table(catalog: CatalogSpec, ident: tuple[str, ...],
                secrets: Mapping[str, str] | None = None) -> Table | None:
     """The current state of a mirror table, or None when it does not exist."""
+    return load_tables(catalog, [ident], secrets)[0]
+
+
+def load_tables(catalog: CatalogSpec, idents: Sequence[tuple[str, ...]],
+                secrets: Mapping[str, str] | None = None) -> list[Table | None]:
+    """The current state of each of ``idents`` (None: it does not exist), in their order, through
+    one catalog client, :data:`LOAD_WORKERS` at a time; the first failure is raised (explained as
+    :func:`load_table`'s)."""
     options = pyiceberg_properties(catalog, secrets or {})
     try:
         if catalog.type == "hadoop":
             assert catalog.warehouse is not None  # the API requires it for hadoop catalogs
-            return load_hadoop_table(catalog.warehouse, ident, options)
-        if catalog.type == "jdbc":
-            return _sql_catalog(catalog.name, tuple(sorted(options.items()))).load_table(ident)
-        from pyiceberg.catalog import load_catalog
+            warehouse = catalog.warehouse
 
-        return load_catalog(catalog.name, **options).load_table(ident)
-    except NoSuchTableError:
-        return None
+            def load(ident: tuple[str, ...]) -> Table | None:
+                return load_hadoop_table(warehouse, ident, options)
+        else:
+            if catalog.type == "jdbc":
+                client = _sql_catalog(catalog.name, tuple(sorted(options.items())))
+            else:
+                from pyiceberg.catalog import load_catalog
+
+                client = load_catalog(catalog.name, **options)
+
+            def load(ident: tuple[str, ...]) -> Table | None:
+                try:
+                    return client.load_table(ident)
+                except NoSuchTableError:
+                    return None
+        if len(idents) <= 1:
+            return [load(ident) for ident in idents]
+        with ThreadPoolExecutor(min(LOAD_WORKERS, len(idents)), thread_name_prefix="catalog") as pool:
+            return list(pool.map(load, idents))
+    except NoSuchTableError:  # (a catalog may say so for an unknown warehouse: see the docstring)
+        return [None] * len(idents)
     except Exception as e:  # re-raised, explained where a setting is to blame
         if (message := explain_error(catalog, e)) is None:
             raise

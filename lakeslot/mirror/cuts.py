@@ -94,9 +94,10 @@ def choose(found: list[Cut], *, at_lsn: int | None = None, at_ms: int | None = N
 def read(ingestion: PostgresIngestion, tables: Iterable[TableName], *,
          secrets: Mapping[str, str] | None = None) -> list[Cut]:
     """The cuts of ``tables``' mirrors (``secrets``: the catalog's Secret-backed properties)."""
-    names, catalog = IngestionNames.of(ingestion), ingestion.spec.sink.catalog
-    histories = {t: history(catalogs.load_table(catalog, names.mirror_identifier(t), secrets))
-                 for t in tables}
+    names, tables = IngestionNames.of(ingestion), list(tables)
+    loaded = catalogs.load_tables(ingestion.spec.sink.catalog,
+                                  [names.mirror_identifier(t) for t in tables], secrets)
+    histories = {t: history(table) for t, table in zip(tables, loaded, strict=True)}
     empty = [str(t) for t, h in histories.items() if not h]
     if empty:
         raise NoCut(f"no mirror with a lakeslot.lsn for {', '.join(empty)}: not snapshotted yet")
