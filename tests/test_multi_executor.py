@@ -44,13 +44,13 @@ import pytest
 from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import IngestionNames, TableName
+from lakeslot.local.objectstore import STAGING_BUCKET, ObjectStore
 from lakeslot.spark import jars as iceberg_jars
 from lakeslot.verify import checksums
 from lakeslot_operator import children
 from tests.support import fixtures_s3, spark_operator
 from tests.support import local_support as ls
 from tests.support.fixtures_pg import connection_settings
-from tests.support.fixtures_s3 import STAGING_BUCKET, ObjectStore
 from tests.support.reader_support import current_lsn, prepare, read_until
 
 pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
@@ -59,7 +59,6 @@ ROOT = Path(__file__).resolve().parents[1]
 NAME = "multi-executor"
 MASTER = "local-cluster[2,1,1024]"  # two executors (workers) of one core and 1024 MiB each
 EXECUTORS = {"0", "1"}
-ITEMS = TableName("public", "items")
 JOB_DEADLINE_S = 600  # a hung job fails the test instead of the suite
 
 
@@ -148,11 +147,7 @@ def _assert_ran_on_both_executors(events: Path) -> None:
 def test_the_jobs_run_on_two_executors_of_their_own(pgdb, object_store, tmp_path, monkeypatch):
     db, store = pgdb, object_store
     with db.connect() as conn:
-        accounts = ls.create_accounts(conn, 30_000)  # 3-4 ranges of 1 MiB
-        conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
-        conn.execute("INSERT INTO items SELECT g, repeat('i', 50) || g FROM generate_series(1, 400) g")
-        conn.execute("ANALYZE items")
-    tables = [accounts, ITEMS]
+        tables = ls.create_accounts_and_items(conn, 30_000, 400)  # accounts: 3-4 ranges of 1 MiB
     ingestion = _ingestion(db, store, tables)
     names = IngestionNames.of(ingestion)
     with db.connect() as conn:  # the operator's first steps: the publication, the slot (rule 2)
@@ -173,11 +168,7 @@ def test_the_jobs_run_on_two_executors_of_their_own(pgdb, object_store, tmp_path
     _assert_ran_on_both_executors(tmp_path / "snapshot-events")
 
     with db.connect() as conn:  # changes, sealed on S3 by the reader
-        conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id % 7 = 0")
-        conn.execute("INSERT INTO accounts (id, balance, note) SELECT g, g, 'new' "
-                     "FROM generate_series(40001, 40100) g")
-        conn.execute("DELETE FROM accounts WHERE id BETWEEN 100 AND 150")
-        conn.execute("UPDATE items SET v = v || '!' WHERE id % 3 = 0")
+        ls.change_accounts_and_items(conn)
         target = current_lsn(conn)
     for variable, value in store.environment().items():
         monkeypatch.setenv(variable, value)

@@ -42,6 +42,8 @@ from lakeslot.api.models import CatalogSpec
 from lakeslot.api.naming import TableName
 from lakeslot.filesystems import StorageError
 from lakeslot.local import config, reader_process
+from lakeslot.local.objectstore import STAGING_BUCKET
+from lakeslot.local.pgcluster import free_port
 from lakeslot.mirror import catalog as catalogs
 from lakeslot.mirror import cuts
 from lakeslot.mirror import progress as mirror_progress
@@ -56,36 +58,12 @@ from tests.support import local_support as ls
 from tests.support import operator_env as env
 from tests.support.fixtures_kube import running_operator
 from tests.support.fixtures_pg import connection_settings
-from tests.support.fixtures_s3 import (
-    STAGING_BUCKET,
-    WAREHOUSE_BUCKET,
-    define_catalog,
-    free_ports,
-)
+from tests.support.fixtures_s3 import WAREHOUSE_BUCKET, define_catalog
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
 
-ITEMS = TableName("public", "items")
-
-
-def _create_tables(db, accounts: int, items: int) -> list[TableName]:
-    """``public.accounts`` and ``public.items`` with that many rows."""
-    with db.connect() as conn:
-        table = ls.create_accounts(conn, accounts)
-        conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
-        conn.execute("INSERT INTO items SELECT g, 'i' || g FROM generate_series(1, %s) g", (items,))
-    return [table, ITEMS]
-
-
-def _change(db) -> None:
-    """Updates, inserts and deletes in the tables of :func:`_create_tables`."""
-    with db.connect() as conn:
-        conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id % 7 = 0")
-        conn.execute("INSERT INTO accounts (id, balance, note) SELECT g, g, 'new' "
-                     "FROM generate_series(5001, 5100) g")
-        conn.execute("DELETE FROM accounts WHERE id BETWEEN 100 AND 150")
-        conn.execute("UPDATE items SET v = v || '!' WHERE id % 3 = 0")
+ITEMS = ls.ITEMS
 
 
 def _assert_equal(local: config.Local, db, tables: list[TableName], secrets: dict[str, str]) -> None:
@@ -98,7 +76,8 @@ def _assert_equal(local: config.Local, db, tables: list[TableName], secrets: dic
 def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store, tmp_path, monkeypatch,
                                                   capsys):
     db, store = pgdb, object_store
-    tables = _create_tables(db, 3000, 800)
+    with db.connect() as conn:
+        tables = ls.create_accounts_and_items(conn, 3000, 800)
     accounts = tables[0]
     prefix = f"{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}"
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
@@ -117,7 +96,8 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
     _assert_equal(local, db, tables, secrets)
     snapshot_lsn = mirror_progress.read(local.ingestion, tables, secrets=secrets)[accounts].lsn
 
-    _change(db)  # streamed changes: updates, inserts, deletes
+    with db.connect() as conn:  # streamed changes: updates, inserts, deletes
+        ls.change_accounts_and_items(conn)
     ls.run_in_process(local, rest_spark, once=True)
     _assert_equal(local, db, tables, secrets)
     progress = mirror_progress.read(local.ingestion, tables, secrets=secrets)  # what the operator reads
@@ -186,7 +166,8 @@ def test_s3_staging_and_a_jdbc_catalog_on_postgresql_end_to_end(pgdb, rest_spark
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
         conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(catalog_db), sql.Identifier(role)))
     try:
-        tables = _create_tables(db, 500, 200)
+        with db.connect() as conn:
+            tables = ls.create_accounts_and_items(conn, 500, 200)
         accounts = tables[0]
         name = f"jdbc_{suffix}"  # (a catalog name keeps its first definition for the session)
         uri = f"jdbc:postgresql://{db.cluster.address}:{db.cluster.port}/{catalog_db}"
@@ -209,7 +190,8 @@ def test_s3_staging_and_a_jdbc_catalog_on_postgresql_end_to_end(pgdb, rest_spark
         snapshot, _ = ls.run_in_process(local, rest_spark, once=True)
         _assert_equal(local, db, tables, secrets)  # pyiceberg, through the SQL catalog
         snapshot_lsn = mirror_progress.read(local.ingestion, tables, secrets=secrets)[accounts].lsn
-        _change(db)
+        with db.connect() as conn:
+            ls.change_accounts_and_items(conn)
         streamed, _ = ls.run_in_process(local, rest_spark, once=True)
         _assert_equal(local, db, tables, secrets)
         applied = mirror_progress.read(local.ingestion, tables, secrets=secrets)[accounts].lsn
@@ -263,7 +245,8 @@ def test_the_operator_reads_the_mirrors_through_the_rest_catalog_with_credential
     the reader Deployment and the SparkApplications, whose work ``lakeslot run`` does in this process
     (its reader registered as the reader pod, so the operator leaves it the slot)."""
     db, store = pgdb, object_store
-    tables = _create_tables(db, 500, 100)
+    with db.connect() as conn:
+        tables = ls.create_accounts_and_items(conn, 500, 100)
     document = fixtures_s3.ingestion_document(db, f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}", tables,
                                               store.catalog_document())
     name = document["metadata"]["name"]
@@ -316,7 +299,7 @@ def test_refused_or_unreachable_storage_and_catalog_name_the_setting_to_fix(obje
         "sink.catalog.uri .*/nope answered 404.*fix sink.catalog.uri":
             (spec.model_copy(update={"uri": f"{store.rest_uri}/nope"}), good),
         "sink.catalog.uri .* cannot be reached.*fix sink.catalog.uri":
-            (spec.model_copy(update={"uri": f"http://127.0.0.1:{free_ports(1)[0]}"}), good),
+            (spec.model_copy(update={"uri": f"http://127.0.0.1:{free_port()}"}), good),
     }
     for expected, (catalog, secrets) in refused.items():
         with pytest.raises(catalogs.CatalogAccessError, match=expected) as caught:
@@ -334,7 +317,7 @@ def test_refused_or_unreachable_storage_and_catalog_name_the_setting_to_fix(obje
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", store.secret_key)
     with pytest.raises(StorageError, match=r"spec.staging.uri s3://no-such-bucket/x: the bucket does not exist"):
         Staging("s3://no-such-bucket/x")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_ports(1)[0]}")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     with pytest.raises(StorageError, match="endpoint cannot be reached: fix AWS_ENDPOINT_URL"):
         Staging(f"s3://{STAGING_BUCKET}/unreachable")
     monkeypatch.setenv("AWS_ENDPOINT_URL", store.s3_endpoint)
@@ -377,7 +360,7 @@ def test_a_jdbc_catalog_that_refuses_or_cannot_be_reached_names_the_setting_to_f
         r"cannot be reached or refused the connection \(.*\"nodb\" does not exist.*\): fix sink\.catalog\.uri":
             (spec.model_copy(update={"uri": f"{server}/nodb"}), good),
         r"at jdbc:postgresql://127\.0\.0\.1:\d+/x cannot be reached .*: fix sink\.catalog\.uri":
-            (spec.model_copy(update={"uri": f"jdbc:postgresql://127.0.0.1:{free_ports(1)[0]}/x"}), good),
+            (spec.model_copy(update={"uri": f"jdbc:postgresql://127.0.0.1:{free_port()}/x"}), good),
         r"sink\.catalog\.uri jdbc:mysql:…: lakeslot reads a JDBC catalog on PostgreSQL .*: fix sink\.catalog\.uri":
             (spec.model_copy(update={"uri": f"jdbc:mysql://{cluster.address}/x?password={cluster.password}"}), good),
     }

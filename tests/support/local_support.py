@@ -31,6 +31,7 @@ from tests.support.waiting import wait_for
 
 LAKESLOT = str(Path(sys.executable).with_name("lakeslot"))
 ACCOUNTS = TableName("public", "accounts")
+ITEMS = TableName("public", "items")
 RUN_DEADLINE_S = 300
 T = TypeVar("T")
 
@@ -42,6 +43,25 @@ def create_accounts(conn, rows: int) -> TableName:
                  "FROM generate_series(1, %s) AS i", (rows,))
     conn.execute("ANALYZE accounts")
     return ACCOUNTS
+
+
+def create_accounts_and_items(conn, accounts: int, items: int) -> list[TableName]:
+    """:func:`create_accounts` and ``public.items`` (``id int PRIMARY KEY, v text``) with that
+    many rows each."""
+    conn.execute("CREATE TABLE items (id int PRIMARY KEY, v text)")
+    conn.execute("INSERT INTO items SELECT g, repeat('i', 50) || g FROM generate_series(1, %s) g", (items,))
+    conn.execute("ANALYZE items")
+    return [create_accounts(conn, accounts), ITEMS]
+
+
+def change_accounts_and_items(conn) -> None:
+    """Updates, inserts (above the largest key) and deletes in the tables of
+    :func:`create_accounts_and_items`."""
+    conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id % 7 = 0")
+    conn.execute("INSERT INTO accounts (id, balance, note) SELECT top + g, top + g, 'new' "
+                 "FROM (SELECT max(id) AS top FROM accounts) m, generate_series(1, 100) g")
+    conn.execute("DELETE FROM accounts WHERE id BETWEEN 100 AND 150")
+    conn.execute("UPDATE items SET v = v || '!' WHERE id % 3 = 0")
 
 
 def write_ingestion(path: Path, db, tables: list[TableName], tmp_path: Path,
