@@ -121,6 +121,28 @@ def typed_source(rows, table: str, state: TableState, spark_schema: StructType,
     return Source(view, names, keeps, key, bool(keeps))
 
 
+def parsed_rows(rows: pa.Table, table: str, state: TableState, arrow: pa.Schema,
+                layout: Sequence[str], delimiters: Mapping[str, str],
+                absent: Mapping[str, str] | None = None) -> pa.Table:
+    """The driver's :func:`typed_source`: one table's reduced rows, collected (an Arrow table
+    of :data:`lakeslot.apply.spread.REDUCED` columns, none keeping a value from the mirror),
+    parsed by the same parser into ``arrow``'s types (the mirror's Arrow schema): the columns
+    ``c<i>``, ``s<j>``, ``op``, ``lsn``, ``seq`` of the view :func:`typed_source` registers."""
+    data = state.data_columns()
+    names = list(data)
+    key = [names.index(k) for k in state.key]
+    types = {f.name: f.type for f in arrow}
+    schema = pa.schema([pa.field(f"c{i}", types[n]) for i, n in enumerate(names)]
+                       + [pa.field(f"s{j}", types[names[i]]) for j, i in enumerate(key)]
+                       + [pa.field("op", pa.string()), pa.field("lsn", pa.int64()),
+                          pa.field("seq", pa.int64())])
+    parse = _Parse(table, [(n, t, delimiters.get(n, ",")) for n, t in data.items()],
+                   [layout.index(n) for n in names], key, [],
+                   [(absent or {}).get(n) for n in names], schema)
+    selected = rows.select(["values", "flags", "source", "op", "lsn", "seq"])
+    return pa.Table.from_batches(list(parse(iter(selected.to_batches()))), schema)
+
+
 def _spark_parsed(rows, table: str, schema: StructType, names: Sequence[str],
                   positions: Sequence[int], key: Sequence[int], keeps: Sequence[int],
                   absent: Sequence[str | None]):

@@ -40,6 +40,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import NoReturn
 
+import pyarrow as pa
+
 from lakeslot import cadence
 from lakeslot import lsn as lsn_text
 from lakeslot.api.naming import TableName
@@ -119,8 +121,9 @@ class Passes:
             reduced = self.reduction.reduce(
                 batch, [p.config for p in planned.values() if p.scan.changes], outcomes)
         try:
-            outcomes.update(self._apply(
-                [(t, p) for t, p in planned.items() if t not in outcomes], batch, reduced))
+            todo = {t: p for t, p in planned.items() if t not in outcomes}
+            small = self.work.small_rows(todo, reduced)
+            outcomes.update(self._apply(list(todo.items()), batch, reduced, small))
         finally:
             for each in {id(r): r for r in reduced.values()}.values():
                 each.release()
@@ -143,13 +146,14 @@ class Passes:
         return result
 
     def _apply(self, todo: list[tuple[TableName, Planned]], batch: spread.Batch,
-               reduced: dict[TableName, spread.Reduced]) -> dict[TableName, TableOutcome]:
+               reduced: dict[TableName, spread.Reduced], small: dict[TableName, pa.Table]
+               ) -> dict[TableName, TableOutcome]:
         """Each planned table applied (:meth:`TablePass.apply`), ``apply.tableParallelism`` at a
         time: threads of this Spark application, each table's MERGE and commit its own (an error
         that belongs to no table ends the pass once the tables in flight are done)."""
         def one(table: TableName, plan: Planned) -> TableOutcome:
             return self.failures.attempt(table, functools.partial(
-                self.work.apply, table, plan, batch, reduced.get(table)))
+                self.work.apply, table, plan, batch, reduced.get(table), small.get(table)))
 
         if self.parallelism == 1 or len(todo) < 2:
             return {table: one(table, plan) for table, plan in todo}

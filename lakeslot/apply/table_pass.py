@@ -39,16 +39,18 @@ import time
 from dataclasses import dataclass
 from typing import NoReturn
 
+import pyarrow as pa
 from pyspark.sql import functions as F
 
 from lakeslot import lsn as lsn_text
 from lakeslot.api.naming import TableName
-from lakeslot.apply import changes, ddl, merge, spread
+from lakeslot.apply import changes, ddl, merge, small_batches, spread
 from lakeslot.apply.changelog import Changelog
 from lakeslot.apply.changes import TableError
 from lakeslot.apply.evolution import Evolution
 from lakeslot.apply.failures import Failures
 from lakeslot.apply.outcomes import Hooks, Steps, TableOutcome
+from lakeslot.apply.small_batches import SmallBatches
 from lakeslot.apply.source_tables import SourceTables
 from lakeslot.mirror import typemap
 from lakeslot.mirror.contract import (
@@ -62,6 +64,7 @@ from lakeslot.mirror.contract import (
 from lakeslot.source import facts, keys
 from lakeslot.source.columns import ColumnOptions, DescribeError, describe
 from lakeslot.source.tables import existing
+from lakeslot.spark.session import error_summary
 from lakeslot.spark.tables import Tables
 from lakeslot.staging.relations import Relation
 from lakeslot.workloads import JobInput
@@ -89,6 +92,7 @@ class TablePass:
         self.hooks, self.failures, self.sources = hooks, failures, sources
         self.evolution = Evolution(spark, self.spec, tables, hooks, sources)
         self.changelog = Changelog(spark, self.spec, tables)
+        self.small = SmallBatches(spark)
         # a failed table waits for its retry time (lakeslot.apply.isolation); a --once run tries
         # every table at once
         self.honour_retry = honour_retry
@@ -204,9 +208,30 @@ class TablePass:
 
     # 3. with the reduction ---------------------------------------------------------------------
 
+    def small_rows(self, planned: dict[TableName, Planned], reduced: dict[TableName, spread.Reduced]
+                   ) -> dict[TableName, pa.Table]:
+        """The reduced rows of the tables that take the driver's path
+        (:mod:`lakeslot.apply.small_batches`), collected in one Spark job per reduction."""
+        by_reduction: dict[int, tuple[spread.Reduced, dict[TableName, int]]] = {}
+        for table, plan in planned.items():
+            each = reduced.get(table)
+            if each is not None and small_batches.eligible(plan.config, plan.scan, plan.state,
+                                                          each.tables.get(table)):
+                by_reduction.setdefault(id(each), (each, {}))[1][table] = plan.scan.changes
+        rows: dict[TableName, pa.Table] = {}
+        with self.steps("collect"):
+            for each, changes in by_reduction.values():
+                try:
+                    rows.update(small_batches.collect(each, changes))
+                except Exception as e:  # noqa: BLE001 - each table's MERGE meets it, if real
+                    log.warning("collecting small batches failed (%s): they take the MERGE",
+                                error_summary(e))
+        return rows
+
     def apply(self, table: TableName, planned: Planned, batch: spread.Batch,
-              reduced: spread.Reduced | None) -> TableOutcome:
-        """The table's pass (``reduced``: its reduction; None: no change of it in the batch)."""
+              reduced: spread.Reduced | None, small: pa.Table | None = None) -> TableOutcome:
+        """The table's pass (``reduced``: its reduction; None: no change of it in the batch;
+        ``small``: its reduced rows when it takes the driver's path)."""
         target = self.job.names.mirror_table(table)
         state, plan, config, scanned = planned.state, planned.plan, planned.config, planned.scan
         assert batch.end is not None  # plan returned "current" otherwise
@@ -232,6 +257,16 @@ class TablePass:
         if reduced is None or mine is None:
             self.tables.advance(target, lsn)
             return TableOutcome(table, target, "advanced", lsn, ddl=applied)
+        if small is not None:
+            self.hooks("before-merge", table)
+            with self.steps("delta"):
+                delimiters, absent = self._parse_inputs(table, state, relations)
+                done = self.small.apply(self.tables.iceberg_table(target), table, state, small,
+                                        config.names, delimiters, absent, lsn)
+            if done:
+                self.hooks("after-merge", table)
+                return TableOutcome(table, target, "applied", lsn, changes=scanned.changes,
+                                    ddl=applied)
         qualified = self.tables.qualified(target)
         check_unique = config.check_unique and not scanned.truncates
         with self.steps("parse"):
@@ -263,15 +298,7 @@ class TablePass:
                      keeps: frozenset[int], relations: list[Relation],
                      layout: tuple[str, ...], reused: bool = False) -> merge.Source:
         qualified = self.tables.qualified(target)
-        delimiters: dict[str, str] = {}
-        excluded = self.sources._excluded(table)
-        for relation in relations:  # the latest description of a column wins
-            delimiters.update(self.sources.types.delimiters(relation, excluded))
-        # a change described without a mirror column came before the column was added (or after
-        # it was dropped): the row holds the column's "missing value" in the source (else NULL)
-        described = [{c.name for c in r.columns} for r in relations]
-        not_carried = [n for n in state.data_columns() if any(n not in d for d in described)]
-        absent = self.sources.missing_values(table, not_carried)[0] if not_carried else {}
+        delimiters, absent = self._parse_inputs(table, state, relations)
         source = merge.typed_source(rows, str(table), state, self.spark.table(qualified).schema,
                                     keeps, layout, delimiters, absent, reused)
         if source.resolves:
@@ -283,6 +310,21 @@ class TablePass:
                     f"{list(missing[0])}, which is not in the mirror table; the value cannot "
                     f"be recovered: {changes.TOAST_FIX}", resnapshot=True)
         return source
+
+    def _parse_inputs(self, table: TableName, state: TableState, relations: list[Relation]
+                      ) -> tuple[dict[str, str], dict[str, str]]:
+        """What parsing the table's reduced rows needs beyond them: each array column's element
+        delimiter, and the value of each column some change does not carry."""
+        delimiters: dict[str, str] = {}
+        excluded = self.sources._excluded(table)
+        for relation in relations:  # the latest description of a column wins
+            delimiters.update(self.sources.types.delimiters(relation, excluded))
+        # a change described without a mirror column came before the column was added (or after
+        # it was dropped): the row holds the column's "missing value" in the source (else NULL)
+        described = [{c.name for c in r.columns} for r in relations]
+        not_carried = [n for n in state.data_columns() if any(n not in d for d in described)]
+        absent = self.sources.missing_values(table, not_carried)[0] if not_carried else {}
+        return delimiters, absent
 
     def _duplicate(self, table: TableName, state: TableState, key: tuple, where: str) -> NoReturn:
         raise TableError(f"{table}: " + keys.duplicate_error(self.sources.connection(), table,

@@ -1,0 +1,154 @@
+"""A table's small batch applied from the driver: its reduced rows become one Iceberg
+``RowDelta`` — the new row versions in one data file, the old versions' positions deleted —
+without Spark SQL's MERGE (whose planning and jobs cost ≈ 0.5 s per table whatever the changes:
+the fixed cost that made many busy tables fall behind).
+
+A pass collects the reduced rows (``F``) of every table that can take this path in one Spark
+job (:func:`collect`); then, per table, :meth:`SmallBatches.apply` parses them with the shared
+type mapping (the parser the MERGE path's executors use for types Spark cannot cast exactly),
+finds where the changed keys' rows live (:class:`lakeslot.spark.row_delta.Positions`: key
+columns cached per immutable file, so a pass reads only files someone else wrote) and commits.
+
+Invariants:
+
+- **Same result as the MERGE** (:func:`lakeslot.apply.merge.merge_sql`): a key's row is
+  deleted when the mirror holds it (op D, U, and an I the mirror already holds), and a row with
+  every mirror column is added unless the op is D, ``_lakeslot_lsn`` its last change's LSN;
+  the commit carries ``lakeslot.lsn`` like the MERGE's, in one atomic commit.
+- **Only what the path covers** (:func:`eligible`): at most :data:`SMALL_CHANGES` changes of the
+  table, and at most :data:`SMALL_ROWS` reduced rows collected per pass (the driver's memory is
+  bounded by them, not by the batch: DESIGN.md "Scale"); no TRUNCATE, no unchanged TOAST value
+  to take from the mirror, no keyColumns check, no changelog, an unpartitioned mirror whose
+  columns are all of :data:`TYPES` or lists of them (:func:`writes`). Anything else takes the MERGE, as does a table whose commit
+  met another writer's (:class:`lakeslot.spark.row_delta.Conflict`) or that turns out not to
+  fit (:class:`lakeslot.spark.row_delta.Unsupported`): :meth:`SmallBatches.apply` returns False
+  and has committed nothing.
+
+Failure modes: an unmappable value is the table's definite error (:class:`TableError`, as in the
+MERGE path); storage and catalog errors propagate (the table's failure, classified by the
+caller) and leave the table as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyiceberg.io.pyarrow import schema_to_pyarrow
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    StringType,
+    TimestampType,
+    TimestamptzType,
+)
+from pyspark.sql import functions as F
+
+from lakeslot.api.naming import TableName
+from lakeslot.apply import merge, spread
+from lakeslot.mirror.contract import LSN_COLUMN, PARTITION_PROPERTY, TableState
+from lakeslot.spark import row_delta
+
+log = logging.getLogger("lakeslot.apply.job")
+SMALL_CHANGES = 20_000  # a table's changes in a pass up to which the driver applies them
+SMALL_ROWS = 200_000  # reduced rows collected to the driver per pass, at most
+TYPES = (BooleanType, IntegerType, LongType, FloatType, DoubleType, DecimalType, DateType,
+         TimestampType, TimestamptzType, StringType, BinaryType)
+CODECS = {"zstd": "zstd", "snappy": "snappy", "gzip": "gzip", "lz4": "lz4", "brotli": "brotli",
+          "uncompressed": "none"}  # Iceberg's write.parquet.compression-codec → pyarrow's
+
+
+def eligible(config: spread.TableConfig, scanned: spread.TableScan, state: TableState,
+             mine: spread.TableReduced | None) -> bool:
+    """Whether a table's reduction can take the driver's path (see the module docstring)."""
+    return (mine is not None and mine.problem is None and not mine.keeps
+            and 0 < scanned.changes <= SMALL_CHANGES and not scanned.truncates
+            and not config.check_unique and not config.changelog
+            and not state.properties.get(PARTITION_PROPERTY)
+            and all(writes(f.field_type) for f in state.schema.fields))
+
+
+def writes(type_: IcebergType) -> bool:
+    """Whether the driver's path writes columns of ``type_``: :data:`TYPES`, and lists of them."""
+    if isinstance(type_, ListType):
+        return isinstance(type_.element_type, TYPES)
+    return isinstance(type_, TYPES)
+
+
+def collect(reduced: spread.Reduced, changes: Mapping[TableName, int]) -> dict[TableName, pa.Table]:
+    """The reduced rows (``F``) of the tables of ``changes`` (table → its changes, the eligible
+    ones), fewest changes first until :data:`SMALL_ROWS`, collected in one Spark job."""
+    chosen, total = [], 0
+    for table, count in sorted(changes.items(), key=lambda item: item[1]):
+        if total + count > SMALL_ROWS:
+            break
+        chosen.append(table)
+        total += count
+    if not chosen:
+        return {}
+    index = {reduced.index[t]: t for t in chosen}
+    frame = reduced.frame.filter(F.col("t").isin(list(index)) & (F.col("kind") == "F"))
+    batches = frame.select("t", "values", "flags", "source", "op", "lsn", "seq")._collect_as_arrow()
+    rows = pa.Table.from_batches(batches) if batches else None
+    if rows is None:
+        return {t: _empty() for t in chosen}
+    return {table: rows.filter(pc.equal(rows["t"], i)) for i, table in index.items()}
+
+
+def _empty() -> pa.Table:
+    return pa.table({"t": pa.array([], pa.int32())})
+
+
+class SmallBatches:
+    """The driver's path of one apply job (its memory: where keys live, per file)."""
+
+    def __init__(self, spark) -> None:
+        self._jvm = spark._jvm
+        self.positions = row_delta.Positions(self._jvm)
+
+    def apply(self, java_table, table: TableName, state: TableState, rows: pa.Table,
+              layout: Sequence[str], delimiters: Mapping[str, str], absent: Mapping[str, str],
+              lsn: int) -> bool:
+        """Commit the table's reduced ``rows`` to the Java Iceberg ``java_table`` (loaded after
+        this pass's schema changes, described by ``state``) at ``lsn``; False when the MERGE
+        must do it (nothing was committed)."""
+        if not len(rows) or "values" not in rows.column_names:
+            return False  # (nothing reduced: the MERGE path advances the table)
+        arrow = schema_to_pyarrow(state.schema)
+        typed = merge.parsed_rows(rows, str(table), state, arrow, layout, delimiters, absent)
+        names = list(state.data_columns())
+        key = list(state.key)
+        keys = pa.table({k: typed[f"c{names.index(k)}"] for k in key})
+        if keys.group_by(key).aggregate([]).num_rows != len(keys):
+            return False  # (a key twice: the MERGE reports it as it always did)
+        try:
+            found = self.positions.find(java_table, key, keys)
+            kept = typed.filter(pc.not_equal(typed["op"], "D"))
+            columns = []
+            for field in arrow:
+                if field.name in names:
+                    column = kept[f"c{names.index(field.name)}"]
+                elif field.name == LSN_COLUMN:
+                    column = kept["lsn"]
+                else:
+                    column = pa.nulls(len(kept), field.type)
+                columns.append(column.cast(field.type))
+            new = pa.Table.from_arrays(columns, schema=arrow)
+            codec = str(java_table.properties().getOrDefault("write.parquet.compression-codec",
+                                                             "zstd")).lower()
+            row_delta.commit(self._jvm, java_table, self.positions, found, new, key, lsn,
+                             CODECS.get(codec, "zstd"))
+        except (row_delta.Conflict, row_delta.Unsupported) as e:
+            log.info("%s: applied by a MERGE instead of the driver's row delta: %s", table, e)
+            return False
+        return True

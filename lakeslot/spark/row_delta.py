@@ -1,0 +1,278 @@
+"""A small change to one Iceberg table committed from the driver as one ``RowDelta``: where the
+changed keys' rows are (:class:`Positions`), and the commit of the new row versions with the
+position deletes of the old ones (:func:`commit`) — no Spark job, no MERGE planning.
+
+Invariants:
+
+- **Positions are those of the snapshot the commit validates from.** :meth:`Positions.find`
+  plans the table's files at one snapshot (Iceberg's Java scan, pruned by the keys' bounds) and
+  returns the live rows (deletes applied) holding the keys; :func:`commit` validates from that
+  snapshot that every data file it deletes from still exists, and that no delete file was added
+  since. A commit by anyone else in between that rewrote those files (a compaction) fails
+  Iceberg's validation (:class:`Conflict`): nothing is committed, the caller applies the change
+  another way.
+- **A data file's keys never change** (files are immutable): the key columns read from a file,
+  and the (file, position) rows of a position-delete file, are cached by path, bounded in bytes
+  (:data:`CACHE_BYTES`, least recently used out). The files a commit writes enter the cache
+  from memory; only files others wrote (the snapshot, compactions, a MERGE) are read, once.
+- Files are written through the table's own ``FileIO`` (the credentials and storage Spark's
+  catalog uses), Parquet with Iceberg's field IDs, their metrics computed by Iceberg itself from
+  the written footer. A file written by a commit that then fails is an orphan (maintenance's
+  orphan-file removal deletes it); it is never referenced.
+- Format v2 position deletes only. A table with equality deletes, or partitioned, is not
+  handled here (:class:`Unsupported`: the caller uses its MERGE).
+
+Failure modes: :class:`Conflict` (validation failed: retry another way), :class:`Unsupported`
+(before anything is written); any other error is storage's or the catalog's (transient, or the
+table's own failure) and leaves the table as it was (a commit either lands whole or not at all).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from py4j.protocol import Py4JJavaError
+
+from lakeslot.mirror.contract import LSN_PROPERTY
+
+CACHE_BYTES = 256 << 20  # key columns and position deletes held in the driver, at most
+FILE_PATH_ID, POS_ID = 2147483546, 2147483545  # the position-delete schema's field IDs (spec)
+DELETES = pa.schema([pa.field("file_path", pa.string(), False, {b"PARQUET:field_id": str(FILE_PATH_ID)}),
+                     pa.field("pos", pa.int64(), False, {b"PARQUET:field_id": str(POS_ID)})])
+READ_CHUNK = 8 << 20  # bytes per call across py4j when a file is read
+
+
+class Unsupported(Exception):
+    """This table or change cannot take the driver's path (nothing was written)."""
+
+
+class Conflict(Exception):
+    """Another commit since the positions were found touched their files (nothing committed)."""
+
+
+class _JavaFile(io.RawIOBase):
+    """A readable, seekable file over an Iceberg ``InputFile`` (for pyarrow's Parquet reader)."""
+
+    def __init__(self, input_file) -> None:
+        self._size = input_file.getLength()
+        self._stream = input_file.newStream()
+        self._at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._at
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._at, io.SEEK_END: self._size}[whence]
+        self._at = base + offset
+        return self._at
+
+    def readinto(self, buffer) -> int:
+        wanted = min(len(buffer), self._size - self._at)
+        done = 0
+        while done < wanted:
+            self._stream.seek(self._at + done)
+            chunk = self._stream.readNBytes(min(wanted - done, READ_CHUNK))
+            if not chunk:
+                break
+            buffer[done:done + len(chunk)] = chunk
+            done += len(chunk)
+        self._at += done
+        return done
+
+    def close(self) -> None:
+        if not self.closed:
+            self._stream.close()
+        super().close()
+
+
+class _Cache:
+    """Immutable files' contents by path, least recently used out beyond a byte budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget, self._held, self._bytes = budget, OrderedDict[str, pa.Table](), 0
+        self._lock = threading.Lock()
+
+    def get(self, path: str) -> pa.Table | None:
+        with self._lock:
+            found = self._held.get(path)
+            if found is not None:
+                self._held.move_to_end(path)
+            return found
+
+    def put(self, path: str, content: pa.Table) -> None:
+        with self._lock:
+            if path in self._held:
+                return
+            self._held[path] = content
+            self._bytes += content.nbytes
+            while self._bytes > self.budget and len(self._held) > 1:
+                _, dropped = self._held.popitem(last=False)
+                self._bytes -= dropped.nbytes
+
+
+@dataclass(frozen=True)
+class Found:
+    """The live rows holding some keys at one snapshot."""
+
+    snapshot: int | None  # None: the table has no snapshot (nothing found)
+    deletes: pa.Table  # DELETES: (file_path, pos) of each live row holding a key
+    keys: pa.Table  # the keys found, one row each (the key columns)
+
+
+class Positions:
+    """Where keys' live rows are, per table and snapshot, from cached key columns (one per
+    apply job: the cache outlives passes)."""
+
+    def __init__(self, jvm, budget: int = CACHE_BYTES) -> None:
+        self._jvm = jvm
+        self._cache = _Cache(budget)
+
+    def find(self, table, key: Sequence[str], keys: pa.Table) -> Found:
+        """The live rows of the Java Iceberg ``table`` (as loaded) whose ``key`` columns hold
+        one of ``keys`` (distinct), at its current snapshot."""
+        current = table.currentSnapshot()
+        if current is None:
+            return Found(None, DELETES.empty_table(), keys.slice(0, 0))
+        if not table.spec().isUnpartitioned():
+            raise Unsupported("the table is partitioned")
+        snapshot = current.snapshotId()
+        scan = table.newScan().useSnapshot(snapshot).filter(self._bounds(key, keys))
+        deletes, found = [], []
+        tasks = scan.planFiles()
+        try:
+            for task in _iterate(tasks):
+                path = str(task.file().location())
+                live = self._keys(table, path, key)
+                for delete in _iterate(task.deletes()):
+                    if str(delete.content().name()) != "POSITION_DELETES":
+                        raise Unsupported("the table has equality deletes")
+                    gone = self._deleted(table, str(delete.location()))
+                    gone = gone.filter(pc.equal(gone["file_path"], path))["pos"]
+                    if len(gone):
+                        live = live.filter(pc.invert(pc.is_in(live["pos"], value_set=gone)))
+                hit = live.join(_cast_like(keys, live, key), list(key), join_type="inner")
+                if len(hit):
+                    deletes.append(pa.table([pa.array([path] * len(hit), pa.string()),
+                                             hit["pos"]], schema=DELETES))
+                    found.append(hit.select(list(key)))
+        finally:
+            tasks.close()
+        if not deletes:
+            return Found(snapshot, DELETES.empty_table(), keys.slice(0, 0))
+        return Found(snapshot, pa.concat_tables(deletes).sort_by([("file_path", "ascending"),
+                                                                   ("pos", "ascending")]),
+                     pa.concat_tables(found, promote_options="permissive"))
+
+    def _bounds(self, key: Sequence[str], keys: pa.Table):
+        """A filter that prunes files by the keys' lower and upper bounds (column by column)."""
+        expressions = self._jvm.org.apache.iceberg.expressions.Expressions
+        both = getattr(expressions, "and")  # (a Python keyword)
+        where = expressions.alwaysTrue()
+        for name in key:
+            column = keys[name]
+            low, high = pc.min(column).as_py(), pc.max(column).as_py()
+            if isinstance(low, int | str) and isinstance(high, int | str):
+                where = both(where, both(expressions.greaterThanOrEqual(name, low),
+                                         expressions.lessThanOrEqual(name, high)))
+        return where
+
+    def _keys(self, table, path: str, key: Sequence[str]) -> pa.Table:
+        cached = self._cache.get(path)
+        if cached is None or not set(key) <= set(cached.column_names):
+            with _JavaFile(table.io().newInputFile(path)) as raw:
+                read = pq.read_table(raw, columns=list(key))
+            cached = read.append_column("pos", pa.array(range(read.num_rows), pa.int64()))
+            self._cache.put(path, cached)
+        return cached
+
+    def _deleted(self, table, path: str) -> pa.Table:
+        cached = self._cache.get(path)
+        if cached is None:
+            with _JavaFile(table.io().newInputFile(path)) as raw:
+                cached = pq.read_table(raw, columns=["file_path", "pos"])
+            self._cache.put(path, cached)
+        return cached
+
+    def remember(self, path: str, content: pa.Table) -> None:
+        """A file this driver just wrote (its key columns and ``pos``, or DELETES' rows)."""
+        self._cache.put(path, content)
+
+
+def _cast_like(keys: pa.Table, like: pa.Table, key: Sequence[str]) -> pa.Table:
+    return pa.table({n: keys[n].cast(like[n].type) for n in key})
+
+
+def _iterate(closeable):
+    iterator = closeable.iterator()
+    while iterator.hasNext():
+        yield iterator.next()
+
+
+def commit(jvm, table, positions: Positions, found: Found, rows: pa.Table | None,
+           key: Sequence[str], lsn: int, compression: str) -> None:
+    """Commit ``rows`` (the table's columns, Iceberg's Arrow types and field IDs; None or empty:
+    none) and the deletes of ``found`` to the Java Iceberg ``table`` as one ``RowDelta`` tagged
+    ``lakeslot.lsn = lsn``, validated from ``found``'s snapshot (:class:`Conflict` if another
+    commit since removed a file it deletes from or added deletes)."""
+    spec, io_, location = table.spec(), table.io(), table.locationProvider()
+    name = f"lakeslot-{lsn:016x}-{uuid.uuid4().hex}"
+    delta = table.newRowDelta()
+    if found.snapshot is not None:
+        delta = delta.validateFromSnapshot(found.snapshot).validateNoConflictingDeleteFiles()
+    if rows is not None and len(rows):
+        path = location.newDataLocation(f"{name}.parquet")
+        size = _write(io_, path, rows, compression)
+        metrics = jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(
+            io_.newInputFile(path), jvm.org.apache.iceberg.MetricsConfig.forTable(table))
+        delta = delta.addRows(jvm.org.apache.iceberg.DataFiles.builder(spec).withPath(path)
+                              .withFormat("PARQUET").withFileSizeInBytes(size)
+                              .withMetrics(metrics).build())
+        positions.remember(path, rows.select(list(key)).append_column(
+            "pos", pa.array(range(len(rows)), pa.int64())))
+    if len(found.deletes):
+        path = location.newDataLocation(f"{name}-deletes.parquet")
+        size = _write(io_, path, found.deletes, compression)
+        metrics = jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(
+            io_.newInputFile(path), jvm.org.apache.iceberg.MetricsConfig.forPositionDelete(table))
+        builder = (jvm.org.apache.iceberg.FileMetadata.deleteFileBuilder(spec).ofPositionDeletes()
+                   .withPath(path).withFormat("PARQUET").withFileSizeInBytes(size)
+                   .withMetrics(metrics))
+        files = pc.unique(found.deletes["file_path"]).to_pylist()
+        if len(files) == 1:
+            builder = builder.withReferencedDataFile(files[0])
+        delta = delta.addDeletes(builder.build()).validateDataFilesExist(
+            jvm.java.util.ArrayList(files))
+        positions.remember(path, found.deletes)
+    try:
+        delta.set(LSN_PROPERTY, str(lsn)).commit()
+    except Py4JJavaError as e:
+        kind = e.java_exception.getClass().getName()
+        if kind.endswith("ValidationException"):
+            raise Conflict(str(e.java_exception.getMessage())) from None
+        raise
+
+
+def _write(io_, path: str, rows: pa.Table, compression: str) -> int:
+    sink = io.BytesIO()
+    pq.write_table(rows, sink, compression=compression)
+    data = sink.getvalue()
+    out = io_.newOutputFile(path).create()
+    try:
+        out.write(bytearray(data))
+    finally:
+        out.close()
+    return len(data)
