@@ -47,7 +47,7 @@ from lakeslot.mirror.contract import (
 )
 from lakeslot.mirror.maintenance import MANIFESTS_PER_SNAPSHOT, Health, Record, due
 from lakeslot.spark.session import each, error_summary, execute, iceberg_actions
-from lakeslot.spark.tables import position_of
+from lakeslot.spark.tables import position_of, python_dict
 
 log = logging.getLogger(__name__)
 # Table locations whose orphan files are listed through Hadoop's FileSystem; any other (s3://,
@@ -73,8 +73,8 @@ class Maintainer:
         current = table.currentSnapshot()
         if current is None:
             return None
-        summary = dict(current.summary())
-        last = Record.of(dict(table.properties()))
+        summary = python_dict(self._jvm, current.summary())
+        last = Record.of(python_dict(self._jvm, table.properties()))
         work = due(Health.of(summary), last, self.spec, _target_file_bytes(table), now, idle=idle)
         if not work:
             return None
@@ -104,7 +104,7 @@ class Maintainer:
         current = table.currentSnapshot()
         if current is None:
             return True
-        return not due(Health.of(dict(current.summary())), Record(), self.spec,
+        return not due(Health.of(python_dict(self._jvm, current.summary())), Record(), self.spec,
                        _target_file_bytes(table), 0.0, idle=True)
 
     def _compact(self, table, lsn: str | None, why: str) -> str:
