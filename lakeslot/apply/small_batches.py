@@ -19,10 +19,11 @@ Invariants:
   table, and at most :data:`SMALL_ROWS` reduced rows collected per pass (the driver's memory is
   bounded by them, not by the batch: DESIGN.md "Scale"); no TRUNCATE, no unchanged TOAST value
   to take from the mirror, no keyColumns check, no changelog, an unpartitioned mirror whose
-  columns are all of :data:`TYPES` or lists of them (:func:`writes`). Anything else takes the MERGE, as does a table whose commit
-  met another writer's (:class:`lakeslot.spark.row_delta.Conflict`) or that turns out not to
-  fit (:class:`lakeslot.spark.row_delta.Unsupported`): :meth:`SmallBatches.apply` returns False
-  and has committed nothing.
+  columns are all of :data:`TYPES` or lists of them (:func:`writes`). Anything else takes the
+  MERGE, as does a table whose commit met another writer's
+  (:class:`lakeslot.spark.row_delta.Conflict`) or that turns out not to fit
+  (:class:`lakeslot.spark.row_delta.Unsupported`): :meth:`SmallBatches.apply` returns False and
+  has committed nothing.
 
 Failure modes: an unmappable value is the table's definite error (:class:`TableError`, as in the
 MERGE path); storage and catalog errors propagate (the table's failure, classified by the
