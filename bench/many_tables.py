@@ -3,7 +3,7 @@ Iceberg, and what a pass costs per table it touches.
 
     .venv/bin/python -m bench.many_tables [--tables 200] [--rows 1000] [--rate 100]
                                           [--skew uniform|zipf] [--seconds 60] [--pg 15|18]
-                                          [--table-parallelism 1] [--no-reference]
+                                          [--table-parallelism N] [--no-reference]
 
 One round starts a throwaway PostgreSQL (``lakeslot.local.pgcluster``) with schema ``app`` holding
 ``--tables`` tables of ``--rows`` rows each (``id int PRIMARY KEY, v int, note text,
@@ -179,7 +179,8 @@ def one_round(args, tables: int, rows: int) -> Round:
                               "namespace": "bench"},
                      "staging": {"uri": staging},
                      "apply": {"triggerIntervalSeconds": 1,
-                               "tableParallelism": args.table_parallelism}}}
+                               **({"tableParallelism": args.table_parallelism}
+                                  if args.table_parallelism else {})}}}
         path = work / "ingestion.yaml"
         path.write_text(yaml.safe_dump(document))
         local = config.load(str(path), state_dir=str(work / "state"),
@@ -290,8 +291,9 @@ def main() -> None:
     parser.add_argument("--skew", choices=("uniform", "zipf"), default="uniform")
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--pg", choices=("15", "18"), default="18")
-    parser.add_argument("--table-parallelism", type=int, default=1,
-                        help="apply.tableParallelism: tables applied at once in a pass")
+    parser.add_argument("--table-parallelism", type=int, default=None,
+                        help="apply.tableParallelism: tables applied at once in a pass "
+                        "(default: the spec's default)")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the one-table round")
     args = parser.parse_args()
