@@ -15,6 +15,7 @@ import subprocess
 
 import pyarrow.compute as pc
 import pytest
+import yaml
 from psycopg import sql
 
 from lakeslot import workloads
@@ -96,7 +97,9 @@ def test_every_cut_keeps_the_cross_table_invariant_that_latest_reads_break(
             conn.execute(sql.SQL("INSERT INTO {} SELECT i, %s FROM generate_series(0, %s) AS i").format(table.sql()),
                          (START, ROWS - 1))
     path = tmp_path / "ingestion.yaml"
-    ls.write_ingestion(path, pgdb, [A, B], tmp_path, warehouse=spark_warehouse)
+    document = ls.write_ingestion(path, pgdb, [A, B], tmp_path, warehouse=spark_warehouse)
+    document["spec"]["apply"]["tableParallelism"] = 1  # A's commit, then B's: a read between is torn
+    path.write_text(yaml.safe_dump(document, allow_unicode=True))
     local = ls.local(path, pgdb, tmp_path / "state")
     first, _ = ls.run_in_process(local, spark, once=True)  # the snapshot, then caught up
     assert first.caught_up

@@ -98,7 +98,7 @@ def typed_source(rows, table: str, state: TableState, spark_schema: StructType,
     data = state.data_columns()
     names = list(data)
     key = [names.index(k) for k in state.key]
-    keeps = sorted(names.index(layout[i]) for i in keeps if layout[i] in names)
+    keeps = kept_columns(names, keeps, layout)
     by_name = {f.name: f.dataType for f in spark_schema.fields}
     schema = StructType(
         [StructField(f"c{i}", by_name[n]) for i, n in enumerate(names)]
@@ -121,23 +121,32 @@ def typed_source(rows, table: str, state: TableState, spark_schema: StructType,
     return Source(view, names, keeps, key, bool(keeps))
 
 
+def kept_columns(names: Sequence[str], keeps: Iterable[int], layout: Sequence[str]) -> list[int]:
+    """The mirror columns (positions in ``names``) of the reduction's ``keeps`` (positions in
+    ``layout``): those some row keeps from the mirror."""
+    return sorted(names.index(layout[i]) for i in keeps if layout[i] in names)
+
+
 def parsed_rows(rows: pa.Table, table: str, state: TableState, arrow: pa.Schema,
-                layout: Sequence[str], delimiters: Mapping[str, str],
+                keeps: Iterable[int], layout: Sequence[str], delimiters: Mapping[str, str],
                 absent: Mapping[str, str] | None = None) -> pa.Table:
     """The driver's :func:`typed_source`: one table's reduced rows, collected (an Arrow table
-    of :data:`lakeslot.apply.spread.REDUCED` columns, none keeping a value from the mirror),
-    parsed by the same parser into ``arrow``'s types (the mirror's Arrow schema): the columns
-    ``c<i>``, ``s<j>``, ``op``, ``lsn``, ``seq`` of the view :func:`typed_source` registers."""
+    of :data:`lakeslot.apply.spread.REDUCED` columns), parsed by the same parser into
+    ``arrow``'s types (the mirror's Arrow schema): the columns ``c<i>``, ``k<i>``, ``s<j>``,
+    ``op``, ``lsn``, ``seq`` of the view :func:`typed_source` registers (the caller resolves
+    the kept values)."""
     data = state.data_columns()
     names = list(data)
     key = [names.index(k) for k in state.key]
+    kept = kept_columns(names, keeps, layout)
     types = {f.name: f.type for f in arrow}
     schema = pa.schema([pa.field(f"c{i}", types[n]) for i, n in enumerate(names)]
+                       + [pa.field(f"k{i}", pa.bool_()) for i in kept]
                        + [pa.field(f"s{j}", types[names[i]]) for j, i in enumerate(key)]
                        + [pa.field("op", pa.string()), pa.field("lsn", pa.int64()),
                           pa.field("seq", pa.int64())])
     parse = _Parse(table, [(n, t, delimiters.get(n, ",")) for n, t in data.items()],
-                   [layout.index(n) for n in names], key, [],
+                   [layout.index(n) for n in names], key, kept,
                    [(absent or {}).get(n) for n in names], schema)
     selected = rows.select(["values", "flags", "source", "op", "lsn", "seq"])
     return pa.Table.from_batches(list(parse(iter(selected.to_batches()))), schema)

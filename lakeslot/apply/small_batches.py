@@ -17,13 +17,16 @@ Invariants:
   the commit carries ``lakeslot.lsn`` like the MERGE's, in one atomic commit.
 - **Only what the path covers** (:func:`eligible`): at most :data:`SMALL_CHANGES` changes of the
   table, and at most :data:`SMALL_ROWS` reduced rows collected per pass (the driver's memory is
-  bounded by them, not by the batch: DESIGN.md "Scale"); no TRUNCATE, no unchanged TOAST value
-  to take from the mirror, no keyColumns check, no changelog, an unpartitioned mirror whose
-  columns are all of :data:`TYPES` or lists of them (:func:`writes`). Anything else takes the
-  MERGE, as does a table whose commit met another writer's
-  (:class:`lakeslot.spark.row_delta.Conflict`) or that turns out not to fit
+  bounded by them, not by the batch: DESIGN.md "Scale"); no TRUNCATE, no keyColumns check, no
+  changelog, an unpartitioned mirror whose columns are all of :data:`TYPES` or lists of them
+  (:func:`writes`). Anything else takes the MERGE, as does a table whose commit met another
+  writer's (:class:`lakeslot.spark.row_delta.Conflict`), whose unchanged TOAST value has no
+  mirror row to come from (the MERGE reports it), or that turns out not to fit
   (:class:`lakeslot.spark.row_delta.Unsupported`): :meth:`SmallBatches.apply` returns False and
   has committed nothing.
+- **Unchanged TOAST values** come from the mirror row the change's ``s`` key names, read by
+  field ID from its data file at its position in the snapshot the commit validates from — what
+  the MERGE's left join reads (:func:`lakeslot.apply.merge.resolved_sql`).
 
 Failure modes: an unmappable value is the table's definite error (:class:`TableError`, as in the
 MERGE path); storage and catalog errors propagate (the table's failure, classified by the
@@ -65,6 +68,7 @@ SMALL_CHANGES = 20_000  # a table's changes in a pass up to which the driver app
 SMALL_ROWS = 200_000  # reduced rows collected to the driver per pass, at most
 TYPES = (BooleanType, IntegerType, LongType, FloatType, DoubleType, DecimalType, DateType,
          TimestampType, TimestamptzType, StringType, BinaryType)
+CODEC_PROPERTY = "write.parquet.compression-codec"
 CODECS = {"zstd": "zstd", "snappy": "snappy", "gzip": "gzip", "lz4": "lz4", "brotli": "brotli",
           "uncompressed": "none"}  # Iceberg's write.parquet.compression-codec → pyarrow's
 
@@ -72,7 +76,7 @@ CODECS = {"zstd": "zstd", "snappy": "snappy", "gzip": "gzip", "lz4": "lz4", "bro
 def eligible(config: spread.TableConfig, scanned: spread.TableScan, state: TableState,
              mine: spread.TableReduced | None) -> bool:
     """Whether a table's reduction can take the driver's path (see the module docstring)."""
-    return (mine is not None and mine.problem is None and not mine.keeps
+    return (mine is not None and mine.problem is None
             and 0 < scanned.changes <= SMALL_CHANGES and not scanned.truncates
             and not config.check_unique and not config.changelog
             and not state.properties.get(PARTITION_PROPERTY)
@@ -118,38 +122,93 @@ class SmallBatches:
         self.positions = row_delta.Positions(self._jvm)
 
     def apply(self, java_table, table: TableName, state: TableState, rows: pa.Table,
-              layout: Sequence[str], delimiters: Mapping[str, str], absent: Mapping[str, str],
-              lsn: int) -> bool:
+              keeps: frozenset[int], layout: Sequence[str], delimiters: Mapping[str, str],
+              absent: Mapping[str, str], lsn: int) -> bool:
         """Commit the table's reduced ``rows`` to the Java Iceberg ``java_table`` (loaded after
-        this pass's schema changes, described by ``state``) at ``lsn``; False when the MERGE
-        must do it (nothing was committed)."""
+        this pass's schema changes, described by ``state``) at ``lsn``; ``keeps``: the columns
+        (positions in ``layout``) some row keeps from the mirror. False when the MERGE must do
+        it (nothing was committed)."""
         if not len(rows) or "values" not in rows.column_names:
             return False  # (nothing reduced: the MERGE path advances the table)
         arrow = schema_to_pyarrow(state.schema)
-        typed = merge.parsed_rows(rows, str(table), state, arrow, layout, delimiters, absent)
         names = list(state.data_columns())
-        key = list(state.key)
-        keys = pa.table({k: typed[f"c{names.index(k)}"] for k in key})
-        if keys.group_by(key).aggregate([]).num_rows != len(keys):
+        kept = merge.kept_columns(names, keeps, layout)
+        typed = merge.parsed_rows(rows, str(table), state, arrow, keeps, layout, delimiters,
+                                  absent)
+        ids = {f.name: f.field_id for f in state.schema.fields}
+        key = [(ids[k], k) for k in state.key]
+        keys = pa.table({str(i): typed[f"c{names.index(k)}"] for i, k in key})
+        if keys.group_by(keys.column_names).aggregate([]).num_rows != len(keys):
             return False  # (a key twice: the MERGE reports it as it always did)
         try:
-            found = self.positions.find(java_table, key, keys)
-            kept = typed.filter(pc.not_equal(typed["op"], "D"))
+            if kept:  # the rows their values are kept from are looked up too
+                typed = typed.append_column("row", pa.array(range(len(typed)), pa.int64()))
+                keeping = typed.filter(_any(typed, [f"k{i}" for i in kept]))
+                sources = pa.table({str(i): keeping[f"s{j}"] for j, (i, _) in enumerate(key)})
+                wanted = pa.concat_tables([keys, sources]).group_by(keys.column_names).aggregate([])
+            else:
+                keeping, wanted = None, keys
+            found = self.positions.find(java_table, key, wanted)
+            if keeping is not None:
+                resolved = self._resolve(java_table, typed, keeping, found, key,
+                                         [(i, ids[names[i]]) for i in kept])
+                if resolved is None:
+                    return False  # (a row to keep values from is missing: the MERGE says so)
+                typed = resolved
+            changed = typed.filter(pc.not_equal(typed["op"], "D"))
             columns = []
             for field in arrow:
                 if field.name in names:
-                    column = kept[f"c{names.index(field.name)}"]
+                    column = changed[f"c{names.index(field.name)}"]
                 elif field.name == LSN_COLUMN:
-                    column = kept["lsn"]
+                    column = changed["lsn"]
                 else:
-                    column = pa.nulls(len(kept), field.type)
+                    column = pa.nulls(len(changed), field.type)
                 columns.append(column.cast(field.type))
             new = pa.Table.from_arrays(columns, schema=arrow)
-            codec = str(java_table.properties().getOrDefault("write.parquet.compression-codec",
-                                                             "zstd")).lower()
-            row_delta.commit(self._jvm, java_table, self.positions, found, new, key, lsn,
-                             CODECS.get(codec, "zstd"))
+            codec = str(java_table.properties().getOrDefault(CODEC_PROPERTY, "zstd")).lower()
+            if codec not in CODECS:  # (the MERGE fails with Iceberg's own words)
+                raise row_delta.Unsupported(f"{CODEC_PROPERTY} {codec!r} is not one it writes")
+            row_delta.commit(self._jvm, java_table, self.positions, found.snapshot,
+                             found.deletes(keys), new, key, lsn, CODECS[codec])
         except (row_delta.Conflict, row_delta.Unsupported) as e:
             log.info("%s: applied by a MERGE instead of the driver's row delta: %s", table, e)
             return False
         return True
+
+    def _resolve(self, java_table, typed: pa.Table, keeping: pa.Table, found: row_delta.Found,
+                 key: list[tuple[int, str]], kept: list[tuple[int, int]]) -> pa.Table | None:
+        """``typed`` (numbered by ``row``) with each kept value taken from the mirror row of its
+        ``s`` key, as the MERGE's left join does (:func:`lakeslot.apply.merge.resolved_sql`);
+        ``keeping``: its rows that keep a value; ``kept``: (position, field ID) of the columns.
+        None when a row to take values from is not in the mirror."""
+        ids = [str(i) for i, _ in key]
+        sources = pa.table({**{str(i): keeping[f"s{j}"].cast(found.rows[str(i)].type)
+                               for j, (i, _) in enumerate(key)}, "row": keeping["row"]})
+        located = sources.join(found.rows.select([*ids, "file_path", "pos"]), ids,
+                               join_type="inner")
+        if located.num_rows != keeping.num_rows:
+            return None
+        types = {i: typed[f"c{i}"].type for i, _ in kept}
+        parts = []
+        for path in pc.unique(located["file_path"]).to_pylist():
+            here = located.filter(pc.equal(located["file_path"], path))
+            read = self.positions.columns(java_table, path, [f for _, f in kept]).take(here["pos"])
+            parts.append(pa.table({**{str(f): read[str(f)].cast(types[i]) for i, f in kept},
+                                   "row": here["row"]}))
+        values = pa.concat_tables(parts)
+        at = pc.index_in(typed["row"], value_set=values["row"])  # (null: keeps nothing)
+        for i, field in kept:
+            name = f"c{i}"
+            value = pc.if_else(pc.fill_null(typed[f"k{i}"], False),
+                               values[str(field)].take(at), typed[name])
+            typed = typed.set_column(typed.column_names.index(name), name, value)
+        return typed
+
+
+def _any(table: pa.Table, columns: list[str]) -> pa.ChunkedArray:
+    """Row by row, whether any of the boolean ``columns`` is true."""
+    result = pc.fill_null(table[columns[0]], False)
+    for name in columns[1:]:
+        result = pc.or_(result, pc.fill_null(table[name], False))
+    return result

@@ -262,7 +262,7 @@ class TablePass:
             with self.steps("delta"):
                 delimiters, absent = self._parse_inputs(table, state, relations)
                 done = self.small.apply(self.tables.iceberg_table(target), table, state, small,
-                                        config.names, delimiters, absent, lsn)
+                                        mine.keeps, config.names, delimiters, absent, lsn)
             if done:
                 self.hooks("after-merge", table)
                 return TableOutcome(table, target, "applied", lsn, changes=scanned.changes,

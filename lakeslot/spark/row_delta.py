@@ -44,9 +44,10 @@ from py4j.protocol import Py4JJavaError
 from lakeslot.mirror.contract import LSN_PROPERTY
 
 CACHE_BYTES = 256 << 20  # key columns and position deletes held in the driver, at most
+FIELD_ID = b"PARQUET:field_id"
 FILE_PATH_ID, POS_ID = 2147483546, 2147483545  # the position-delete schema's field IDs (spec)
-DELETES = pa.schema([pa.field("file_path", pa.string(), False, {b"PARQUET:field_id": str(FILE_PATH_ID)}),
-                     pa.field("pos", pa.int64(), False, {b"PARQUET:field_id": str(POS_ID)})])
+DELETES = pa.schema([pa.field("file_path", pa.string(), False, {FIELD_ID: str(FILE_PATH_ID)}),
+                     pa.field("pos", pa.int64(), False, {FIELD_ID: str(POS_ID)})])
 READ_CHUNK = 8 << 20  # bytes per call across py4j when a file is read
 
 
@@ -129,34 +130,45 @@ class Found:
     """The live rows holding some keys at one snapshot."""
 
     snapshot: int | None  # None: the table has no snapshot (nothing found)
-    deletes: pa.Table  # DELETES: (file_path, pos) of each live row holding a key
-    keys: pa.Table  # the keys found, one row each (the key columns)
+    rows: pa.Table  # the key columns (named by field ID), file_path and pos of each row found
+
+    def deletes(self, keys: pa.Table | None = None) -> pa.Table:
+        """DELETES rows of the rows found (of those holding ``keys`` only, when given), in
+        (file, position) order."""
+        rows = self.rows
+        if keys is not None:
+            rows = rows.join(_cast_like(keys, rows), keys.column_names, join_type="left semi")
+        return pa.table([rows["file_path"].cast(pa.string()), rows["pos"]], schema=DELETES).sort_by(
+            [("file_path", "ascending"), ("pos", "ascending")])
 
 
 class Positions:
     """Where keys' live rows are, per table and snapshot, from cached key columns (one per
-    apply job: the cache outlives passes)."""
+    apply job: the cache outlives passes). Columns are named by their Iceberg field IDs, which
+    survive renames (a file keeps the name a column had when it was written)."""
 
     def __init__(self, jvm, budget: int = CACHE_BYTES) -> None:
         self._jvm = jvm
         self._cache = _Cache(budget)
 
-    def find(self, table, key: Sequence[str], keys: pa.Table) -> Found:
-        """The live rows of the Java Iceberg ``table`` (as loaded) whose ``key`` columns hold
-        one of ``keys`` (distinct), at its current snapshot."""
+    def find(self, table, key: Sequence[tuple[int, str]], keys: pa.Table) -> Found:
+        """The live rows of the Java Iceberg ``table`` (as loaded) whose key columns — ``key``:
+        (field ID, current name) — hold one of ``keys`` (distinct; columns named by field ID),
+        at its current snapshot."""
+        ids = [str(i) for i, _ in key]
         current = table.currentSnapshot()
         if current is None:
-            return Found(None, DELETES.empty_table(), keys.slice(0, 0))
+            return Found(None, self._no_rows(keys))
         if not table.spec().isUnpartitioned():
             raise Unsupported("the table is partitioned")
         snapshot = current.snapshotId()
         scan = table.newScan().useSnapshot(snapshot).filter(self._bounds(key, keys))
-        deletes, found = [], []
+        found = []
         tasks = scan.planFiles()
         try:
             for task in _iterate(tasks):
                 path = str(task.file().location())
-                live = self._keys(table, path, key)
+                live = self._keys(table, path, [i for i, _ in key])
                 for delete in _iterate(task.deletes()):
                     if str(delete.content().name()) != "POSITION_DELETES":
                         raise Unsupported("the table has equality deletes")
@@ -164,40 +176,53 @@ class Positions:
                     gone = gone.filter(pc.equal(gone["file_path"], path))["pos"]
                     if len(gone):
                         live = live.filter(pc.invert(pc.is_in(live["pos"], value_set=gone)))
-                hit = live.join(_cast_like(keys, live, key), list(key), join_type="inner")
+                hit = _cast_like(live.select(ids), keys).append_column("pos", live["pos"]).join(
+                    keys, ids, join_type="inner")
                 if len(hit):
-                    deletes.append(pa.table([pa.array([path] * len(hit), pa.string()),
-                                             hit["pos"]], schema=DELETES))
-                    found.append(hit.select(list(key)))
+                    found.append(hit.append_column(
+                        "file_path", pa.array([path] * len(hit), pa.string())))
         finally:
             tasks.close()
-        if not deletes:
-            return Found(snapshot, DELETES.empty_table(), keys.slice(0, 0))
-        return Found(snapshot, pa.concat_tables(deletes).sort_by([("file_path", "ascending"),
-                                                                   ("pos", "ascending")]),
-                     pa.concat_tables(found, promote_options="permissive"))
+        if not found:
+            return Found(snapshot, self._no_rows(keys))
+        return Found(snapshot, pa.concat_tables(found))
 
-    def _bounds(self, key: Sequence[str], keys: pa.Table):
+    @staticmethod
+    def _no_rows(keys: pa.Table) -> pa.Table:
+        return keys.slice(0, 0).append_column("pos", pa.array([], pa.int64())).append_column(
+            "file_path", pa.array([], pa.string()))
+
+    def _bounds(self, key: Sequence[tuple[int, str]], keys: pa.Table):
         """A filter that prunes files by the keys' lower and upper bounds (column by column)."""
         expressions = self._jvm.org.apache.iceberg.expressions.Expressions
         both = getattr(expressions, "and")  # (a Python keyword)
         where = expressions.alwaysTrue()
-        for name in key:
-            column = keys[name]
+        for field_id, name in key:
+            column = keys[str(field_id)]
             low, high = pc.min(column).as_py(), pc.max(column).as_py()
             if isinstance(low, int | str) and isinstance(high, int | str):
                 where = both(where, both(expressions.greaterThanOrEqual(name, low),
                                          expressions.lessThanOrEqual(name, high)))
         return where
 
-    def _keys(self, table, path: str, key: Sequence[str]) -> pa.Table:
+    def _keys(self, table, path: str, ids: Sequence[int]) -> pa.Table:
         cached = self._cache.get(path)
-        if cached is None or not set(key) <= set(cached.column_names):
-            with _JavaFile(table.io().newInputFile(path)) as raw:
-                read = pq.read_table(raw, columns=list(key))
+        if cached is None or not {str(i) for i in ids} <= set(cached.column_names):
+            read = self.columns(table, path, ids)
             cached = read.append_column("pos", pa.array(range(read.num_rows), pa.int64()))
             self._cache.put(path, cached)
         return cached
+
+    def columns(self, table, path: str, ids: Sequence[int]) -> pa.Table:
+        """The columns ``ids`` (field IDs) of the data file ``path`` of the Java Iceberg
+        ``table``, named by field ID, every row (NULL for a column the file predates)."""
+        with _JavaFile(table.io().newInputFile(path)) as raw:
+            parquet = pq.ParquetFile(raw)
+            names = {int(f.metadata[FIELD_ID]): f.name for f in parquet.schema_arrow
+                     if f.metadata and FIELD_ID in f.metadata}
+            read = parquet.read(columns=[names[i] for i in ids if i in names])
+            count = parquet.metadata.num_rows
+        return pa.table({str(i): read[names[i]] if i in names else pa.nulls(count) for i in ids})
 
     def _deleted(self, table, path: str) -> pa.Table:
         cached = self._cache.get(path)
@@ -208,12 +233,15 @@ class Positions:
         return cached
 
     def remember(self, path: str, content: pa.Table) -> None:
-        """A file this driver just wrote (its key columns and ``pos``, or DELETES' rows)."""
+        """A file this driver just wrote (its key columns named by field ID and ``pos``, or
+        DELETES' rows)."""
         self._cache.put(path, content)
 
 
-def _cast_like(keys: pa.Table, like: pa.Table, key: Sequence[str]) -> pa.Table:
-    return pa.table({n: keys[n].cast(like[n].type) for n in key})
+def _cast_like(table: pa.Table, like: pa.Table) -> pa.Table:
+    """``table``'s columns cast to the types of ``like``'s columns of the same names (a file
+    written before a type was widened holds the narrower type)."""
+    return pa.table({n: table[n].cast(like[n].type) for n in table.column_names})
 
 
 def _iterate(closeable):
@@ -222,17 +250,19 @@ def _iterate(closeable):
         yield iterator.next()
 
 
-def commit(jvm, table, positions: Positions, found: Found, rows: pa.Table | None,
-           key: Sequence[str], lsn: int, compression: str) -> None:
+def commit(jvm, table, positions: Positions, snapshot: int | None, deletes: pa.Table,
+           rows: pa.Table | None, key: Sequence[tuple[int, str]], lsn: int,
+           compression: str) -> None:
     """Commit ``rows`` (the table's columns, Iceberg's Arrow types and field IDs; None or empty:
-    none) and the deletes of ``found`` to the Java Iceberg ``table`` as one ``RowDelta`` tagged
-    ``lakeslot.lsn = lsn``, validated from ``found``'s snapshot (:class:`Conflict` if another
-    commit since removed a file it deletes from or added deletes)."""
+    none) and the position ``deletes`` (:data:`DELETES`, in order) to the Java Iceberg ``table``
+    as one ``RowDelta`` tagged ``lakeslot.lsn = lsn``, validated from ``snapshot``, where the
+    deleted rows were found (:class:`Conflict` if another commit since removed a file it deletes
+    from or added deletes). ``key``: (field ID, name) of the key columns."""
     spec, io_, location = table.spec(), table.io(), table.locationProvider()
     name = f"lakeslot-{lsn:016x}-{uuid.uuid4().hex}"
     delta = table.newRowDelta()
-    if found.snapshot is not None:
-        delta = delta.validateFromSnapshot(found.snapshot).validateNoConflictingDeleteFiles()
+    if snapshot is not None:
+        delta = delta.validateFromSnapshot(snapshot).validateNoConflictingDeleteFiles()
     if rows is not None and len(rows):
         path = location.newDataLocation(f"{name}.parquet")
         size = _write(io_, path, rows, compression)
@@ -241,22 +271,22 @@ def commit(jvm, table, positions: Positions, found: Found, rows: pa.Table | None
         delta = delta.addRows(jvm.org.apache.iceberg.DataFiles.builder(spec).withPath(path)
                               .withFormat("PARQUET").withFileSizeInBytes(size)
                               .withMetrics(metrics).build())
-        positions.remember(path, rows.select(list(key)).append_column(
+        positions.remember(path, pa.table({str(i): rows[n] for i, n in key}).append_column(
             "pos", pa.array(range(len(rows)), pa.int64())))
-    if len(found.deletes):
+    if len(deletes):
         path = location.newDataLocation(f"{name}-deletes.parquet")
-        size = _write(io_, path, found.deletes, compression)
+        size = _write(io_, path, deletes, compression)
         metrics = jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(
             io_.newInputFile(path), jvm.org.apache.iceberg.MetricsConfig.forPositionDelete(table))
         builder = (jvm.org.apache.iceberg.FileMetadata.deleteFileBuilder(spec).ofPositionDeletes()
                    .withPath(path).withFormat("PARQUET").withFileSizeInBytes(size)
                    .withMetrics(metrics))
-        files = pc.unique(found.deletes["file_path"]).to_pylist()
+        files = pc.unique(deletes["file_path"]).to_pylist()
         if len(files) == 1:
             builder = builder.withReferencedDataFile(files[0])
         delta = delta.addDeletes(builder.build()).validateDataFilesExist(
             jvm.java.util.ArrayList(files))
-        positions.remember(path, found.deletes)
+        positions.remember(path, deletes)
     try:
         delta.set(LSN_PROPERTY, str(lsn)).commit()
     except Py4JJavaError as e:
