@@ -10,6 +10,7 @@ import os
 import random
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from lakeslot.mirror.contract import (
 from lakeslot.mirror.maintenance import Health, Record, due
 from lakeslot.spark.maintenance import Maintainer
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source, workload_pipeline
-from tests.support.apply_workload import KEYLESS, MAIN, Workload
+from tests.support.apply_workload import IDLE, KEYLESS, MAIN, Workload
 
 pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
 
@@ -270,6 +271,47 @@ def test_an_idle_settled_mirror_is_not_looked_at_again_until_a_pass_changes_it(
     assert [s.summary.get(MAINTENANCE_SUMMARY) for s in history].count("compaction") == 1
     assert history[-1].summary.get("total-delete-files") == "0"
     assert_mirror_equals_source(fast, spark_warehouse, MAIN)
+
+
+def test_a_busy_pass_maintains_within_its_share_and_the_tables_take_turns(pipeline, monkeypatch):
+    """In a pass that applied changes, maintenance gets at most maxTimeShare of the job's time:
+    once that is spent no further table starts, and the next pass starts with the table it
+    stopped before. Upkeep's clock is made to jump a thousand seconds whenever a table's
+    maintenance starts (so each busy pass has time for exactly one), deterministically."""
+    monkeypatch.setattr(upkeep, "MAINTENANCE_LOOK_S", 0.0)
+    jump = [0.0]
+    monkeypatch.setattr(upkeep, "time", types.SimpleNamespace(
+        monotonic=lambda: time.monotonic() + jump[0], time=time.time))
+    started: list[list] = [[]]  # per pass, the tables whose maintenance started
+
+    def point(name, table) -> None:
+        if name == "before-maintenance":
+            started[-1].append(table)
+            jump[0] += 1000.0
+
+    passes = []
+    stop = threading.Event()
+
+    def change() -> None:
+        with pipeline.pgdb.connect() as conn:
+            Workload(conn, random.Random(len(passes))).run(3)
+        pipeline.seal()
+
+    def on_pass(result) -> None:
+        passes.append(result)
+        started.append([])
+        if len(passes) == 4:
+            stop.set()
+        else:
+            change()
+
+    pipeline.start_slot()
+    pipeline.snapshot()
+    change()
+    assert apply_job.run(pipeline.spark, pipeline.job_input(), once=False, stop=stop,
+                         hooks=apply_job.Hooks(point), on_pass=on_pass).ok
+    assert all(any(t.state == "applied" for t in p.tables) for p in passes)
+    assert started[:4] == [[MAIN], [KEYLESS], [IDLE], [MAIN]], started
 
 
 def test_orphan_files_older_than_the_age_are_removed_a_day_after_the_first_compaction(

@@ -14,8 +14,8 @@ A pass (:meth:`Passes.run_pass`), every step timed (:class:`lakeslot.apply.outco
 5. Every planned table applied (:meth:`~lakeslot.apply.table_pass.TablePass.apply`),
    ``apply.tableParallelism`` at a time, then the reductions released.
 6. ``maintenance``: escalation of tables that keep failing transiently, upkeep
-   (:mod:`lakeslot.apply.upkeep`: expiry, compaction, retention), lifting the errors of tables
-   that work again.
+   (:mod:`lakeslot.apply.upkeep`: expiry, compaction — at most its share of a pass that applied
+   changes —, retention), lifting the errors of tables that work again.
 7. ``status``: the status document ``<staging>/apply-status.json``.
 
 Invariants:
@@ -78,6 +78,7 @@ class Passes:
         self._seen_end: int | None = None  # the furthest segment end a listing showed
 
     def run_pass(self) -> PassResult:
+        started = time.monotonic()
         make_active(self.spark)  # (the JVM thread may lose it)
         self.tables.ensure_namespace(self.spec.sink.namespace)
         self.failures.retried_now = set()
@@ -130,9 +131,11 @@ class Passes:
         self.hooks("after-tables")
         self.failures.escalate(outcomes)
         ordered = tuple(outcomes[t] for t in self.job.tables)
+        busy = time.monotonic() - started  # (the pass so far: maintenance gets a share of it)
+        applied = any(o.state == "applied" for o in ordered)
         with steps("maintenance"):
             self.upkeep.expire(ordered)
-            for table, error in self.upkeep.maintain(ordered).items():
+            for table, error in self.upkeep.maintain(ordered, busy if applied else 0.0).items():
                 outcomes[table] = self.failures.retryable(table, error)
             ordered = tuple(outcomes[t] for t in self.job.tables)
             self.failures.recovered(ordered)

@@ -33,6 +33,7 @@ log = logging.getLogger("lakeslot.apply.job")
 EXPIRE_INTERVAL_S = 3600.0
 MAINTENANCE_LOOK_S = 5.0  # how often maintenance looks at a table's health, at most
 SETTLED_LOOK_S = 600.0  # ... and at an idle table a look found settled (see maintain)
+MIN_BUDGET_S = 1.0  # a busy pass's maintenance budget, at least (one table starts in any pass)
 
 
 class Upkeep:
@@ -49,6 +50,7 @@ class Upkeep:
         self._looked: dict[str, float] = {}  # table → monotonic time maintenance last looked
         self._settled: dict[str, float] = {}  # table → when a look found it settled (monotonic)
         self._failures = isolation.Streaks()  # maintenance failures in a row, per table
+        self._turn: str | None = None  # the table the last pass's budget ran out before
 
     def targets(self, outcomes: tuple[TableOutcome, ...],
                  states: tuple[str, ...] = ("applied", "advanced")
@@ -78,9 +80,15 @@ class Upkeep:
                 log.warning("%s: expiring old snapshots failed (retried later): %s", target,
                             error_summary(e))
 
-    def maintain(self, outcomes: tuple[TableOutcome, ...]) -> dict[TableName, str]:
+    def maintain(self, outcomes: tuple[TableOutcome, ...], busy_s: float = 0.0
+                 ) -> dict[TableName, str]:
         """Compaction and clean-up where due (:mod:`lakeslot.mirror.maintenance`), table after
-        table until ``maintenance.budgetSeconds`` is spent; the rest waits for the next pass.
+        table until the pass's maintenance budget is spent; the rest waits for the next pass,
+        which starts with them (the tables take turns). The budget is
+        ``maintenance.budgetSeconds``, and in a pass that applied changes for ``busy_s`` seconds
+        at most ``maxTimeShare`` of the job's time (``busy_s × share ÷ (1 − share)``, at least
+        :data:`MIN_BUDGET_S`): with hundreds of busy tables, each due in turn, maintenance
+        would otherwise double every pass.
         A transient failure logs (the data is safe) and is tried again later; a table whose
         maintenance fails otherwise, or :data:`isolation.MAINTENANCE_STREAK` times in a row, is
         returned with why (its reads would only grow slower): it fails alone.
@@ -90,13 +98,21 @@ class Upkeep:
         fall due before its data changes — is not looked at again until a pass changes it (or
         :data:`SETTLED_LOOK_S` has passed: another writer's commits), so a quiet table costs
         the catalog nothing pass after pass."""
-        deadline = time.monotonic() + self.spec.sink.maintenance.budget_seconds
+        spec = self.spec.sink.maintenance
+        budget = float(spec.budget_seconds)
+        if busy_s > 0:
+            share = spec.max_time_share
+            budget = min(budget, max(MIN_BUDGET_S, busy_s * share / (1 - share))) if share < 1 else budget
+        deadline = time.monotonic() + budget
         # idle: no change in this pass (nothing sealed for it, or nothing sealed at all — a
         # quiet source: such a table is looked at too, its delete files are compacted away)
         idle = {target for _, target in self.targets(outcomes, ("advanced", "current"))}
         failed: dict[TableName, str] = {}
-        for source, target in self.targets(outcomes, ("applied", "advanced", "current")):
-            if not self.spec.sink.maintenance.enabled or time.monotonic() >= deadline:
+        targets = list(self.targets(outcomes, ("applied", "advanced", "current")))
+        turn = next((i for i, (_, t) in enumerate(targets) if t == self._turn), 0)
+        for source, target in targets[turn:] + targets[:turn]:
+            if not spec.enabled or time.monotonic() >= deadline:
+                self._turn = target  # (first in the next pass)
                 return failed
             if source in failed:
                 continue
