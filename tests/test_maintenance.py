@@ -289,7 +289,7 @@ def test_a_busy_pass_maintains_within_its_share_and_the_tables_take_turns(pipeli
             started[-1].append(table)
             jump[0] += 1000.0
 
-    passes = []
+    passes: list[apply_job.PassResult] = []
     stop = threading.Event()
 
     def change() -> None:
