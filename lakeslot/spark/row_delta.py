@@ -19,8 +19,11 @@ Invariants:
   catalog uses), Parquet with Iceberg's field IDs, their metrics computed by Iceberg itself from
   the written footer. A file written by a commit that then fails is an orphan (maintenance's
   orphan-file removal deletes it); it is never referenced.
-- Format v2 position deletes only. A table with equality deletes, or partitioned, is not
-  handled here (:class:`Unsupported`: the caller uses its MERGE).
+- Format v2 position deletes, one delete file per data file it deletes from (file-scoped,
+  ``referencedDataFile`` set: a scan pairs it with that file only). A table with equality
+  deletes, or partitioned, is not handled here (:class:`Unsupported`: the caller uses its
+  MERGE).
+- A scan's tasks cross py4j as JSON (``ScanTaskParser``), one call per task.
 
 Failure modes: :class:`Conflict` (validation failed: retry another way), :class:`Unsupported`
 (before anything is written); any other error is storage's or the catalog's (transient, or the
@@ -30,6 +33,7 @@ table's own failure) and leaves the table as it was (a commit either lands whole
 from __future__ import annotations
 
 import io
+import json
 import threading
 import uuid
 from collections import OrderedDict
@@ -165,14 +169,16 @@ class Positions:
         scan = table.newScan().useSnapshot(snapshot).filter(self._bounds(key, keys))
         found = []
         tasks = scan.planFiles()
+        parser = self._jvm.org.apache.iceberg.ScanTaskParser
         try:
-            for task in _iterate(tasks):
-                path = str(task.file().location())
+            for task in _iterate(tasks):  # (one py4j call per task for what it holds)
+                planned = json.loads(parser.toJson(task))
+                path = planned["data-file"]["file-path"]
                 live = self._keys(table, path, [i for i, _ in key])
-                for delete in _iterate(task.deletes()):
-                    if str(delete.content().name()) != "POSITION_DELETES":
+                for delete in planned["delete-files"]:
+                    if delete["content"] != "POSITION_DELETES":
                         raise Unsupported("the table has equality deletes")
-                    gone = self._deleted(table, str(delete.location()))
+                    gone = self._deleted(table, delete["file-path"])
                     gone = gone.filter(pc.equal(gone["file_path"], path))["pos"]
                     if len(gone):
                         live = live.filter(pc.invert(pc.is_in(live["pos"], value_set=gone)))
@@ -245,6 +251,7 @@ def _cast_like(table: pa.Table, like: pa.Table) -> pa.Table:
 
 
 def _iterate(closeable):
+    """The elements of a Java ``CloseableIterable``."""
     iterator = closeable.iterator()
     while iterator.hasNext():
         yield iterator.next()
@@ -273,20 +280,22 @@ def commit(jvm, table, positions: Positions, snapshot: int | None, deletes: pa.T
                               .withMetrics(metrics).build())
         positions.remember(path, pa.table({str(i): rows[n] for i, n in key}).append_column(
             "pos", pa.array(range(len(rows)), pa.int64())))
-    if len(deletes):
-        path = location.newDataLocation(f"{name}-deletes.parquet")
-        size = _write(io_, path, deletes, compression)
+    files = pc.unique(deletes["file_path"]).to_pylist()
+    for number, data_file in enumerate(files):  # one delete file per data file (file-scoped:
+        # a scan pairs it with that file only, where a delete file spanning several is read
+        # with every data file whose path sorts between them)
+        mine = deletes.filter(pc.equal(deletes["file_path"], data_file))
+        path = location.newDataLocation(f"{name}-{number}-deletes.parquet")
+        size = _write(io_, path, mine, compression)
         metrics = jvm.org.apache.iceberg.parquet.ParquetUtil.fileMetrics(
             io_.newInputFile(path), jvm.org.apache.iceberg.MetricsConfig.forPositionDelete(table))
-        builder = (jvm.org.apache.iceberg.FileMetadata.deleteFileBuilder(spec).ofPositionDeletes()
-                   .withPath(path).withFormat("PARQUET").withFileSizeInBytes(size)
-                   .withMetrics(metrics))
-        files = pc.unique(deletes["file_path"]).to_pylist()
-        if len(files) == 1:
-            builder = builder.withReferencedDataFile(files[0])
-        delta = delta.addDeletes(builder.build()).validateDataFilesExist(
-            jvm.java.util.ArrayList(files))
-        positions.remember(path, deletes)
+        delta = delta.addDeletes(
+            jvm.org.apache.iceberg.FileMetadata.deleteFileBuilder(spec).ofPositionDeletes()
+            .withPath(path).withFormat("PARQUET").withFileSizeInBytes(size).withMetrics(metrics)
+            .withReferencedDataFile(data_file).build())
+        positions.remember(path, mine)
+    if files:
+        delta = delta.validateDataFilesExist(jvm.java.util.ArrayList(files))
     try:
         delta.set(LSN_PROPERTY, str(lsn)).commit()
     except Py4JJavaError as e:
