@@ -6,7 +6,9 @@ the production configuration: staging on S3 and the mirrors in an Iceberg REST c
 
 What it proves: nothing the jobs do on executors relies on the driver's JVM or process — the
 snapshot's range copies (reading PostgreSQL, writing data files to S3) and the apply job's reading
-of sealed segments on S3, its reduction, its shuffles and its MERGE ran in the executors' JVMs,
+of sealed segments on S3, its reduction, its shuffles and its MERGE (of the table whose batch is
+too big for the driver's row delta; the other table's small batch is committed by the driver,
+through the same ``S3FileIO``) ran in the executors' JVMs,
 given only what Spark carries to them (tasks, broadcasts, shuffle data, Iceberg's serialized
 tables and ``S3FileIO``) and their environment; the Iceberg jars reach them on the class path as in
 the image. After the snapshot, the reader's changes and one apply pass, every mirror, read by
@@ -44,6 +46,7 @@ import pytest
 from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import IngestionNames, TableName
+from lakeslot.apply import small_batches
 from lakeslot.local.objectstore import STAGING_BUCKET, ObjectStore
 from lakeslot.spark import jars as iceberg_jars
 from lakeslot.verify import checksums
@@ -169,6 +172,10 @@ def test_the_jobs_run_on_two_executors_of_their_own(pgdb, object_store, tmp_path
 
     with db.connect() as conn:  # changes, sealed on S3 by the reader
         ls.change_accounts_and_items(conn)
+        # every account changed once more: a batch too big for the driver's row delta, so the
+        # accounts take the MERGE on the executors; the items' few changes the driver's path
+        conn.execute("UPDATE accounts SET balance = balance - 1")
+        assert conn.execute("SELECT count(*) FROM accounts").fetchone()[0] > small_batches.SMALL_CHANGES
         target = current_lsn(conn)
     for variable, value in store.environment().items():
         monkeypatch.setenv(variable, value)

@@ -69,6 +69,7 @@ SMALL_ROWS = 200_000  # reduced rows collected to the driver per pass, at most
 TYPES = (BooleanType, IntegerType, LongType, FloatType, DoubleType, DecimalType, DateType,
          TimestampType, TimestamptzType, StringType, BinaryType)
 CODEC_PROPERTY = "write.parquet.compression-codec"
+SESSION_CODEC = "spark.sql.iceberg.compression-codec"
 CODECS = {"zstd": "zstd", "snappy": "snappy", "gzip": "gzip", "lz4": "lz4", "brotli": "brotli",
           "uncompressed": "none"}  # Iceberg's write.parquet.compression-codec → pyarrow's
 
@@ -120,6 +121,8 @@ class SmallBatches:
     def __init__(self, spark) -> None:
         self._jvm = spark._jvm
         self.positions = row_delta.Positions(self._jvm)
+        # Iceberg's Spark writes take the session's codec before the table's (sparkConf)
+        self._session_codec: str | None = spark.conf.get(SESSION_CODEC, None)
 
     def apply(self, java_table, table: TableName, state: TableState, rows: pa.Table,
               keeps: frozenset[int], layout: Sequence[str], delimiters: Mapping[str, str],
@@ -166,9 +169,10 @@ class SmallBatches:
                     column = pa.nulls(len(changed), field.type)
                 columns.append(column.cast(field.type))
             new = pa.Table.from_arrays(columns, schema=arrow)
-            codec = str(java_table.properties().getOrDefault(CODEC_PROPERTY, "zstd")).lower()
+            codec = (self._session_codec or str(java_table.properties().getOrDefault(
+                CODEC_PROPERTY, "zstd"))).lower()
             if codec not in CODECS:  # (the MERGE fails with Iceberg's own words)
-                raise row_delta.Unsupported(f"{CODEC_PROPERTY} {codec!r} is not one it writes")
+                raise row_delta.Unsupported(f"compression codec {codec!r} is not one it writes")
             row_delta.commit(self._jvm, java_table, self.positions, found.snapshot,
                              found.deletes(keys), new, key, lsn, CODECS[codec])
         except (row_delta.Conflict, row_delta.Unsupported) as e:

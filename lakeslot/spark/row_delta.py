@@ -266,7 +266,7 @@ def commit(jvm, table, positions: Positions, snapshot: int | None, deletes: pa.T
     deleted rows were found (:class:`Conflict` if another commit since removed a file it deletes
     from or added deletes). ``key``: (field ID, name) of the key columns."""
     spec, io_, location = table.spec(), table.io(), table.locationProvider()
-    name = f"lakeslot-{lsn:016x}-{uuid.uuid4().hex}"
+    name = f"delta-{lsn:016x}-{uuid.uuid4().hex}"  # (the snapshot's workers write lakeslot-…)
     delta = table.newRowDelta()
     if snapshot is not None:
         delta = delta.validateFromSnapshot(snapshot).validateNoConflictingDeleteFiles()
