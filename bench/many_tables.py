@@ -15,7 +15,8 @@ the apply job — and, once every mirror has its snapshot:
   random row of a table drawn uniformly or by Zipf's law (s = 1.1) over the tables; it records
   each transaction's table, ``pg_current_wal_lsn()`` taken inside it and its commit time;
 - an observer reading every table's ``lakeslot.lsn`` with pyiceberg (an independent reader of
-  the Iceberg metadata, 8 threads, the tables with changes not yet seen first).
+  the Iceberg metadata, 8 threads, the tables with changes not yet seen first, a pause of
+  :data:`OBSERVER_PAUSE_S` between cycles).
 
 A transaction counts as visible when its table's observed ``lakeslot.lsn`` reaches the LSN taken
 inside it (its commit LSN is above it; a pass commits ``batch end - 1`` ≥ every commit it holds,
@@ -62,6 +63,9 @@ from lakeslot.staging.store import Staging
 SCHEMA = "app"
 ZIPF_S = 1.1
 EARLY_S = 20.0  # "the first seconds after the snapshot" of the issue
+# between two of the observer's cycles: reading every table's metadata in a loop without a pause
+# took a core from the apply job it measures (hundreds of tables lag: every cycle reads them all)
+OBSERVER_PAUSE_S = 0.25
 
 
 def table_names(count: int) -> list[str]:
@@ -141,8 +145,7 @@ class Observer:
                           if not self.seen[t] or self.seen[t][-1][1] < self.wanted[t]]
                 order = behind or range(len(self.tables))
                 list(pool.map(self.read, order))
-                if not behind:
-                    time.sleep(0.2)
+                time.sleep(OBSERVER_PAUSE_S)
 
     def current(self) -> bool:
         return all(self.seen[t] and self.seen[t][-1][1] >= w for t, w in enumerate(self.wanted))
