@@ -328,17 +328,26 @@ def test_initial_mode_waits_for_the_snapshot_and_keeps_every_segment(pipeline):
 @pytest.mark.all_versions  # (each server version writes some types' text differently)
 def test_every_type_streams_into_iceberg_value_by_value(spark, spark_warehouse, iceberg_namespace,
                                                         pgdb, tmp_path, monkeypatch):
-    """The same values as the snapshot's type test, but through pgoutput text and MERGE."""
+    """The same values as the snapshot's type test, but through pgoutput text and MERGE (or
+    the driver's row delta: tests/test_small_batches.py)."""
     monkeypatch.setenv("LAKESLOT_SOURCE_PASSWORD", pgdb.cluster.password)
     columns = _columns(pgdb)
     with pgdb.connect() as conn:
         _create(conn, columns)
+    stream_every_type(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, columns)
+
+
+def stream_every_type(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, columns
+                      ) -> Pipeline:
+    """Table ``T`` with the type test's ``columns`` (rows 1 and 2 in it), snapshotted; then row 3
+    streams row 1's values, row 4 NULLs and row 2 turns into row 1, one apply pass applies
+    them, and the mirror (read by pyiceberg) holds each value with its type."""
     pipeline = Pipeline.create(spark, pgdb, spark_warehouse, iceberg_namespace,
                                (tmp_path / "staging").as_uri(), [T])
     pipeline.start_slot()
     pipeline.snapshot()
     names = sql.SQL(", ").join(sql.Identifier(c[0]) for c in columns)
-    with pgdb.connect() as conn:  # row 3 streams row 1's values, row 4 NULLs, row 2 turns into row 1
+    with pgdb.connect() as conn:
         conn.execute(sql.SQL("INSERT INTO {} (id, {}) SELECT id + 2, {} FROM {} WHERE id IN (1, 2)")
                      .format(T.sql(), names, names, T.sql()))
         conn.execute(sql.SQL("UPDATE {} t SET ({}) = (SELECT {} FROM {} WHERE id = 1) WHERE t.id = 2")
@@ -352,6 +361,7 @@ def test_every_type_streams_into_iceberg_value_by_value(spark, spark_warehouse, 
         for row in (rows[1], rows[2]):
             assert _equal(row[name], expected), (name, type_, row["id"], row[name])
         assert rows[3][name] is None, (name, type_)
+    return pipeline
 
 
 def test_a_table_cut_off_from_staging_stops_until_its_resnapshot(pipeline):

@@ -21,8 +21,8 @@ from lakeslot.spark import row_delta
 from lakeslot.spark.tables import Tables
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source, workload_pipeline
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN, Workload
-from tests.support.snapshot_helpers import mirror_rows
-from tests.test_typemap import COLUMNS, T, _equal
+from tests.test_apply_job import stream_every_type
+from tests.test_typemap import COLUMNS, T, _create_table, _create_types
 
 
 def _commits(pipeline: Pipeline, table: TableName) -> list[tuple[str, bool]]:
@@ -157,15 +157,11 @@ def test_a_compaction_between_finding_positions_and_committing_is_refused_and_th
 
 
 def _eligible_columns(pgdb) -> list[tuple]:
-    """The type test's columns whose mirror type the driver's path writes."""
+    """The type test's columns whose mirror type the driver's path writes (its types created)."""
+    probe = TableName("public", "probe")
     with pgdb.connect() as conn:
-        conn.execute("CREATE TYPE mood AS ENUM ('sad', 'ok')")
-        conn.execute("CREATE DOMAIN price AS numeric(6,2)")
-        conn.execute("CREATE TYPE pair AS (a int, b text)")
-        probe = TableName("public", "probe")
-        conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, {})").format(
-            probe.sql(), sql.SQL(", ").join(sql.SQL("{} " + type_).format(sql.Identifier(name))
-                                            for name, type_, _, _ in COLUMNS)))
+        _create_types(conn)
+        _create_table(conn, COLUMNS, probe)
         mapped = {m.name: m.iceberg(0) for m in describe(conn, existing(conn, [probe])[probe])}
         conn.execute(sql.SQL("DROP TABLE {}").format(probe.sql()))
     return [c for c in COLUMNS if small_batches.writes(mapped[c[0]])]
@@ -175,37 +171,16 @@ def test_every_type_the_driver_writes_streams_value_by_value(spark, spark_wareho
                                                              iceberg_namespace, pgdb, tmp_path,
                                                              monkeypatch):
     """The type test's extreme values (NaN, infinities, the widest numerics and timestamps,
-    bytea, unicode) through pgoutput text and the driver's row delta: read back by pyiceberg,
-    value by value and type by type, and counted by Spark's own scan."""
+    bytea, unicode, lists) through pgoutput text and the driver's row delta, read back value by
+    value and type by type (tests/test_apply_job.py's stream_every_type), and counted by
+    Spark's own scan."""
     monkeypatch.setenv("LAKESLOT_SOURCE_PASSWORD", pgdb.cluster.password)
     columns = _eligible_columns(pgdb)
     assert len(columns) >= 20, [c[0] for c in columns]
-    names = sql.SQL(", ").join(sql.Identifier(c[0]) for c in columns)
     with pgdb.connect() as conn:
-        conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, {})").format(T.sql(), sql.SQL(", ").join(
-            sql.SQL("{} " + type_).format(sql.Identifier(name)) for name, type_, _, _ in columns)))
-        conn.execute(sql.SQL("INSERT INTO {} (id, {}) VALUES (1, {}), (2, {})").format(
-            T.sql(), names, sql.SQL(", ").join(sql.SQL(c[2]) for c in columns),
-            sql.SQL(", ").join(sql.SQL("NULL") for _ in columns)))
-    pipeline = Pipeline.create(spark, pgdb, spark_warehouse, iceberg_namespace,
-                               (tmp_path / "staging").as_uri(), [T])
-    pipeline.start_slot()
-    pipeline.snapshot()
-    with pgdb.connect() as conn:  # row 3 streams row 1's values, row 4 NULLs, row 2 turns into row 1
-        conn.execute(sql.SQL("INSERT INTO {} (id, {}) SELECT id + 2, {} FROM {} WHERE id IN (1, 2)")
-                     .format(T.sql(), names, names, T.sql()))
-        conn.execute(sql.SQL("UPDATE {} t SET ({}) = (SELECT {} FROM {} WHERE id = 1) WHERE t.id = 2")
-                     .format(T.sql(), names, names, T.sql()))
-    pipeline.seal()
-    [outcome] = pipeline.apply().tables
-    assert outcome.state == "applied", outcome.error
+        _create_table(conn, columns)
+    pipeline = stream_every_type(spark, spark_warehouse, iceberg_namespace, pgdb, tmp_path, columns)
     assert _commits(pipeline, T)[-1] == ("overwrite", False)
-    rows = mirror_rows(spark_warehouse, iceberg_namespace, pipeline.job_input().names.mirror_table(T))
-    assert [r["id"] for r in rows] == [1, 2, 3, 4]
-    for name, type_, _literal, expected in columns:
-        for row in (rows[1], rows[2]):
-            assert _equal(row[name], expected), (name, type_, row["id"], row[name])
-        assert rows[3][name] is None, (name, type_)
     loaded = Tables(spark, *iceberg_namespace.split(".", 1)).iceberg_table(
         pipeline.job_input().names.mirror_table(T))
     assert spark.sql(f"SELECT count(*) FROM {pipeline.target(T)}").collect()[0][0] == 4

@@ -101,14 +101,23 @@ def _equal(actual, expected) -> bool:
 
 
 def _create(conn, columns) -> None:
+    _create_types(conn)
+    _create_table(conn, columns)
+
+
+def _create_types(conn) -> None:
     conn.execute("CREATE TYPE mood AS ENUM ('sad', 'ok')")
     conn.execute("CREATE DOMAIN price AS numeric(6,2)")
     conn.execute("CREATE TYPE pair AS (a int, b text)")
-    conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, {})").format(T.sql(), sql.SQL(", ").join(
+
+
+def _create_table(conn, columns, table: TableName = T) -> None:
+    """``table`` with ``columns``: row 1 holds their literals, row 2 NULLs."""
+    conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, {})").format(table.sql(), sql.SQL(", ").join(
         sql.SQL("{} " + type_).format(sql.Identifier(name)) for name, type_, _, _ in columns)))
     names = sql.SQL(", ").join(sql.Identifier(c[0]) for c in columns)
     conn.execute(sql.SQL("INSERT INTO {} (id, {}) VALUES (1, {}), (2, {})").format(
-        T.sql(), names, sql.SQL(", ").join(sql.SQL(c[2]) for c in columns),
+        table.sql(), names, sql.SQL(", ").join(sql.SQL(c[2]) for c in columns),
         sql.SQL(", ").join(sql.SQL("NULL") for _ in columns)))
 
 
