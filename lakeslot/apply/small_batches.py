@@ -133,6 +133,8 @@ class SmallBatches:
         it (nothing was committed)."""
         if not len(rows) or "values" not in rows.column_names:
             return False  # (nothing reduced: the MERGE path advances the table)
+        if not all(writes(f.field_type) for f in state.schema.fields):
+            return False  # (this pass's schema change added a column of another type)
         arrow = schema_to_pyarrow(state.schema)
         names = list(state.data_columns())
         kept = merge.kept_columns(names, keeps, layout)

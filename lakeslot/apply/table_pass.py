@@ -10,9 +10,10 @@
    what the executors need to reduce its changes (:class:`lakeslot.apply.spread.TableConfig`).
    A table the batch does not move is ``current``.
 3. :meth:`TablePass.apply` — with its reduction: the schema after the batch's descriptions, the
-   changelog (:mod:`lakeslot.apply.changelog`), then one MERGE commit with ``lakeslot.lsn =
-   batch end - 1``; a table without changes in the batch gets an empty commit at that position
-   (``advanced``).
+   changelog (:mod:`lakeslot.apply.changelog`), then one commit with ``lakeslot.lsn = batch end
+   - 1``: the driver's row delta for a small batch (:mod:`lakeslot.apply.small_batches`, its rows
+   collected for every such table at once: :meth:`TablePass.small_rows`), else a MERGE; a table
+   without changes in the batch gets an empty commit at that position (``advanced``).
 
 Invariants:
 

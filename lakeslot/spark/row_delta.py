@@ -120,8 +120,8 @@ class _Cache:
 
     def put(self, path: str, content: pa.Table) -> None:
         with self._lock:
-            if path in self._held:
-                return
+            if path in self._held:  # (replaced: more columns of the file than it held)
+                self._bytes -= self._held.pop(path).nbytes
             self._held[path] = content
             self._bytes += content.nbytes
             while self._bytes > self.budget and len(self._held) > 1:
