@@ -13,9 +13,9 @@ given only what Spark carries to them (tasks, broadcasts, shuffle data, Iceberg'
 tables and ``S3FileIO``) and their environment; the Iceberg jars reach them on the class path as in
 the image. After the snapshot, the reader's changes and one apply pass, every mirror, read by
 pyiceberg through the REST catalog, equals its source row by row; and each job's Spark event log
-shows both executors added and successful tasks on each of them, none on the driver (on a
-``local[N]`` master every task runs in the driver's JVM as executor ``driver``: these assertions
-fail there).
+shows both executors added and successful tasks on them, none on the driver — the snapshot's on
+each of the two (on a ``local[N]`` master every task runs in the driver's JVM as executor
+``driver``: these assertions fail there).
 
 What is real: PostgreSQL, SeaweedFS, the reader (in this process, sealing segments on S3), and for
 each job ``spark-submit`` with the SparkApplication's ``sparkConf``, main file and arguments (the
@@ -140,10 +140,11 @@ def _tasks_by_executor(events: Path) -> tuple[str, set[str], collections.Counter
     return master, added, tasks
 
 
-def _assert_ran_on_both_executors(events: Path) -> None:
+def _assert_ran_on_executors(events: Path, *, both: bool = True) -> None:
+    """The job's tasks ran on the executors, none on the driver; on each of them (``both``)."""
     master, added, tasks = _tasks_by_executor(events)
     assert (master, added) == (MASTER, EXECUTORS)
-    assert set(tasks) == EXECUTORS, tasks
+    assert set(tasks) == EXECUTORS if both else tasks and set(tasks) <= EXECUTORS, tasks
 
 
 @pytest.mark.slow
@@ -168,7 +169,7 @@ def test_the_jobs_run_on_two_executors_of_their_own(pgdb, object_store, tmp_path
     secrets[children.input_name(app["metadata"]["name"])] = {workloads.JOB_INPUT_KEY: snapshot.document}
     summary = _submit(app, secrets, credentials, home, tmp_path / "snapshot-events")
     assert summary["ok"] and {t["state"] for t in summary["tables"]} == {"committed"}, summary
-    _assert_ran_on_both_executors(tmp_path / "snapshot-events")
+    _assert_ran_on_executors(tmp_path / "snapshot-events")
 
     with db.connect() as conn:  # changes, sealed on S3 by the reader
         ls.change_accounts_and_items(conn)
@@ -187,7 +188,9 @@ def test_the_jobs_run_on_two_executors_of_their_own(pgdb, object_store, tmp_path
     secrets[children.input_name(app["metadata"]["name"])] = {workloads.JOB_INPUT_KEY: apply.document}
     summary = _submit(app, secrets, credentials, home, tmp_path / "apply-events")
     assert summary["ok"] and summary["batchEnd"] is not None, summary
-    _assert_ran_on_both_executors(tmp_path / "apply-events")
+    # (its stages are small, one task each, and follow the persisted reduction's locality: which
+    # executors run them is the scheduler's choice — all on one in some runs)
+    _assert_ran_on_executors(tmp_path / "apply-events", both=False)
 
     checks = checksums.compare(ingestion, connection_settings(db), tables, secrets=store.catalog_secrets())
     assert [c for c in checks if not c.equal] == [], checksums.render(checks)
