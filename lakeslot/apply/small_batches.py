@@ -80,8 +80,12 @@ def eligible(config: spread.TableConfig, scanned: spread.TableScan, state: Table
     return (mine is not None and mine.problem is None
             and 0 < scanned.changes <= SMALL_CHANGES and not scanned.truncates
             and not config.check_unique and not config.changelog
-            and not state.properties.get(PARTITION_PROPERTY)
-            and all(writes(f.field_type) for f in state.schema.fields))
+            and not state.properties.get(PARTITION_PROPERTY) and writes_every_column(state))
+
+
+def writes_every_column(state: TableState) -> bool:
+    """Whether the driver's path writes every column of the mirror ``state`` describes."""
+    return all(writes(f.field_type) for f in state.schema.fields)
 
 
 def writes(type_: IcebergType) -> bool:
@@ -133,7 +137,7 @@ class SmallBatches:
         it (nothing was committed)."""
         if not len(rows) or "values" not in rows.column_names:
             return False  # (nothing reduced: the MERGE path advances the table)
-        if not all(writes(f.field_type) for f in state.schema.fields):
+        if not writes_every_column(state):
             return False  # (this pass's schema change added a column of another type)
         arrow = schema_to_pyarrow(state.schema)
         names = list(state.data_columns())

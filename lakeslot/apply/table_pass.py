@@ -279,7 +279,8 @@ class TablePass:
                 if held:
                     self._duplicate(table, state, tuple(held[0]), "in this batch, and the mirror "
                                     "already holds a row with that key")
-            self.hooks("before-merge", table)
+            if small is None:  # (else announced before the driver's row delta fell back)
+                self.hooks("before-merge", table)
             with self.steps("merge"):
                 self.tables.commit_sql(target, merge.merge_sql(source, qualified,
                                                                bool(scanned.truncates)), lsn)

@@ -100,9 +100,9 @@ class Upkeep:
         the catalog nothing pass after pass."""
         spec = self.spec.sink.maintenance
         budget = float(spec.budget_seconds)
-        if busy_s > 0:
-            share = spec.max_time_share
-            budget = min(budget, max(MIN_BUDGET_S, busy_s * share / (1 - share))) if share < 1 else budget
+        share = spec.max_time_share
+        if busy_s > 0 and share < 1:
+            budget = min(budget, max(MIN_BUDGET_S, busy_s * share / (1 - share)))
         deadline = time.monotonic() + budget
         # idle: no change in this pass (nothing sealed for it, or nothing sealed at all — a
         # quiet source: such a table is looked at too, its delete files are compacted away)
