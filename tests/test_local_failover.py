@@ -120,14 +120,6 @@ def _setup(ha, tmp_path, warehouse, **source):
     return db, path, document
 
 
-def _applied_past(local, position: int) -> bool:
-    try:
-        progress = mirror_progress.read(local.ingestion, TABLES)
-    except Exception:  # noqa: BLE001 - a commit in flight or the source failing over: read again
-        return False
-    return all(p.lsn is not None and p.lsn >= position for p in progress.values())
-
-
 def _failover(db: HaDatabase, writer: harness.Writer) -> None:
     """Kill the primary, promote the standby, and let the workload commit on it."""
     db.cluster.stop("immediate")
@@ -153,7 +145,7 @@ def test_a_failover_slot_survives_a_promotion_mid_stream_and_nothing_is_lost_or_
 
     def scenario() -> None:
         first = lsn_now(db)
-        wait_for(lambda: _applied_past(local, first), "the snapshot and a first apply",
+        wait_for(lambda: harness.applied_past(local, TABLES, first), "the snapshot and a first apply",
                  deadline=DEADLINE_S, interval=1)
         snapshots.update({t: p.snapshot_lsn for t, p in
                           mirror_progress.read(local.ingestion, TABLES).items()})
@@ -166,7 +158,7 @@ def test_a_failover_slot_survives_a_promotion_mid_stream_and_nothing_is_lost_or_
         promoted.append(lsn_now(db))
         writer.stop()
         end = lsn_now(db)
-        wait_for(lambda: _applied_past(local, end),
+        wait_for(lambda: harness.applied_past(local, TABLES, end),
                  "the mirrors to catch up with the promoted server", deadline=DEADLINE_S,
                  interval=1)
 
@@ -198,7 +190,7 @@ def test_before_17_a_failover_loses_the_slot_and_on_slot_lost_decides(
 
     def scenario() -> None:
         first = lsn_now(db)
-        wait_for(lambda: _applied_past(local, first), "the snapshot and a first apply",
+        wait_for(lambda: harness.applied_past(local, TABLES, first), "the snapshot and a first apply",
                  deadline=DEADLINE_S, interval=1)
         status = observe.observe(local, observe.activity(local))
         assert status.slot is not None and status.slot.failover_safe is False

@@ -34,8 +34,9 @@ and says how it failed, :mod:`.upkeep` expires, compacts and deletes applied seg
    wrote by rewriting the table, or anything incompatible → marked for re-snapshot: DESIGN.md
    invariant 8, never a silent divergence); the changelog table (when enabled) is appended
    first, then the mirror is MERGEd; each is one commit with ``lakeslot.lsn = batch end - 1``.
-   A table without changes gets an empty commit with that position (idle tables advance
-   without rewriting data).
+   A table without changes advances to that position without rewriting data: by an empty
+   commit, or in a continuous job in memory until that commit is due
+   (:mod:`lakeslot.apply.coverage`).
 4. Upkeep (:mod:`lakeslot.apply.upkeep`): each table committed to has its old snapshots
    expired at most once an hour, by its ``history.expire.*`` properties (new tables also delete
    superseded metadata files, see :data:`lakeslot.mirror.contract.TABLE_DEFAULTS`), so a commit
@@ -110,7 +111,7 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
     ``on_pass`` is given each pass's outcome as it ends (benchmarks time passes with it).
     Returns the last pass's outcome."""
     applier = Applier(spark, job, hooks or Hooks(), max_segments, max_attempts, environ,
-                      expire_interval_s, honour_retry=not once)
+                      expire_interval_s, continuous=not once)
     stop = stop or threading.Event()
     result = ApplyResult()
     try:
@@ -145,7 +146,7 @@ class Applier:
 
     def __init__(self, spark, job: JobInput, hooks: Hooks, max_segments: int, max_attempts: int,
                  environ=None, expire_interval_s: float = EXPIRE_INTERVAL_S, *,
-                 honour_retry: bool = True) -> None:
+                 continuous: bool = True) -> None:
         spec = job.ingestion.spec
         make_active(spark)  # (again at every pass: the JVM thread may lose it)
         tables = Tables(spark, spec.sink.catalog.name, spec.sink.namespace)
@@ -154,7 +155,7 @@ class Applier:
         self.failures = Failures(tables, job.names, staging, self.totals, max_attempts)
         self.sources = SourceTables(job, job.source(environ))
         work = TablePass(spark, job, tables, hooks, self.failures, self.sources,
-                         honour_retry=honour_retry)
+                         continuous=continuous)
         upkeep = Upkeep(spark, spec, tables, staging, hooks, self.totals, expire_interval_s)
         self.passes = Passes(spark, job, tables, staging, hooks, self.failures, self.totals, work,
                              Reduction(spark, spec.staging.uri, self.failures), upkeep,

@@ -46,10 +46,18 @@ class TableOutcome:
     error: str | None = None
     resnapshot: bool = False
     ddl: tuple[str, ...] = ()  # schema changes applied in place this pass, with their DDL
+    committed: int | None = None  # the mirror's lakeslot.lsn when lower than ``lsn``: an idle
+    # table's advance not committed yet (lakeslot.apply.coverage)
+
+    @property
+    def durable(self) -> int | None:
+        """The position the mirror itself records (what a restarted job starts from)."""
+        return self.committed if self.committed is not None else self.lsn
 
     def document(self) -> dict:
         return {"schema": self.source.schema, "name": self.source.name, "target": self.target,
                 "state": self.state, "lsn": None if self.lsn is None else lsn_text.format(self.lsn),
+                "committedLsn": None if self.committed is None else lsn_text.format(self.committed),
                 "changes": self.changes, "error": self.error, "resnapshotRequired": self.resnapshot,
                 "schemaChanges": list(self.ddl)}
 

@@ -13,7 +13,8 @@
    changelog (:mod:`lakeslot.apply.changelog`), then one commit with ``lakeslot.lsn = batch end
    - 1``: the driver's row delta for a small batch (:mod:`lakeslot.apply.small_batches`, its rows
    collected for every such table at once: :meth:`TablePass.small_rows`), else a MERGE; a table
-   without changes in the batch gets an empty commit at that position (``advanced``).
+   without changes in the batch advances to that position (``advanced``): by an empty commit, or
+   in a continuous job in memory until the commit is due (:mod:`lakeslot.apply.coverage`).
 
 Invariants:
 
@@ -48,6 +49,7 @@ from lakeslot.api.naming import TableName
 from lakeslot.apply import changes, ddl, merge, small_batches, spread
 from lakeslot.apply.changelog import Changelog
 from lakeslot.apply.changes import TableError
+from lakeslot.apply.coverage import Coverage
 from lakeslot.apply.evolution import Evolution
 from lakeslot.apply.failures import Failures
 from lakeslot.apply.outcomes import Hooks, Steps, TableOutcome
@@ -88,15 +90,16 @@ class TablePass:
     checks; :meth:`begin` starts a pass)."""
 
     def __init__(self, spark, job: JobInput, tables: Tables, hooks: Hooks, failures: Failures,
-                 sources: SourceTables, *, honour_retry: bool) -> None:
+                 sources: SourceTables, *, continuous: bool) -> None:
         self.spark, self.job, self.spec, self.tables = spark, job, job.ingestion.spec, tables
         self.hooks, self.failures, self.sources = hooks, failures, sources
         self.evolution = Evolution(spark, self.spec, tables, hooks, sources)
         self.changelog = Changelog(spark, self.spec, tables)
         self.small = SmallBatches(spark)
-        # a failed table waits for its retry time (lakeslot.apply.isolation); a --once run tries
-        # every table at once
-        self.honour_retry = honour_retry
+        # continuous: a failed table waits for its retry time (lakeslot.apply.isolation), an idle
+        # table's advance is committed when due; a --once run tries every table, commits them all
+        self.honour_retry = continuous
+        self.coverage = Coverage(keep=continuous)
         self.steps = Steps()  # this pass's
         self._unique: dict[TableName, bool] = {}  # this pass's: see _check_unique
 
@@ -148,7 +151,7 @@ class TablePass:
         if not state.key:
             raise TableError(f"{table}: the mirror table has no identifier fields (key); set "
                              "keyColumns for the table and re-snapshot it")
-        return state
+        return self.coverage.state(table, state)
 
     def _create(self, table: TableName, target: str) -> None:
         """snapshot.mode never: the mirror starts empty at position 0 (everything staged)."""
@@ -173,7 +176,8 @@ class TablePass:
         to the mirror first), the truncate policy, and what the executors need."""
         target = self.job.names.mirror_table(table)
         if batch.end is None or batch.end - 1 <= state.position:
-            return TableOutcome(table, target, "current", state.lsn)
+            return TableOutcome(table, target, "current", state.position,
+                                committed=None if state.covered is None else state.lsn)
         scanned = batch.tables[table]
         plan = self.evolution.check_source(table, target, state, scanned.oids)
         renames: tuple[tuple[int, int, str, str], ...] = ()
@@ -256,6 +260,9 @@ class TablePass:
             self.hooks("after-changelog", table)
         applied = plan.applied if plan is not None else ()
         if reduced is None or mine is None:
+            if plan is None and not self.spec.sink.changelog.enabled \
+                    and not self.coverage.commit_due(table, state, lsn):
+                return TableOutcome(table, target, "advanced", lsn, committed=state.lsn)
             self.tables.advance(target, lsn)
             return TableOutcome(table, target, "advanced", lsn, ddl=applied)
         if small is not None:

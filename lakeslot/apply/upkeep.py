@@ -3,8 +3,9 @@ and staging's retention — work that keeps readers' cost and staging's size fla
 (DESIGN.md "Scale"), never work that changes what a table holds.
 
 Invariants: every step keeps each table's position (``lakeslot.lsn``); retention deletes only
-sealed segments wholly at or below every table's position (failed tables included: their
-changes wait there) and never while a table waits for its snapshot. Failure modes: expiring
+sealed segments wholly at or below every table's committed position (failed tables included:
+their changes wait there; an idle table's uncommitted advance does not count:
+:mod:`lakeslot.apply.coverage`) and never while a table waits for its snapshot. Failure modes: expiring
 snapshots only logs (the data is safe); maintenance that fails transiently is tried again
 later, and a table whose maintenance fails otherwise, or keeps failing, is returned with why
 (:meth:`Upkeep.maintain`): it fails alone (:mod:`lakeslot.apply.isolation`).
@@ -149,7 +150,7 @@ class Upkeep:
     def retention(self, outcomes: tuple[TableOutcome, ...], names: list[SegmentName]) -> int:
         if any(o.lsn is None for o in outcomes):
             return 0  # a table waits for its snapshot: every staged change may still be needed
-        floor = min((o.lsn for o in outcomes if o.lsn is not None), default=None)
+        floor = min((o.durable for o in outcomes if o.durable is not None), default=None)
         if floor is None:
             return 0
         deleted = self.staging.delete_applied(names, floor,

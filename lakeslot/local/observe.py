@@ -135,21 +135,24 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
         report.summarize()
         return report.status
     tables, health = source.tables, source.health
+    applied = Staging(ing.spec.staging.uri).read_apply_status() or {}
     try:
-        progress = mirror_progress.read(ing, tables, secrets=job.catalog_secrets(local.environ))
+        progress = mirror_progress.read(ing, tables, secrets=job.catalog_secrets(local.environ),
+                                        covered=apply_status.covered(applied))
     except Exception as e:  # noqa: BLE001 - any catalog failure is reported
         report.condition("Streaming", False, "CatalogUnreachable", st.first_line(e))
         report.summarize()
         return report.status
     snapshotting = _snapshot(report, local, activity_now, tables, progress)
-    applied = st.record_progress(report, progress, snapshotting,
-                                 durable=health.confirmed_flush_lsn if health else None,
-                                 current=source.current_lsn, reader=activity_now.reader_pod)
+    positions = st.record_progress(report, progress, snapshotting,
+                                   durable=health.confirmed_flush_lsn if health else None,
+                                   current=source.current_lsn, reader=activity_now.reader_pod)
     _staged(report, staged or StagedCounter(ing.spec.staging.uri), progress, snapshotting)
     freshness.record(report.status, ing.spec.staging.uri, report.now)
-    degraded = apply_status.degraded_message(_apply_errors(report, ing.spec.staging.uri))
+    _apply_errors(report, applied)
+    degraded = apply_status.degraded_message(applied)
     reader_reason, reader_problem = reader_state(activity_now) or ("", None)
-    st.streaming(report, applied, reader_problem=reader_problem, reader_reason=reader_reason,
+    st.streaming(report, positions, reader_problem=reader_problem, reader_reason=reader_reason,
                  apply_problem=activity_now.apply_problem or degraded,
                  apply_reason="ApplyNotRunning" if activity_now.apply_problem else st.APPLY_DEGRADED,
                  catching_up_after=st.catching_up_after_s(ing.spec))
@@ -205,10 +208,9 @@ def _staged(report: st.Report, staged: StagedCounter,
             row.rows_staged = counts[table]
 
 
-def _apply_errors(report: st.Report, staging_uri: str) -> dict:
+def _apply_errors(report: st.Report, document: Mapping) -> None:
     """Tables the apply job stopped (definite error) are Failed; its transient errors being
-    retried are in the table's message. The apply job's status document."""
-    document = Staging(staging_uri).read_apply_status() or {}
+    retried are in the table's message (``document``: the apply job's status document)."""
     outcomes = {TableName(t["schema"], t["name"]): t for t in document.get("tables", [])}
     for row in report.status.tables:
         outcome = outcomes.get(TableName(row.schema_name, row.name))
@@ -218,7 +220,6 @@ def _apply_errors(report: st.Report, staging_uri: str) -> dict:
         if outcome["state"] == "failed":
             row.state = "Failed"
         row.message = f"apply {outcome['state']}: {outcome['error']}"
-    return document
 
 
 def reader_state(activity_now: Activity) -> tuple[str, str] | None:

@@ -141,18 +141,22 @@ def ownership_problem(properties: Mapping[str, str], mirror: str, owner: str,
 
 @dataclass(frozen=True)
 class TableState:
-    """A table as the catalog has it now."""
+    """A table as the catalog has it now (``covered``: as the apply job knows it, see
+    :attr:`position`)."""
 
     lsn: int | None  # lakeslot.lsn of the current snapshot
     schema: Schema
     properties: dict[str, str]
+    covered: int | None = None  # nothing of the table is staged above lsn up to this (coverage)
 
     @property
     def position(self) -> int:
-        """``lsn``, of a table known to have one (the apply job works only on such tables: one
-        without waits for its snapshot; evolving or backfilling a table keeps it)."""
+        """Where the table's changes start, of a table known to have a ``lsn`` (the apply job
+        works only on such tables: one without waits for its snapshot; evolving or backfilling a
+        table keeps it): ``lsn``, or the position an idle table is covered to above it
+        (:mod:`lakeslot.apply.coverage`). Errors are recorded at ``lsn``, the committed one."""
         assert self.lsn is not None, "the table has no lakeslot.lsn yet"
-        return self.lsn
+        return self.covered if self.covered is not None else self.lsn
 
     @property
     def error(self) -> str | None:

@@ -10,8 +10,12 @@ trips in a row).
 - A table that does not exist, or whose current snapshot has no ``lakeslot.lsn``, has no
   progress (``None``): it has not been snapshotted yet — except a ``replace`` snapshot (a
   compaction lakeslot did not run), which has its parent's (:func:`position`).
-- An idle table advances too: the apply job commits an empty snapshot carrying the new
-  ``lakeslot.lsn`` (no data rewritten), so its progress moves with the others.
+- An idle table advances too, in two ways: the apply job commits an empty snapshot carrying the
+  new ``lakeslot.lsn`` (no data rewritten) every few minutes, and in between its status document
+  says how far the table is covered above that (:mod:`lakeslot.apply.coverage`). :func:`read`
+  given what that document says (``covered``) reports the covered position where the mirror is
+  still at the committed one the document names: an idle table is not shown as behind. Without
+  it (or once the mirror moved) the position is the mirror's own.
 - A table the apply job stopped carries its definite error in table properties, in force while
   the table's position is the one it stopped at (:func:`lakeslot.mirror.contract.apply_error`):
   ``error`` and ``resnapshot_required`` report it (``resnapshot_automatic``: lakeslot copies the
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import Operation, Snapshot
@@ -126,9 +130,27 @@ def position(table: Table, snapshot: Snapshot) -> int | None:
 
 
 def read(ingestion: PostgresIngestion, tables: Iterable[TableName], *,
-         secrets: Mapping[str, str] | None = None) -> dict[TableName, MirrorProgress]:
-    """The progress of each table's mirror; ``secrets``: the catalog's Secret-backed properties."""
+         secrets: Mapping[str, str] | None = None,
+         covered: Mapping[TableName, tuple[int, int]] | None = None
+         ) -> dict[TableName, MirrorProgress]:
+    """The progress of each table's mirror; ``secrets``: the catalog's Secret-backed properties;
+    ``covered``: the idle tables' covered positions (:func:`with_coverage`)."""
     names, tables = IngestionNames.of(ingestion), list(tables)
     loaded = catalogs.load_tables(ingestion.spec.sink.catalog,
                                   [names.mirror_identifier(t) for t in tables], secrets)
-    return {t: progress_of(table) for t, table in zip(tables, loaded, strict=True)}
+    return with_coverage({t: progress_of(table) for t, table in zip(tables, loaded, strict=True)},
+                         covered or {})
+
+
+def with_coverage(progress: Mapping[TableName, MirrorProgress],
+                  covered: Mapping[TableName, tuple[int, int]]) -> dict[TableName, MirrorProgress]:
+    """``progress`` with each idle table's covered position — ``covered``: table → (committed,
+    covered), what the apply job's status document says
+    (:func:`lakeslot.staging.apply_status.covered`) — where the mirror is still at that
+    committed position."""
+    moved = dict(progress)
+    for table, (committed, position) in covered.items():
+        p = progress.get(table)
+        if p is not None and p.lsn == committed and position > committed:
+            moved[table] = replace(p, lsn=position)
+    return moved

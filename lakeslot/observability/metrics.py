@@ -47,7 +47,8 @@ Gauges (prefix ``lakeslot_``; "absent" means the series is not exported):
                                         ``SlotUnusable``, ``InvalidSpec``)
 ``suspended``                           1 with ``spec.suspend``
 ``tables{state}``                       tables per state (Pending, Snapshotting, Streaming, Failed, Removed)
-``table_applied_lsn{table}``            the table's ``lakeslot.lsn`` as a number
+``table_applied_lsn{table}``            the position the table reflects as a number (its
+                                        ``lakeslot.lsn``, or where an idle table is covered to)
 ``table_freshness_seconds{table}``      seconds since the first staged transaction not applied to it
                                         (:mod:`lakeslot.observability.freshness`; 0: caught up)
 ``table_rows{table}``                   rows in the mirror as of its applied LSN
@@ -124,7 +125,8 @@ GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "definite_error": ("1 while a condition reports an error that waiting will not fix", ()),
     "suspended": ("1 while spec.suspend is true", ()),
     "tables": ("Tables per state", ("state",)),
-    "table_applied_lsn": ("LSN the mirror table reflects (lakeslot.lsn), as a number", ("table",)),
+    "table_applied_lsn": ("LSN the mirror table reflects (lakeslot.lsn, or further while the apply "
+                          "job reports it covered), as a number", ("table",)),
     "table_freshness_seconds": ("Seconds since the commit of the first staged transaction not "
                                 "yet applied to the table (0: caught up)", ("table",)),
     "table_rows": ("Rows in the mirror table as of its applied LSN", ("table",)),

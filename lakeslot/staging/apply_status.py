@@ -8,6 +8,10 @@ advanced | current | waiting | failed | retrying, ``error``, ``lsn``...), ``tota
 since the job started) and, while passes fail as a whole, :data:`FAILED_PASSES`
 (:class:`PassFailures`).
 
+A table's ``lsn`` is the position the mirror reflects after the pass; ``committedLsn``, when
+set, is the lower one the mirror itself records: an idle table whose advance the apply job keeps
+in memory (:mod:`lakeslot.apply.coverage`). :func:`covered` reads them for the progress readers.
+
 Invariants: a pass that works rewrites the document without :data:`FAILED_PASSES`; a failed pass
 keeps the last tables and adds to the count, so the count survives the job's restarts (the
 spark-operator restarting the application, local mode's supervisor restarting the job) — which
@@ -21,6 +25,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from lakeslot import lsn as lsnlib
+from lakeslot.api.naming import TableName
 
 DEGRADED_AFTER = 3  # passes failed as a whole in a row → degraded
 FAILED_PASSES = "failedPasses"
@@ -64,3 +71,15 @@ def degraded_message(document: Mapping | None) -> str | None:
     return (f"the apply job's passes failed {failures.count} times in a row since "
             f"{failures.since} (not one table's problem: staging, the catalog or the job itself); "
             f"last error: {failures.error}")
+
+
+def covered(document: Mapping | None) -> dict[TableName, tuple[int, int]]:
+    """The tables the apply job's last pass reports covered above their mirror's position:
+    table → (the mirror's committed ``lakeslot.lsn``, the position it reflects). Pure."""
+    found: dict[TableName, tuple[int, int]] = {}
+    for entry in (document or {}).get("tables", []):
+        committed, position = entry.get("committedLsn"), entry.get("lsn")
+        if committed is not None and position is not None:
+            found[TableName(entry["schema"], entry["name"])] = (lsnlib.parse(committed),
+                                                                lsnlib.parse(position))
+    return found

@@ -6,8 +6,11 @@ Invariants:
 - The exact check reads the mirror at the first Iceberg snapshot, in commit order among the
   current snapshot's ancestors, whose ``lakeslot.lsn`` is at or above the source snapshot's
   ``P`` (time travel; its position is ``L``): by DESIGN.md invariant 1 the mirror there equals
-  the source as of ``L``. :func:`wait_for_mirror` waits for such a snapshot (up to a deadline),
-  reading the table afresh each :data:`POLL_S`.
+  the source as of ``L``. An idle table's current snapshot counts too when the apply job's
+  status document says it is covered to ``L ≥ P`` above it (:mod:`lakeslot.apply.coverage`):
+  nothing of the table is staged in between, so it equals the source as of ``L`` as well.
+  :func:`wait_for_mirror` waits for such a snapshot (up to a deadline), reading the table
+  afresh each :data:`POLL_S`.
 - The schema read is the one of that snapshot: a source column the mirror lacks there is
   reported, never read as NULL.
 - Reading only some keys prunes the scan by key where pyiceberg can (a single integer or text
@@ -40,6 +43,8 @@ from lakeslot.api.naming import TableName
 from lakeslot.mirror import catalog as catalogs
 from lakeslot.mirror import typemap
 from lakeslot.mirror.contract import LSN_PROPERTY, apply_error
+from lakeslot.staging import apply_status
+from lakeslot.staging.store import Staging
 from lakeslot.verify.inflight import ChangedKey
 from lakeslot.verify.report import lsn_text
 from lakeslot.workloads import JobInput
@@ -76,6 +81,16 @@ def _at_or_above(lsn: int | None, position: int) -> bool:
     return lsn is not None and lsn >= position
 
 
+def _covered(job: JobInput, table: TableName, committed: int | None) -> int | None:
+    """How far the apply job's status document says the table is covered while the mirror is at
+    ``committed`` (:mod:`lakeslot.apply.coverage`), or None."""
+    if committed is None:
+        return None
+    document = Staging(job.ingestion.spec.staging.uri, create=False).read_apply_status()
+    recorded, position = apply_status.covered(document).get(table, (None, None))
+    return position if recorded == committed else None
+
+
 @dataclass(frozen=True)
 class Reached:
     table: IcebergTable
@@ -105,6 +120,9 @@ def wait_for_mirror(job: JobInput, table: TableName, position: int, deadline: fl
                 return Reached(loaded, snapshot, lsn)
             head = loaded.current_snapshot()
             current = _position(head) if head is not None else None
+            covered = _covered(job, table, current)
+            if head is not None and covered is not None and covered >= position:
+                return Reached(loaded, head, covered)
             stopped = apply_error(loaded.properties, current)
             if stopped:
                 return f"the apply job stopped this table at {lsn_text(current)}: {stopped}"

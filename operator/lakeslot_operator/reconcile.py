@@ -221,11 +221,14 @@ class _Reconciler:
                 ing, self.uid, config, invocation.arguments()), invocation)
 
     def _mirror_progress(self, tables: list[TableName]) -> dict[TableName, MirrorProgress] | None:
+        with contextlib.suppress(OSError):  # staging unreadable: the mirrors' own positions
+            self.apply_pass = Staging(self.ing.spec.staging.uri, create=False).read_apply_status()
         try:
             catalog = self.ing.spec.sink.catalog
             secrets = {key: self.ctx.kube.secret_value(self.ns, ref)
                        for key, ref in catalog.secret_properties.items()}
-            self.progress = mirror_progress.read(self.ing, tables, secrets=secrets)
+            self.progress = mirror_progress.read(self.ing, tables, secrets=secrets,
+                                                 covered=apply_status.covered(self.apply_pass))
         except Exception as e:  # noqa: BLE001 - any catalog failure is reported, then retried
             self.r.condition("Streaming", False, "CatalogUnreachable", st.first_line(e))
             return None
@@ -367,8 +370,6 @@ class _Reconciler:
                                      durable=health.confirmed_flush_lsn, current=current,
                                      reader=self._reader_pod())
         freshness.record(self.r.status, self.ing.spec.staging.uri, self.r.now)
-        with contextlib.suppress(OSError):  # staging unreadable: no apply job metrics either
-            self.apply_pass = Staging(self.ing.spec.staging.uri, create=False).read_apply_status()
         with contextlib.suppress(OSError, ValueError):  # none yet, or unreadable: no snapshot rows
             self.snapshot = snapshot_progress.read(snapshot_progress.in_staging(self.ing.spec.staging.uri))
         kube = self.ctx.kube

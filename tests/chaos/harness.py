@@ -42,6 +42,8 @@ from psycopg import Rollback
 from lakeslot.local import pgcluster, state
 from lakeslot.local.tree import alive, descendants
 from lakeslot.mirror import progress as mirror_progress
+from lakeslot.staging import apply_status
+from lakeslot.staging.store import Staging
 from tests.support import apply_workload
 from tests.support import local_support as ls
 from tests.support.fixtures_pg import Database
@@ -266,10 +268,12 @@ class Supervisor:
 
 
 def applied_past(local, tables, position: int, secrets: dict[str, str] | None = None) -> bool:
-    """Every mirror of ``tables`` has committed and its ``lakeslot.lsn`` is at or past
-    ``position`` (False while unreadable); ``secrets``: the catalog's."""
+    """Every mirror of ``tables`` has committed and reflects ``position`` or later: its
+    ``lakeslot.lsn``, or the apply job's status document says it is covered that far
+    (:mod:`lakeslot.apply.coverage`); False while unreadable. ``secrets``: the catalog's."""
     try:
-        progress = mirror_progress.read(local.ingestion, tables, secrets=secrets)
+        covered = apply_status.covered(Staging(local.ingestion.spec.staging.uri).read_apply_status())
+        progress = mirror_progress.read(local.ingestion, tables, secrets=secrets, covered=covered)
     except Exception:  # noqa: BLE001 - no mirror yet, a commit in flight or a fault: read again later
         return False
     return all(p.lsn is not None and p.lsn >= position for p in progress.values())
