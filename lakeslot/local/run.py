@@ -10,7 +10,8 @@ snapshot, DESIGN.md rule 2; a holder other than this run's reader is evicted), t
    for every table whose mirror lacks a snapshot of the current ``resnapshotGeneration`` (a run
    killed mid-snapshot resumes with the tables not yet committed);
 3. the apply job (:mod:`lakeslot.apply.job`) in the same session, MERGEing sealed segments into the
-   mirror tables, until stopped.
+   mirror tables, until stopped. A streaming run warms it up (:mod:`lakeslot.apply.warmup`) in a
+   thread of its own while the snapshot runs, so the first passes after the snapshot are warm.
 
 This module is the order of those steps; the run's collaborators do the rest, each with its
 invariants and failure modes:
@@ -183,6 +184,8 @@ class _Session:
         self.processes.start_spark(tables)
         if self.stop.is_set():
             return
+        if not self.options.once:  # warm the apply job up while the snapshot runs
+            self.processes.start("warm-up", self._warm_up)
         self._phase("snapshot", lambda: self._snapshot(tables, below))
         if self.stop.is_set():
             return
@@ -193,6 +196,12 @@ class _Session:
                                  self._snapshot_failures(tables), [])
         self._phase("apply", lambda: self._apply(streaming))
         self.caught_up = self.options.once and not self.stop.is_set()
+
+    def _warm_up(self) -> None:
+        from lakeslot.apply import warmup
+
+        assert self.processes.spark is not None  # started before
+        warmup.warm_up(self.processes.spark)
 
     def _control(self) -> tuple[list[TableName], int]:
         """The source steps (:func:`lakeslot.control.steps.take_control`): the usable tables and

@@ -65,6 +65,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import NestedField, StringType, StructType
 
 from lakeslot.mirror.contract import LSN_PROPERTY
+from lakeslot.spark.jvm import java
 
 CACHE_BYTES = 256 << 20  # key columns and position deletes held in the driver, at most
 FIELD_ID = b"PARQUET:field_id"
@@ -199,9 +200,10 @@ class Positions:
         if not table.spec().isUnpartitioned():
             raise Unsupported("the table is partitioned")
         files = self._files(table, current.manifestListLocation())
-        if not pc.all(files["parquet"]).as_py():
+        if not pc.all(files["parquet"], min_count=0).as_py():  # (an empty table: all of none)
             raise Unsupported("the table has files that are not Parquet (or deletion vectors)")
-        if pc.any(pc.equal(files["content"], DataFileContent.EQUALITY_DELETES.value)).as_py():
+        if pc.any(pc.equal(files["content"], DataFileContent.EQUALITY_DELETES.value),
+                  min_count=0).as_py():
             raise Unsupported("the table has equality deletes")
         deletes = _Deletes(files.filter(pc.equal(files["content"],
                                                  DataFileContent.POSITION_DELETES.value)))
@@ -282,8 +284,8 @@ def direct_executor(jvm):
     """A Java executor that runs each task on the thread that submits it. Iceberg waits for its
     worker pool's tasks by polling every 10 ms: a small scan or commit spent more time asleep in
     those polls than working (measured: 13 s of 62 over 160 small commits)."""
-    return jvm.org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors \
-        .newDirectExecutorService()
+    return java(jvm, "org.apache.iceberg.relocated.com.google.common.util.concurrent"
+                     ".MoreExecutors.newDirectExecutorService")()
 
 
 def _cast_like(table: pa.Table, like: pa.Table) -> pa.Table:
@@ -422,8 +424,8 @@ def commit(jvm, table, positions: Positions, snapshot: int | None, deletes: pa.T
     if rows is not None and len(rows):
         path = location.newDataLocation(f"{name}.parquet")
         written = _write(io_, path, rows, compression)
-        metrics = _metrics(jvm, written, jvm.org.apache.iceberg.MetricsConfig.forTable(table))
-        delta = delta.addRows(jvm.org.apache.iceberg.DataFiles.builder(spec).withPath(path)
+        metrics = _metrics(jvm, written, java(jvm, "org.apache.iceberg.MetricsConfig.forTable")(table))
+        delta = delta.addRows(java(jvm, "org.apache.iceberg.DataFiles.builder")(spec).withPath(path)
                               .withFormat("PARQUET").withFileSizeInBytes(len(written))
                               .withMetrics(metrics).build())
         positions.remember(path, pa.table({str(i): rows[n] for i, n in key}).append_column(
@@ -436,15 +438,15 @@ def commit(jvm, table, positions: Positions, snapshot: int | None, deletes: pa.T
         path = location.newDataLocation(f"{name}-{number}-deletes.parquet")
         written = _write(io_, path, mine, compression)
         metrics = _metrics(jvm, written,
-                           jvm.org.apache.iceberg.MetricsConfig.forPositionDelete(table))
+                           java(jvm, "org.apache.iceberg.MetricsConfig.forPositionDelete")(table))
         delta = delta.addDeletes(
-            jvm.org.apache.iceberg.FileMetadata.deleteFileBuilder(spec).ofPositionDeletes()
+            java(jvm, "org.apache.iceberg.FileMetadata.deleteFileBuilder")(spec).ofPositionDeletes()
             .withPath(path).withFormat("PARQUET").withFileSizeInBytes(len(written))
             .withMetrics(metrics)
             .withReferencedDataFile(data_file).build())
         positions.remember(path, mine)
     if files:
-        delta = delta.validateDataFilesExist(jvm.java.util.ArrayList(files))
+        delta = delta.validateDataFilesExist(java(jvm, "java.util.ArrayList")(files))
     try:
         delta.set(LSN_PROPERTY, str(lsn)).commit()
     except Py4JJavaError as e:
@@ -472,9 +474,9 @@ def _metrics(jvm, data: bytes, config):
     ``ParquetUtil.fileMetrics`` does after reading the footer back, which also builds a Hadoop
     configuration each time: ≈ 10 ms a file)."""
     length = int.from_bytes(data[-8:-4], "little")
-    converter = jvm.org.apache.iceberg.shaded.org.apache.parquet.format.converter \
-        .ParquetMetadataConverter
-    footer = converter().readParquetMetadata(
-        jvm.java.io.ByteArrayInputStream(bytearray(data[-8 - length:-8])), converter.NO_FILTER)
-    return jvm.org.apache.iceberg.parquet.ParquetUtil.footerMetrics(
-        footer, jvm.java.util.stream.Stream.empty(), config)
+    converter = "org.apache.iceberg.shaded.org.apache.parquet.format.converter.ParquetMetadataConverter"
+    footer = java(jvm, f"{converter}()").readParquetMetadata(
+        java(jvm, "java.io.ByteArrayInputStream")(bytearray(data[-8 - length:-8])),
+        java(jvm, f"{converter}.NO_FILTER"))
+    return java(jvm, "org.apache.iceberg.parquet.ParquetUtil.footerMetrics")(
+        footer, java(jvm, "java.util.stream.Stream.empty")(), config)

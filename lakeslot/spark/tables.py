@@ -67,6 +67,7 @@ from lakeslot.mirror.contract import (
     TableState,
 )
 from lakeslot.spark import partitions
+from lakeslot.spark.jvm import java
 from lakeslot.spark.session import with_commit_properties
 
 MiB = 1 << 20
@@ -103,15 +104,15 @@ class Catalog:
 
     def _namespace(self, namespace: str):
         levels = namespace.split(".")
-        array = self._gateway.new_array(self._jvm.java.lang.String, len(levels))
+        array = self._gateway.new_array(java(self._jvm, "java.lang.String"), len(levels))
         for i, level in enumerate(levels):
             array[i] = level
-        return self._jvm.org.apache.iceberg.catalog.Namespace.of(array)
+        return java(self._jvm, "org.apache.iceberg.catalog.Namespace.of")(array)
 
     def _identifier(self, namespace: str, table: str):
         identifier = self._identifiers.get((namespace, table))
         if identifier is None:  # (built once: a dozen py4j calls)
-            identifier = self._jvm.org.apache.iceberg.catalog.TableIdentifier.of(
+            identifier = java(self._jvm, "org.apache.iceberg.catalog.TableIdentifier.of")(
                 self._namespace(namespace), table)
             self._identifiers[(namespace, table)] = identifier
         return identifier
@@ -211,9 +212,10 @@ class MirrorWrite:
 
 
 def python_dict(jvm, java_map) -> dict[str, str]:
-    """A Java ``Map<String, String>`` (table properties, a snapshot's summary) as a dict, in two
-    py4j calls (py4j's own conversion makes a few per entry: ≈ 100 calls, 20 ms, per table)."""
-    return json.loads(jvm.org.apache.iceberg.util.JsonUtil.mapper().writeValueAsString(java_map))
+    """A Java ``Map<String, String>`` (table properties, a snapshot's summary) as a dict, in one
+    py4j call (py4j's own conversion makes a few per entry: ≈ 100 calls, 20 ms, per table)."""
+    return json.loads(java(jvm, "org.apache.iceberg.util.JsonUtil.mapper()").writeValueAsString(
+        java_map))
 
 
 def position_of(table) -> int | None:
@@ -253,7 +255,7 @@ class Tables(Catalog):
             return None
         loaded = self.iceberg_table(table)
         schema = Schema.model_validate_json(
-            self._jvm.org.apache.iceberg.SchemaParser.toJson(loaded.schema()))
+            java(self._jvm, "org.apache.iceberg.SchemaParser.toJson")(loaded.schema()))
         return TableState(position_of(loaded), schema, python_dict(self._jvm, loaded.properties()))
 
     def create(self, table: str, schema: Schema, properties: dict[str, str], lsn: int,
