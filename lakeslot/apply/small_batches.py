@@ -107,16 +107,16 @@ def collect(reduced: spread.Reduced, changes: Mapping[TableName, int]) -> dict[T
     if not chosen:
         return {}
     index = {reduced.index[t]: t for t in chosen}
-    frame = reduced.frame.filter(F.col("t").isin(list(index)) & (F.col("kind") == "F"))
-    batches = frame.select("t", "values", "flags", "source", "op", "lsn", "seq")._collect_as_arrow()
-    rows = pa.Table.from_batches(batches) if batches else None
-    if rows is None:
-        return {t: _empty() for t in chosen}
+    rows = final_rows(reduced.frame.filter(F.col("t").isin(list(index))))
     return {table: rows.filter(pc.equal(rows["t"], i)) for i, table in index.items()}
 
 
-def _empty() -> pa.Table:
-    return pa.table({"t": pa.array([], pa.int32())})
+def final_rows(frame) -> pa.Table:
+    """The ``F`` rows of a :data:`lakeslot.apply.spread.REDUCED` frame, with the columns
+    :meth:`SmallBatches.apply` reads, collected in one Spark job (no rows: only ``t``)."""
+    batches = frame.filter(F.col("kind") == "F").select(
+        "t", "values", "flags", "source", "op", "lsn", "seq")._collect_as_arrow()
+    return pa.Table.from_batches(batches) if batches else pa.table({"t": pa.array([], pa.int32())})
 
 
 class SmallBatches:

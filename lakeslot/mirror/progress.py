@@ -149,8 +149,19 @@ def with_coverage(progress: Mapping[TableName, MirrorProgress],
     (:func:`lakeslot.staging.apply_status.covered`) — where the mirror is still at that
     committed position."""
     moved = dict(progress)
-    for table, (committed, position) in covered.items():
-        p = progress.get(table)
-        if p is not None and p.lsn == committed and position > committed:
+    for table, p in progress.items():
+        position = covered_to(covered, table, p.lsn)
+        if position is not None:
             moved[table] = replace(p, lsn=position)
     return moved
+
+
+def covered_to(covered: Mapping[TableName, tuple[int, int]], table: TableName,
+               lsn: int | None) -> int | None:
+    """How far ``table``, whose mirror is at ``lsn``, is covered beyond it by ``covered`` (see
+    :func:`with_coverage`); None when the document names another committed position (the
+    mirror moved since, or was replaced) or none."""
+    committed, position = covered.get(table, (None, None))
+    if lsn is None or committed != lsn or position is None or position <= lsn:
+        return None
+    return position

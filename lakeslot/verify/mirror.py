@@ -43,6 +43,7 @@ from lakeslot.api.naming import TableName
 from lakeslot.mirror import catalog as catalogs
 from lakeslot.mirror import typemap
 from lakeslot.mirror.contract import LSN_PROPERTY, apply_error
+from lakeslot.mirror.progress import covered_to
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
 from lakeslot.verify.inflight import ChangedKey
@@ -87,8 +88,7 @@ def _covered(job: JobInput, table: TableName, committed: int | None) -> int | No
     if committed is None:
         return None
     document = Staging(job.ingestion.spec.staging.uri, create=False).read_apply_status()
-    recorded, position = apply_status.covered(document).get(table, (None, None))
-    return position if recorded == committed else None
+    return covered_to(apply_status.covered(document), table, committed)
 
 
 @dataclass(frozen=True)
