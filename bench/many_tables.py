@@ -15,8 +15,8 @@ the apply job — and, once every mirror has its snapshot:
   random row of a table drawn uniformly or by Zipf's law (s = 1.1) over the tables; it records
   each transaction's table, ``pg_current_wal_lsn()`` taken inside it and its commit time;
 - an observer reading every table's ``lakeslot.lsn`` with pyiceberg (an independent reader of
-  the Iceberg metadata, 8 threads, the tables with changes not yet seen first, a pause of
-  :data:`OBSERVER_PAUSE_S` between cycles).
+  the Iceberg metadata, in its own process, 8 threads, the tables with changes not yet seen
+  first, a pause of :data:`OBSERVER_PAUSE_S` between cycles).
 
 A transaction counts as visible when its table's observed ``lakeslot.lsn`` reaches the LSN taken
 inside it (its commit LSN is above it; a pass commits ``batch end - 1`` ≥ every commit it holds,
@@ -151,6 +151,24 @@ class Observer:
         return all(self.seen[t] and self.seen[t][-1][1] >= w for t, w in enumerate(self.wanted))
 
 
+def observe(warehouse: str, tables: list[TableName], conn) -> None:
+    """The observer in its own process (its pyiceberg reads took the apply job's interpreter
+    lock when it ran in a thread of the run's process). Over ``conn``: it sends ("snapshotted",
+    when) once every mirror exists; receives the wanted LSNs per table; sends ("current", when)
+    once every table reached them, then ("seen", every table's observations)."""
+    observer = Observer(warehouse, tables)
+    threading.Thread(target=observer.run, daemon=True).start()
+    while not all(observer.seen):
+        time.sleep(0.2)
+    conn.send(("snapshotted", time.time()))
+    observer.wanted = conn.recv()
+    while not observer.current():
+        time.sleep(0.1)
+    conn.send(("current", time.time()))
+    observer.stopping.set()
+    conn.send(("seen", observer.seen))
+
+
 @dataclass
 class Round:
     tables: int
@@ -215,11 +233,12 @@ def one_round(args, tables: int, rows: int) -> Round:
 
 def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName], rows: int,
              started: float) -> Round:
-    observer = Observer(warehouse, names)
-    threading.Thread(target=observer.run, daemon=True).start()
-    while not all(observer.seen):  # every mirror has its snapshot
-        time.sleep(0.2)
-    snapshot_s = time.time() - started
+    # (spawned: this process runs a JVM and threads, which a fork would copy mid-flight)
+    mine, theirs = multiprocessing.Pipe()
+    watcher = multiprocessing.get_context("spawn").Process(
+        target=observe, args=(warehouse, names, theirs), daemon=True)
+    watcher.start()
+    snapshot_s = _expect(mine, "snapshotted") - started  # every mirror has its snapshot
     receive, send = multiprocessing.Pipe(duplex=False)
     process = multiprocessing.Process(target=writer, args=(
         cluster.dsn("bench"), len(names), rows, args.skew, args.rate, args.seconds, send))
@@ -227,12 +246,13 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     records = receive.recv()
     process.join()
     writer_done = time.time()
+    wanted = [0] * len(names)
     for t, lsn, _ in records:
-        observer.wanted[t] = max(observer.wanted[t], lsn)
-    while not observer.current():
-        time.sleep(0.1)
-    drained = time.time() - writer_done
-    observer.stopping.set()
+        wanted[t] = max(wanted[t], lsn)
+    mine.send(wanted)
+    drained = _expect(mine, "current") - writer_done
+    seen = _expect(mine, "seen")
+    watcher.join()
     time.sleep(3)  # the pass that made the last change visible writes its status after its commits
     totals = (Staging(staging).read_apply_status() or {}).get("totals", {})
     passes = max(1, int(totals.get("passes", 1)))
@@ -241,13 +261,21 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     equal = all(_equal(cluster, warehouse, t) for t in names)
     latencies, early = [], []
     for t, lsn, committed in records:
-        visible = next(at for at, seen in observer.seen[t] if seen >= lsn)
+        visible = next(at for at, reached in seen[t] if reached >= lsn)
         latencies.append(visible - committed)
         if committed - records[0][2] <= EARLY_S:
             early.append(visible - committed)
     duration = records[-1][2] - records[0][2]
     return Round(len(names), rows, snapshot_s, latencies, early, len(records) / duration, drained,
                  steps, touched, passes, equal)
+
+
+def _expect(conn, what: str):
+    """The observer's next message, which must be ``what``."""
+    kind, value = conn.recv()
+    if kind != what:
+        raise RuntimeError(f"the observer sent {kind}, not {what}")
+    return value
 
 
 def _equal(cluster, warehouse: str, table: TableName) -> bool:
