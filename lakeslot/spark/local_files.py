@@ -16,8 +16,8 @@ Guarantees:
   complete, under the jar cache's lock (:mod:`lakeslot.spark.jars`).
 - Sessions built by :func:`lakeslot.spark.session.build_session` put the jar on the driver's
   system class path (Hadoop resolves ``fs.file.impl`` through it) and name :data:`CLASS` in
-  :data:`FS_IMPL`, unless their conf names its own ``spark.hadoop.fs.file.impl``. Spark jobs submitted to Kubernetes do not (their warehouse and
-  staging are on object storage).
+  :data:`FS_IMPL`, unless their conf names its own ``spark.hadoop.fs.file.impl``. Spark jobs
+  submitted to Kubernetes do not (their warehouse and staging are on object storage).
 
 Failure modes: no ``javac`` (a Java runtime without the JDK, as in the container image) or a
 failed compile: :func:`ensure_jar` returns ``None`` and says why once in the log (at info level

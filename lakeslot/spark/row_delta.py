@@ -13,22 +13,25 @@ Invariants:
 - **A data file's keys never change** (files are immutable): the key columns read from a file,
   and the (file, position) rows of a position-delete file, are cached by path, bounded in bytes
   (:data:`CACHE_BYTES`, least recently used out). The files a commit writes enter the cache
-  from memory; only files others wrote (the snapshot, compactions, a MERGE) are read, once.
+  from memory; only files others wrote (the snapshot, compactions, a MERGE) are read, once. A
+  data file's live rows are kept with the delete files applied to them, so a pass applies only
+  the delete files new since (deletes only accumulate on a data file).
 - Files are written through the table's own ``FileIO`` (the credentials and storage Spark's
   catalog uses), Parquet with Iceberg's field IDs, their metrics computed by Iceberg itself from
   the footer just written (not read back). On local disk (``file:`` or a plain path) Python reads
   and writes them itself (:func:`_local`): every byte through py4j cost more than the file's
-  use (a 10 KB manifest ≈ 20 ms while the pass's threads share the cores). A file written by a commit that then fails is an
-  orphan (maintenance's orphan-file removal deletes it); it is never referenced.
+  use (a 10 KB manifest ≈ 20 ms while the pass's threads share the cores). A file written by
+  a commit that then fails is an orphan (maintenance's orphan-file removal deletes it); it is
+  never referenced.
 - Format v2 position deletes, one delete file per data file it deletes from (file-scoped,
   ``referencedDataFile`` set: a scan pairs it with that file only). A table with equality
   deletes, or partitioned, is not handled here (:class:`Unsupported`: the caller uses its
   MERGE).
 - **Planning** reads only what is new. The snapshot's manifest list is read each time; each
   manifest is read once (immutable too) with pyiceberg's Avro reader through the table's FileIO
-  and cached with the key columns: the live data files, pruned by the keys' bounds (integer and
-  string keys), and the position-delete files Iceberg would pair with each (committed at or
-  after it, naming it or spanning its path). Equality deletes, deletion vectors and files that
+  and cached with the key columns: the live data files, pruned key by key by the columns'
+  bounds (integer and string keys), and the position-delete files Iceberg would pair with each
+  (committed at or after it, naming it or spanning its path). Equality deletes, deletion vectors and files that
   are not Parquet are :class:`Unsupported`. Iceberg's Java planning cost a py4j call or three
   per data file, and its worker pool's 10 ms polls; commits run on the calling thread for the
   same reason (:func:`direct_executor`).
@@ -40,6 +43,7 @@ table's own failure) and leaves the table as it was (a commit either lands whole
 
 from __future__ import annotations
 
+import bisect
 import io
 import os
 import threading
@@ -75,6 +79,7 @@ FIELD_ID = b"PARQUET:field_id"
 FILE_PATH_ID, POS_ID = 2147483546, 2147483545  # the position-delete schema's field IDs (spec)
 DELETES = pa.schema([pa.field("file_path", pa.string(), False, {FIELD_ID: str(FILE_PATH_ID)}),
                      pa.field("pos", pa.int64(), False, {FIELD_ID: str(POS_ID)})])
+LIVE = "#live"  # a data file's live rows are cached under its path and this (Positions._live)
 READ_CHUNK = 8 << 20  # bytes per call across py4j when a file is read
 # a manifest entry as the planning reads it: the spec's v2 fields, and the data file's
 # referenced_data_file (pyiceberg's v2 read schema leaves it out)
@@ -156,21 +161,33 @@ def _open(table, path: str) -> io.RawIOBase | io.BufferedReader:
     return _JavaFile(table.io().newInputFile(path))
 
 
+@dataclass(frozen=True)
+class _Live:
+    """A data file's rows left by the delete files ``applied`` (:meth:`Positions._live`)."""
+
+    applied: frozenset[str]
+    rows: pa.Table
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows.nbytes
+
+
 class _Cache:
     """Immutable files' contents by path, least recently used out beyond a byte budget."""
 
     def __init__(self, budget: int) -> None:
-        self.budget, self._held, self._bytes = budget, OrderedDict[str, pa.Table](), 0
+        self.budget, self._held, self._bytes = budget, OrderedDict[str, Any](), 0
         self._lock = threading.Lock()
 
-    def get(self, path: str) -> pa.Table | None:
+    def get(self, path: str) -> Any:
         with self._lock:
             found = self._held.get(path)
             if found is not None:
                 self._held.move_to_end(path)
             return found
 
-    def put(self, path: str, content: pa.Table) -> None:
+    def put(self, path: str, content: pa.Table | _Live) -> None:
         with self._lock:
             if path in self._held:  # (replaced: more columns of the file than it held)
                 self._bytes -= self._held.pop(path).nbytes
@@ -226,19 +243,14 @@ class Positions:
             raise Unsupported("the table has equality deletes")
         deletes = _Deletes(files.filter(pc.equal(files["content"],
                                                  DataFileContent.POSITION_DELETES.value)))
-        spans = [(i, _span(keys[str(i)])) for i, _ in key]
+        values = [(i, _values(keys[str(i)])) for i, _ in key]
         paths: list[str] = []
         live: list[pa.Table] = []
         for data in files.filter(pc.equal(files["content"], DataFileContent.DATA.value)).to_pylist():
-            if not all(_may_hold(data, i, span) for i, span in spans):
+            if not all(_may_hold(data, i, wanted) for i, wanted in values):
                 continue
             path = data["file_path"]
-            rows = self._keys(table, path, [i for i, _ in key])
-            for delete in deletes.of(path, data["sequence"]):
-                gone = self._deleted(table, delete)
-                gone = gone.filter(pc.equal(gone["file_path"], path))["pos"]
-                if len(gone):
-                    rows = rows.filter(pc.invert(pc.is_in(rows["pos"], value_set=gone)))
+            rows = self._live(table, path, [i for i, _ in key], deletes.of(path, data["sequence"]))
             live.append(_cast_like(rows.select(ids), keys).append_column("pos", rows["pos"])
                         .append_column("file", pa.array(np.full(len(rows), len(paths), np.int32))))
             paths.append(path)
@@ -284,6 +296,29 @@ class Positions:
             read = parquet.read(columns=[names[i] for i in ids if i in names])
             count = parquet.metadata.num_rows
         return pa.table({str(i): read[names[i]] if i in names else pa.nulls(count) for i in ids})
+
+    def _live(self, table, path: str, ids: Sequence[int], deletes: list[str]) -> pa.Table:
+        """The key columns ``ids`` and ``pos`` of the rows of the data file ``path`` that the
+        position-delete files ``deletes`` leave. Kept per file with the delete files applied:
+        deletes only accumulate on a file (a rewrite gives its rows a new file), so a pass
+        applies only the delete files new since (a big table's file, deleted from in every
+        pass, would otherwise be filtered by every delete file it ever had, every pass)."""
+        rows = self._keys(table, path, ids)
+        if not deletes:
+            return rows
+        wanted, known = frozenset(deletes), self._cache.get(path + LIVE)
+        todo = wanted
+        if (isinstance(known, _Live) and known.applied <= wanted
+                and {str(i) for i in ids} <= set(known.rows.column_names)):
+            rows, todo = known.rows, wanted - known.applied
+        for delete in todo:
+            gone = self._deleted(table, delete)
+            gone = gone.filter(pc.equal(gone["file_path"], path))["pos"]
+            if len(gone):
+                rows = rows.filter(pc.invert(pc.is_in(rows["pos"], value_set=gone)))
+        if todo:
+            self._cache.put(path + LIVE, _Live(wanted, rows))
+        return rows
 
     def _deleted(self, table, path: str) -> pa.Table:
         cached = self._cache.get(path)
@@ -343,30 +378,33 @@ def _within(value, low, high) -> bool:
     return (low is None or low <= value) and (high is None or value <= high)
 
 
-def _span(column: pa.ChunkedArray) -> tuple[Any, Any] | None:
-    """The keys' (lowest, highest) value as the bounds in manifests are compared, for integer and
-    string keys (None: the column's files are not pruned)."""
+def _values(column: pa.ChunkedArray) -> list[Any] | None:
+    """The keys' distinct values in order, as the bounds in manifests are compared, for integer
+    and string keys (None: the column's files are not pruned)."""
     if not (pa.types.is_integer(column.type) or pa.types.is_string(column.type)
             or pa.types.is_large_string(column.type)) or column.null_count:
         return None
-    low, high = pc.min(column).as_py(), pc.max(column).as_py()
-    if isinstance(low, str):
-        return low.encode(), high.encode()  # (bounds compare as UTF-8 bytes)
-    return low, high
+    values = pc.unique(column).to_pylist()
+    if values and isinstance(values[0], str):
+        values = [v.encode() for v in values]  # (bounds compare as UTF-8 bytes)
+    return sorted(values)
 
 
-def _may_hold(data: dict, field_id: int, span: tuple[Any, Any] | None) -> bool:
-    """Whether the data file (:data:`ENTRIES` row) may hold a key within ``span`` in the column
-    ``field_id``, by the column's bounds in the manifest (Iceberg's serialization: integers
-    little-endian, strings UTF-8, the upper one possibly truncated upwards)."""
-    if span is None:
+def _may_hold(data: dict, field_id: int, values: list[Any] | None) -> bool:
+    """Whether the data file (:data:`ENTRIES` row) may hold one of the keys ``values`` (in
+    order) in the column ``field_id``, by the column's bounds in the manifest (Iceberg's
+    serialization: integers little-endian, strings UTF-8, the upper one possibly truncated
+    upwards). Key by key, not by the keys' span: random keys into a big table span all of it,
+    while its files, written in key order, each hold a range of their own."""
+    if values is None:
         return True
     low, high = dict(data["lower"]).get(field_id), dict(data["upper"]).get(field_id)
     if low is None or high is None:
         return True
-    if isinstance(span[0], int):
+    if isinstance(values[0], int):
         low, high = (int.from_bytes(b, "little", signed=True) for b in (low, high))
-    return low <= span[1] and span[0] <= high
+    at = bisect.bisect_left(values, low)
+    return at < len(values) and values[at] <= high
 
 
 def _entries(files: FileIO, manifest: ManifestFile) -> pa.Table:
