@@ -20,7 +20,7 @@ from lakeslot.api.naming import TableName
 from lakeslot.local import state
 from lakeslot.local.pgcluster import free_port
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.observability.metrics import GAUGES, PREFIX
+from lakeslot.observability.metrics import COUNTERS, GAUGES, PREFIX
 from lakeslot.staging.store import Staging
 from tests.support import chart, promql
 from tests.support import local_support as ls
@@ -91,7 +91,9 @@ def test_a_local_runs_metrics_agree_with_postgresql_and_fire_the_alerts(pgdb, sp
                 and mine(result, "table_freshness_seconds", table=accounts) == 0 else Scrape()
 
         result = wait_for(caught_up, "the mirror caught up, as a scrape says", deadline=ls.RUN_DEADLINE_S)
-        assert result.names() <= {PREFIX + g for g in GAUGES}  # the operator's gauges, nothing else
+        # the operator's series, nothing else: its gauges, and its counters once the apply job's
+        # status has totals (whether a pass wrote them before this scrape is a race)
+        assert result.names() <= {PREFIX + g for g in GAUGES} | {f"{PREFIX}{c}_total" for c in COUNTERS}
         assert mine(result, "freshness_seconds") == 0 and mine(result, "suspended") == 0
         assert mine(result, "tables", state="Streaming") == 1 and mine(result, "tables", state="Failed") == 1
         assert mine(result, "table_snapshot_rows", table=accounts) == ROWS

@@ -37,8 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
-from psycopg import Rollback
+from psycopg import Rollback, sql
 
+from lakeslot.api.naming import TableName
 from lakeslot.local import pgcluster, state
 from lakeslot.local.tree import alive, descendants
 from lakeslot.mirror import progress as mirror_progress
@@ -101,6 +102,34 @@ class ChaosWorkload(apply_workload.Workload):
 def create_tables(conn) -> None:
     apply_workload.create_tables(conn, rows=200)
     ls.create_accounts(conn, ACCOUNTS_ROWS)
+
+
+# The many-tables round's small tables: a pass commits to each one it has changes for, table
+# after table, so a fault often strikes between two tables' commits of one pass; a transaction
+# of ManyTablesWorkload changes several of them at once.
+MANY_TABLES = [TableName("public", f"many {i:02d}")
+               for i in range(int(os.environ.get("LAKESLOT_CHAOS_MANY_TABLES", "12")))]
+MANY_ROWS = 50
+
+
+def create_many_tables(conn) -> None:
+    for table in MANY_TABLES:
+        conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, v int NOT NULL)").format(table.sql()))
+        conn.execute(sql.SQL("INSERT INTO {} SELECT g, 0 FROM generate_series(1, %s) g").format(table.sql()),
+                     (MANY_ROWS,))
+
+
+class ManyTablesWorkload(ChaosWorkload):
+    """:class:`ChaosWorkload`, and every other unit a transaction updating a row in each of up
+    to three of :data:`MANY_TABLES`."""
+
+    def step(self) -> None:
+        super().step()
+        if MANY_TABLES and self.rng.random() < 0.5:
+            with self.conn.transaction():
+                for table in self.rng.sample(MANY_TABLES, min(3, len(MANY_TABLES))):
+                    self.conn.execute(sql.SQL("UPDATE {} SET v = v + 1 WHERE id = %s").format(table.sql()),
+                                      (self.rng.randint(1, MANY_ROWS),))
 
 
 class Writer:

@@ -16,7 +16,11 @@ started again, as a supervisor would — but by itself it may exit only where th
 exit 1 after its Spark JVM was killed). After
 the rounds: the workload stops, the run is stopped with SIGTERM (exit 0), ``lakeslot run --once``
 catches up (exit 0), and each mirror is read with pyiceberg, independently of lakeslot's readers,
-and compared with its source row by row.
+and compared with its source row by row. Besides the workload's tables, the many-tables round's
+small tables (:data:`tests.chaos.harness.MANY_TABLES`, ``LAKESLOT_CHAOS_MANY_TABLES``, default 12)
+take transactions that change several of them at once: a pass commits table after table, so
+faults strike between two tables' commits of one pass, and each table must recover from its own
+position.
 
 Environment: ``LAKESLOT_CHAOS_ROUNDS`` rounds per version (CI: 6, a fresh seed per test session,
 shared by both versions: they take the seeded order of the 12 fault kinds from opposite ends, so
@@ -52,7 +56,7 @@ assert RESTARTABLE_SETTINGS["wal_sender_timeout"] == f"'{WAL_SENDER_TIMEOUT_S}s'
 RECOVERY_DEADLINE_S = 300  # a fault's recovery (a run restart includes a JVM start)
 CATCH_UP_DEADLINE_S = 600
 MAX_DELAY_S = 6.0  # a fault strikes up to this long after the previous round recovered
-TABLES = [MAIN, KEYLESS, IDLE, ls.ACCOUNTS]
+TABLES = [MAIN, KEYLESS, IDLE, ls.ACCOUNTS, *harness.MANY_TABLES]
 
 
 @pytest.mark.slow
@@ -64,6 +68,7 @@ def test_faults_at_random_moments_under_write_load_lose_nothing(restartable_pgdb
     db = restartable_pgdb
     with db.connect() as conn:
         harness.create_tables(conn)
+        harness.create_many_tables(conn)
     path, state_dir, log = tmp_path / "ingestion.yaml", tmp_path / "state", tmp_path / "run.log"
     ls.write_ingestion(path, db, TABLES, tmp_path, source={"tables": [
         {"schema": t.schema, "name": t.name, **({"keyColumns": ["a"]} if t == KEYLESS else {})}
@@ -80,7 +85,7 @@ def test_faults_at_random_moments_under_write_load_lose_nothing(restartable_pgdb
         if "staging_full" in faults:  # a filesystem that can be made full
             stack.enter_context(harness.staging_on_tmpfs(context.staging))
         stack.enter_context(supervisor.abandoned_on_failure())  # a failed round leaves nothing
-        writer = harness.Writer(db, SEED)
+        writer = harness.Writer(db, SEED, harness.ManyTablesWorkload)
         try:
             supervisor.start()
             first = lsn_now(db)
