@@ -393,7 +393,7 @@ def _require_jarjar() -> Path:
         ["apt-get", "update", "-qq"],
         ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "libjarjar-java"],
     ):
-        _run(cmd, "installing jarjar (apt-get install libjarjar-java)", env=env)
+        run(cmd, "installing jarjar (apt-get install libjarjar-java)", env=env)
     if (jarjar := _find_jarjar()) is None:
         raise JarProvisioningError("jarjar still not found in /usr/share/java after apt-get install libjarjar-java")
     return jarjar
@@ -403,7 +403,7 @@ def _pip_download(dest: Path, wheels: list[tuple[str, str]]) -> list[Path]:
     """The wheels in ``dest``, downloaded unless already there (pip checks every hash either way)."""
     requirements = dest / "requirements.txt"
     requirements.write_text("".join(f"{req} --hash=sha256:{sha}\n" for req, sha in wheels))
-    _run(
+    run(
         [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
          "--quiet", "--dest", str(dest), "--requirement", str(requirements)],
         "pip download of the Iceberg/Jackson/HttpClient/SDK/JDBC driver wheels (is PyPI reachable? check pip's "
@@ -449,7 +449,7 @@ def _relocate(java: str, jarjar: Path, spec: Build, merged: Path, build_dir: Pat
     rules = build_dir / f"rules-{spec.name}.txt"
     rules.write_text(f"rule {spec.rule}\n")
     with atomic_output(final) as tmp:
-        _run([java, "-jar", str(jarjar), "process", str(rules), str(merged), str(tmp)],
+        run([java, "-jar", str(jarjar), "process", str(rules), str(merged), str(tmp)],
              f"jarjar relocation for {spec.name}")
         try:
             with zipfile.ZipFile(tmp) as jar:
@@ -469,7 +469,9 @@ def _relocate(java: str, jarjar: Path, spec: Build, merged: Path, build_dir: Pat
             )
 
 
-def _run(cmd: list[str], what: str, env: dict[str, str] | None = None) -> None:
+def run(cmd: list[str], what: str, env: dict[str, str] | None = None) -> None:
+    """Run ``cmd``; :class:`JarProvisioningError` naming ``what`` and the end of its output when
+    it cannot start or fails."""
     try:
         result = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
     except OSError as e:

@@ -31,7 +31,6 @@ import functools
 import hashlib
 import logging
 import shutil
-import subprocess
 import tempfile
 import zipfile
 from pathlib import Path
@@ -75,7 +74,7 @@ def ensure_jar() -> Path | None:
             if not jar.exists():
                 _build(javac, api, jar)
         return jar
-    except (OSError, subprocess.SubprocessError) as e:
+    except (OSError, cached_jars.JarProvisioningError) as e:
         log.warning("building %s failed, local warehouses use Hadoop's stock file system: %s", CLASS, e)
         return None
 
@@ -83,11 +82,8 @@ def ensure_jar() -> Path | None:
 def _build(javac: str, api: Path, jar: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="lakeslot-hadoop-") as build:
         classes = Path(build)
-        result = subprocess.run(
-            [javac, "--release", "8", "-nowarn", "-cp", str(api), "-d", str(classes), str(SOURCE)],
-            capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            raise subprocess.SubprocessError(f"javac exit {result.returncode}: {result.stderr.strip()[-2000:]}")
+        cached_jars.run([javac, "--release", "8", "-nowarn", "-cp", str(api), "-d", str(classes),
+                         str(SOURCE)], f"compiling {SOURCE.name}")
         with cached_jars.atomic_output(jar) as tmp, zipfile.ZipFile(tmp, "w") as out:
             for path in sorted(classes.rglob("*.class")):
                 out.write(path, path.relative_to(classes).as_posix())

@@ -31,8 +31,8 @@ Invariants:
   manifest is read once (immutable too) with pyiceberg's Avro reader through the table's FileIO
   and cached with the key columns: the live data files, pruned key by key by the columns'
   bounds (integer and string keys), and the position-delete files Iceberg would pair with each
-  (committed at or after it, naming it or spanning its path). Equality deletes, deletion vectors and files that
-  are not Parquet are :class:`Unsupported`. Iceberg's Java planning cost a py4j call or three
+  (committed at or after it, naming it or spanning its path). Equality deletes, deletion
+  vectors and files that are not Parquet are :class:`Unsupported`. Iceberg's Java planning cost a py4j call or three
   per data file, and its worker pool's 10 ms polls; commits run on the calling thread for the
   same reason (:func:`direct_executor`).
 
@@ -49,7 +49,7 @@ import os
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,11 +154,12 @@ def _local(location: str) -> str | None:
     return location if location.startswith("/") else None
 
 
-def _open(table, path: str) -> io.RawIOBase | io.BufferedReader:
-    """A readable binary file of the Java Iceberg ``table``'s file ``path``."""
-    if (local := _local(path)) is not None:
+def _open(location: str, files: Callable[[], Any]) -> io.RawIOBase | io.BufferedReader:
+    """The file at ``location``, readable: from local disk, else through the Java ``FileIO``
+    that ``files`` returns (asked only then: a py4j round trip)."""
+    if (local := _local(location)) is not None:
         return open(local, "rb")
-    return _JavaFile(table.io().newInputFile(path))
+    return _JavaFile(files().newInputFile(location))
 
 
 @dataclass(frozen=True)
@@ -289,7 +290,7 @@ class Positions:
     def columns(self, table, path: str, ids: Sequence[int]) -> pa.Table:
         """The columns ``ids`` (field IDs) of the data file ``path`` of the Java Iceberg
         ``table``, named by field ID, every row (NULL for a column the file predates)."""
-        with _open(table, path) as raw:
+        with _open(path, table.io) as raw:
             parquet = pq.ParquetFile(raw)
             names = {int(f.metadata[FIELD_ID]): f.name for f in parquet.schema_arrow
                      if f.metadata and FIELD_ID in f.metadata}
@@ -303,14 +304,14 @@ class Positions:
         deletes only accumulate on a file (a rewrite gives its rows a new file), so a pass
         applies only the delete files new since (a big table's file, deleted from in every
         pass, would otherwise be filtered by every delete file it ever had, every pass)."""
-        rows = self._keys(table, path, ids)
         if not deletes:
-            return rows
+            return self._keys(table, path, ids)
         wanted, known = frozenset(deletes), self._cache.get(path + LIVE)
-        todo = wanted
         if (isinstance(known, _Live) and known.applied <= wanted
                 and {str(i) for i in ids} <= set(known.rows.column_names)):
             rows, todo = known.rows, wanted - known.applied
+        else:
+            rows, todo = self._keys(table, path, ids), wanted
         for delete in todo:
             gone = self._deleted(table, delete)
             gone = gone.filter(pc.equal(gone["file_path"], path))["pos"]
@@ -323,7 +324,7 @@ class Positions:
     def _deleted(self, table, path: str) -> pa.Table:
         cached = self._cache.get(path)
         if cached is None:
-            with _open(table, path) as raw:
+            with _open(path, table.io) as raw:
                 cached = pq.read_table(raw, columns=["file_path", "pos"])
             self._cache.put(path, cached)
         return cached
@@ -437,10 +438,7 @@ class _JavaIO(FileIO):
         self._io = java_io
 
     def new_input(self, location: str) -> InputFile:
-        if (local := _local(location)) is not None:
-            with open(local, "rb") as raw:
-                return _Bytes(location, raw.read())
-        with _JavaFile(self._io.newInputFile(location)) as raw:
+        with _open(location, lambda: self._io) as raw:
             return _Bytes(location, raw.read())
 
     def new_output(self, location: str) -> OutputFile:
