@@ -2,8 +2,9 @@
 table with several data files and delete files accumulating pass after pass: a long-lived
 ``Positions`` (its caches applying only what is new) finds exactly the rows Spark's own scan
 reports (``_file``, ``_pos``: an independent reader), skips the files whose key bounds exclude
-every key, and the table read back by pyiceberg equals the model of every change. Real Spark,
-real Iceberg (hadoop catalog on local disk)."""
+every key, knows the files of the snapshot its own commit made as Iceberg lists them, and the
+table read back by pyiceberg equals the model of every change. Real Spark, real Iceberg (hadoop
+catalog on local disk)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,15 @@ def _found(found: row_delta.Found) -> set[tuple[int, str, int]]:
                    found.rows["pos"].to_pylist(), strict=True))
 
 
+def _listed(files: pa.Table) -> set[tuple]:
+    """A snapshot's live files as Positions plans them, with their key bounds (the one bound
+    every file has; Iceberg keeps the other columns' too)."""
+    return {(f["file_path"], f["content"], f["parquet"], f["sequence"], f["referenced"],
+             dict(f["lower"]).get(KEY[0][0] if f["content"] == 0 else row_delta.FILE_PATH_ID),
+             dict(f["upper"]).get(KEY[0][0] if f["content"] == 0 else row_delta.FILE_PATH_ID))
+            for f in files.to_pylist()}
+
+
 def test_positions_follow_accumulating_deletes_and_skip_files_out_of_range(spark, spark_warehouse):
     spark.sql(f"CREATE NAMESPACE IF NOT EXISTS lakeslot.{NAMESPACE}")
     spark.sql(f"CREATE OR REPLACE TABLE lakeslot.{NAMESPACE}.{NAME} (id bigint NOT NULL, v string, "
@@ -53,10 +63,14 @@ def test_positions_follow_accumulating_deletes_and_skip_files_out_of_range(spark
         keys = sorted({rng.randint(low, min(low + 40, high)) for low, high in chosen for _ in range(5)})
         table = tables.iceberg_table(NAME)
         wanted = pa.table({"1": pa.array(keys, pa.int64())})
+        listing = table.currentSnapshot().manifestListLocation()
+        # the live files of the snapshot its own last commit made: known without reading it
+        assert (positions._cache.get(listing + row_delta.FILES) is not None) == (lsn > 2)
         found = positions.find(table, KEY, wanted)
         assert _found(found) == _spark_rows(spark, keys)
         fresh = row_delta.Positions(jvm)
         assert _found(fresh.find(table, KEY, wanted)) == _found(found)
+        assert _listed(found.files) == _listed(fresh._files(table, listing))
         # only the files whose key bounds hold one of the keys were read (two of the four
         # files of the first rounds; the files the commits wrote span their own keys)
         files = spark.sql(f"SELECT file_path, readable_metrics.id.lower_bound AS low, "
@@ -68,7 +82,7 @@ def test_positions_follow_accumulating_deletes_and_skip_files_out_of_range(spark
             assert (fresh._cache.get(file.file_path) is not None) == holds, (file, keys)
         rows = pa.table([pa.array(keys, pa.int64()), pa.array([f"v{lsn}-{k}" for k in keys]),
                          pa.array([lsn] * len(keys), pa.int64())], schema=SCHEMA)
-        row_delta.commit(jvm, table, positions, found.snapshot, found.deletes(), rows, KEY, lsn, "zstd")
+        row_delta.commit(jvm, table, positions, found, found.deletes(), rows, KEY, lsn, "zstd")
         model.update({k: f"v{lsn}-{k}" for k in keys})
     mirror = load_hadoop_table(spark_warehouse.as_uri(), (NAMESPACE, NAME))
     assert mirror is not None

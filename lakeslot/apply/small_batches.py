@@ -179,7 +179,7 @@ class SmallBatches:
                 CODEC_PROPERTY, "zstd"))).lower()
             if codec not in CODECS:  # (the MERGE fails with Iceberg's own words)
                 raise row_delta.Unsupported(f"compression codec {codec!r} is not one it writes")
-            row_delta.commit(self._jvm, java_table, self.positions, found.snapshot,
+            row_delta.commit(self._jvm, java_table, self.positions, found,
                              found.deletes(keys), new, key, lsn, CODECS[codec])
         except (row_delta.Conflict, row_delta.Unsupported) as e:
             log.info("%s: applied by a MERGE instead of the driver's row delta: %s", table, e)

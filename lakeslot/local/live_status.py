@@ -4,6 +4,12 @@
 
 Invariants:
 
+- The status takes at most :data:`STATUS_SHARE` of the run's time: after a computation that
+  took longer than that share of the tick, the next waits (:meth:`LiveStatus.due`). It reads
+  every mirror's metadata and checks every source table, in the run's own process: with hundreds
+  of tables, computed every tick, it took the apply job's interpreter lock for a tenth of the
+  time and more.
+
 - Showing never stops the pipeline: a tick whose status cannot be computed is logged and keeps
   the last status (and the last metric values; none refreshed for
   :data:`~lakeslot.observability.metrics.MAX_AGE_S` disappear).
@@ -41,6 +47,7 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
 log = logging.getLogger("lakeslot.local")
+STATUS_SHARE = 0.2  # of the run's time, at most, spent computing the live status
 
 
 class LiveStatus:
@@ -55,6 +62,11 @@ class LiveStatus:
         self.last: PostgresIngestionStatus | None = None
         self.gauges: ingestion_metrics.Gauges | None = None
         self.metrics_server: WSGIServer | None = None
+        self._next = 0.0  # (monotonic) when the status may be computed again
+
+    def due(self) -> bool:
+        """Whether the status may be computed now (see :data:`STATUS_SHARE`)."""
+        return time.monotonic() >= self._next
 
     def serve_metrics(self, port: int, host: str) -> None:
         from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -74,11 +86,15 @@ class LiveStatus:
                 apply_seconds: float | None) -> PostgresIngestionStatus | None:
         """The status now, shown and exported; None (the last one kept) when it cannot be
         computed."""
+        started = time.monotonic()
         try:
             self.last = observe.observe(self.local, activity, staged=self.staged)
         except Exception as e:  # noqa: BLE001 - the display must never stop the pipeline
             log.warning("cannot compute the status: %s", st.first_line(e))
             return None
+        finally:
+            took = time.monotonic() - started
+            self._next = started + took / STATUS_SHARE
         self._export(self.last)
         self.display.show(self.last, time.monotonic() - self.started, target,
                           apply_seconds=apply_seconds)

@@ -27,7 +27,8 @@ invariants and failure modes:
   :mod:`lakeslot.control.resnapshot`). A table that leaves keeps its mirror as it was (never
   deleted by lakeslot); its row says ``Removed``.
 - :mod:`.apply_loop`: the apply job, restarted when its tables change or after a transient error.
-- :mod:`.live_status`: the status every supervision tick (every ``Options.interval`` seconds),
+- :mod:`.live_status`: the status every supervision tick (every ``Options.interval`` seconds;
+  less often when computing it takes more than a fifth of that: :data:`.live_status.STATUS_SHARE`),
   shown and, with ``--metrics-port`` (:attr:`Options.metrics_port`), served on ``/metrics``; a port
   that cannot be bound fails the run before anything starts (exit 2).
 
@@ -276,7 +277,8 @@ class _Session:
             self.processes.check_reader()
             if tick is not None:
                 tick()
-            self._refresh()
+            if self.live.due():
+                self._refresh()
             self.stop.wait(self.options.interval)
         self._refresh()
 

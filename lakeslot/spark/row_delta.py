@@ -80,6 +80,7 @@ FILE_PATH_ID, POS_ID = 2147483546, 2147483545  # the position-delete schema's fi
 DELETES = pa.schema([pa.field("file_path", pa.string(), False, {FIELD_ID: str(FILE_PATH_ID)}),
                      pa.field("pos", pa.int64(), False, {FIELD_ID: str(POS_ID)})])
 LIVE = "#live"  # a data file's live rows are cached under its path and this (Positions._live)
+FILES = "#files"  # a snapshot's live files are cached under its manifest list's path and this
 READ_CHUNK = 8 << 20  # bytes per call across py4j when a file is read
 # a manifest entry as the planning reads it: the spec's v2 fields, and the data file's
 # referenced_data_file (pyiceberg's v2 read schema leaves it out)
@@ -205,6 +206,7 @@ class Found:
 
     snapshot: int | None  # None: the table has no snapshot (nothing found)
     rows: pa.Table  # the key columns (named by field ID), file_path and pos of each row found
+    files: pa.Table | None = None  # the snapshot's live files (ENTRIES), when it has one
 
     def deletes(self, keys: pa.Table | None = None) -> pa.Table:
         """DELETES rows of the rows found (of those holding ``keys`` only, when given), in
@@ -256,10 +258,10 @@ class Positions:
                         .append_column("file", pa.array(np.full(len(rows), len(paths), np.int32))))
             paths.append(path)
         if not live:
-            return Found(current.snapshotId(), self._no_rows(keys))
+            return Found(current.snapshotId(), self._no_rows(keys), files)
         hit = pa.concat_tables(live).join(keys, ids, join_type="inner")  # (one join for all)
         return Found(current.snapshotId(), hit.drop_columns(["file"]).append_column(
-            "file_path", pa.array(paths, pa.string()).take(hit["file"])))
+            "file_path", pa.array(paths, pa.string()).take(hit["file"])), files)
 
     @staticmethod
     def _no_rows(keys: pa.Table) -> pa.Table:
@@ -268,7 +270,11 @@ class Positions:
 
     def _files(self, table, listing: str) -> pa.Table:
         """Every live file of the snapshot whose manifest list is ``listing`` (:data:`ENTRIES`):
-        the list read each time, each manifest once (a manifest never changes)."""
+        as this driver's own commit left it (:meth:`committed`), else read, each manifest once
+        (a manifest never changes)."""
+        known = self._cache.get(listing + FILES)
+        if known is not None:
+            return known
         files = _JavaIO(table.io())
         parts = []
         for manifest in read_manifest_list(files.new_input(listing)):
@@ -277,7 +283,28 @@ class Positions:
                 cached = _entries(files, manifest)
                 self._cache.put(manifest.manifest_path, cached)
             parts.append(cached)
-        return pa.concat_tables(parts) if parts else ENTRIES.empty_table()
+        found = pa.concat_tables(parts) if parts else ENTRIES.empty_table()
+        self._cache.put(listing + FILES, found)
+        return found
+
+    def committed(self, table, parent: Found, added: pa.Table, lsn: int) -> None:
+        """After a commit of the files ``added`` (:data:`ENTRIES`, sequence numbers unset) at
+        ``lsn``, validated from ``parent``'s snapshot: the live files of the snapshot it made
+        are the parent's and these, known without reading its manifests — when the table's
+        current snapshot is that commit's (its parent and ``lakeslot.lsn``) and its totals of
+        data and delete files agree. A ``RowDelta`` removes no file."""
+        current = table.currentSnapshot()
+        if parent.files is None or current is None or current.parentId() != parent.snapshot:
+            return  # (retried onto another writer's commit: its files are read when needed)
+        summary = current.summary()
+        files = pa.concat_tables([parent.files, added.set_column(
+            added.column_names.index("sequence"), "sequence",
+            pa.array(np.full(len(added), current.sequenceNumber()), pa.int64()))])
+        data = pc.sum(pc.equal(files["content"], DataFileContent.DATA.value)).as_py() or 0
+        if (summary.get(LSN_PROPERTY) == str(lsn)
+                and summary.get("total-data-files") == str(data)
+                and summary.get("total-delete-files") == str(len(files) - data)):
+            self._cache.put(current.manifestListLocation() + FILES, files)
 
     def _keys(self, table, path: str, ids: Sequence[int]) -> pa.Table:
         cached = self._cache.get(path)
@@ -466,19 +493,20 @@ class _Bytes(InputFile):
 
 
 
-def commit(jvm, table, positions: Positions, snapshot: int | None, deletes: pa.Table,
+def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
            rows: pa.Table | None, key: Sequence[tuple[int, str]], lsn: int,
            compression: str) -> None:
     """Commit ``rows`` (the table's columns, Iceberg's Arrow types and field IDs; None or empty:
     none) and the position ``deletes`` (:data:`DELETES`, in order) to the Java Iceberg ``table``
-    as one ``RowDelta`` tagged ``lakeslot.lsn = lsn``, validated from ``snapshot``, where the
-    deleted rows were found (:class:`Conflict` if another commit since removed a file it deletes
-    from or added deletes). ``key``: (field ID, name) of the key columns."""
+    as one ``RowDelta`` tagged ``lakeslot.lsn = lsn``, validated from the snapshot where the
+    deleted rows were ``found`` (:class:`Conflict` if another commit since removed a file it
+    deletes from or added deletes). ``key``: (field ID, name) of the key columns."""
     spec, io_, location = table.spec(), table.io(), table.locationProvider()
     name = f"delta-{lsn:016x}-{uuid.uuid4().hex}"  # (the snapshot's workers write lakeslot-…)
     delta = table.newRowDelta().scanManifestsWith(positions.direct)
-    if snapshot is not None:
-        delta = delta.validateFromSnapshot(snapshot).validateNoConflictingDeleteFiles()
+    if found.snapshot is not None:
+        delta = delta.validateFromSnapshot(found.snapshot).validateNoConflictingDeleteFiles()
+    added: list[dict] = []  # (ENTRIES rows of the files the commit adds)
     if rows is not None and len(rows):
         path = location.newDataLocation(f"{name}.parquet")
         written = _write(io_, path, rows, compression)
@@ -486,8 +514,9 @@ def commit(jvm, table, positions: Positions, snapshot: int | None, deletes: pa.T
         delta = delta.addRows(java(jvm, "org.apache.iceberg.DataFiles.builder")(spec).withPath(path)
                               .withFormat("PARQUET").withFileSizeInBytes(len(written))
                               .withMetrics(metrics).build())
-        positions.remember(path, pa.table({str(i): rows[n] for i, n in key}).append_column(
-            "pos", pa.array(range(len(rows)), pa.int64())))
+        keys = pa.table({str(i): rows[n] for i, n in key})
+        positions.remember(path, keys.append_column("pos", pa.array(range(len(rows)), pa.int64())))
+        added.append(_entry(path, DataFileContent.DATA, None, keys))
     files = pc.unique(deletes["file_path"]).to_pylist()
     for number, data_file in enumerate(files):  # one delete file per data file (file-scoped:
         # a scan pairs it with that file only, where a delete file spanning several is read
@@ -503,6 +532,7 @@ def commit(jvm, table, positions: Positions, snapshot: int | None, deletes: pa.T
             .withMetrics(metrics)
             .withReferencedDataFile(data_file).build())
         positions.remember(path, mine)
+        added.append(_entry(path, DataFileContent.POSITION_DELETES, data_file))
     if files:
         delta = delta.validateDataFilesExist(java(jvm, "java.util.ArrayList")(files))
     try:
@@ -512,6 +542,31 @@ def commit(jvm, table, positions: Positions, snapshot: int | None, deletes: pa.T
         if kind.endswith("ValidationException"):
             raise Conflict(str(e.java_exception.getMessage())) from None
         raise
+    positions.committed(table, found, pa.Table.from_pylist(added, schema=ENTRIES), lsn)
+
+
+def _entry(path: str, content: DataFileContent, referenced: str | None,
+           keys: pa.Table | None = None) -> dict:
+    """The :data:`ENTRIES` row of a file a commit adds (its sequence number set later): the
+    bounds of ``keys`` (columns named by field ID; integer and string ones, as Iceberg
+    serializes them: :func:`_may_hold`), or of a delete file's one ``referenced`` data file."""
+    lower: list[tuple[int, bytes]] = []
+    upper: list[tuple[int, bytes]] = []
+    if referenced is not None:
+        lower = upper = [(FILE_PATH_ID, referenced.encode())]
+    for name, column in zip(keys.column_names, keys.columns) if keys is not None else ():
+        if not len(column) or column.null_count:
+            continue
+        low, high = pc.min_max(column).values()
+        if pa.types.is_integer(column.type):
+            width = column.type.bit_width // 8
+            lower.append((int(name), low.as_py().to_bytes(width, "little", signed=True)))
+            upper.append((int(name), high.as_py().to_bytes(width, "little", signed=True)))
+        elif pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            lower.append((int(name), low.as_py().encode()))
+            upper.append((int(name), high.as_py().encode()))
+    return {"file_path": path, "content": content.value, "parquet": True, "sequence": None,
+            "referenced": referenced, "lower": lower, "upper": upper}
 
 
 def _write(io_, path: str, rows: pa.Table, compression: str) -> bytes:
