@@ -51,6 +51,19 @@ RUN set -eux; \
     echo "$(curl -fsSL "${url}.sha1")  ${jar}" | sha1sum -c -; \
     echo "${POSTGRES_JDBC_SHA256}  ${jar}" | sha256sum -c -
 
+# lakeslot's Java helpers (lakeslot/spark/java: the row delta's RowDeltas, the local file
+# system), compiled against the Iceberg jars above and Spark's own, as lakeslot/spark/helpers.py
+# compiles them where a JDK is; the image itself has only the runtime.
+FROM ${PYTHON_IMAGE} AS helpers
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openjdk-17-jdk-headless \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=iceberg /jars/ /jars/
+COPY --from=spark /opt/spark/jars/ /spark-jars/
+COPY lakeslot/spark/java /java
+RUN javac --release 11 -nowarn -cp "/jars/*:/spark-jars/*" -d /classes /java/*.java \
+ && jar cf /lakeslot-helpers.jar -C /classes .
+
 FROM ${PYTHON_IMAGE}
 ARG SPARK_VERSION
 RUN apt-get update \
@@ -64,10 +77,12 @@ COPY operator /src/operator
 COPY spark_jobs /src/spark_jobs
 RUN pip install --no-cache-dir /src "pyspark==${SPARK_VERSION}" && rm -rf /src
 
-# SPARK_HOME is pyspark's distribution (bin/, jars/); Iceberg and the JDBC driver join its class path.
+# SPARK_HOME is pyspark's distribution (bin/, jars/); Iceberg, the JDBC driver and lakeslot's
+# helpers join its class path.
 ENV SPARK_HOME=/opt/spark
 RUN ln -s "$(python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')" "${SPARK_HOME}"
 COPY --from=iceberg /jars/ /tmp/jars/
+COPY --from=helpers /lakeslot-helpers.jar /tmp/jars/
 RUN mv /tmp/jars/*.jar "${SPARK_HOME}/jars/" && rmdir /tmp/jars
 COPY --from=spark /opt/entrypoint.sh /opt/decom.sh /opt/
 

@@ -135,9 +135,24 @@ def test_nothing_it_copies_is_ignored_and_no_credential_is_baked_in():
     ignored = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")]
     sources = {s for c in instructions("COPY") if not c.startswith("--") for s in c.split()[:-1]}
-    assert sources == {"pyproject.toml", "README.md", "lakeslot", "operator", "spark_jobs"}
+    assert sources == {"pyproject.toml", "README.md", "lakeslot", "operator", "spark_jobs",
+                       "lakeslot/spark/java"}
     for source in sources:
         assert (ROOT / source).exists()
         assert not any(fnmatch.fnmatch(source, pattern) for pattern in ignored), source
     names = [re.split(r"[= ]", a, maxsplit=1)[0] for a in instructions("ARG") + instructions("ENV")]
     assert not [n for n in names if re.search(r"PASSWORD|SECRET|TOKEN|CREDENTIAL|KEY", n, re.I)]
+
+
+def test_it_compiles_the_java_helpers_the_code_compiles_and_puts_them_on_sparks_class_path():
+    """The image has no JDK at run time: its helpers stage compiles lakeslot/spark/java as
+    lakeslot.spark.helpers does where a JDK is (same sources, same release), and the jar joins
+    Spark's jars (where Iceberg's are: RowDeltas must see them)."""
+    from lakeslot.spark import helpers
+
+    (javac,) = [r for r in instructions("RUN") if r.startswith("javac ")]
+    assert f"--release {helpers.RELEASE} " in javac
+    assert "COPY lakeslot/spark/java /java" in DOCKERFILE and "/java/*.java" in javac
+    assert {s.parent for s in helpers.SOURCES} == {ROOT / "lakeslot/spark/java"}
+    assert "COPY --from=helpers /lakeslot-helpers.jar /tmp/jars/" in FINAL_STAGE
+    assert 'mv /tmp/jars/*.jar "${SPARK_HOME}/jars/"' in " ".join(instructions("RUN", FINAL_STAGE))

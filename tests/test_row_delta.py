@@ -55,7 +55,7 @@ def test_positions_follow_accumulating_deletes_and_skip_files_out_of_range(spark
     model = {i: str(i) for i in range(1, 1001)}
     tables = Tables(spark, "lakeslot", NAMESPACE)
     jvm = spark._jvm
-    positions = row_delta.Positions(jvm)
+    positions = row_delta.Positions()
     rng = random.Random(7)
     for lsn in range(2, 14):
         # keys from two of the four ranges, some again across rounds (deletes pile up on a file)
@@ -63,13 +63,15 @@ def test_positions_follow_accumulating_deletes_and_skip_files_out_of_range(spark
         keys = sorted({rng.randint(low, min(low + 40, high)) for low, high in chosen for _ in range(5)})
         table = tables.iceberg_table(NAME)
         wanted = pa.table({"1": pa.array(keys, pa.int64())})
+        described = row_delta.describe(jvm, table)
         listing = table.currentSnapshot().manifestListLocation()
+        assert (described.snapshot, described.listing) == (table.currentSnapshot().snapshotId(), listing)
         # the live files of the snapshot its own last commit made: known without reading it
         assert (positions._cache.get(listing + row_delta.FILES) is not None) == (lsn > 2)
-        found = positions.find(table, KEY, wanted)
+        found = positions.find(table, described, KEY, wanted)
         assert _found(found) == _spark_rows(spark, keys)
-        fresh = row_delta.Positions(jvm)
-        assert _found(fresh.find(table, KEY, wanted)) == _found(found)
+        fresh = row_delta.Positions()
+        assert _found(fresh.find(table, described, KEY, wanted)) == _found(found)
         assert _listed(found.files) == _listed(fresh._files(table, listing))
         # only the files whose key bounds hold one of the keys were read (two of the four
         # files of the first rounds; the files the commits wrote span their own keys)

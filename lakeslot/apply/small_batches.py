@@ -124,7 +124,12 @@ class SmallBatches:
 
     def __init__(self, spark) -> None:
         self._jvm = spark._jvm
-        self.positions = row_delta.Positions(self._jvm)
+        self.positions = row_delta.Positions()
+        # without lakeslot's RowDeltas in the JVM (no JDK to build it), small batches take the MERGE
+        self.available = row_delta.available(self._jvm)
+        if not self.available:
+            log.info("small batches are applied by MERGEs: the JVM has no lakeslot RowDeltas "
+                     "(lakeslot.spark.helpers builds it where a JDK is)")
         # Iceberg's Spark writes take the session's codec before the table's (sparkConf)
         self._session_codec: str | None = spark.conf.get(SESSION_CODEC, None)
 
@@ -157,7 +162,8 @@ class SmallBatches:
                 wanted = pa.concat_tables([keys, sources]).group_by(keys.column_names).aggregate([])
             else:
                 keeping, wanted = None, keys
-            found = self.positions.find(java_table, key, wanted)
+            described = row_delta.describe(self._jvm, java_table, [CODEC_PROPERTY])
+            found = self.positions.find(java_table, described, key, wanted)
             if keeping is not None:
                 resolved = self._resolve(java_table, typed, keeping, found, key,
                                          [(i, ids[names[i]]) for i in kept])
@@ -175,8 +181,8 @@ class SmallBatches:
                     column = pa.nulls(len(changed), field.type)
                 columns.append(column.cast(field.type))
             new = pa.Table.from_arrays(columns, schema=arrow)
-            codec = (self._session_codec or str(java_table.properties().getOrDefault(
-                CODEC_PROPERTY, "zstd"))).lower()
+            codec = (self._session_codec or described.properties[CODEC_PROPERTY]
+                     or "zstd").lower()
             if codec not in CODECS:  # (the MERGE fails with Iceberg's own words)
                 raise row_delta.Unsupported(f"compression codec {codec!r} is not one it writes")
             row_delta.commit(self._jvm, java_table, self.positions, found,

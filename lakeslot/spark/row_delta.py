@@ -17,24 +17,30 @@ Invariants:
   data file's live rows are kept with the delete files applied to them, so a pass applies only
   the delete files new since (deletes only accumulate on a data file).
 - Files are written through the table's own ``FileIO`` (the credentials and storage Spark's
-  catalog uses), Parquet with Iceberg's field IDs, their metrics computed by Iceberg itself from
-  the footer just written (not read back). On local disk (``file:`` or a plain path) Python reads
-  and writes them itself (:func:`_local`): every byte through py4j cost more than the file's
-  use (a 10 KB manifest ≈ 20 ms while the pass's threads share the cores). A file written by
-  a commit that then fails is an orphan (maintenance's orphan-file removal deletes it); it is
-  never referenced.
+  catalog uses), Parquet with Iceberg's field IDs. On local disk (``file:`` or a plain path)
+  Python reads and writes them itself (:func:`_local`): every byte through py4j cost more than
+  the file's use (a 10 KB manifest ≈ 20 ms while the pass's threads share the cores). A file
+  written by a commit that then fails is an orphan (maintenance's orphan-file removal deletes
+  it); it is never referenced.
+- **The Java side is three calls** of lakeslot's ``RowDeltas`` (:mod:`lakeslot.spark.helpers`,
+  ``java/RowDeltas.java``): the table's facts (:func:`describe`), the new files' locations, and
+  the commit with the files' metrics computed by Iceberg from their footers (not read back),
+  JSON in and out. Done call by call from Python, a row delta took about forty py4j round trips
+  and as many again to release their results' proxies. A JVM without the class
+  (:func:`available`) is the caller's to handle: it applies the batch another way.
 - Format v2 position deletes, one delete file per data file it deletes from (file-scoped,
   ``referencedDataFile`` set: a scan pairs it with that file only). A table with equality
   deletes, or partitioned, is not handled here (:class:`Unsupported`: the caller uses its
   MERGE).
-- **Planning** reads only what is new. The snapshot's manifest list is read each time; each
-  manifest is read once (immutable too) with pyiceberg's Avro reader through the table's FileIO
-  and cached with the key columns: the live data files, pruned key by key by the columns'
-  bounds (integer and string keys), and the position-delete files Iceberg would pair with each
-  (committed at or after it, naming it or spanning its path). Equality deletes, deletion
-  vectors and files that are not Parquet are :class:`Unsupported`. Iceberg's Java planning cost a py4j call or three
-  per data file, and its worker pool's 10 ms polls; commits run on the calling thread for the
-  same reason (:func:`direct_executor`).
+- **Planning** reads only what is new. The live files of the snapshot this driver's own commit
+  made are known from the commit (:meth:`Positions.committed`); otherwise the snapshot's
+  manifest list is read, and each manifest once (immutable too) with pyiceberg's Avro reader
+  through the table's FileIO, cached with the key columns: the live data files, pruned key by
+  key by the columns' bounds (integer and string keys), and the position-delete files Iceberg
+  would pair with each (committed at or after it, naming it or spanning its path). Equality
+  deletes, deletion vectors and files that are not Parquet are :class:`Unsupported`. Iceberg's
+  Java planning cost a py4j call or three per data file, and its worker pool's 10 ms polls
+  (the commit scans manifests on the calling thread for the same reason).
 
 Failure modes: :class:`Conflict` (validation failed: retry another way), :class:`Unsupported`
 (before anything is written); any other error is storage's or the catalog's (transient, or the
@@ -45,6 +51,7 @@ from __future__ import annotations
 
 import bisect
 import io
+import json
 import os
 import threading
 import uuid
@@ -57,6 +64,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from py4j.java_gateway import JavaClass
 from py4j.protocol import Py4JJavaError
 from pyiceberg.avro.file import AvroFile
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
@@ -72,6 +80,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import NestedField, StringType, StructType
 
 from lakeslot.mirror.contract import LSN_PROPERTY
+from lakeslot.spark.helpers import ROW_DELTAS
 from lakeslot.spark.jvm import java
 
 CACHE_BYTES = 256 << 20  # key columns and position deletes held in the driver, at most
@@ -223,22 +232,20 @@ class Positions:
     apply job: the cache outlives passes). Columns are named by their Iceberg field IDs, which
     survive renames (a file keeps the name a column had when it was written)."""
 
-    def __init__(self, jvm, budget: int = CACHE_BYTES) -> None:
-        self._jvm = jvm
+    def __init__(self, budget: int = CACHE_BYTES) -> None:
         self._cache = _Cache(budget)
-        self.direct = direct_executor(jvm)
 
-    def find(self, table, key: Sequence[tuple[int, str]], keys: pa.Table) -> Found:
-        """The live rows of the Java Iceberg ``table`` (as loaded) whose key columns — ``key``:
-        (field ID, current name) — hold one of ``keys`` (distinct; columns named by field ID),
-        at its current snapshot."""
+    def find(self, table, described: Described, key: Sequence[tuple[int, str]],
+             keys: pa.Table) -> Found:
+        """The live rows of the Java Iceberg ``table`` (as loaded, and as ``described``) whose
+        key columns — ``key``: (field ID, current name) — hold one of ``keys`` (distinct;
+        columns named by field ID), at its current snapshot."""
         ids = [str(i) for i, _ in key]
-        current = table.currentSnapshot()
-        if current is None:
+        if described.snapshot is None or described.listing is None:
             return Found(None, self._no_rows(keys))
-        if not table.spec().isUnpartitioned():
+        if not described.unpartitioned:
             raise Unsupported("the table is partitioned")
-        files = self._files(table, current.manifestListLocation())
+        files = self._files(table, described.listing)
         if not pc.all(files["parquet"], min_count=0).as_py():  # (an empty table: all of none)
             raise Unsupported("the table has files that are not Parquet (or deletion vectors)")
         if pc.any(pc.equal(files["content"], DataFileContent.EQUALITY_DELETES.value),
@@ -258,9 +265,9 @@ class Positions:
                         .append_column("file", pa.array(np.full(len(rows), len(paths), np.int32))))
             paths.append(path)
         if not live:
-            return Found(current.snapshotId(), self._no_rows(keys), files)
+            return Found(described.snapshot, self._no_rows(keys), files)
         hit = pa.concat_tables(live).join(keys, ids, join_type="inner")  # (one join for all)
-        return Found(current.snapshotId(), hit.drop_columns(["file"]).append_column(
+        return Found(described.snapshot, hit.drop_columns(["file"]).append_column(
             "file_path", pa.array(paths, pa.string()).take(hit["file"])), files)
 
     @staticmethod
@@ -287,24 +294,24 @@ class Positions:
         self._cache.put(listing + FILES, found)
         return found
 
-    def committed(self, table, parent: Found, added: pa.Table, lsn: int) -> None:
+    def committed(self, parent: Found, added: pa.Table, lsn: int, current: dict) -> None:
         """After a commit of the files ``added`` (:data:`ENTRIES`, sequence numbers unset) at
         ``lsn``, validated from ``parent``'s snapshot: the live files of the snapshot it made
         are the parent's and these, known without reading its manifests — when the table's
-        current snapshot is that commit's (its parent and ``lakeslot.lsn``) and its totals of
-        data and delete files agree. A ``RowDelta`` removes no file."""
-        current = table.currentSnapshot()
-        if parent.files is None or current is None or current.parentId() != parent.snapshot:
+        ``current`` snapshot (``RowDeltas.commit``'s answer) is that commit's (its parent and
+        ``lakeslot.lsn``) and its totals of data and delete files agree. A ``RowDelta`` removes
+        no file."""
+        if parent.files is None or current["parent"] != parent.snapshot:
             return  # (retried onto another writer's commit: its files are read when needed)
-        summary = current.summary()
+        summary = current["summary"]
         files = pa.concat_tables([parent.files, added.set_column(
             added.column_names.index("sequence"), "sequence",
-            pa.array(np.full(len(added), current.sequenceNumber()), pa.int64()))])
+            pa.array(np.full(len(added), current["sequence"]), pa.int64()))])
         data = pc.sum(pc.equal(files["content"], DataFileContent.DATA.value)).as_py() or 0
         if (summary.get(LSN_PROPERTY) == str(lsn)
                 and summary.get("total-data-files") == str(data)
                 and summary.get("total-delete-files") == str(len(files) - data)):
-            self._cache.put(current.manifestListLocation() + FILES, files)
+            self._cache.put(current["manifest_list"] + FILES, files)
 
     def _keys(self, table, path: str, ids: Sequence[int]) -> pa.Table:
         cached = self._cache.get(path)
@@ -360,14 +367,6 @@ class Positions:
         """A file this driver just wrote (its key columns named by field ID and ``pos``, or
         DELETES' rows)."""
         self._cache.put(path, content)
-
-
-def direct_executor(jvm):
-    """A Java executor that runs each task on the thread that submits it. Iceberg waits for its
-    worker pool's tasks by polling every 10 ms: a small scan or commit spent more time asleep in
-    those polls than working (measured: 13 s of 62 over 160 small commits)."""
-    return java(jvm, "org.apache.iceberg.relocated.com.google.common.util.concurrent"
-                     ".MoreExecutors.newDirectExecutorService")()
 
 
 def _cast_like(table: pa.Table, like: pa.Table) -> pa.Table:
@@ -493,6 +492,29 @@ class _Bytes(InputFile):
 
 
 
+@dataclass(frozen=True)
+class Described:
+    """What a row delta needs to know of a table (:func:`describe`)."""
+
+    snapshot: int | None  # its current snapshot (None: it has none)
+    listing: str | None  # that snapshot's manifest list
+    unpartitioned: bool
+    properties: dict[str, str | None]  # the table properties asked for (None: unset)
+
+
+def available(jvm) -> bool:
+    """Whether the JVM has lakeslot's ``RowDeltas`` (:mod:`lakeslot.spark.helpers`): without it,
+    the caller applies small batches another way."""
+    return isinstance(java(jvm, ROW_DELTAS), JavaClass)
+
+
+def describe(jvm, table, properties: Sequence[str] = ()) -> Described:
+    """The Java Iceberg ``table``'s current snapshot, spec and ``properties``, in one call."""
+    answer = json.loads(java(jvm, f"{ROW_DELTAS}.describe")(table, json.dumps(list(properties))))
+    return Described(answer["snapshot"], answer["manifest_list"], answer["unpartitioned"],
+                     answer["properties"])
+
+
 def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
            rows: pa.Table | None, key: Sequence[tuple[int, str]], lsn: int,
            compression: str) -> None:
@@ -500,49 +522,47 @@ def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
     none) and the position ``deletes`` (:data:`DELETES`, in order) to the Java Iceberg ``table``
     as one ``RowDelta`` tagged ``lakeslot.lsn = lsn``, validated from the snapshot where the
     deleted rows were ``found`` (:class:`Conflict` if another commit since removed a file it
-    deletes from or added deletes). ``key``: (field ID, name) of the key columns."""
-    spec, io_, location = table.spec(), table.io(), table.locationProvider()
+    deletes from or added deletes). ``key``: (field ID, name) of the key columns. The files are
+    written here; their metrics and the commit are ``RowDeltas.commit``'s, in one call."""
     name = f"delta-{lsn:016x}-{uuid.uuid4().hex}"  # (the snapshot's workers write lakeslot-…)
-    delta = table.newRowDelta().scanManifestsWith(positions.direct)
-    if found.snapshot is not None:
-        delta = delta.validateFromSnapshot(found.snapshot).validateNoConflictingDeleteFiles()
-    added: list[dict] = []  # (ENTRIES rows of the files the commit adds)
+    targets = pc.unique(deletes["file_path"]).to_pylist()  # the data files it deletes from
+    contents: list[tuple[pa.Table, str | None]] = []  # (what each file holds, its data file)
     if rows is not None and len(rows):
-        path = location.newDataLocation(f"{name}.parquet")
-        written = _write(io_, path, rows, compression)
-        metrics = _metrics(jvm, written, java(jvm, "org.apache.iceberg.MetricsConfig.forTable")(table))
-        delta = delta.addRows(java(jvm, "org.apache.iceberg.DataFiles.builder")(spec).withPath(path)
-                              .withFormat("PARQUET").withFileSizeInBytes(len(written))
-                              .withMetrics(metrics).build())
-        keys = pa.table({str(i): rows[n] for i, n in key})
-        positions.remember(path, keys.append_column("pos", pa.array(range(len(rows)), pa.int64())))
-        added.append(_entry(path, DataFileContent.DATA, None, keys))
-    files = pc.unique(deletes["file_path"]).to_pylist()
-    for number, data_file in enumerate(files):  # one delete file per data file (file-scoped:
-        # a scan pairs it with that file only, where a delete file spanning several is read
-        # with every data file whose path sorts between them)
-        mine = deletes.filter(pc.equal(deletes["file_path"], data_file))
-        path = location.newDataLocation(f"{name}-{number}-deletes.parquet")
-        written = _write(io_, path, mine, compression)
-        metrics = _metrics(jvm, written,
-                           java(jvm, "org.apache.iceberg.MetricsConfig.forPositionDelete")(table))
-        delta = delta.addDeletes(
-            java(jvm, "org.apache.iceberg.FileMetadata.deleteFileBuilder")(spec).ofPositionDeletes()
-            .withPath(path).withFormat("PARQUET").withFileSizeInBytes(len(written))
-            .withMetrics(metrics)
-            .withReferencedDataFile(data_file).build())
-        positions.remember(path, mine)
-        added.append(_entry(path, DataFileContent.POSITION_DELETES, data_file))
-    if files:
-        delta = delta.validateDataFilesExist(java(jvm, "java.util.ArrayList")(files))
+        contents.append((rows, None))
+    for data_file in targets:  # one delete file per data file (file-scoped: a scan pairs it
+        # with that file only, where a delete file spanning several is read with every data
+        # file whose path sorts between them)
+        contents.append((deletes.filter(pc.equal(deletes["file_path"], data_file)), data_file))
+    names = [f"{name}-{number}-deletes.parquet" if referenced is not None else f"{name}.parquet"
+             for number, (_, referenced) in enumerate(contents)]
+    paths = json.loads(java(jvm, f"{ROW_DELTAS}.locations")(table, json.dumps(names)))
+    files, footers, added = [], [], []
+    writer: Callable[[], Any] = table.io
+    for path, (content, referenced) in zip(paths, contents, strict=True):
+        written = _write(writer, path, content, compression)
+        footer = written[-8 - int.from_bytes(written[-8:-4], "little"):-8]
+        files.append({"path": path, "size": len(written), "footer": len(footer),
+                      "referenced": referenced})
+        footers.append(footer)
+        if referenced is None:
+            keys = pa.table({str(i): content[n] for i, n in key})
+            positions.remember(path, keys.append_column(
+                "pos", pa.array(range(len(content)), pa.int64())))
+            added.append(_entry(path, DataFileContent.DATA, None, keys))
+        else:
+            positions.remember(path, content)
+            added.append(_entry(path, DataFileContent.POSITION_DELETES, referenced))
+    request = {"from": found.snapshot, "property": LSN_PROPERTY, "value": str(lsn), "files": files}
     try:
-        delta.set(LSN_PROPERTY, str(lsn)).commit()
+        answer = java(jvm, f"{ROW_DELTAS}.commit")(table, json.dumps(request),
+                                                   bytearray(b"".join(footers)))
     except Py4JJavaError as e:
         kind = e.java_exception.getClass().getName()
         if kind.endswith("ValidationException"):
             raise Conflict(str(e.java_exception.getMessage())) from None
         raise
-    positions.committed(table, found, pa.Table.from_pylist(added, schema=ENTRIES), lsn)
+    positions.committed(found, pa.Table.from_pylist(added, schema=ENTRIES), lsn,
+                        json.loads(answer))
 
 
 def _entry(path: str, content: DataFileContent, referenced: str | None,
@@ -554,7 +574,7 @@ def _entry(path: str, content: DataFileContent, referenced: str | None,
     upper: list[tuple[int, bytes]] = []
     if referenced is not None:
         lower = upper = [(FILE_PATH_ID, referenced.encode())]
-    for name, column in zip(keys.column_names, keys.columns) if keys is not None else ():
+    for name, column in zip(keys.column_names, keys.columns, strict=True) if keys is not None else ():
         if not len(column) or column.null_count:
             continue
         low, high = pc.min_max(column).values()
@@ -569,8 +589,9 @@ def _entry(path: str, content: DataFileContent, referenced: str | None,
             "referenced": referenced, "lower": lower, "upper": upper}
 
 
-def _write(io_, path: str, rows: pa.Table, compression: str) -> bytes:
-    """Write ``rows`` as a Parquet file at ``path``; returns the file's bytes."""
+def _write(files: Callable[[], Any], path: str, rows: pa.Table, compression: str) -> bytes:
+    """Write ``rows`` as a Parquet file at ``path`` (on local disk itself, else through the
+    Java ``FileIO`` that ``files`` returns); returns the file's bytes."""
     sink = io.BytesIO()
     pq.write_table(rows, sink, compression=compression)
     data = sink.getvalue()
@@ -579,22 +600,9 @@ def _write(io_, path: str, rows: pa.Table, compression: str) -> bytes:
         with open(local, "xb") as file:
             file.write(data)
         return data
-    out = io_.newOutputFile(path).create()
+    out = files().newOutputFile(path).create()
     try:
         out.write(bytearray(data))
     finally:
         out.close()
     return data
-
-
-def _metrics(jvm, data: bytes, config):
-    """Iceberg's metrics of the Parquet file ``data``, computed by Iceberg from its footer (what
-    ``ParquetUtil.fileMetrics`` does after reading the footer back, which also builds a Hadoop
-    configuration each time: ≈ 10 ms a file)."""
-    length = int.from_bytes(data[-8:-4], "little")
-    converter = "org.apache.iceberg.shaded.org.apache.parquet.format.converter.ParquetMetadataConverter"
-    footer = java(jvm, f"{converter}()").readParquetMetadata(
-        java(jvm, "java.io.ByteArrayInputStream")(bytearray(data[-8 - length:-8])),
-        java(jvm, f"{converter}.NO_FILTER"))
-    return java(jvm, "org.apache.iceberg.parquet.ParquetUtil.footerMetrics")(
-        footer, java(jvm, "java.util.stream.Stream.empty")(), config)

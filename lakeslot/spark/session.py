@@ -10,8 +10,9 @@ Invariants:
   running session is written there in clear when ``spark.eventLog.enabled``.
 - ``build_session`` adds the local-mode settings and the jars from ``iceberg_jars.ensure_jars()``
   (``spark.jars``; the JDBC driver also on the driver's system class path, where
-  ``DriverManager`` finds it whichever thread uses it first) and, where it can be built, the
-  local file system that does not spawn ``chmod`` per file (:mod:`lakeslot.spark.local_files`).
+  ``DriverManager`` finds it whichever thread uses it first) and, where they can be built,
+  lakeslot's Java helpers (:mod:`lakeslot.spark.helpers`): the local file system that does not
+  spawn ``chmod`` per file, the row delta's commit.
   It must create the process's SparkSession: like ``getOrCreate`` it would reuse a running one,
   on which the static settings (jars, extensions, JVM options) no longer take effect.
 - py4j's replies are not held back (:func:`no_delay`): every thread that talks to the JVM goes
@@ -42,8 +43,8 @@ from pyspark.sql import SparkSession
 
 from lakeslot.api.models import CatalogSpec
 from lakeslot.mirror import catalog as catalogs
+from lakeslot.spark import helpers
 from lakeslot.spark import jars as iceberg_jars
-from lakeslot.spark import local_files
 from lakeslot.spark.conf import iceberg_conf
 
 if TYPE_CHECKING:
@@ -68,19 +69,21 @@ def build_session(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     jars = iceberg_jars.ensure_jars()
-    local_fs = None if local_files.FS_IMPL in (extra_conf or {}) else local_files.ensure_jar()
+    built = helpers.ensure_built()
+    if built is not None:
+        jars = [*jars, built.iceberg]
     conf = {
         **iceberg_conf(spec, jars=jars),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",
         "spark.driver.memory": "1g",
-        **({local_files.FS_IMPL: local_files.CLASS} if local_fs else {}),
+        **({helpers.FS_IMPL: helpers.FS_CLASS} if built else {}),
         **(extra_conf or {}),
     }
-    # the JDBC driver (jars.system_class_path says why) and the local file system (Hadoop loads
-    # it from there) on the system class path, after what ``extra_conf`` puts there
-    if system_jars := [*iceberg_jars.system_class_path(jars), *filter(None, [local_fs])]:
+    # the JDBC driver (jars.system_class_path says why) and the helpers (Hadoop loads the file
+    # system from there) on the system class path, after what ``extra_conf`` puts there
+    if system_jars := [*iceberg_jars.system_class_path(jars), *([built.hadoop] if built else [])]:
         conf[CLASS_PATH] = os.pathsep.join([*filter(None, [conf.get(CLASS_PATH)]), *map(str, system_jars)])
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in conf.items():

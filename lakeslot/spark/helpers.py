@@ -1,0 +1,115 @@
+"""lakeslot's Java helpers (``java/*.java``), compiled where a JDK is and put on the driver's
+class path: the two places where Python talking to Spark's JVM cost more than the work.
+
+- ``lakeslot.hadoop.LocalFileSystem`` (:data:`FS_CLASS`, ``java/LocalFileSystem.java``): local
+  disk without a process per file. Without Hadoop's native library (libhadoop: neither pip nor
+  Debian ships it), Hadoop's local file system sets the permission of every file and directory
+  it creates by spawning ``chmod`` — twice per file, with its checksum file (measured here: ≈ 6 ms
+  a spawn, 14 spawns in a small Iceberg row delta). This is Hadoop's own ``LocalFileSystem``
+  (checksum files included) over a raw layer that sets the same permission bits through
+  ``java.nio``: the same files with the same modes, no processes.
+- ``lakeslot.iceberg.RowDeltas`` (:data:`ROW_DELTAS`, ``java/RowDeltas.java``): the Java half of
+  the driver's row delta (:mod:`lakeslot.spark.row_delta`) — a table's facts, new files'
+  locations and the commit, one py4j call each instead of about forty.
+
+Guarantees:
+
+- :func:`ensure_built` compiles the sources with ``javac`` against pyspark's Hadoop client jar and
+  the Iceberg jars sessions load (:func:`lakeslot.spark.jars.ensure_jars`), once per (sources,
+  those jars): the jar's name carries their hash, so an upgrade or an edited source builds anew.
+  It is written under a temporary name and renamed into place when complete, under the jar
+  cache's lock (:mod:`lakeslot.spark.jars`).
+- They are two jars (:class:`Built`), for two class loaders. Sessions built by
+  :func:`lakeslot.spark.session.build_session` put the Hadoop one on the driver's system class
+  path (Hadoop loads ``fs.file.impl`` from there) and name :data:`FS_CLASS` in :data:`FS_IMPL`,
+  unless their conf names its own ``spark.hadoop.fs.file.impl``; the Iceberg one goes with
+  Iceberg's jars (``spark.jars``: a class on the system class path cannot see them). The
+  container image compiles the same sources into Spark's jars (the Dockerfile's ``helpers``
+  stage): Spark jobs on Kubernetes have ``RowDeltas``; their warehouse and staging are on object
+  storage, where the local file system plays no part.
+
+Failure modes: no ``javac`` (a Java runtime without the JDK) or a failed compile:
+:func:`ensure_built` returns ``None`` and says why once in the log (at info level for a missing
+JDK, as a warning with javac's output for a failed compile). Sessions then use Hadoop's stock
+local file system (the same results, slower on local disk), and small batches take the MERGE
+(:func:`lakeslot.spark.row_delta.available`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import NamedTuple
+
+import pyspark
+
+from lakeslot.spark import jars as cached_jars
+
+log = logging.getLogger(__name__)
+
+FS_CLASS = "lakeslot.hadoop.LocalFileSystem"
+ROW_DELTAS = "lakeslot.iceberg.RowDeltas"
+SOURCES = tuple(sorted((Path(__file__).parent / "java").glob("*.java")))
+FS_IMPL = "spark.hadoop.fs.file.impl"
+RELEASE = "11"  # the Java release the classes target (Iceberg 1.10's own)
+
+
+class Built(NamedTuple):
+    """The compiled helpers: a jar per package, for the class loader that loads its kind."""
+
+    hadoop: Path  # lakeslot.hadoop: the driver's system class path
+    iceberg: Path  # lakeslot.iceberg: beside Iceberg's jars
+
+
+def hadoop_api_jar() -> Path:
+    """pyspark's Hadoop client API jar (the Hadoop classes the sources compile against)."""
+    found = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    if not found:
+        raise FileNotFoundError(f"no hadoop-client-api jar in {Path(pyspark.__file__).parent / 'jars'}")
+    return found[-1]
+
+
+@functools.cache
+def ensure_built() -> Built | None:
+    """The compiled jars (built on first use), or ``None`` where they cannot be built (logged)."""
+    javac = shutil.which("javac")
+    if javac is None:
+        log.info("no javac (install openjdk-17-jdk-headless): local warehouses use Hadoop's stock "
+                 "file system, which spawns chmod for every file it writes, and small batches "
+                 "take the MERGE instead of the driver's row delta")
+        return None
+    try:
+        against = [hadoop_api_jar(), *cached_jars.ensure_jars()]
+        digest = hashlib.sha256(b"".join(s.name.encode() + s.read_bytes() for s in SOURCES)
+                                + "\n".join(j.name for j in against).encode()).hexdigest()[:16]
+        jars_dir = cached_jars.cache_dir() / "jars"
+        built = Built(*(jars_dir / f"lakeslot-{kind}-{digest}.jar" for kind in Built._fields))
+        if all(jar.exists() for jar in built):
+            return built
+        jars_dir.mkdir(parents=True, exist_ok=True)
+        with cached_jars.locked(jars_dir / ".lock"):
+            if not all(jar.exists() for jar in built):
+                _build(javac, against, built)
+        return built
+    except (OSError, cached_jars.JarProvisioningError) as e:
+        log.warning("building lakeslot's Java helpers failed: local warehouses use Hadoop's stock "
+                    "file system, small batches take the MERGE: %s", e)
+        return None
+
+
+def _build(javac: str, against: list[Path], built: Built) -> None:
+    with tempfile.TemporaryDirectory(prefix="lakeslot-helpers-") as build:
+        classes = Path(build)
+        cached_jars.run([javac, "--release", RELEASE, "-nowarn",
+                         "-cp", os.pathsep.join(map(str, against)), "-d", str(classes),
+                         *map(str, SOURCES)], "compiling lakeslot's Java helpers")
+        for kind, jar in zip(Built._fields, built, strict=True):
+            with cached_jars.atomic_output(jar) as tmp, zipfile.ZipFile(tmp, "w") as out:
+                for path in sorted((classes / "lakeslot" / kind).rglob("*.class")):
+                    out.write(path, path.relative_to(classes).as_posix())

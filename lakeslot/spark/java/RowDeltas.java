@@ -1,0 +1,173 @@
+/*
+ * The Java half of the driver's row delta (lakeslot/spark/row_delta.py): what a table's small
+ * batch needs of its Iceberg table, and its commit, each in one call from Python.
+ *
+ * Built for the same reason as LocalFileSystem.java: cost. Done from Python, a row delta was
+ * about forty py4j calls (builders, metrics, locations), each one a round trip on the socket and
+ * one more when Python's proxy of its result is collected; with hundreds of tables in a pass
+ * that chatter was a large part of the driver's CPU on both sides. Here the table's facts, the
+ * new files' locations and the commit are one call each, with JSON in and out (no proxies).
+ *
+ * Invariants: the commit is the one row_delta.py describes (position deletes scoped to one data
+ * file each, validated from the snapshot the positions were found in: a ValidationException
+ * when another commit removed a file it deletes from or added deletes since); nothing is
+ * committed when it throws. Metrics are Iceberg's, from each file's Parquet footer.
+ */
+package lakeslot.iceberg;
+
+import java.io.ByteArrayInputStream;
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ExecutorService;
+import java.util.stream.Stream;
+import org.apache.iceberg.DataFiles;
+import org.apache.iceberg.FileFormat;
+import org.apache.iceberg.FileMetadata;
+import org.apache.iceberg.io.LocationProvider;
+import org.apache.iceberg.Metrics;
+import org.apache.iceberg.MetricsConfig;
+import org.apache.iceberg.PartitionSpec;
+import org.apache.iceberg.RowDelta;
+import org.apache.iceberg.Snapshot;
+import org.apache.iceberg.Table;
+import org.apache.iceberg.parquet.ParquetUtil;
+import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
+import org.apache.iceberg.shaded.com.fasterxml.jackson.databind.JsonNode;
+import org.apache.iceberg.shaded.org.apache.parquet.format.converter.ParquetMetadataConverter;
+import org.apache.iceberg.shaded.org.apache.parquet.hadoop.metadata.ParquetMetadata;
+import org.apache.iceberg.util.JsonUtil;
+
+public final class RowDeltas {
+  // Iceberg waits for its worker pool by polling every 10 ms: manifests are scanned on the
+  // calling thread instead (what row_delta.direct_executor did)
+  private static final ExecutorService DIRECT = MoreExecutors.newDirectExecutorService();
+
+  private RowDeltas() {}
+
+  /**
+   * The table's facts a row delta needs, as JSON: its current snapshot ("snapshot": its ID,
+   * "manifest_list": its manifest list's location; both null without one), "unpartitioned",
+   * and the value of each table property named in {@code properties} (a JSON list; null when
+   * unset).
+   */
+  public static String describe(Table table, String properties) {
+    Snapshot current = table.currentSnapshot();
+    Map<String, String> values = table.properties();
+    return JsonUtil.generate(
+        gen -> {
+          gen.writeStartObject();
+          if (current == null) {
+            gen.writeNullField("snapshot");
+            gen.writeNullField("manifest_list");
+          } else {
+            gen.writeNumberField("snapshot", current.snapshotId());
+            gen.writeStringField("manifest_list", current.manifestListLocation());
+          }
+          gen.writeBooleanField("unpartitioned", table.spec().isUnpartitioned());
+          gen.writeObjectFieldStart("properties");
+          for (String name : strings(JsonUtil.mapper().readTree(properties))) {
+            gen.writeStringField(name, values.get(name));
+          }
+          gen.writeEndObject();
+          gen.writeEndObject();
+        },
+        false);
+  }
+
+  /** The locations of new data files of the given names (a JSON list), as a JSON list. */
+  public static String locations(Table table, String names) {
+    LocationProvider provider = table.locationProvider();
+    return JsonUtil.generate(
+        gen -> {
+          gen.writeStartArray();
+          for (String name : strings(JsonUtil.mapper().readTree(names))) {
+            gen.writeString(provider.newDataLocation(name));
+          }
+          gen.writeEndArray();
+        },
+        false);
+  }
+
+  /**
+   * Commit one row delta. {@code request} (JSON): "from" (the snapshot the positions were found
+   * in, or null for a table without one), "property" and "value" (set in the snapshot's
+   * summary), "files": each {"path", "size", "footer" (its Parquet footer's length in
+   * {@code footers}, where the footers follow each other in the files' order), "referenced"
+   * (null: a data file; else a position-delete file of that data file)}. Returns the table's
+   * current snapshot afterwards, as JSON: "snapshot", "parent" (null: none), "sequence",
+   * "manifest_list", "summary".
+   */
+  public static String commit(Table table, String request, byte[] footers) {
+    JsonNode asked = JsonUtil.parse(request, node -> node);
+    PartitionSpec spec = table.spec();
+    RowDelta delta = table.newRowDelta().scanManifestsWith(DIRECT);
+    if (!asked.get("from").isNull()) {
+      delta = delta.validateFromSnapshot(asked.get("from").asLong()).validateNoConflictingDeleteFiles();
+    }
+    List<String> referenced = new ArrayList<>();
+    int at = 0;
+    for (JsonNode file : asked.get("files")) {
+      int length = file.get("footer").asInt();
+      ParquetMetadata footer = footer(footers, at, length);
+      at += length;
+      String path = file.get("path").asText();
+      long size = file.get("size").asLong();
+      if (file.get("referenced").isNull()) {
+        Metrics metrics = ParquetUtil.footerMetrics(footer, Stream.empty(), MetricsConfig.forTable(table));
+        delta = delta.addRows(DataFiles.builder(spec).withPath(path).withFormat(FileFormat.PARQUET)
+            .withFileSizeInBytes(size).withMetrics(metrics).build());
+      } else {
+        String data = file.get("referenced").asText();
+        Metrics metrics = ParquetUtil.footerMetrics(footer, Stream.empty(), MetricsConfig.forPositionDelete(table));
+        delta = delta.addDeletes(FileMetadata.deleteFileBuilder(spec).ofPositionDeletes().withPath(path)
+            .withFormat(FileFormat.PARQUET).withFileSizeInBytes(size).withMetrics(metrics)
+            .withReferencedDataFile(data).build());
+        referenced.add(data);
+      }
+    }
+    if (!referenced.isEmpty()) {
+      delta = delta.validateDataFilesExist(referenced);
+    }
+    delta.set(asked.get("property").asText(), asked.get("value").asText()).commit();
+    Snapshot current = table.currentSnapshot();
+    return JsonUtil.generate(
+        gen -> {
+          gen.writeStartObject();
+          gen.writeNumberField("snapshot", current.snapshotId());
+          if (current.parentId() == null) {
+            gen.writeNullField("parent");
+          } else {
+            gen.writeNumberField("parent", current.parentId());
+          }
+          gen.writeNumberField("sequence", current.sequenceNumber());
+          gen.writeStringField("manifest_list", current.manifestListLocation());
+          gen.writeObjectFieldStart("summary");
+          for (Map.Entry<String, String> entry : current.summary().entrySet()) {
+            gen.writeStringField(entry.getKey(), entry.getValue());
+          }
+          gen.writeEndObject();
+          gen.writeEndObject();
+        },
+        false);
+  }
+
+  private static ParquetMetadata footer(byte[] footers, int at, int length) {
+    try {
+      return new ParquetMetadataConverter().readParquetMetadata(
+          new ByteArrayInputStream(footers, at, length), ParquetMetadataConverter.NO_FILTER);
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+  }
+
+  private static List<String> strings(JsonNode list) {
+    List<String> values = new ArrayList<>();
+    for (JsonNode value : list) {
+      values.add(value.asText());
+    }
+    return values;
+  }
+}

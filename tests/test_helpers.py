@@ -1,0 +1,84 @@
+"""lakeslot's Java helpers (lakeslot/spark/helpers.py): built where a JDK is and loaded by the
+session — the local file system, writing the same files with the same modes as Hadoop's own
+without a process per file, and the row delta's RowDeltas beside Iceberg's classes; without a
+JDK, neither. Real Spark session (the suite's), real Hadoop file systems on local disk (the row
+delta's commits through RowDeltas: tests/test_row_delta.py, tests/test_small_batches.py)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+
+import pytest
+
+from lakeslot.spark import helpers, row_delta
+
+
+@pytest.fixture(scope="module")
+def built():
+    if shutil.which("javac") is None:
+        pytest.skip("no javac here (./dev setup installs openjdk-17-jdk-headless): the stock file system is used")
+    built = helpers.ensure_built()
+    assert built is not None and all(jar.is_file() for jar in built)
+    return built
+
+
+def _modes(fs, jvm, root):
+    """The modes of a file and a directory ``fs`` creates under ``root``, and of a file whose
+    permission is then set to 0640."""
+    Path = jvm.org.apache.hadoop.fs.Path
+    out = fs.create(Path(f"file://{root}/dir/file"))
+    out.write(bytearray(b"lakeslot"))
+    out.close()
+    fs.mkdirs(Path(f"file://{root}/made"))
+    fs.setPermission(Path(f"file://{root}/dir/file"), jvm.org.apache.hadoop.fs.permission.FsPermission(0o640))
+    fs.create(Path(f"file://{root}/plain")).close()
+    return {name: stat.S_IMODE(os.stat(root / name).st_mode) for name in ("dir", "dir/file", "made", "plain")}
+
+
+def test_the_session_writes_local_files_through_it_with_hadoops_modes(built, spark, tmp_path):
+    jvm = spark._jvm
+    conf = spark._jsc.hadoopConfiguration()
+    assert conf.get("fs.file.impl") == helpers.FS_CLASS
+    ours = jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}").getFileSystem(conf)
+    assert ours.getClass().getName() == helpers.FS_CLASS
+    stock = jvm.org.apache.hadoop.fs.LocalFileSystem()
+    stock.initialize(jvm.java.net.URI("file:///"), conf)
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "stock").mkdir()
+    got, want = _modes(ours, jvm, tmp_path / "ours"), _modes(stock, jvm, tmp_path / "stock")
+    assert got == want
+    assert got["dir/file"] == 0o640
+    # both wrote the checksum file beside the data, and the same bytes
+    assert (tmp_path / "ours/dir/.file.crc").read_bytes() == (tmp_path / "stock/dir/.file.crc").read_bytes()
+    assert (tmp_path / "ours/dir/file").read_bytes() == b"lakeslot"
+    # the session's Iceberg tables live on it: a write and a read through Spark
+    spark.sql("CREATE NAMESPACE IF NOT EXISTS lakeslot.helpers")
+    spark.sql("CREATE OR REPLACE TABLE lakeslot.helpers.t (id int) USING iceberg")
+    spark.sql("INSERT INTO lakeslot.helpers.t VALUES (1), (2)")
+    assert sorted(r.id for r in spark.table("lakeslot.helpers.t").collect()) == [1, 2]
+    spark.sql("DROP TABLE lakeslot.helpers.t PURGE")
+
+
+def test_the_row_deltas_class_is_loaded_beside_icebergs(built, spark):
+    """On the driver's system class path it could not see Iceberg's classes (spark.jars)."""
+    assert row_delta.available(spark._jvm)
+    loader = spark._jvm.java.lang.Class.forName(helpers.ROW_DELTAS, False,
+                                                spark._jvm.Thread.currentThread().getContextClassLoader())
+    iceberg = spark._jvm.java.lang.Class.forName("org.apache.iceberg.Table", False, loader.getClassLoader())
+    assert iceberg.getName() == "org.apache.iceberg.Table"
+    assert str(built.iceberg) in spark.conf.get("spark.jars")
+    assert str(built.iceberg) not in spark.conf.get("spark.driver.extraClassPath")
+
+
+def test_without_a_jdk_sessions_keep_hadoops_file_system(monkeypatch, caplog):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    helpers.ensure_built.cache_clear()
+    try:
+        with caplog.at_level("INFO", logger=helpers.__name__):
+            assert helpers.ensure_built() is None
+        assert "install openjdk-17-jdk-headless" in caplog.text
+        assert "small batches take the MERGE" in caplog.text
+    finally:
+        helpers.ensure_built.cache_clear()
