@@ -152,7 +152,7 @@ class SmallBatches:
         ids = {f.name: f.field_id for f in state.schema.fields}
         key = [(ids[k], k) for k in state.key]
         keys = pa.table({str(i): typed[f"c{names.index(k)}"] for i, k in key})
-        if keys.group_by(keys.column_names).aggregate([]).num_rows != len(keys):
+        if not row_delta.distinct(keys):
             return False  # (a key twice: the MERGE reports it as it always did)
         try:
             if kept:  # the rows their values are kept from are looked up too

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
 log = logging.getLogger("lakeslot.local")
-STATUS_SHARE = 0.2  # of the run's time, at most, spent computing the live status
+STATUS_SHARE = 0.1  # of the run's time, at most, spent computing the live status
 
 
 class LiveStatus:

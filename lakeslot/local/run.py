@@ -28,7 +28,7 @@ invariants and failure modes:
   deleted by lakeslot); its row says ``Removed``.
 - :mod:`.apply_loop`: the apply job, restarted when its tables change or after a transient error.
 - :mod:`.live_status`: the status every supervision tick (every ``Options.interval`` seconds;
-  less often when computing it takes more than a fifth of that: :data:`.live_status.STATUS_SHARE`),
+  less often when computing it takes more than a tenth of that: :data:`.live_status.STATUS_SHARE`),
   shown and, with ``--metrics-port`` (:attr:`Options.metrics_port`), served on ``/metrics``; a port
   that cannot be bound fails the run before anything starts (exit 2).
 

@@ -222,7 +222,7 @@ class Found:
         (file, position) order."""
         rows = self.rows
         if keys is not None:
-            rows = rows.join(_cast_like(keys, rows), keys.column_names, join_type="left semi")
+            rows = holding(rows, _cast_like(keys, rows))
         return pa.table([rows["file_path"].cast(pa.string()), rows["pos"]], schema=DELETES).sort_by(
             [("file_path", "ascending"), ("pos", "ascending")])
 
@@ -266,7 +266,7 @@ class Positions:
             paths.append(path)
         if not live:
             return Found(described.snapshot, self._no_rows(keys), files)
-        hit = pa.concat_tables(live).join(keys, ids, join_type="inner")  # (one join for all)
+        hit = holding(pa.concat_tables(live), keys)  # (one for all: keys are distinct)
         return Found(described.snapshot, hit.drop_columns(["file"]).append_column(
             "file_path", pa.array(paths, pa.string()).take(hit["file"])), files)
 
@@ -367,6 +367,23 @@ class Positions:
         """A file this driver just wrote (its key columns named by field ID and ``pos``, or
         DELETES' rows)."""
         self._cache.put(path, content)
+
+
+def holding(table: pa.Table, keys: pa.Table) -> pa.Table:
+    """The rows of ``table`` whose columns named as ``keys``' hold one of its rows (of the same
+    types). One key column: a filter (an Acero join costs about a millisecond whatever its size,
+    several per table and pass)."""
+    if keys.num_columns == 1:
+        name = keys.column_names[0]
+        return table.filter(pc.is_in(table[name], value_set=keys[name].combine_chunks()))
+    return table.join(keys, keys.column_names, join_type="left semi")
+
+
+def distinct(keys: pa.Table) -> bool:
+    """Whether no row of ``keys`` is there twice."""
+    if keys.num_columns == 1:
+        return pc.count_distinct(keys.column(0), mode="all").as_py() == keys.num_rows
+    return keys.group_by(keys.column_names).aggregate([]).num_rows == keys.num_rows
 
 
 def _cast_like(table: pa.Table, like: pa.Table) -> pa.Table:

@@ -44,6 +44,7 @@ from pyspark.sql import SparkSession
 from lakeslot.api.models import CatalogSpec
 from lakeslot.mirror import catalog as catalogs
 from lakeslot.spark import helpers
+from lakeslot.spark.jvm import java
 from lakeslot.spark import jars as iceberg_jars
 from lakeslot.spark.conf import iceberg_conf
 
@@ -130,7 +131,8 @@ def make_active(spark: SparkSession) -> None:
     the one that built the session; and now and then the apply job's own thread, whose session
     it had set) loading a catalog fails ("spark.sql.catalog.<name> is not defined"). The
     thread's py4j connection is then set not to hold replies back (:func:`no_delay`)."""
-    _jvm(spark).org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+    # (resolved once: written out, the name cost a round trip per part, per table of a pass)
+    java(_jvm(spark), "org.apache.spark.sql.SparkSession.setActiveSession")(spark._jsparkSession)
     no_delay(spark)
 
 
