@@ -69,6 +69,7 @@ class PassResult:
     tables: tuple[TableOutcome, ...]
     deleted: int  # segments removed by retention
     steps: dict[str, float] = field(default_factory=dict)  # seconds per step (Steps)
+    wall: float = 0.0  # seconds the pass took (its steps add up each thread's time)
 
 
 @dataclass
@@ -95,13 +96,15 @@ class Totals:
 
     started_at: str = field(default_factory=lambda: now_text())
     passes: int = 0
-    seconds: dict[str, float] = field(default_factory=dict)  # per step of a pass
+    wall: float = 0.0  # seconds the passes took
+    seconds: dict[str, float] = field(default_factory=dict)  # per step of a pass (threads added up)
     changes: dict[str, dict[str, int]] = field(default_factory=dict)  # table → op → changes applied
     retries: dict[str, int] = field(default_factory=dict)  # what → transient failures retried
     maintenance: dict[str, int] = field(default_factory=dict)  # ran | failed → table maintenance runs
 
     def add_pass(self, result: PassResult, scanned: dict[TableName, spread.TableScan]) -> None:
         self.passes += 1
+        self.wall += result.wall
         for step, seconds in result.steps.items():
             self.seconds[step] = self.seconds.get(step, 0.0) + seconds
         for outcome in result.tables:
@@ -112,6 +115,7 @@ class Totals:
 
     def document(self) -> dict:
         return {"startedAt": self.started_at, "passes": self.passes,
+                "wallSeconds": round(self.wall, 6),
                 "seconds": {k: round(v, 6) for k, v in self.seconds.items()},
                 "changes": self.changes, "retries": self.retries, "maintenance": self.maintenance}
 

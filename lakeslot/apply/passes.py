@@ -142,7 +142,7 @@ class Passes:
             deleted = self.upkeep.retention(ordered, staged)
         self.hooks("after-retention")
         result = PassResult(batch.end, len(batch.segments) == self.max_segments, ordered, deleted,
-                            steps.seconds)
+                            steps.seconds, time.monotonic() - started)
         self.totals.add_pass(result, batch.tables)
         with steps("status"):
             self._write_status(result)

@@ -44,9 +44,9 @@ from pyspark.sql import SparkSession
 from lakeslot.api.models import CatalogSpec
 from lakeslot.mirror import catalog as catalogs
 from lakeslot.spark import helpers
-from lakeslot.spark.jvm import java
 from lakeslot.spark import jars as iceberg_jars
 from lakeslot.spark.conf import iceberg_conf
+from lakeslot.spark.jvm import java
 
 if TYPE_CHECKING:
     from lakeslot.workloads import JobInput
