@@ -73,6 +73,11 @@ def test_positions_follow_accumulating_deletes_and_skip_files_out_of_range(spark
         fresh = row_delta.Positions()
         assert _found(fresh.find(table, described, KEY, wanted)) == _found(found)
         assert _listed(found.files) == _listed(fresh._files(table, listing))
+        # only the current snapshot's list is kept: its parent's was superseded
+        parent = table.currentSnapshot().parentId()
+        if lsn > 2 and parent is not None:
+            assert positions._cache.get(table.snapshot(parent).manifestListLocation()
+                                        + row_delta.FILES) is None
         # only the files whose key bounds hold one of the keys were read (two of the four
         # files of the first rounds; the files the commits wrote span their own keys)
         files = spark.sql(f"SELECT file_path, readable_metrics.id.lower_bound AS low, "

@@ -198,6 +198,11 @@ class _Cache:
                 self._held.move_to_end(path)
             return found
 
+    def drop(self, path: str) -> None:
+        with self._lock:
+            if path in self._held:
+                self._bytes -= self._held.pop(path).nbytes
+
     def put(self, path: str, content: pa.Table | _Live) -> None:
         with self._lock:
             if path in self._held:  # (replaced: more columns of the file than it held)
@@ -216,6 +221,7 @@ class Found:
     snapshot: int | None  # None: the table has no snapshot (nothing found)
     rows: pa.Table  # the key columns (named by field ID), file_path and pos of each row found
     files: pa.Table | None = None  # the snapshot's live files (ENTRIES), when it has one
+    listing: str | None = None  # the snapshot's manifest list (its live files are cached by it)
 
     def deletes(self, keys: pa.Table | None = None) -> pa.Table:
         """DELETES rows of the rows found (of those holding ``keys`` only, when given), in
@@ -265,10 +271,11 @@ class Positions:
                         .append_column("file", pa.array(np.full(len(rows), len(paths), np.int32))))
             paths.append(path)
         if not live:
-            return Found(described.snapshot, self._no_rows(keys), files)
+            return Found(described.snapshot, self._no_rows(keys), files, described.listing)
         hit = holding(pa.concat_tables(live), keys)  # (one for all: keys are distinct)
         return Found(described.snapshot, hit.drop_columns(["file"]).append_column(
-            "file_path", pa.array(paths, pa.string()).take(hit["file"])), files)
+            "file_path", pa.array(paths, pa.string()).take(hit["file"])), files,
+            described.listing)
 
     @staticmethod
     def _no_rows(keys: pa.Table) -> pa.Table:
@@ -306,12 +313,14 @@ class Positions:
         summary = current["summary"]
         files = pa.concat_tables([parent.files, added.set_column(
             added.column_names.index("sequence"), "sequence",
-            pa.array(np.full(len(added), current["sequence"]), pa.int64()))])
+            pa.array(np.full(len(added), current["sequence"]), pa.int64()))]).combine_chunks()
         data = pc.sum(pc.equal(files["content"], DataFileContent.DATA.value)).as_py() or 0
         if (summary.get(LSN_PROPERTY) == str(lsn)
                 and summary.get("total-data-files") == str(data)
                 and summary.get("total-delete-files") == str(len(files) - data)):
             self._cache.put(current["manifest_list"] + FILES, files)
+            if parent.listing is not None:  # (superseded: the table's snapshot moved on)
+                self._cache.drop(parent.listing + FILES)
 
     def _keys(self, table, path: str, ids: Sequence[int]) -> pa.Table:
         cached = self._cache.get(path)
