@@ -193,6 +193,8 @@ def test_idle_tables_advance_and_progress_sees_it(pipeline):
     totals = status["totals"]  # counters since the job started (the operator exports them)
     assert (totals["passes"], totals["changes"], totals["retries"]) == (1, {str(MAIN): {"I": 1}}, {})
     assert totals["seconds"]["merge"] > 0 and totals["startedAt"] <= status["updatedAt"]
+    # the pass's wall time holds its steps run on the pass's own thread
+    assert totals["wallSeconds"] >= totals["seconds"]["reduce"] + totals["seconds"]["scan"] > 0
 
 
 def test_a_key_change_keeping_a_toast_value_set_earlier_in_the_batch_is_exact(pipeline, caplog,

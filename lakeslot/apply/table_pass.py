@@ -217,8 +217,10 @@ class TablePass:
                    ) -> dict[TableName, pa.Table]:
         """The reduced rows of the tables that take the driver's path
         (:mod:`lakeslot.apply.small_batches`), collected in one Spark job per reduction."""
+        if not self.small.available:
+            return {}
         by_reduction: dict[int, tuple[spread.Reduced, dict[TableName, int]]] = {}
-        for table, plan in planned.items() if self.small.available else ():
+        for table, plan in planned.items():
             each = reduced.get(table)
             if each is not None and small_batches.eligible(plan.config, plan.scan, plan.state,
                                                           each.tables.get(table)):

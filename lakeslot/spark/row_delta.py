@@ -563,9 +563,8 @@ def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
              for number, (_, referenced) in enumerate(contents)]
     paths = json.loads(java(jvm, f"{ROW_DELTAS}.locations")(table, json.dumps(names)))
     files, footers, added = [], [], []
-    writer: Callable[[], Any] = table.io
     for path, (content, referenced) in zip(paths, contents, strict=True):
-        written = _write(writer, path, content, compression)
+        written = _write(table.io, path, content, compression)
         footer = written[-8 - int.from_bytes(written[-8:-4], "little"):-8]
         files.append({"path": path, "size": len(written), "footer": len(footer),
                       "referenced": referenced})

@@ -42,7 +42,7 @@ import org.apache.iceberg.util.JsonUtil;
 
 public final class RowDeltas {
   // Iceberg waits for its worker pool by polling every 10 ms: manifests are scanned on the
-  // calling thread instead (what row_delta.direct_executor did)
+  // calling thread instead
   private static final ExecutorService DIRECT = MoreExecutors.newDirectExecutorService();
 
   private RowDeltas() {}
