@@ -1,0 +1,64 @@
+"""The live status of ``lakeslot run`` takes at most STATUS_SHARE of the run's time
+(lakeslot/local/live_status.py): after a computation that took d seconds, the next one is due
+d / STATUS_SHARE seconds after the last one started, whether it succeeded or failed. The clock is
+the module's own, replaced here by a counter (no timing), and the computation is replaced by one
+that advances it; the supervision loop calls ``due()`` before every refresh (lakeslot/local/run.py)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from lakeslot.api.models import PostgresIngestionStatus
+from lakeslot.local import live_status, observe
+
+
+class Clock:
+    now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clocked(monkeypatch):
+    clock = Clock()
+    monkeypatch.setattr(live_status.time, "monotonic", clock.monotonic)
+    live = live_status.LiveStatus(None, None, out=io.StringIO(), interactive=False)  # type: ignore[arg-type]
+    monkeypatch.setattr(live.display, "show", lambda *args, **kwargs: None)
+    return clock, live
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_slow_status_waits_in_proportion_to_what_it_took(clocked, monkeypatch, fails):
+    clock, live = clocked
+
+    def observed(local, activity, staged=None):  # took 3 s of the run's clock
+        clock.now += 3.0
+        if fails:
+            raise RuntimeError("the catalog did not answer")
+        return PostgresIngestionStatus()
+
+    monkeypatch.setattr(observe, "observe", observed)
+    assert live.due()
+    assert (live.refresh(None, None, None) is None) == fails
+    # started at 100, took 3: the next one not before 100 + 3 / STATUS_SHARE
+    next_at = 100.0 + 3.0 / live_status.STATUS_SHARE
+    clock.now = next_at - 0.001
+    assert not live.due()
+    clock.now = next_at
+    assert live.due()
+
+
+def test_a_quick_status_is_due_every_tick(clocked, monkeypatch):
+    clock, live = clocked
+
+    def observed(local, activity, staged=None):
+        clock.now += 0.01
+        return PostgresIngestionStatus()
+
+    monkeypatch.setattr(observe, "observe", observed)
+    live.refresh(None, None, None)
+    clock.now += 2.0  # the run's tick (Options.interval)
+    assert live.due()
