@@ -291,11 +291,12 @@ def test_a_busy_pass_maintains_within_its_share_and_the_tables_take_turns(pipeli
 
     passes: list[apply_job.PassResult] = []
     stop = threading.Event()
+    fast = pipeline.with_spec(apply={"triggerIntervalSeconds": 1})  # (the default waits 60 s)
 
     def change() -> None:
-        with pipeline.pgdb.connect() as conn:
+        with fast.pgdb.connect() as conn:
             Workload(conn, random.Random(len(passes))).run(3)
-        pipeline.seal()
+        fast.seal()
 
     def on_pass(result) -> None:
         passes.append(result)
@@ -305,10 +306,10 @@ def test_a_busy_pass_maintains_within_its_share_and_the_tables_take_turns(pipeli
         else:
             change()
 
-    pipeline.start_slot()
-    pipeline.snapshot()
+    fast.start_slot()
+    fast.snapshot()
     change()
-    assert apply_job.run(pipeline.spark, pipeline.job_input(), once=False, stop=stop,
+    assert apply_job.run(fast.spark, fast.job_input(), once=False, stop=stop,
                          hooks=apply_job.Hooks(point), on_pass=on_pass).ok
     assert all(any(t.state == "applied" for t in p.tables) for p in passes)
     assert started[:4] == [[MAIN], [KEYLESS], [IDLE], [MAIN]], started
