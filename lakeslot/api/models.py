@@ -647,9 +647,9 @@ class ApplySpec(ApiModel):
     table_parallelism: int = Field(
         8, ge=1, le=64, description="How many tables' changes a pass applies at once (their MERGEs "
         "or row deltas and commits in flight together in the apply job's Spark application; each "
-        "table's commit stays its own). More overlaps the per-table costs of a pass that touches "
-        "many tables (catalog and storage round trips, Iceberg's waits, mostly); 1 applies them "
-        "one after the other.",
+        "table's commit stays its own), and how many mirrors it loads at once at its start. More "
+        "overlaps the per-table costs of a pass that touches many tables (catalog and storage "
+        "round trips, Iceberg's waits, mostly); 1 handles them one after the other.",
     )
     driver: DriverSpec | None = optional("Driver resources of the apply job. Default: spark.driver.")
     executor: ExecutorSpec | None = optional("Executor resources of the apply job. Default: spark.executor.")

@@ -4,7 +4,8 @@ which tables go through which phase, in what order, and what the pass reports.
 
 A pass (:meth:`Passes.run_pass`), every step timed (:class:`lakeslot.apply.outcomes.Steps`):
 
-1. ``prepare``: every table's mirror (:meth:`~lakeslot.apply.table_pass.TablePass.prepare`);
+1. ``prepare``: every table's mirror (:meth:`~lakeslot.apply.table_pass.TablePass.prepare`),
+   ``apply.tableParallelism`` at a time;
    staging is listed; a table whose position is below the first staged segment is cut off (a
    definite error: its changes are gone).
 2. ``scan``: the batch (:func:`lakeslot.apply.spread.scan`, at most ``max_segments`` segments
@@ -38,7 +39,8 @@ from __future__ import annotations
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import NoReturn
+from collections.abc import Callable, Sequence
+from typing import NoReturn, TypeVar
 
 import pyarrow as pa
 
@@ -58,6 +60,8 @@ from lakeslot.spark.tables import Tables
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.store import Staging
 from lakeslot.workloads import JobInput
+
+T = TypeVar("T")
 
 
 class Passes:
@@ -87,8 +91,7 @@ class Passes:
         steps = Steps()
         self.work.begin(steps)
         with steps("prepare"):
-            for table in self.job.tables:
-                prepared = self.failures.attempt(table, functools.partial(self.work.prepare, table))
+            for table, prepared in self._each(self.job.tables, self.work.prepare).items():
                 if isinstance(prepared, TableState):
                     states[table] = prepared
                 else:
@@ -151,23 +154,30 @@ class Passes:
     def _apply(self, todo: list[tuple[TableName, Planned]], batch: spread.Batch,
                reduced: dict[TableName, spread.Reduced], small: dict[TableName, pa.Table]
                ) -> dict[TableName, TableOutcome]:
-        """Each planned table applied (:meth:`TablePass.apply`), ``apply.tableParallelism`` at a
-        time: threads of this Spark application, each table's MERGE and commit its own (an error
-        that belongs to no table ends the pass once the tables in flight are done)."""
-        def one(table: TableName, plan: Planned) -> TableOutcome:
-            return self.failures.attempt(table, functools.partial(
-                self.work.apply, table, plan, batch, reduced.get(table), small.get(table)))
+        """Each planned table applied (:meth:`TablePass.apply`): each table's MERGE and commit
+        its own."""
+        plans = dict(todo)
+        return self._each(list(plans), lambda table: self.work.apply(
+            table, plans[table], batch, reduced.get(table), small.get(table)))
 
-        if self.parallelism == 1 or len(todo) < 2:
-            return {table: one(table, plan) for table, plan in todo}
+    def _each(self, tables: Sequence[TableName], work: Callable[[TableName], T]
+              ) -> dict[TableName, T | TableOutcome]:
+        """``work`` for each table through :meth:`Failures.attempt`, ``apply.tableParallelism``
+        at a time (threads of this Spark application), in ``tables``' order; an error that
+        belongs to no table ends the pass once the tables in flight are done."""
+        def one(table: TableName) -> T | TableOutcome:
+            return self.failures.attempt(table, functools.partial(work, table))
 
-        def in_thread(table: TableName, plan: Planned) -> TableOutcome:
+        if self.parallelism == 1 or len(tables) < 2:
+            return {table: one(table) for table in tables}
+
+        def in_thread(table: TableName) -> T | TableOutcome:
             make_active(self.spark)  # (the active session is the JVM thread's)
-            return one(table, plan)
+            return one(table)
 
-        with ThreadPoolExecutor(min(self.parallelism, len(todo)),
+        with ThreadPoolExecutor(min(self.parallelism, len(tables)),
                                 thread_name_prefix="lakeslot-apply") as pool:
-            futures = {table: pool.submit(in_thread, table, plan) for table, plan in todo}
+            futures = {table: pool.submit(in_thread, table) for table in tables}
         return {table: future.result() for table, future in futures.items()}
 
     def until_next_pass(self, started: float) -> float:

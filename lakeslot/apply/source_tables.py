@@ -17,12 +17,17 @@ Invariants:
   it is exact as of the ``ADD COLUMN``, where a later rewrite may have cleared the catalog's.
 - Nothing here writes: not to the source, not to a mirror.
 
+Threads: a pass's tables are prepared and applied from several threads; they share the one
+connection (made under a lock; psycopg runs one statement at a time on it).
+
 Failure modes: a connection error (``psycopg.OperationalError``) propagates — transient, the
 caller's retries handle it (:mod:`lakeslot.apply.failures`); the next use connects again. The
 connection is closed with the job (:meth:`SourceTables.close`).
 """
 
 from __future__ import annotations
+
+import threading
 
 import psycopg
 
@@ -44,6 +49,7 @@ class SourceTables:
         self.job = job
         self._settings = settings
         self._conn: psycopg.Connection | None = None
+        self._connecting = threading.Lock()
         self.types = columns.RelationTypes(self._resolve_type, self._relation_text_columns)
         self._facts: dict[TableName, facts.TableFacts | None] | None = None  # this pass's
         # this pass's: column → (missing value, written by a rewrite) — see missing_values
@@ -62,9 +68,10 @@ class SourceTables:
             self._conn = None
 
     def connection(self) -> psycopg.Connection:
-        if self._conn is None or self._conn.closed:
-            self._conn = connect(self._settings, application_name("apply", self.job.names.owner))
-        return self._conn
+        with self._connecting:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect(self._settings, application_name("apply", self.job.names.owner))
+            return self._conn
 
     # the tables' options and types ------------------------------------------------------------
 
