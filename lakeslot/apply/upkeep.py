@@ -126,9 +126,10 @@ class Upkeep:
             try:
                 self.hooks("before-maintenance", source)
                 table = self.tables.iceberg_table(target)
-                if self.maintainer.maintain(table, target, idle=target in idle):
+                look = self.maintainer.look(table)
+                if self.maintainer.maintain(table, target, idle=target in idle, look=look):
                     self.totals.maintenance["ran"] = self.totals.maintenance.get("ran", 0) + 1
-                elif self.maintainer.settled(table):
+                elif self.maintainer.settled(look):
                     self._settled[target] = time.monotonic()
             except Exception as e:  # noqa: BLE001 - transient or not, it is this table's
                 self.totals.maintenance["failed"] = self.totals.maintenance.get("failed", 0) + 1

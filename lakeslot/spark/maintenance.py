@@ -35,6 +35,7 @@ import datetime as dt
 import logging
 import math
 import time
+from dataclasses import dataclass
 
 from lakeslot.api.models import MaintenanceSpec
 from lakeslot.mirror.contract import (
@@ -57,6 +58,15 @@ log = logging.getLogger(__name__)
 HADOOP_LISTED = ("file:", "/", "hdfs:")
 
 
+@dataclass(frozen=True)
+class Look:
+    """A table as maintenance sees it: its current snapshot's health (None: no snapshot), the
+    record of its last maintenance, and its target data file size."""
+    health: Health | None
+    last: Record
+    target_file_bytes: int
+
+
 class Maintainer:
     """Runs due maintenance on mirror tables through Iceberg's Spark actions (py4j)."""
 
@@ -64,18 +74,25 @@ class Maintainer:
         self._spark, self._jvm, self.spec = spark, spark._jvm, spec
         self._actions = iceberg_actions(spark)
 
-    def maintain(self, table, name: str, *, now: float | None = None,
-                 idle: bool = False) -> str | None:
-        """Maintain the Java Iceberg ``table`` (refreshed) if anything is due (``idle``: it had no
-        change in the pass); returns the outcome (None: nothing was due). Errors are recorded on
-        the table, then re-raised."""
-        now = time.time() if now is None else now
+    def look(self, table) -> Look:
+        """What :meth:`maintain` and :meth:`settled` decide from, read from the Java Iceberg
+        ``table`` (refreshed) once: its current snapshot's summary and its properties."""
         current = table.currentSnapshot()
-        if current is None:
+        properties = python_dict(self._jvm, table.properties())
+        return Look(None if current is None else Health.of(python_dict(self._jvm, current.summary())),
+                    Record.of(properties),
+                    int(properties.get("write.target-file-size-bytes") or 512 << 20))
+
+    def maintain(self, table, name: str, *, now: float | None = None, idle: bool = False,
+                 look: Look | None = None) -> str | None:
+        """Maintain the Java Iceberg ``table`` (refreshed; ``look``: what :meth:`look` found on
+        it) if anything is due (``idle``: it had no change in the pass); returns the outcome
+        (None: nothing was due). Errors are recorded on the table, then re-raised."""
+        now = time.time() if now is None else now
+        look = self.look(table) if look is None else look
+        if look.health is None:
             return None
-        summary = python_dict(self._jvm, current.summary())
-        last = Record.of(python_dict(self._jvm, table.properties()))
-        work = due(Health.of(summary), last, self.spec, _target_file_bytes(table), now, idle=idle)
+        work = due(look.health, look.last, self.spec, look.target_file_bytes, now, idle=idle)
         if not work:
             return None
         position = position_of(table)  # (a foreign compaction on top keeps its parent's)
@@ -93,19 +110,17 @@ class Maintainer:
         took = time.monotonic() - started
         outcome = f"{_stamp(now)}: {'; '.join(done)} in {took:.1f} s"
         self._record(table, outcome, now, took,
-                     orphans=work.orphans or not math.isfinite(last.orphans_at))
+                     orphans=work.orphans or not math.isfinite(look.last.orphans_at))
         log.info("%s: maintenance: %s", name, outcome)
         return outcome
 
-    def settled(self, table) -> bool:
-        """Whether nothing can fall due on the Java Iceberg ``table`` before its data changes:
-        :func:`due` finds no reason even for an idle table, whenever it is asked (no delete
-        file, no threshold reached; orphan files are only looked for with a compaction)."""
-        current = table.currentSnapshot()
-        if current is None:
-            return True
-        return not due(Health.of(python_dict(self._jvm, current.summary())), Record(), self.spec,
-                       _target_file_bytes(table), 0.0, idle=True)
+    def settled(self, look: Look) -> bool:
+        """Whether nothing can fall due on a table (``look``: what :meth:`look` found on it)
+        before its data changes: :func:`due` finds no reason even for an idle table, whenever it
+        is asked (no delete file, no threshold reached; orphan files are only looked for with a
+        compaction)."""
+        return look.health is None or not due(look.health, Record(), self.spec,
+                                              look.target_file_bytes, 0.0, idle=True)
 
     def _compact(self, table, lsn: str | None, why: str) -> str:
         """Rewrites every data file that has deletes (and small ones), then the delete files left
@@ -184,10 +199,6 @@ class Maintainer:
         if orphans:
             update = update.set(ORPHANS_AT_PROPERTY, repr(at))
         update.commit()
-
-
-def _target_file_bytes(table) -> int:
-    return int(table.properties().get("write.target-file-size-bytes") or 512 << 20)
 
 
 def _size(iterable) -> int:
