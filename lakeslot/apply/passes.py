@@ -170,14 +170,11 @@ class Passes:
 
         if self.parallelism == 1 or len(tables) < 2:
             return {table: one(table) for table in tables}
-
-        def in_thread(table: TableName) -> T | TableOutcome:
-            make_active(self.spark)  # (the active session is the JVM thread's)
-            return one(table)
-
+        # (the active session is the JVM thread's: set once as each thread starts)
         with ThreadPoolExecutor(min(self.parallelism, len(tables)),
-                                thread_name_prefix="lakeslot-apply") as pool:
-            futures = {table: pool.submit(in_thread, table) for table in tables}
+                                thread_name_prefix="lakeslot-apply", initializer=make_active,
+                                initargs=(self.spark,)) as pool:
+            futures = {table: pool.submit(one, table) for table in tables}
         return {table: future.result() for table, future in futures.items()}
 
     def until_next_pass(self, started: float) -> float:
