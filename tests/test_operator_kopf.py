@@ -29,15 +29,16 @@ CUSTOM = env.CUSTOM
 
 
 def _operator(kube, api, reconciles: list | None = None):
-    """The operator, its timer every second; ``reconciles`` (when given) gets an entry at each
-    reconcile it runs (the one call of ``Context.now`` a reconcile makes)."""
+    """The operator, its timer every second and a blocked deletion retried after 1 s (doubling);
+    ``reconciles`` (when given) gets an entry at each reconcile it runs (the one call of
+    ``Context.now`` a reconcile makes)."""
     def now() -> datetime:
         if reconciles is not None:
             reconciles.append(1)
         return datetime.now(UTC)
 
     registry = build_registry(Context(kube=Kube(api), now=now), timer_interval=1.0,
-                              login_via_client=False)
+                              cleanup_retry_base=1.0, login_via_client=False)
     return running_operator(kube, registry)
 
 

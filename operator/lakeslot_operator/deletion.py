@@ -90,9 +90,10 @@ def blocked_status(body: Mapping, message: str, now: datetime) -> dict:
     return status.to_document()
 
 
-def retry_delay(retry: int) -> int:
-    """Seconds before the ``retry``-th retry (0-based) of a blocked deletion."""
-    return min(RETRY_BASE_S * 2 ** retry, RETRY_MAX_S)
+def retry_delay(retry: int, base: float = RETRY_BASE_S) -> float:
+    """Seconds before the ``retry``-th retry (0-based) of a blocked deletion: ``base`` doubled
+    per retry, at most :data:`RETRY_MAX_S`."""
+    return min(base * 2 ** retry, RETRY_MAX_S)
 
 
 def delete(body: Mapping, ctx: Context) -> Deletion:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import kopf
 
 from lakeslot.api.models import GROUP, PLURAL, VERSION
-from lakeslot_operator.deletion import SKIP_CLEANUP_ANNOTATION
+from lakeslot_operator.deletion import RETRY_BASE_S, SKIP_CLEANUP_ANNOTATION
 from lakeslot_operator.handlers import change, delete
 from lakeslot_operator.handlers.startup import FINALIZER, configure
 from lakeslot_operator.metrics import OperatorMetrics
@@ -38,10 +38,11 @@ TIMER_INTERVAL_S = 30.0
 
 
 def build_registry(ctx: Context, *, timer_interval: float = TIMER_INTERVAL_S,
-                   login_via_client: bool = True,
+                   cleanup_retry_base: float = RETRY_BASE_S, login_via_client: bool = True,
                    metrics: OperatorMetrics | None = None) -> kopf.OperatorRegistry:
     """All of lakeslot's handlers on a fresh registry, bound to ``ctx``, reporting to
-    ``metrics`` (default: a registry of their own that nobody serves)."""
+    ``metrics`` (default: a registry of their own that nobody serves). ``cleanup_retry_base``:
+    the first wait before a blocked deletion is tried again (doubled per retry)."""
     observed = metrics if metrics is not None else OperatorMetrics()
     registry = kopf.OperatorRegistry()
     resource = (GROUP, VERSION, PLURAL)
@@ -65,6 +66,6 @@ def build_registry(ctx: Context, *, timer_interval: float = TIMER_INTERVAL_S,
 
     @kopf.on.delete(*resource, registry=registry)
     def on_delete(body: kopf.Body, patch: kopf.Patch, retry: int, **_: object) -> None:
-        delete.handle(body, patch, ctx, retry, observed)
+        delete.handle(body, patch, ctx, retry, observed, cleanup_retry_base)
 
     return registry
