@@ -9,8 +9,9 @@ Invariants:
   connection, storage or catalog unreachable for a moment) restarts it after a backoff (1 s
   doubling, at most 30 s) while the run keeps supervising; it resumes from each table's
   ``lakeslot.lsn`` (DESIGN.md rule 3). Only failures in a row without a finished pass count.
-- ``--once``: passes follow each other until one starts after the reader sealed everything up to
-  the target; then, while a table is to be copied again (:meth:`.schedule.Schedule.next_copy`),
+- ``--once``: passes follow each other (:data:`ONCE_POLL_S` apart) until one starts after the
+  reader sealed everything up to the target — that one as soon as supervision sees the reader
+  done, without waiting out the pause; then, while a table is to be copied again (:meth:`.schedule.Schedule.next_copy`),
   it is copied and the passes start over.
 - Every finished pass is counted and timed from reading its batch to the last table's commit
   (:meth:`ApplyLoop.point`, the job's hook): the schedule decides once per pass, the display shows
@@ -57,6 +58,8 @@ class ApplyLoop:
         self.supervise = supervise
         self.stop = processes.stop  # the run's
         self.apply_stop = threading.Event()  # the running job's
+        # --once: everything is sealed or the job is halted: its next pass starts at once
+        self.next_pass = threading.Event()
         self.passes = 0  # passes the apply job finished (a table is marked only by a pass)
         self.seconds: float | None = None  # the last pass: batch read → committed
         self._batch_started: float | None = None
@@ -73,6 +76,7 @@ class ApplyLoop:
     def halt(self) -> None:
         """The running job finishes the commit it is making or stops before the next."""
         self.apply_stop.set()
+        self.next_pass.set()
 
     def until_caught_up(self, tables: list[TableName], copy_again: Callable[[], Worker | None]):
         """``--once``: the job's result once everything sealed is applied and nothing is to be
@@ -90,12 +94,16 @@ class ApplyLoop:
                                        stop=self.apply_stop, hooks=hooks)
                 if sealed:
                     return result
-                self.apply_stop.wait(ONCE_POLL_S)
+                self.next_pass.wait(ONCE_POLL_S)
             return None
+
+        def sealed() -> None:  # (supervision watches the reader: reader_done is set there)
+            if self.processes.reader_done.is_set():
+                self.next_pass.set()
 
         while True:  # caught up, unless a table must be copied again: then once more
             worker = self.processes.start("apply", until_sealed)
-            self.supervise(worker.finished)
+            self.supervise(worker.finished, tick=sealed)
             result = None if worker.alive else worker.outcome()
             copying = None if self.stop.is_set() else copy_again()
             if copying is None:

@@ -30,6 +30,7 @@ counts as no progress (a warning says so).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -80,11 +81,12 @@ class FailureStreak:
         return self.count > self.limit
 
 
-def stopper(stop: threading.Event) -> Callable[[int, object], None]:
-    """A signal handler that sets ``stop``."""
+def stopper(stop: threading.Event, woken: threading.Event) -> Callable[[int, object], None]:
+    """A signal handler that sets ``stop``, and ``woken`` so that supervision sees it at once."""
     def handler(signum: int, _frame: object) -> None:
         log.info("received %s: stopping", signal.Signals(signum).name)
         stop.set()
+        woken.set()
     return handler
 
 
@@ -132,9 +134,10 @@ class Processes:
     """The reader child, the Spark session and the job threads of one run (see the module
     docstring). ``spark``: the caller's session (None: the run starts and stops its own)."""
 
-    def __init__(self, local: Local, stop: threading.Event, staging: Staging, *, master: str,
-                 spark: SparkSession | None = None) -> None:
-        self.local, self.stop, self.staging, self.master = local, stop, staging, master
+    def __init__(self, local: Local, stop: threading.Event, woken: threading.Event,
+                 staging: Staging, *, master: str, spark: SparkSession | None = None) -> None:
+        self.local, self.stop, self.woken, self.staging = local, stop, woken, staging
+        self.master = master
         self.given = spark
         self.spark: SparkSession | None = None  # once started (start_spark)
         self.pod = reader_process.pod_identity()
@@ -164,6 +167,15 @@ class Processes:
                         onceTarget=None if self.target is None else lsnlib.format(self.target))
         log.info("reader started (pid %d)%s", self.reader.pid,
                  f", stopping at {lsnlib.format(self.target)}" if self.target is not None else "")
+        threading.Thread(target=self._wake_on_exit, args=(self.reader.pid,),
+                         name="lakeslot-reader-exit", daemon=True).start()
+
+    def _wake_on_exit(self, pid: int) -> None:
+        """Wakes supervision (:attr:`woken`) when the reader ``pid`` exits: waits without reaping
+        it (its ``Popen`` does); ECHILD when that was quicker."""
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        self.woken.set()
 
     def check_reader(self) -> None:
         """Restart a reader that ended (see the module docstring), or give up."""
@@ -211,7 +223,7 @@ class Processes:
         if self.given is None and threading.current_thread() is threading.main_thread():
             # PySpark's SparkContext takes SIGINT for itself (cancel jobs, KeyboardInterrupt in
             # whatever the main thread does): Ctrl-C must stop the run in order instead.
-            signal.signal(signal.SIGINT, stopper(self.stop))
+            signal.signal(signal.SIGINT, stopper(self.stop, self.woken))
 
     def start(self, name: str, target: Callable[[], object]) -> Worker:
         """Run ``target`` in a thread with the run's session active (one worker per name)."""
@@ -226,9 +238,16 @@ class Processes:
             make_active(spark)
             return target()
 
-        worker = Worker(name, in_session)
+        worker = Worker(name, in_session, on_end=self.woken.set)
         self.workers[name] = worker
         return worker
+
+    def pause(self, seconds: float) -> None:
+        """Supervision's wait between two ticks: ``seconds``, or less when something it waits for
+        may have happened (:attr:`woken`: a job thread or the reader ended, the run is
+        stopping)."""
+        self.woken.wait(seconds)
+        self.woken.clear()
 
     def running(self, name: str) -> bool:
         worker = self.workers.get(name)
@@ -282,11 +301,15 @@ class Processes:
 
 
 class Worker:
-    """A thread whose exception is re-raised (as :class:`RunFailed`) by :meth:`outcome`."""
+    """A thread whose exception is re-raised (as :class:`RunFailed`) by :meth:`outcome`.
+    ``on_end`` is called once its outcome is kept and it counts as ended (:attr:`alive` false),
+    so whoever it wakes sees the end."""
 
-    def __init__(self, name: str, target: Callable[[], object]) -> None:
+    def __init__(self, name: str, target: Callable[[], object],
+                 on_end: Callable[[], object]) -> None:
         self.name = name
         self._result: dict = {}
+        self._ended = threading.Event()
 
         def body() -> None:
             try:
@@ -294,16 +317,19 @@ class Worker:
             except BaseException as e:
                 log.exception("%s failed", name)
                 self._result["error"] = e
+            finally:
+                self._ended.set()
+                on_end()
 
         self._thread = threading.Thread(target=body, name=f"lakeslot-{name}", daemon=True)
         self._thread.start()
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return not self._ended.is_set()
 
     def finished(self) -> bool:
-        return not self._thread.is_alive()
+        return self._ended.is_set()
 
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)

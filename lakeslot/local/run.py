@@ -136,10 +136,11 @@ def run(local: Local, options: Options) -> Result:
     lock = state.RunLock(local.state_dir)
     lock.acquire()
     os.environ.update(local.environ)  # the children and Spark's workers read their secrets here
-    stop = threading.Event()
-    previous = _on_signals(stop) if threading.current_thread() is threading.main_thread() else {}
+    stop, woken = threading.Event(), threading.Event()
+    previous = (_on_signals(stop, woken) if threading.current_thread() is threading.main_thread()
+                else {})
     try:
-        session = _Session(local, options, stop)
+        session = _Session(local, options, stop, woken)
         try:
             session.execute()
             code, message = EXIT_OK, "caught up" if session.caught_up else "stopped"
@@ -155,18 +156,19 @@ def run(local: Local, options: Options) -> Result:
         lock.release()
 
 
-def _on_signals(stop: threading.Event) -> dict:
-    handler = stopper(stop)
+def _on_signals(stop: threading.Event, woken: threading.Event) -> dict:
+    handler = stopper(stop, woken)
     return {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)}
 
 
 class _Session:
     """One run: the steps in order (see the module docstring) over its collaborators."""
 
-    def __init__(self, local: Local, options: Options, stop: threading.Event) -> None:
+    def __init__(self, local: Local, options: Options, stop: threading.Event,
+                 woken: threading.Event) -> None:
         self.local, self.options, self.stop = local, options, stop
         staged = observe.StagedCounter(local.ingestion.spec.staging.uri)
-        self.processes = Processes(local, stop, staged.staging, master=options.master,
+        self.processes = Processes(local, stop, woken, staged.staging, master=options.master,
                                    spark=options.spark)
         self.live = LiveStatus(local, staged, out=options.out, interactive=options.interactive)
         self.selection = Selection(local, options.selection_interval)
@@ -272,14 +274,15 @@ class _Session:
             self.timings[name] = time.monotonic() - started
 
     def _supervise(self, done: Callable[[], bool], tick: Callable[[], object] | None = None) -> None:
-        """Tick until ``done()`` or stopped: watch the reader, refresh the status, ``tick()``."""
+        """Tick until ``done()`` or stopped: watch the reader, refresh the status, ``tick()``.
+        A job thread's end or a stop is seen at once, not at the next tick."""
         while not self.stop.is_set() and not done():
             self.processes.check_reader()
             if tick is not None:
                 tick()
             if self.live.due():
                 self._refresh()
-            self.stop.wait(self.options.interval)
+            self.processes.pause(self.options.interval)
         self._refresh()
 
     def _tick(self) -> None:
