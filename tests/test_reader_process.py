@@ -123,8 +123,9 @@ def test_dropped_publication_is_a_definite_error(pgdb, tmp_path):
     status = tmp_path / "status.json"
     with pgdb.connect() as conn:
         _setup(conn)
+        # (a health check finds the publication gone: every half second, not every 5 s)
         process = spawn(pgdb, (tmp_path / "staging").as_uri(), tmp_path / "reader.log",
-                        "--status-file", str(status))
+                        "--status-file", str(status), "--health-interval-seconds", "0.5")
         try:
             wait_for(lambda: holder(conn) == APP_NAME, "the reader to hold the slot")
             conn.execute("DROP PUBLICATION p")
@@ -169,9 +170,11 @@ def test_sigterm_seals_confirms_and_exits_cleanly(pgdb, tmp_path):
     status, port = tmp_path / "status.json", free_port()
     with pgdb.connect() as conn:
         start = _setup(conn)
-        # Segments seal only at the SIGTERM: until then nothing is durable.
+        # Segments seal only at the SIGTERM: until then nothing is durable. (A health check
+        # samples the lag every half second, not every 5 s.)
         process = spawn(pgdb, directory.as_uri(), tmp_path / "reader.log", "--status-file",
-                        str(status), "--metrics-port", str(port), "--segment-max-seconds", "3600")
+                        str(status), "--metrics-port", str(port), "--segment-max-seconds", "3600",
+                        "--health-interval-seconds", "0.5")
         try:
             wait_for(lambda: holder(conn) == APP_NAME, "the reader to hold the slot")
             for i in range(10):

@@ -89,6 +89,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seal segments at least this often (default %(default)s)")
     p.add_argument("--feedback-interval-ms", type=int, metavar="N",
                    help="standby status interval (default min(1 s, wal_sender_timeout/2))")
+    p.add_argument("--health-interval-seconds", type=float, metavar="S",
+                   default=defaults.DEFAULT_HEALTH_INTERVAL_S,
+                   help="check the source (publication, slot, WAL lag) this often while streaming "
+                        "(default %(default)s)")
     p.add_argument("--stop-at-lsn", type=_lsn, metavar="LSN",
                    help="exit 0 once everything up to this LSN is sealed (like pg_recvlogical --endpos)")
     p.add_argument("--max-retry-seconds", type=float, metavar="S",
@@ -121,7 +125,8 @@ def config(args: argparse.Namespace) -> ReaderConfig:
         segment_max_bytes=args.segment_max_bytes, segment_max_seconds=args.segment_max_seconds,
         feedback_interval=(None if args.feedback_interval_ms is None
                            else args.feedback_interval_ms / 1000),
-        stop_at=args.stop_at_lsn, max_retry_seconds=args.max_retry_seconds)
+        stop_at=args.stop_at_lsn, max_retry_seconds=args.max_retry_seconds,
+        health_interval=args.health_interval_seconds)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -62,11 +62,17 @@ from lakeslot import lsn as lsn_text
 from lakeslot.errors import TRANSIENT_IN_READER, DefiniteError
 from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
 from lakeslot.observability import reader_status as stream_status
-from lakeslot.reader import DEFAULT_MAX_RETRY_SECONDS, DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SEGMENT_MAX_SECONDS, pgoutput
+from lakeslot.reader import (
+    DEFAULT_HEALTH_INTERVAL_S,
+    DEFAULT_MAX_RETRY_SECONDS,
+    DEFAULT_SEGMENT_MAX_BYTES,
+    DEFAULT_SEGMENT_MAX_SECONDS,
+    pgoutput,
+)
 from lakeslot.reader.health import Health, describe, redact, write_document
 from lakeslot.reader.metrics import Metrics
 from lakeslot.reader.protocol import ReplicationConnection, quote_list
-from lakeslot.reader.stream import HEALTH_INTERVAL_S, Stream, StreamSettings
+from lakeslot.reader.stream import Stream, StreamSettings
 from lakeslot.source import connection, failover, slot
 from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings
 from lakeslot.staging.format import SourceIdentity
@@ -103,7 +109,7 @@ class ReaderConfig:
     feedback_interval: float | None = None  # None: min(1 s, wal_sender_timeout / 2)
     stop_at: int | None = None
     max_retry_seconds: float = DEFAULT_MAX_RETRY_SECONDS
-    health_interval: float = HEALTH_INTERVAL_S
+    health_interval: float = DEFAULT_HEALTH_INTERVAL_S
 
     @property
     def app_name(self) -> str:

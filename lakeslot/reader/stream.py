@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from lakeslot import cadence
 from lakeslot import lsn as lsn_text
-from lakeslot.reader import DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SEGMENT_MAX_SECONDS, pgoutput
+from lakeslot.reader import DEFAULT_HEALTH_INTERVAL_S, DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SEGMENT_MAX_SECONDS, pgoutput
 from lakeslot.reader.metrics import Metrics
 from lakeslot.reader.protocol import HEADER, XLOGDATA, ReplicationConnection, keepalive
 from lakeslot.reader.writer import BATCH_BYTES, BATCH_ROWS, Batch, SegmentWriter
@@ -51,7 +51,6 @@ from lakeslot.staging.store import Staging
 
 log = logging.getLogger("lakeslot.reader")
 
-HEALTH_INTERVAL_S = 5.0
 # How often the stream looks at the clock-driven duties (stop, seal by age), and the longest
 # a message smaller than protocol.WAKE_BYTES waits in the socket.
 TICK_S = 0.1
@@ -63,7 +62,7 @@ class StreamSettings:
     segment_max_bytes: int = DEFAULT_SEGMENT_MAX_BYTES
     segment_max_seconds: float = DEFAULT_SEGMENT_MAX_SECONDS
     stop_at: int | None = None  # stop once everything up to here is sealed
-    health_interval: float = HEALTH_INTERVAL_S
+    health_interval: float = DEFAULT_HEALTH_INTERVAL_S
 
 
 class Stream:
