@@ -167,8 +167,9 @@ class Processes:
                         onceTarget=None if self.target is None else lsnlib.format(self.target))
         log.info("reader started (pid %d)%s", self.reader.pid,
                  f", stopping at {lsnlib.format(self.target)}" if self.target is not None else "")
-        threading.Thread(target=self._wake_on_exit, args=(self.reader.pid,),
-                         name="lakeslot-reader-exit", daemon=True).start()
+        if hasattr(os, "waitid"):  # (not on macOS before Python 3.13: the next tick sees it)
+            threading.Thread(target=self._wake_on_exit, args=(self.reader.pid,),
+                             name="lakeslot-reader-exit", daemon=True).start()
 
     def _wake_on_exit(self, pid: int) -> None:
         """Wakes supervision (:attr:`woken`) when the reader ``pid`` exits: waits without reaping
