@@ -124,11 +124,21 @@ def configure_logging(local: Local, *, interactive: bool) -> None:
     handler = (logging.FileHandler(local.path("run.log")) if interactive
                else logging.StreamHandler(sys.stderr))
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.addFilter(quiet_py4j_retries)
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
     for noisy in ("py4j", "pyiceberg"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def quiet_py4j_retries(record: logging.LogRecord) -> bool:
+    """False for py4j's note that it sends a command again over a new connection (the JVM closed
+    the old one; the retry then succeeds): py4j logs it at INFO on the root logger, with a
+    "Connection reset by peer" traceback that reads like a failure. A send that fails for good
+    is logged at ERROR and kept."""
+    return not (record.name == "root" and record.levelno < logging.WARNING
+                and f"{os.sep}py4j{os.sep}" in record.pathname)
 
 
 def run(local: Local, options: Options) -> Result:
