@@ -14,13 +14,12 @@ from __future__ import annotations
 import kopf
 
 from lakeslot_operator import deletion
-from lakeslot_operator.deletion import RETRY_BASE_S
 from lakeslot_operator.metrics import OperatorMetrics
 from lakeslot_operator.reconcile import Context
 
 
 def handle(body: kopf.Body, patch: kopf.Patch, ctx: Context, retry: int,
-           metrics: OperatorMetrics, retry_base: float = RETRY_BASE_S) -> None:
+           metrics: OperatorMetrics, retry_base: float) -> None:
     blocked = deletion.delete(body, ctx).blocked
     if blocked is not None:
         patch.status.update(blocked.status)
