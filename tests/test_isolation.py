@@ -7,8 +7,9 @@ row by row with its source through pyiceberg, not through the code under test.
   refuses pass after pass (a real table property it rejects), a maintenance run that fails, and
   the batch's reduction failing for that table (injected: no input makes the real reduction fail
   for one table alone, so ``spread.reduce`` is wrapped to fail whenever that table is among its
-  tables). While the table is failed the others are applied and equal their sources, and the
-  failure is recorded on its mirror (every status shows it); after the fix it catches up exactly.
+  tables, on the executors or the driver). While the table is failed the others are applied and
+  equal their sources, and the failure is recorded on its mirror (every status shows it); after
+  the fix it catches up exactly.
   On the same pipeline: passes failing as a whole (staging listing injected to fail) are counted
   and degraded, and a mirror recorded as another source table's is neither written nor replaced.
 - Tables whose names differ only in case or script, columns that differ only in case, and two
@@ -129,10 +130,10 @@ def test_one_table_failing_never_stalls_or_corrupts_the_others(
     # the batch's reduction fails for that table: narrowed down, the others are applied
     real_reduce = spread.reduce
 
-    def reduce_failing_for_main(spark_, uri, batch, configs):
+    def reduce_failing_for_main(spark_, uri, batch, configs, **how):
         if any(c.table == MAIN for c in configs):
             raise RuntimeError("planted: the reduction fails for this table")
-        return real_reduce(spark_, uri, batch, configs)
+        return real_reduce(spark_, uri, batch, configs, **how)
 
     monkeypatch.setattr(spread, "reduce", reduce_failing_for_main)
     planted.change()

@@ -11,7 +11,8 @@ A pass (:meth:`Passes.run_pass`), every step timed (:class:`lakeslot.apply.outco
 2. ``scan``: the batch (:func:`lakeslot.apply.spread.scan`, at most ``max_segments`` segments
    from the lowest position).
 3. ``plan``: lakeslot's DDL messages of the batch, then every table's plan.
-4. ``reduce``: every table with changes at once (:mod:`lakeslot.apply.reduction`).
+4. ``reduce``: every table with changes at once (:mod:`lakeslot.apply.reduction`): the small
+   batches the driver will apply itself are reduced by the driver, the rest on the executors.
 5. Every planned table applied (:meth:`~lakeslot.apply.table_pass.TablePass.apply`),
    ``apply.tableParallelism`` at a time, then the reductions released.
 6. ``maintenance``: escalation of tables that keep failing transiently, upkeep
@@ -123,7 +124,8 @@ class Passes:
                     outcomes[table] = plan
         with steps("reduce"):
             reduced = self.reduction.reduce(
-                batch, [p.config for p in planned.values() if p.scan.changes], outcomes)
+                batch, [p.config for p in planned.values() if p.scan.changes], outcomes,
+                here=self.work.reduced_here(planned))
         try:
             todo = {t: p for t, p in planned.items() if t not in outcomes}
             small = self.work.small_rows(todo, reduced)

@@ -56,7 +56,6 @@ from pyiceberg.types import (
     TimestampType,
     TimestamptzType,
 )
-from pyspark.sql import functions as F
 
 from lakeslot.api.naming import TableName
 from lakeslot.apply import merge, spread
@@ -77,10 +76,28 @@ CODECS = {"zstd": "zstd", "snappy": "snappy", "gzip": "gzip", "lz4": "lz4", "bro
 def eligible(config: spread.TableConfig, scanned: spread.TableScan, state: TableState,
              mine: spread.TableReduced | None) -> bool:
     """Whether a table's reduction can take the driver's path (see the module docstring)."""
-    return (mine is not None and mine.problem is None
-            and 0 < scanned.changes <= SMALL_CHANGES and not scanned.truncates
+    return mine is not None and mine.problem is None and may_take(config, scanned, state)
+
+
+def may_take(config: spread.TableConfig, scanned: spread.TableScan, state: TableState) -> bool:
+    """Whether a table's batch may take the driver's path, as far as the plan tells (before the
+    reduction: :func:`eligible` tells after it)."""
+    return (0 < scanned.changes <= SMALL_CHANGES and not scanned.truncates
             and not config.check_unique and not config.changelog
             and not state.properties.get(PARTITION_PROPERTY) and writes_every_column(state))
+
+
+def reduced_here(candidates: Mapping[TableName, int]) -> frozenset[TableName]:
+    """Of the tables that may take the driver's path (table → its changes), those the driver
+    reduces itself (:func:`lakeslot.apply.spread.reduce` ``here``): fewest changes first, at
+    most :data:`lakeslot.apply.spread.DRIVER_CHANGES` changes in all."""
+    chosen, total = [], 0
+    for table, count in sorted(candidates.items(), key=lambda item: item[1]):
+        if total + count > spread.DRIVER_CHANGES:
+            break
+        chosen.append(table)
+        total += count
+    return frozenset(chosen)
 
 
 def writes_every_column(state: TableState) -> bool:
@@ -97,7 +114,8 @@ def writes(type_: IcebergType) -> bool:
 
 def collect(reduced: spread.Reduced, changes: Mapping[TableName, int]) -> dict[TableName, pa.Table]:
     """The reduced rows (``F``) of the tables of ``changes`` (table → its changes, the eligible
-    ones), fewest changes first until :data:`SMALL_ROWS`, collected in one Spark job."""
+    ones), fewest changes first until :data:`SMALL_ROWS` (from the executors: in one Spark
+    job)."""
     chosen, total = [], 0
     for table, count in sorted(changes.items(), key=lambda item: item[1]):
         if total + count > SMALL_ROWS:
@@ -106,17 +124,8 @@ def collect(reduced: spread.Reduced, changes: Mapping[TableName, int]) -> dict[T
         total += count
     if not chosen:
         return {}
-    index = {reduced.index[t]: t for t in chosen}
-    rows = final_rows(reduced.frame.filter(F.col("t").isin(list(index))))
-    return {table: rows.filter(pc.equal(rows["t"], i)) for i, table in index.items()}
-
-
-def final_rows(frame) -> pa.Table:
-    """The ``F`` rows of a :data:`lakeslot.apply.spread.REDUCED` frame, with the columns
-    :meth:`SmallBatches.apply` reads, collected in one Spark job (no rows: only ``t``)."""
-    batches = frame.filter(F.col("kind") == "F").select(
-        "t", "values", "flags", "source", "op", "lsn", "seq")._collect_as_arrow()
-    return pa.Table.from_batches(batches) if batches else pa.table({"t": pa.array([], pa.int32())})
+    rows = reduced.finals(chosen)
+    return {table: rows.filter(pc.equal(rows["t"], reduced.index[table])) for table in chosen}
 
 
 class SmallBatches:

@@ -59,6 +59,7 @@ import itertools
 import json
 import logging
 import math
+import threading
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -99,6 +100,7 @@ ONE_TASK_CORES, ONE_TASK_MAX_CHANGES = 4, 1_200_000  # ... and up to this many o
 # and row conversions cost ≈ 4× the CPU: it wins from about 5 cores); the task's Python worker
 # grew by 125 MB for them (≈ 125 B a change), within what Spark sets aside for Python
 ONE_TASK_LATEST_CHANGES = 2_000  # from this many, that task takes the latest-change path
+DRIVER_CHANGES = ONE_TASK_LATEST_CHANGES  # the most changes the driver reduces itself (reduce)
 REPLICATED_CHANGES = 500_000  # from this many, one such task per core (:class:`_OneTask`):
 # 1M changes on 2 cores, warm: 9.4 s against 10.1 s with the compaction (reduce 3.2 s, the MERGE's parse
 # 1.1 s, against 3.5 and 1.4 s; twice the reduce's CPU); 100k: no gain (3.1 s either way)
@@ -246,25 +248,91 @@ class TableReduced:
     redo: bool = False
 
 
-@dataclass
 class Reduced:
-    """The persisted output of :func:`reduce` (:data:`REDUCED` rows) and what it says."""
+    """The output of :func:`reduce` (:data:`REDUCED` rows) and what it says: the rows persisted
+    on the executors (``frame``), or held by the driver (``here``, a reduction of at most
+    :data:`DRIVER_CHANGES` changes)."""
 
-    frame: DataFrame  # persisted
-    index: dict[TableName, int]
-    tables: dict[TableName, TableReduced]
+    def __init__(self, index: dict[TableName, int], tables: dict[TableName, TableReduced],
+                 frame: DataFrame | None = None, here: _Here | None = None) -> None:
+        self.index, self.tables, self.frame, self.here = index, tables, frame, here
 
-    def rows(self, table: TableName, kind: str):
+    def rows(self, table: TableName, kind: str) -> DataFrame:
+        """The table's ``kind`` rows as a Spark frame (a MERGE's input)."""
+        if self.here is not None:
+            return self.here.on_executors(table).rows(table, kind)
+        assert self.frame is not None
         frame = self.frame
         return frame.filter((F.col("t") == self.index[table]) & (F.col("kind") == kind))
 
+    def finals(self, tables: Sequence[TableName]) -> pa.Table:
+        """The ``F`` rows of ``tables`` with the columns the driver's row delta reads (``t``,
+        ``values``, ``flags``, ``source``, ``op``, ``lsn``, ``seq``), on the driver (from the
+        executors: in one Spark job). No rows: only ``t``."""
+        wanted = [self.index[t] for t in tables]
+        if self.here is not None:
+            rows = self.here.rows
+            finals = rows.filter(pc.and_(pc.equal(rows["kind"], "F"),
+                                         pc.is_in(rows["t"], pa.array(wanted, pa.int32()))))
+            return finals.select(list(FINALS)) if len(finals) else _NO_FINALS
+        assert self.frame is not None
+        return final_rows(self.frame.filter(F.col("t").isin(wanted)))
+
     def release(self) -> None:
-        self.frame.unpersist()
+        if self.frame is not None:
+            self.frame.unpersist()
+        if self.here is not None:
+            self.here.release()
 
 
-def reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]) -> Reduced:
+FINALS = ("t", "values", "flags", "source", "op", "lsn", "seq")
+_NO_FINALS = pa.table({"t": pa.array([], pa.int32())})
+
+
+def final_rows(frame: DataFrame) -> pa.Table:
+    """The ``F`` rows of a :data:`REDUCED` frame, with the columns of :data:`FINALS`,
+    collected in one Spark job (no rows: only ``t``)."""
+    batches = frame.filter(F.col("kind") == "F").select(*FINALS)._collect_as_arrow()
+    return pa.Table.from_batches(batches) if batches else _NO_FINALS
+
+
+class _Here:
+    """A reduction the driver made (:func:`reduce` with ``here``): its rows, and — made when a
+    table's MERGE needs them as a Spark frame (its row delta fell back) — the executors'
+    reduction of that table, which is the same (:class:`_Serial`, the same fold)."""
+
+    def __init__(self, rows: pa.Table, spark, staging_uri: str, batch: Batch,
+                 configs: Sequence[TableConfig]) -> None:
+        self.rows = rows
+        self._spark, self._staging_uri, self._batch = spark, staging_uri, batch
+        self._configs = {c.table: c for c in configs}
+        self._lock = threading.Lock()  # (the pass's threads ask for it)
+        self._executors: dict[TableName, Reduced] = {}
+
+    def on_executors(self, table: TableName) -> Reduced:
+        with self._lock:
+            if table not in self._executors:
+                self._executors[table] = reduce(self._spark, self._staging_uri, self._batch,
+                                                [self._configs[table]])
+            return self._executors[table]
+
+    def release(self) -> None:
+        with self._lock:
+            for each in self._executors.values():
+                each.release()
+            self._executors.clear()
+
+
+def reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig], *,
+           here: bool = False) -> Reduced:
     """Reduce ``configs``' tables over ``batch`` on the executors (step 2 of the module
-    docstring); tables that ask for it are reduced again in one partition."""
+    docstring); tables that ask for it are reduced again in one partition. ``here``: by the
+    driver itself, in its own process, the way one task folds a small batch — for at most
+    :data:`DRIVER_CHANGES` changes of tables whose reduced rows the driver takes anyway (its
+    row delta): a Spark job and the collection of its rows cost ≈ 0.5 s a pass, the fold a few
+    milliseconds."""
+    if here:
+        return _reduce_here(spark, staging_uri, batch, configs)
     reduced = _reduce(spark, staging_uri, batch, configs)
     redo = [c for c in configs if reduced.tables[c.table].redo]
     if not redo:
@@ -273,6 +341,7 @@ def reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]
              "partition", ", ".join(str(c.table) for c in redo))
     again = _reduce(spark, staging_uri, batch, [replace(c, single=True) for c in redo])
     kept = [c for c in configs if not reduced.tables[c.table].redo]
+    assert reduced.frame is not None and again.frame is not None  # (the executors')
     frame = reduced.frame.filter(F.col("t").isin([reduced.index[c.table] for c in kept]))
     shifted = again.frame.withColumn("t", F.col("t") + len(configs))
     union = frame.unionByName(shifted).persist(StorageLevel.MEMORY_AND_DISK)
@@ -281,7 +350,24 @@ def reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]
     again.release()
     index = {**{c.table: reduced.index[c.table] for c in kept},
              **{t: i + len(configs) for t, i in again.index.items()}}
-    return Reduced(union, index, {**reduced.tables, **again.tables})
+    return Reduced(index, {**reduced.tables, **again.tables}, frame=union)
+
+
+def _reduce_here(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]
+                 ) -> Reduced:
+    changes = sum(batch.tables[c.table].changes for c in configs)
+    assert changes <= DRIVER_CHANGES, changes  # (the driver's memory: DESIGN.md "Scale")
+    single = [replace(c, single=True) for c in configs]  # (folded in stream order: no redo)
+    index = {c.table: i for i, c in enumerate(single)}
+    rel_table = [index.get(TableName(r.schema, r.table), -1) for r in batch.relations]
+    units: list[Unit] = [(s, g, f, tuple(local)) for s, g, f, local in batch.units]
+    router = _Router(staging_uri, single, rel_table, batch.relations, [0], units, 1)
+    slice_ = pa.record_batch([pa.array([0], pa.int64())], names=["id"])
+    rows = pa.Table.from_batches(list(_Serial(router, _Folder(single, batch.relations))([slice_])),
+                                 schema=REDUCED)
+    notes = rows.filter(pc.is_in(rows["kind"], pa.array(["X", "R", "L"])))
+    learned = _learned(single, batch, notes.select(["t", "kind", "lsn", "seq", "info"]).to_pylist())
+    return Reduced(index, learned, here=_Here(rows, spark, staging_uri, batch, configs))
 
 
 def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]) -> Reduced:
@@ -335,6 +421,15 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
             picked = pointers("S").mapInArrow(_Picked(router, units), from_arrow_schema(ROUTED))
             frame = frame.unionByName(_folded(picked, partitions, folder))
     frame, notes = persisted(frame)
+    found = _learned(configs, batch, notes)
+    if decided is not None:  # the frame is computed and persisted: the pointers are not needed
+        decided.unpersist()
+    return Reduced(index, found, frame=frame)
+
+
+def _learned(configs: Sequence[TableConfig], batch: Batch, notes: Iterable
+             ) -> dict[TableName, TableReduced]:
+    """What the driver learns of each table's reduction from its ``X``, ``R`` and ``L`` rows."""
     found = {c.table: TableReduced() for c in configs}
     first: dict[TableName, dict[tuple[int, int], tuple[int, int]]] = {c.table: {} for c in configs}
     for row in notes:
@@ -361,9 +456,7 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
         found[config.table].relations = list(dict.fromkeys(
             ddl.translations(batch.relations[gid], config.renames)[epoch]
             for (gid, epoch), _ in sorted(uses.items(), key=lambda item: item[1])))
-    if decided is not None:  # the frame is computed and persisted: the pointers are not needed
-        decided.unpersist()
-    return Reduced(frame, index, found)
+    return found
 
 
 def _folded(routed: DataFrame, partitions: int, folder: _Folder) -> DataFrame:

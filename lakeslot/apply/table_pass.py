@@ -213,10 +213,20 @@ class TablePass:
 
     # 3. with the reduction ---------------------------------------------------------------------
 
+    def reduced_here(self, planned: dict[TableName, Planned]) -> frozenset[TableName]:
+        """The tables whose small batches the driver reduces itself, as it will apply them
+        (:func:`lakeslot.apply.small_batches.reduced_here`)."""
+        if not self.small.available:
+            return frozenset()
+        return small_batches.reduced_here({
+            table: plan.scan.changes for table, plan in planned.items()
+            if small_batches.may_take(plan.config, plan.scan, plan.state)})
+
     def small_rows(self, planned: dict[TableName, Planned], reduced: dict[TableName, spread.Reduced]
                    ) -> dict[TableName, pa.Table]:
         """The reduced rows of the tables that take the driver's path
-        (:mod:`lakeslot.apply.small_batches`), collected in one Spark job per reduction."""
+        (:mod:`lakeslot.apply.small_batches`), collected in one Spark job per reduction made on
+        the executors."""
         if not self.small.available:
             return {}
         by_reduction: dict[int, tuple[spread.Reduced, dict[TableName, int]]] = {}

@@ -55,7 +55,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from lakeslot.api.models import MaintenanceSpec
 from lakeslot.api.naming import TableName
 from lakeslot.apply import latest, merge, spread
-from lakeslot.apply.small_batches import SmallBatches, final_rows
+from lakeslot.apply.small_batches import SmallBatches
 from lakeslot.mirror import typemap
 from lakeslot.mirror.contract import table_properties
 from lakeslot.spark.maintenance import Maintainer
@@ -197,7 +197,7 @@ def _row_delta(spark, tables: Tables, small: SmallBatches, round_: int) -> int:
     assert state is not None  # created by the caller
     reduced = _reduced(spark, round_, DELTA_ROWS)
     try:
-        rows = final_rows(reduced)
+        rows = spread.final_rows(reduced)
     finally:
         reduced.unpersist()
     return int(small.apply(tables.iceberg_table(TABLE), TableName(NAMESPACE, TABLE), state, rows,
