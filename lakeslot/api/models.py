@@ -437,8 +437,8 @@ class MaintenanceSpec(ApiModel):
         "job: after a run that took d seconds, the table waits at least d × (1 − share) ÷ share "
         "seconds before the next (at 0.2: a table compacted in 2 s may be compacted again 8 s "
         "later, one that takes a minute, 4 minutes later); and a pass that applied changes for "
-        "t seconds maintains tables for at most t × share ÷ (1 − share) seconds (at least 1 s; "
-        "the tables take turns).",
+        "t seconds maintains tables for at most t × share ÷ (1 − share) seconds (at least one "
+        "table; the tables take turns).",
     )
     budget_seconds: int = Field(
         120, ge=1, le=3600,

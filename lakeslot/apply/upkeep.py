@@ -34,7 +34,6 @@ log = logging.getLogger("lakeslot.apply.job")
 EXPIRE_INTERVAL_S = 3600.0
 MAINTENANCE_LOOK_S = 5.0  # how often maintenance looks at a table's health, at most
 SETTLED_LOOK_S = 600.0  # ... and at an idle table a look found settled (see maintain)
-MIN_BUDGET_S = 1.0  # a busy pass's maintenance budget, at least (one table starts in any pass)
 
 
 class Upkeep:
@@ -87,9 +86,9 @@ class Upkeep:
         table until the pass's maintenance budget is spent; the rest waits for the next pass,
         which starts with them (the tables take turns). The budget is
         ``maintenance.budgetSeconds``, and in a pass that applied changes for ``busy_s`` seconds
-        at most ``maxTimeShare`` of the job's time (``busy_s × share ÷ (1 − share)``, at least
-        :data:`MIN_BUDGET_S`): with hundreds of busy tables, each due in turn, maintenance
-        would otherwise double every pass.
+        at most ``maxTimeShare`` of the job's time (``busy_s × share ÷ (1 − share)``): with
+        hundreds of busy tables, each due in turn, maintenance would otherwise double every
+        pass. One table starts in any pass, whatever its budget (a started compaction finishes).
         A transient failure logs (the data is safe) and is tried again later; a table whose
         maintenance fails otherwise, or :data:`isolation.MAINTENANCE_STREAK` times in a row, is
         returned with why (its reads would only grow slower): it fails alone.
@@ -103,7 +102,7 @@ class Upkeep:
         budget = float(spec.budget_seconds)
         share = spec.max_time_share
         if busy_s > 0 and share < 1:
-            budget = min(budget, max(MIN_BUDGET_S, busy_s * share / (1 - share)))
+            budget = min(budget, busy_s * share / (1 - share))
         deadline = time.monotonic() + budget
         # idle: no change in this pass (nothing sealed for it, or nothing sealed at all — a
         # quiet source: such a table is looked at too, its delete files are compacted away)
@@ -111,8 +110,9 @@ class Upkeep:
         failed: dict[TableName, str] = {}
         targets = list(self.targets(outcomes, ("applied", "advanced", "current")))
         turn = next((i for i, (_, t) in enumerate(targets) if t == self._turn), 0)
+        started = False  # (whether a table was looked at in this pass)
         for source, target in targets[turn:] + targets[:turn]:
-            if not spec.enabled or time.monotonic() >= deadline:
+            if not spec.enabled or (started and time.monotonic() >= deadline):
                 self._turn = target  # (first in the next pass)
                 return failed
             if source in failed:
@@ -123,6 +123,7 @@ class Upkeep:
                 continue
             if not first_within(self._looked, target, MAINTENANCE_LOOK_S):
                 continue  # (a look loads the table: not on every pass of a fast trigger)
+            started = True
             try:
                 self.hooks("before-maintenance", source)
                 table = self.tables.iceberg_table(target)
