@@ -315,6 +315,62 @@ def test_a_busy_pass_maintains_within_its_share_and_the_tables_take_turns(pipeli
     assert started[:4] == [[MAIN], [KEYLESS], [IDLE], [MAIN]], started
 
 
+def test_an_idle_pass_maintains_no_further_table_once_changes_wait_or_the_job_stops(
+        pipeline, spark_warehouse, monkeypatch):
+    """A pass that applied nothing may maintain for budgetSeconds (two minutes by default),
+    table after table. In a continuous job it starts no further table once new segments are
+    sealed — a change must not wait behind the others' compactions — nor once the job is
+    stopping. Here the second pass of each run is idle with two mirrors to look at (both
+    changed in the first): a change sealed as its first look starts, and then a stop set as its
+    first look starts, leave it at that one look."""
+    monkeypatch.setattr(upkeep, "MAINTENANCE_LOOK_S", 0.0)  # (else each table every 5 s)
+    fast = pipeline.with_spec(apply={"triggerIntervalSeconds": 1})
+
+    updates = {MAIN: "UPDATE {0} SET amount = amount + 1 WHERE id = (SELECT min(id) FROM {0})",
+               KEYLESS: "UPDATE {0} SET b = coalesce(b, '') || 'x' WHERE a = (SELECT min(a) FROM {0})"}
+
+    def change(*tables) -> None:
+        with fast.pgdb.connect() as conn:
+            for table in tables:
+                conn.execute(sql.SQL(updates[table]).format(table.sql()))
+        fast.seal()
+
+    applied: list[set] = []  # per pass, the tables it applied changes to
+
+    def run(in_idle_pass) -> list[list]:
+        looks: list[list] = [[]]  # per pass, the tables maintenance looked at
+        applied.clear()
+        stop = threading.Event()
+
+        def point(name, table) -> None:
+            if name == "before-maintenance":
+                looks[-1].append(table)
+                if len(looks) == 2 and len(looks[-1]) == 1:
+                    in_idle_pass(stop)
+
+        def on_pass(result) -> None:
+            looks.append([])
+            applied.append({t.source for t in result.tables if t.state == "applied"})
+            if len(looks) == 4:
+                stop.set()
+
+        change(MAIN, KEYLESS)
+        assert apply_job.run(fast.spark, fast.job_input(), once=False, stop=stop,
+                             hooks=apply_job.Hooks(point), on_pass=on_pass).ok
+        return looks
+
+    fast.start_slot()
+    fast.snapshot()
+    looks = run(lambda stop: change(MAIN))
+    assert len(looks[1]) == 1, looks  # (without the seal: both mirrors)
+    assert applied == [{MAIN, KEYLESS}, set(), {MAIN}], applied  # the change in the next pass
+    looks = run(lambda stop: stop.set())
+    assert len(looks) == 3 and len(looks[1]) == 1, looks  # (the run ended with that pass)
+    assert applied == [{MAIN, KEYLESS}, set()], applied
+    for table in (MAIN, KEYLESS):
+        assert_mirror_equals_source(fast, spark_warehouse, table)
+
+
 def test_orphan_files_older_than_the_age_are_removed_a_day_after_the_first_compaction(
         pipeline, spark_warehouse):
     """The first compaction starts the orphan clock and deletes nothing; a compaction a day

@@ -110,9 +110,9 @@ def run(spark, job: JobInput, *, once: bool, stop: threading.Event | None = None
     just after the reader's seals when the interval allows (:mod:`lakeslot.cadence`).
     ``on_pass`` is given each pass's outcome as it ends (benchmarks time passes with it).
     Returns the last pass's outcome."""
-    applier = Applier(spark, job, hooks or Hooks(), max_segments, max_attempts, environ,
-                      expire_interval_s, continuous=not once)
     stop = stop or threading.Event()
+    applier = Applier(spark, job, hooks or Hooks(), max_segments, max_attempts, environ,
+                      expire_interval_s, continuous=not once, stop=stop)
     result = ApplyResult()
     try:
         if not once:
@@ -146,7 +146,7 @@ class Applier:
 
     def __init__(self, spark, job: JobInput, hooks: Hooks, max_segments: int, max_attempts: int,
                  environ=None, expire_interval_s: float = EXPIRE_INTERVAL_S, *,
-                 continuous: bool = True) -> None:
+                 continuous: bool = True, stop: threading.Event | None = None) -> None:
         spec = job.ingestion.spec
         make_active(spark)  # (again at every pass: the JVM thread may lose it)
         tables = Tables(spark, spec.sink.catalog.name, spec.sink.namespace)
@@ -156,10 +156,10 @@ class Applier:
         self.sources = SourceTables(job, job.source(environ))
         work = TablePass(spark, job, tables, hooks, self.failures, self.sources,
                          continuous=continuous)
-        upkeep = Upkeep(spark, spec, tables, staging, hooks, self.totals, expire_interval_s)
+        upkeep = Upkeep(spark, spec, tables, staging, hooks, self.totals, expire_interval_s, stop)
         self.passes = Passes(spark, job, tables, staging, hooks, self.failures, self.totals, work,
                              Reduction(spark, spec.staging.uri, self.failures), upkeep,
-                             max_segments)
+                             max_segments, continuous=continuous)
 
     def close(self) -> None:
         self.sources.close()

@@ -17,7 +17,8 @@ A pass (:meth:`Passes.run_pass`), every step timed (:class:`lakeslot.apply.outco
    ``apply.tableParallelism`` at a time, then the reductions released.
 6. ``maintenance``: escalation of tables that keep failing transiently, upkeep
    (:mod:`lakeslot.apply.upkeep`: expiry, compaction — at most its share of a pass that applied
-   changes —, retention), lifting the errors of tables that work again.
+   changes; in a pass that applied none, until new segments are sealed —, retention), lifting
+   the errors of tables that work again.
 7. ``status``: the status document ``<staging>/apply-status.json``.
 
 Invariants:
@@ -38,6 +39,8 @@ the pass fails as a whole (the caller counts it and ends the job). Hooks
 from __future__ import annotations
 
 import functools
+import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -62,7 +65,9 @@ from lakeslot.staging.format import SegmentName
 from lakeslot.staging.store import Staging
 from lakeslot.workloads import JobInput
 
+log = logging.getLogger("lakeslot.apply.job")
 T = TypeVar("T")
+NEWS_INTERVAL_S = 1.0  # an idle pass's maintenance looks for new seals at most this often
 
 
 class Passes:
@@ -71,7 +76,7 @@ class Passes:
 
     def __init__(self, spark, job: JobInput, tables: Tables, staging: Staging, hooks: Hooks,
                  failures: Failures, totals: Totals, work: TablePass, reduction: Reduction,
-                 upkeep: Upkeep, max_segments: int) -> None:
+                 upkeep: Upkeep, max_segments: int, *, continuous: bool = True) -> None:
         self.spark, self.job, self.spec = spark, job, job.ingestion.spec
         self.tables, self.staging, self.hooks = tables, staging, hooks
         self.failures, self.totals = failures, totals
@@ -81,6 +86,8 @@ class Passes:
         self.parallelism = self.spec.apply.table_parallelism
         self.lag = cadence.Lag(self.spec.seal_seconds())  # passes behind the seals
         self._seen_end: int | None = None  # the furthest segment end a listing showed
+        self.continuous = continuous
+        self._news_at = -math.inf  # when maintenance last listed staging for news (monotonic)
 
     def run_pass(self) -> PassResult:
         started = time.monotonic()
@@ -140,7 +147,9 @@ class Passes:
         applied = any(o.state == "applied" for o in ordered)
         with steps("maintenance"):
             self.upkeep.expire(ordered)
-            for table, error in self.upkeep.maintain(ordered, busy if applied else 0.0).items():
+            for table, error in self.upkeep.maintain(
+                    ordered, busy if applied else 0.0,
+                    wanted=lambda: not applied and self._sealed_since()).items():
                 outcomes[table] = self.failures.retryable(table, error)
             ordered = tuple(outcomes[t] for t in self.job.tables)
             self.failures.recovered(ordered)
@@ -194,6 +203,22 @@ class Passes:
             self.lag.observe(t for name, t in listing if t is not None and name.end > seen)
         self._seen_end = max((name.end for name, _ in listing), default=seen)
         return [name for name, _ in listing]
+
+    def _sealed_since(self) -> bool:
+        """In a continuous job, whether segments were sealed since this pass listed staging (a
+        listing at most every :data:`NEWS_INTERVAL_S`): an idle pass's maintenance then makes
+        way for the next pass — its budget is ``budgetSeconds``, long for a change to wait."""
+        now = time.monotonic()
+        if not self.continuous or now - self._news_at < NEWS_INTERVAL_S:
+            return False
+        self._news_at = now
+        seen = self._seen_end
+        try:
+            listing = self.staging.listing()
+        except Exception as e:  # noqa: BLE001 - not worth failing the pass: maintenance goes on
+            log.info("looking for new segments failed: %s", e)
+            return False
+        return any(seen is None or name.end > seen for name, _ in listing)
 
     def _write_status(self, result: PassResult) -> None:
         document = {

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from lakeslot import lsn as lsn_text
 from lakeslot.api.naming import TableName
@@ -41,9 +42,11 @@ class Upkeep:
     at, which were found settled, maintenance failures in a row)."""
 
     def __init__(self, spark, spec, tables: Tables, staging: Staging, hooks: Hooks,
-                 totals: Totals, expire_interval_s: float = EXPIRE_INTERVAL_S) -> None:
+                 totals: Totals, expire_interval_s: float = EXPIRE_INTERVAL_S,
+                 stop: threading.Event | None = None) -> None:
         self.spec, self.tables, self.staging, self.hooks, self.totals = (spec, tables, staging,
                                                                          hooks, totals)
+        self.stop = stop or threading.Event()  # the job's: set, no further table is maintained
         self.maintainer = Maintainer(spark, spec.sink.maintenance)
         self.expire_interval_s = expire_interval_s
         self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
@@ -80,15 +83,18 @@ class Upkeep:
                 log.warning("%s: expiring old snapshots failed (retried later): %s", target,
                             error_summary(e))
 
-    def maintain(self, outcomes: tuple[TableOutcome, ...], busy_s: float = 0.0
-                 ) -> dict[TableName, str]:
+    def maintain(self, outcomes: tuple[TableOutcome, ...], busy_s: float = 0.0,
+                 wanted: Callable[[], bool] = lambda: False) -> dict[TableName, str]:
         """Compaction and clean-up where due (:mod:`lakeslot.mirror.maintenance`), table after
         table until the pass's maintenance budget is spent; the rest waits for the next pass,
         which starts with them (the tables take turns). The budget is
         ``maintenance.budgetSeconds``, and in a pass that applied changes for ``busy_s`` seconds
         at most ``maxTimeShare`` of the job's time (``busy_s × share ÷ (1 − share)``): with
         hundreds of busy tables, each due in turn, maintenance would otherwise double every
-        pass. One table starts in any pass, whatever its budget (a started compaction finishes).
+        pass. One table starts in any pass, whatever its budget (a started compaction
+        finishes); no further one once ``wanted`` says the job is wanted for something else
+        (asked between tables: changes wait for an idle pass's end), and none once the job is
+        stopping.
         A transient failure logs (the data is safe) and is tried again later; a table whose
         maintenance fails otherwise, or :data:`isolation.MAINTENANCE_STREAK` times in a row, is
         returned with why (its reads would only grow slower): it fails alone.
@@ -112,7 +118,8 @@ class Upkeep:
         turn = next((i for i, (_, t) in enumerate(targets) if t == self._turn), 0)
         started = False  # (whether a table was looked at in this pass)
         for source, target in targets[turn:] + targets[:turn]:
-            if not spec.enabled or (started and time.monotonic() >= deadline):
+            if not spec.enabled or self.stop.is_set() or (
+                    started and (time.monotonic() >= deadline or wanted())):
                 self._turn = target  # (first in the next pass)
                 return failed
             if source in failed:
