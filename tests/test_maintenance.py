@@ -29,7 +29,9 @@ from lakeslot.mirror.contract import (
     ORPHANS_AT_PROPERTY,
 )
 from lakeslot.mirror.maintenance import Health, Record, due
+from lakeslot.spark import maintenance as spark_maintenance
 from lakeslot.spark.maintenance import Maintainer
+from lakeslot.spark.session import with_commit_properties
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source, workload_pipeline
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN, Workload
 
@@ -441,3 +443,34 @@ def test_a_compaction_runs_from_a_thread_without_an_active_spark_session(spark, 
     assert spark.sql(f"SELECT count(*) FROM {table}").first()[0] == 90
     assert spark.sql(f"SELECT summary['total-delete-files'] FROM {table}.snapshots "
                      "ORDER BY committed_at DESC LIMIT 1").first()[0] == "0"
+
+
+def test_a_compaction_rewrites_many_manifests_and_every_commit_keeps_the_position(
+        spark, iceberg_namespace, monkeypatch):
+    """More than MANIFESTS_PER_SNAPSHOT manifests left after a compaction are rewritten with it,
+    on the driver for an unpartitioned table (lakeslot's ``Manifests``: one group); every commit
+    of the maintenance — the compaction, the delete files it left, the manifests — carries the
+    table's ``lakeslot.lsn`` and says what it is, and no row changes. Here twelve appends, a
+    delete in each file, and the threshold at 0 (how many manifests a compaction leaves is
+    Iceberg's business)."""
+    monkeypatch.setattr(spark_maintenance, "MANIFESTS_PER_SNAPSHOT", 0)
+    table = f"{iceberg_namespace}.manifold"
+    spark.sql(f"CREATE TABLE {table} (id bigint, v string) USING iceberg TBLPROPERTIES ("
+              "'format-version' = '2', 'write.delete.mode' = 'merge-on-read')")
+    for i in range(12):
+        spark.sql(f"INSERT INTO {table} VALUES ({2 * i}, 'a{i}'), ({2 * i + 1}, 'b{i}')")
+    with_commit_properties(spark, {LSN_PROPERTY: "42"},
+                           lambda: spark.sql(f"DELETE FROM {table} WHERE id % 2 = 1"))
+    java_table = spark._jvm.org.apache.iceberg.spark.Spark3Util.loadIcebergTable(
+        spark._jsparkSession, table)
+    outcome = Maintainer(spark, SPEC).maintain(java_table, table, idle=True)
+    assert outcome is not None and "manifests rewritten into" in outcome, outcome
+    snapshots = spark.sql(f"SELECT operation, summary FROM {table}.snapshots "
+                          "ORDER BY committed_at").collect()
+    maintained = [s.summary for s in snapshots[13:]]  # (after the appends and the delete)
+    assert [s.get(MAINTENANCE_SUMMARY) for s in maintained] == \
+        ["compaction", "delete-files", "manifests"], maintained
+    assert {s.get(LSN_PROPERTY) for s in maintained} == {"42"}
+    assert spark.sql(f"SELECT count(*) FROM {table}.manifests WHERE content = 0").first()[0] == 1
+    assert [tuple(r) for r in spark.sql(f"SELECT id, v FROM {table} ORDER BY id").collect()] == \
+        [(2 * i, f"a{i}") for i in range(12)]

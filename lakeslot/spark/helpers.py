@@ -1,5 +1,5 @@
 """lakeslot's Java helpers (``java/*.java``), compiled where a JDK is and put on the driver's
-class path: the two places where Python talking to Spark's JVM cost more than the work.
+class path: where Python talking to Spark's JVM, or a Spark job, cost more than the work.
 
 - ``lakeslot.hadoop.LocalFileSystem`` (:data:`FS_CLASS`, ``java/LocalFileSystem.java``): local
   disk without a process per file. Without Hadoop's native library (libhadoop: neither pip nor
@@ -11,6 +11,8 @@ class path: the two places where Python talking to Spark's JVM cost more than th
 - ``lakeslot.iceberg.RowDeltas`` (:data:`ROW_DELTAS`, ``java/RowDeltas.java``): the Java half of
   the driver's row delta (:mod:`lakeslot.spark.row_delta`) — a table's facts, new files'
   locations and the commit, one py4j call each instead of about forty.
+- ``lakeslot.iceberg.Manifests`` (:data:`MANIFESTS`, ``java/Manifests.java``): the manifests'
+  rewrite after a compaction (:mod:`lakeslot.spark.maintenance`) on the driver, not a Spark job.
 
 Guarantees:
 
@@ -55,6 +57,7 @@ log = logging.getLogger(__name__)
 
 FS_CLASS = "lakeslot.hadoop.LocalFileSystem"
 ROW_DELTAS = "lakeslot.iceberg.RowDeltas"
+MANIFESTS = "lakeslot.iceberg.Manifests"
 SOURCES = tuple(sorted((Path(__file__).parent / "java").glob("*.java")))
 FS_IMPL = "spark.hadoop.fs.file.impl"
 RELEASE = "11"  # the Java release the classes target (Iceberg 1.10's own)

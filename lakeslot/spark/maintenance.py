@@ -5,7 +5,9 @@ removal, run by the apply job between passes (``spec.sink.maintenance``) when
 Invariants:
 
 - **The position never moves.** Every commit maintenance makes (Iceberg's ``rewriteDataFiles``
-  and ``rewriteManifests`` actions, a ``replace`` snapshot) carries ``lakeslot.lsn`` equal to the
+  action, the manifests' rewrite — on the driver for an unpartitioned table, lakeslot's
+  ``Manifests``, else Spark's ``rewriteManifests`` action —, a ``replace`` snapshot) carries
+  ``lakeslot.lsn`` equal to the
   position the table had when it started (the actions' ``snapshotProperty``) and rewrites files,
   never rows: the table's content and position are those of the commit before it.
 - **Never concurrent with the apply job's own commits**: it runs in the apply job's thread
@@ -32,10 +34,13 @@ interrupted: a compaction started near the end of the budget finishes.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import logging
 import math
 import time
 from dataclasses import dataclass
+
+from py4j.java_gateway import JavaClass
 
 from lakeslot.api.models import MaintenanceSpec
 from lakeslot.mirror.contract import (
@@ -47,6 +52,8 @@ from lakeslot.mirror.contract import (
     ORPHANS_AT_PROPERTY,
 )
 from lakeslot.mirror.maintenance import MANIFESTS_PER_SNAPSHOT, Health, Record, due
+from lakeslot.spark.helpers import MANIFESTS
+from lakeslot.spark.jvm import java
 from lakeslot.spark.session import each, error_summary, execute, iceberg_actions
 from lakeslot.spark.tables import position_of, python_dict
 
@@ -73,6 +80,8 @@ class Maintainer:
     def __init__(self, spark, spec: MaintenanceSpec) -> None:
         self._spark, self._jvm, self.spec = spark, spark._jvm, spec
         self._actions = iceberg_actions(spark)
+        manifests = java(self._jvm, MANIFESTS)  # (absent where the helpers could not be built)
+        self._manifests = manifests if isinstance(manifests, JavaClass) else None
 
     def look(self, table) -> Look:
         """What :meth:`maintain` and :meth:`settled` decide from, read from the Java Iceberg
@@ -130,8 +139,7 @@ class Maintainer:
         result = execute(self._spark, self._tagged(
             self._actions.rewriteDataFiles(table), lsn, "compaction")
             .option("delete-file-threshold", "1")
-            .option("use-starting-sequence-number", "false")
-            .option("remove-dangling-deletes", "true"))
+            .option("use-starting-sequence-number", "false"))
         text = (f"compacted ({why}): {result.rewrittenDataFilesCount()} data files rewritten "
                 f"into {result.addedDataFilesCount()}")
         removed = result.removedDeleteFilesCount() + self._drop_dangling_deletes(table, lsn)
@@ -139,18 +147,31 @@ class Maintainer:
         table.refresh()
         manifests = table.currentSnapshot().allManifests(table.io()).size()
         if manifests > MANIFESTS_PER_SNAPSHOT:
-            rewritten = execute(self._spark, self._tagged(self._actions.rewriteManifests(table),
-                                                          lsn, "manifests"))
-            text += (f", {_size(rewritten.rewrittenManifests())} manifests rewritten "
-                     f"into {_size(rewritten.addedManifests())}")
+            replaced, created = self._rewrite_manifests(table, lsn)
+            text += f", {replaced} manifests rewritten into {created}"
         return text
+
+    def _rewrite_manifests(self, table, lsn: str | None) -> tuple[int, int]:
+        """The data manifests rewritten (how many replaced, how many created): an unpartitioned
+        table's by lakeslot's ``Manifests`` on the driver (:mod:`lakeslot.spark.helpers`), in
+        one group; else — partitioned, or a JVM without the class — by Spark's action, which
+        clusters them by partition (a Spark job: ≈ 0.3 s of a small table's 0.5-s compaction)."""
+        if self._manifests is not None and table.spec().isUnpartitioned():
+            properties = {MAINTENANCE_SUMMARY: "manifests", **({LSN_PROPERTY: lsn} if lsn else {})}
+            counts = json.loads(self._manifests.rewrite(table, json.dumps(properties)))
+            return counts["replaced"], counts["created"]
+        rewritten = execute(self._spark, self._tagged(self._actions.rewriteManifests(table), lsn,
+                                                      "manifests"))
+        return _size(rewritten.rewrittenManifests()), _size(rewritten.addedManifests())
 
     def _drop_dangling_deletes(self, table, lsn: str | None) -> int:
         """Removes the delete files that apply to no live data file any more — those of the data
-        files just rewritten, which Iceberg drops itself only when no older data file is left —
-        in one commit. Which delete files apply is what a scan plans: exactly what readers merge,
-        so dropping the others changes no read. (Iceberg's rewritePositionDeletes would do it,
-        but fails on tables with list columns: "Invalid partition field parent".)"""
+        files just rewritten — in one commit, tagged like every maintenance commit (the
+        rewrite's own ``remove-dangling-deletes`` committed without its summary properties, and
+        dropped them only when no older data file was left). Which delete files apply is what
+        a scan plans: exactly what readers merge, so dropping the others changes no read.
+        (Iceberg's rewritePositionDeletes would do it, but fails on tables with list columns:
+        "Invalid partition field parent".)"""
         table.refresh()
         current = table.currentSnapshot()
         if current is None or not int(current.summary().get("total-delete-files") or 0):

@@ -1,0 +1,55 @@
+/*
+ * The manifests' rewrite after a compaction (lakeslot/spark/maintenance.py), on the driver in
+ * one call: Iceberg's core RewriteManifests, clustered into one group.
+ *
+ * Built for cost: Spark's rewriteManifests action is a Spark job, ≈ 0.3 s of a small table's
+ * 0.5-s compaction, for a handful of manifests that hold a few entries (most of them none, once
+ * the compaction has replaced their files). Java because clustering takes a Java function.
+ *
+ * Invariants: data manifests only, their live entries rewritten whole (Iceberg validates that
+ * the entries added equal those replaced), the delete manifests kept; one commit or none. For an
+ * unpartitioned table only: one group is what a partition-clustered rewrite gives it; the
+ * caller rewrites a partitioned table's manifests with Spark's action, which keeps them
+ * clustered by partition.
+ */
+package lakeslot.iceberg;
+
+import java.util.Map;
+import java.util.concurrent.ExecutorService;
+import org.apache.iceberg.RewriteManifests;
+import org.apache.iceberg.Table;
+import org.apache.iceberg.relocated.com.google.common.base.Preconditions;
+import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
+import org.apache.iceberg.shaded.com.fasterxml.jackson.databind.JsonNode;
+import org.apache.iceberg.util.JsonUtil;
+
+public final class Manifests {
+  // (Iceberg waits for its worker pool by polling every 10 ms: manifests are read on this thread)
+  private static final ExecutorService DIRECT = MoreExecutors.newDirectExecutorService();
+
+  private Manifests() {}
+
+  /**
+   * Rewrite the unpartitioned {@code table}'s data manifests into one group, in one commit whose
+   * summary carries {@code properties} (a JSON object of strings). Returns, as JSON, how many
+   * manifests it replaced and created: "replaced", "created".
+   */
+  public static String rewrite(Table table, String properties) {
+    Preconditions.checkArgument(table.spec().isUnpartitioned(), "%s is partitioned", table.name());
+    RewriteManifests rewrite = table.rewriteManifests().clusterBy(file -> "").scanManifestsWith(DIRECT);
+    JsonNode asked = JsonUtil.parse(properties, node -> node);
+    for (Map.Entry<String, JsonNode> entry : (Iterable<Map.Entry<String, JsonNode>>) asked::fields) {
+      rewrite = rewrite.set(entry.getKey(), entry.getValue().asText());
+    }
+    rewrite.commit();
+    Map<String, String> summary = table.currentSnapshot().summary();
+    return JsonUtil.generate(
+        gen -> {
+          gen.writeStartObject();
+          gen.writeNumberField("replaced", Integer.parseInt(summary.getOrDefault("manifests-replaced", "0")));
+          gen.writeNumberField("created", Integer.parseInt(summary.getOrDefault("manifests-created", "0")));
+          gen.writeEndObject();
+        },
+        false);
+  }
+}
