@@ -91,13 +91,7 @@ def reduced_here(candidates: Mapping[TableName, int]) -> frozenset[TableName]:
     """Of the tables that may take the driver's path (table → its changes), those the driver
     reduces itself (:func:`lakeslot.apply.spread.reduce` ``here``): fewest changes first, at
     most :data:`lakeslot.apply.spread.DRIVER_CHANGES` changes in all."""
-    chosen, total = [], 0
-    for table, count in sorted(candidates.items(), key=lambda item: item[1]):
-        if total + count > spread.DRIVER_CHANGES:
-            break
-        chosen.append(table)
-        total += count
-    return frozenset(chosen)
+    return frozenset(_fewest_first(candidates, spread.DRIVER_CHANGES))
 
 
 def writes_every_column(state: TableState) -> bool:
@@ -116,16 +110,23 @@ def collect(reduced: spread.Reduced, changes: Mapping[TableName, int]) -> dict[T
     """The reduced rows (``F``) of the tables of ``changes`` (table → its changes, the eligible
     ones), fewest changes first until :data:`SMALL_ROWS` (from the executors: in one Spark
     job)."""
-    chosen, total = [], 0
-    for table, count in sorted(changes.items(), key=lambda item: item[1]):
-        if total + count > SMALL_ROWS:
-            break
-        chosen.append(table)
-        total += count
+    chosen = _fewest_first(changes, SMALL_ROWS)
     if not chosen:
         return {}
     rows = reduced.finals(chosen)
     return {table: rows.filter(pc.equal(rows["t"], reduced.index[table])) for table in chosen}
+
+
+def _fewest_first(changes: Mapping[TableName, int], most: int) -> list[TableName]:
+    """The tables of ``changes`` (table → its changes), fewest changes first, while their
+    changes add up to at most ``most``."""
+    chosen, total = [], 0
+    for table, count in sorted(changes.items(), key=lambda item: item[1]):
+        if total + count > most:
+            break
+        chosen.append(table)
+        total += count
+    return chosen
 
 
 class SmallBatches:

@@ -355,14 +355,21 @@ def reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]
     return Reduced(index, {**reduced.tables, **again.tables}, frame=union)
 
 
+def _numbered(batch: Batch, configs: Sequence[TableConfig]
+              ) -> tuple[dict[TableName, int], list[int], list[Unit]]:
+    """The tables of ``configs`` numbered in their order (``t``), each relation of the batch's
+    table number (-1: not reduced), and the batch's units as the tasks take them."""
+    index = {c.table: i for i, c in enumerate(configs)}
+    rel_table = [index.get(TableName(r.schema, r.table), -1) for r in batch.relations]
+    return index, rel_table, [(s, g, f, tuple(local)) for s, g, f, local in batch.units]
+
+
 def _reduce_here(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]
                  ) -> Reduced:
     changes = sum(batch.tables[c.table].changes for c in configs)
     assert changes <= DRIVER_CHANGES, changes  # (the driver's memory: DESIGN.md "Scale")
     single = [replace(c, single=True) for c in configs]  # (folded in stream order: no redo)
-    index = {c.table: i for i, c in enumerate(single)}
-    rel_table = [index.get(TableName(r.schema, r.table), -1) for r in batch.relations]
-    units: list[Unit] = [(s, g, f, tuple(local)) for s, g, f, local in batch.units]
+    index, rel_table, units = _numbered(batch, single)
     router = _Router(staging_uri, single, rel_table, batch.relations, [0], units, 1)
     slice_ = pa.record_batch([pa.array([0], pa.int64())], names=["id"])
     rows = pa.Table.from_batches(list(_Serial(router, _Folder(single, batch.relations))([slice_])),
@@ -383,9 +390,7 @@ def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig
     plain = [not (c.single or c.changelog or c.check_unique or c.renames) for c in configs]
     if serial:
         configs = [replace(c, single=True) for c in configs]
-    index = {c.table: i for i, c in enumerate(configs)}
-    rel_table = [index.get(TableName(r.schema, r.table), -1) for r in batch.relations]
-    units: list[Unit] = [(s, g, f, tuple(local)) for s, g, f, local in batch.units]
+    index, rel_table, units = _numbered(batch, configs)
     count = 1 if serial else max(1, min(len(units), partitions))  # tasks reading the units
     targets = [0] if serial else _partition_values(spark, partitions)
     router = _Router(staging_uri, list(configs), rel_table, batch.relations, targets, units, count)

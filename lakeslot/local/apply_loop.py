@@ -11,8 +11,8 @@ Invariants:
   ``lakeslot.lsn`` (DESIGN.md rule 3). Only failures in a row without a finished pass count.
 - ``--once``: passes follow each other (:data:`ONCE_POLL_S` apart) until one starts after the
   reader sealed everything up to the target — that one as soon as supervision sees the reader
-  done, without waiting out the pause; then, while a table is to be copied again (:meth:`.schedule.Schedule.next_copy`),
-  it is copied and the passes start over.
+  done, without waiting out the pause; then, while a table is to be copied again
+  (:meth:`.schedule.Schedule.next_copy`), it is copied and the passes start over.
 - Every finished pass is counted and timed from reading its batch to the last table's commit
   (:meth:`ApplyLoop.point`, the job's hook): the schedule decides once per pass, the display shows
   the time.

@@ -50,8 +50,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pyspark
+from py4j.java_gateway import JavaClass
 
 from lakeslot.spark import jars as cached_jars
+from lakeslot.spark.jvm import java
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,13 @@ MANIFESTS = "lakeslot.iceberg.Manifests"
 SOURCES = tuple(sorted((Path(__file__).parent / "java").glob("*.java")))
 FS_IMPL = "spark.hadoop.fs.file.impl"
 RELEASE = "11"  # the Java release the classes target (Iceberg 1.10's own)
+
+
+def loaded(jvm, name: str):
+    """The helper class ``name`` (:data:`ROW_DELTAS`, :data:`MANIFESTS`) in ``jvm``, or None
+    where the helpers could not be built (see the module docstring)."""
+    found = java(jvm, name)
+    return found if isinstance(found, JavaClass) else None
 
 
 class Built(NamedTuple):

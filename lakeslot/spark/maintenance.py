@@ -40,8 +40,6 @@ import math
 import time
 from dataclasses import dataclass
 
-from py4j.java_gateway import JavaClass
-
 from lakeslot.api.models import MaintenanceSpec
 from lakeslot.mirror.contract import (
     LSN_PROPERTY,
@@ -52,8 +50,7 @@ from lakeslot.mirror.contract import (
     ORPHANS_AT_PROPERTY,
 )
 from lakeslot.mirror.maintenance import MANIFESTS_PER_SNAPSHOT, Health, Record, due
-from lakeslot.spark.helpers import MANIFESTS
-from lakeslot.spark.jvm import java
+from lakeslot.spark.helpers import MANIFESTS, loaded
 from lakeslot.spark.session import each, error_summary, execute, iceberg_actions
 from lakeslot.spark.tables import position_of, python_dict
 
@@ -80,8 +77,7 @@ class Maintainer:
     def __init__(self, spark, spec: MaintenanceSpec) -> None:
         self._spark, self._jvm, self.spec = spark, spark._jvm, spec
         self._actions = iceberg_actions(spark)
-        manifests = java(self._jvm, MANIFESTS)  # (absent where the helpers could not be built)
-        self._manifests = manifests if isinstance(manifests, JavaClass) else None
+        self._manifests = loaded(self._jvm, MANIFESTS)  # (None: Spark's action rewrites them)
 
     def look(self, table) -> Look:
         """What :meth:`maintain` and :meth:`settled` decide from, read from the Java Iceberg
@@ -157,8 +153,8 @@ class Maintainer:
         one group; else — partitioned, or a JVM without the class — by Spark's action, which
         clusters them by partition (a Spark job: ≈ 0.3 s of a small table's 0.5-s compaction)."""
         if self._manifests is not None and table.spec().isUnpartitioned():
-            properties = {MAINTENANCE_SUMMARY: "manifests", **({LSN_PROPERTY: lsn} if lsn else {})}
-            counts = json.loads(self._manifests.rewrite(table, json.dumps(properties)))
+            counts = json.loads(self._manifests.rewrite(
+                table, json.dumps(_summary(lsn, "manifests"))))
             return counts["replaced"], counts["created"]
         rewritten = execute(self._spark, self._tagged(self._actions.rewriteManifests(table), lsn,
                                                       "manifests"))
@@ -199,9 +195,8 @@ class Maintainer:
     def _tagged(update, lsn: str | None, what: str, *, action: bool = True):
         """An action (``snapshotProperty``) or a snapshot update (``set``) with lakeslot's summary
         properties: the position it keeps, and what it is."""
-        update = (update.snapshotProperty if action else update.set)(MAINTENANCE_SUMMARY, what)
-        if lsn is not None:
-            update = (update.snapshotProperty if action else update.set)(LSN_PROPERTY, lsn)
+        for name, value in _summary(lsn, what).items():
+            update = (update.snapshotProperty if action else update.set)(name, value)
         return update
 
     def _remove_orphans(self, table, now: float) -> str:
@@ -220,6 +215,11 @@ class Maintainer:
         if orphans:
             update = update.set(ORPHANS_AT_PROPERTY, repr(at))
         update.commit()
+
+
+def _summary(lsn: str | None, what: str) -> dict[str, str]:
+    """The summary properties of a maintenance commit: what it is, and the position it keeps."""
+    return {MAINTENANCE_SUMMARY: what, **({} if lsn is None else {LSN_PROPERTY: lsn})}
 
 
 def _size(iterable) -> int:

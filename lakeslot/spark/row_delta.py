@@ -64,7 +64,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from py4j.java_gateway import JavaClass
 from py4j.protocol import Py4JJavaError
 from pyiceberg.avro.file import AvroFile
 from pyiceberg.io import FileIO, InputFile, InputStream, OutputFile
@@ -80,7 +79,7 @@ from pyiceberg.typedef import Record
 from pyiceberg.types import NestedField, StringType, StructType
 
 from lakeslot.mirror.contract import LSN_PROPERTY
-from lakeslot.spark.helpers import ROW_DELTAS
+from lakeslot.spark.helpers import ROW_DELTAS, loaded
 from lakeslot.spark.jvm import java
 
 CACHE_BYTES = 256 << 20  # key columns and position deletes held in the driver, at most
@@ -531,7 +530,7 @@ class Described:
 def available(jvm) -> bool:
     """Whether the JVM has lakeslot's ``RowDeltas`` (:mod:`lakeslot.spark.helpers`): without it,
     the caller applies small batches another way."""
-    return isinstance(java(jvm, ROW_DELTAS), JavaClass)
+    return loaded(jvm, ROW_DELTAS) is not None
 
 
 def describe(jvm, table, properties: Sequence[str] = ()) -> Described:
