@@ -14,7 +14,6 @@ import pytest
 from psycopg import sql
 
 from lakeslot.api.naming import TableName
-from lakeslot.apply import small_batches
 from lakeslot.source.columns import describe
 from lakeslot.source.tables import existing
 from lakeslot.spark import row_delta
@@ -183,7 +182,7 @@ def _eligible_columns(pgdb) -> list[tuple]:
         _create_table(conn, COLUMNS, probe)
         mapped = {m.name: m.iceberg(0) for m in describe(conn, existing(conn, [probe])[probe])}
         conn.execute(sql.SQL("DROP TABLE {}").format(probe.sql()))
-    return [c for c in COLUMNS if small_batches.writes(mapped[c[0]])]
+    return [c for c in COLUMNS if row_delta.writes(mapped[c[0]])]
 
 
 def test_every_type_the_driver_writes_streams_value_by_value(spark, spark_warehouse,

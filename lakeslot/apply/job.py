@@ -156,7 +156,8 @@ class Applier:
         self.sources = SourceTables(job, job.source(environ))
         work = TablePass(spark, job, tables, hooks, self.failures, self.sources,
                          continuous=continuous)
-        upkeep = Upkeep(spark, spec, tables, staging, hooks, self.totals, expire_interval_s, stop)
+        upkeep = Upkeep(spark, spec, tables, staging, hooks, self.totals, expire_interval_s, stop,
+                        work.small.positions)
         self.passes = Passes(spark, job, tables, staging, hooks, self.failures, self.totals, work,
                              Reduction(spark, spec.staging.uri, self.failures), upkeep,
                              max_segments, continuous=continuous)

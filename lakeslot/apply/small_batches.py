@@ -18,9 +18,9 @@ Invariants:
 - **Only what the path covers** (:func:`eligible`): at most :data:`SMALL_CHANGES` changes of the
   table, and at most :data:`SMALL_ROWS` reduced rows collected per pass (the driver's memory is
   bounded by them, not by the batch: DESIGN.md "Scale"); no TRUNCATE, no keyColumns check, no
-  changelog, an unpartitioned mirror whose columns are all of :data:`TYPES` or lists of them
-  (:func:`writes`). Anything else takes the MERGE, as does a table whose commit met another
-  writer's (:class:`lakeslot.spark.row_delta.Conflict`), whose unchanged TOAST value has no
+  changelog, an unpartitioned mirror whose columns are all of types the driver writes
+  (:func:`lakeslot.spark.row_delta.writes`). Anything else takes the MERGE, as does a table
+  whose commit met another writer's (:class:`lakeslot.spark.row_delta.Conflict`), whose unchanged TOAST value has no
   mirror row to come from (the MERGE reports it), or that turns out not to fit
   (:class:`lakeslot.spark.row_delta.Unsupported`): :meth:`SmallBatches.apply` returns False and
   has committed nothing.
@@ -41,21 +41,6 @@ from collections.abc import Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.io.pyarrow import schema_to_pyarrow
-from pyiceberg.types import (
-    BinaryType,
-    BooleanType,
-    DateType,
-    DecimalType,
-    DoubleType,
-    FloatType,
-    IcebergType,
-    IntegerType,
-    ListType,
-    LongType,
-    StringType,
-    TimestampType,
-    TimestamptzType,
-)
 
 from lakeslot.api.naming import TableName
 from lakeslot.apply import merge, spread
@@ -65,12 +50,6 @@ from lakeslot.spark import row_delta
 log = logging.getLogger("lakeslot.apply.job")
 SMALL_CHANGES = 20_000  # a table's changes in a pass up to which the driver applies them
 SMALL_ROWS = 200_000  # reduced rows collected to the driver per pass, at most
-TYPES = (BooleanType, IntegerType, LongType, FloatType, DoubleType, DecimalType, DateType,
-         TimestampType, TimestamptzType, StringType, BinaryType)
-CODEC_PROPERTY = "write.parquet.compression-codec"
-SESSION_CODEC = "spark.sql.iceberg.compression-codec"
-CODECS = {"zstd": "zstd", "snappy": "snappy", "gzip": "gzip", "lz4": "lz4", "brotli": "brotli",
-          "uncompressed": "none"}  # Iceberg's write.parquet.compression-codec → pyarrow's
 
 
 def eligible(config: spread.TableConfig, scanned: spread.TableScan, state: TableState,
@@ -84,7 +63,8 @@ def may_take(config: spread.TableConfig, scanned: spread.TableScan, state: Table
     reduction: :func:`eligible` tells after it)."""
     return (0 < scanned.changes <= SMALL_CHANGES and not scanned.truncates
             and not config.check_unique and not config.changelog
-            and not state.properties.get(PARTITION_PROPERTY) and writes_every_column(state))
+            and not state.properties.get(PARTITION_PROPERTY)
+            and row_delta.writes_every_column(state.schema))
 
 
 def reduced_here(candidates: Mapping[TableName, int]) -> frozenset[TableName]:
@@ -92,18 +72,6 @@ def reduced_here(candidates: Mapping[TableName, int]) -> frozenset[TableName]:
     reduces itself (:func:`lakeslot.apply.spread.reduce` ``here``): fewest changes first, at
     most :data:`lakeslot.apply.spread.DRIVER_CHANGES` changes in all."""
     return frozenset(_fewest_first(candidates, spread.DRIVER_CHANGES))
-
-
-def writes_every_column(state: TableState) -> bool:
-    """Whether the driver's path writes every column of the mirror ``state`` describes."""
-    return all(writes(f.field_type) for f in state.schema.fields)
-
-
-def writes(type_: IcebergType) -> bool:
-    """Whether the driver's path writes columns of ``type_``: :data:`TYPES`, and lists of them."""
-    if isinstance(type_, ListType):
-        return isinstance(type_.element_type, TYPES)
-    return isinstance(type_, TYPES)
 
 
 def collect(reduced: spread.Reduced, changes: Mapping[TableName, int]) -> dict[TableName, pa.Table]:
@@ -141,7 +109,7 @@ class SmallBatches:
             log.info("small batches are applied by MERGEs: the JVM has no lakeslot RowDeltas "
                      "(lakeslot.spark.helpers builds it where a JDK is)")
         # Iceberg's Spark writes take the session's codec before the table's (sparkConf)
-        self._session_codec: str | None = spark.conf.get(SESSION_CODEC, None)
+        self._session_codec: str | None = spark.conf.get(row_delta.SESSION_CODEC, None)
 
     def apply(self, java_table, table: TableName, state: TableState, rows: pa.Table,
               keeps: frozenset[int], layout: Sequence[str], delimiters: Mapping[str, str],
@@ -152,7 +120,7 @@ class SmallBatches:
         it (nothing was committed)."""
         if not len(rows) or "values" not in rows.column_names:
             return False  # (nothing reduced: the MERGE path advances the table)
-        if not writes_every_column(state):
+        if not row_delta.writes_every_column(state.schema):
             return False  # (this pass's schema change added a column of another type)
         arrow = schema_to_pyarrow(state.schema)
         names = list(state.data_columns())
@@ -172,7 +140,7 @@ class SmallBatches:
                 wanted = pa.concat_tables([keys, sources]).group_by(keys.column_names).aggregate([])
             else:
                 keeping, wanted = None, keys
-            described = row_delta.describe(self._jvm, java_table, [CODEC_PROPERTY])
+            described = row_delta.describe(self._jvm, java_table, [row_delta.CODEC_PROPERTY])
             found = self.positions.find(java_table, described, key, wanted)
             if keeping is not None:
                 resolved = self._resolve(java_table, typed, keeping, found, key,
@@ -191,12 +159,9 @@ class SmallBatches:
                     column = pa.nulls(len(changed), field.type)
                 columns.append(column.cast(field.type))
             new = pa.Table.from_arrays(columns, schema=arrow)
-            codec = (self._session_codec or described.properties[CODEC_PROPERTY]
-                     or "zstd").lower()
-            if codec not in CODECS:  # (the MERGE fails with Iceberg's own words)
-                raise row_delta.Unsupported(f"compression codec {codec!r} is not one it writes")
             row_delta.commit(self._jvm, java_table, self.positions, found,
-                             found.deletes(keys), new, key, lsn, CODECS[codec])
+                             found.deletes(keys), new, key, lsn,
+                             row_delta.compression(self._session_codec, described))
         except (row_delta.Conflict, row_delta.Unsupported) as e:
             log.info("%s: applied by a MERGE instead of the driver's row delta: %s", table, e)
             return False

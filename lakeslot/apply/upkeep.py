@@ -25,6 +25,7 @@ from lakeslot.apply import isolation
 from lakeslot.apply.outcomes import Hooks, TableOutcome, Totals
 from lakeslot.errors import transient_in_spark
 from lakeslot.mirror.contract import history_age_s
+from lakeslot.spark import row_delta
 from lakeslot.spark.maintenance import Maintainer
 from lakeslot.spark.session import error_summary
 from lakeslot.spark.tables import Tables
@@ -43,11 +44,12 @@ class Upkeep:
 
     def __init__(self, spark, spec, tables: Tables, staging: Staging, hooks: Hooks,
                  totals: Totals, expire_interval_s: float = EXPIRE_INTERVAL_S,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None,
+                 positions: row_delta.Positions | None = None) -> None:
         self.spec, self.tables, self.staging, self.hooks, self.totals = (spec, tables, staging,
                                                                          hooks, totals)
         self.stop = stop or threading.Event()  # the job's: set, no further table is maintained
-        self.maintainer = Maintainer(spark, spec.sink.maintenance)
+        self.maintainer = Maintainer(spark, spec.sink.maintenance, positions)
         self.expire_interval_s = expire_interval_s
         self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
         self._looked: dict[str, float] = {}  # table → monotonic time maintenance last looked

@@ -180,7 +180,8 @@ def _scratch_work(spark, directory: str | Path | None, hurry: threading.Event) -
             merges += 1
             log.debug("warm-up MERGE %d: %.2f s", merges, time.monotonic() - began)
         if not hurry.is_set():
-            maintainer = Maintainer(spark, MaintenanceSpec(orphan_file_age_hours=0))
+            maintainer = Maintainer(spark, MaintenanceSpec(orphan_file_age_hours=0),
+                                    small.positions)
             compacted = maintainer.maintain(tables.iceberg_table(TABLE), TABLE,
                                             idle=True) is not None
     finally:

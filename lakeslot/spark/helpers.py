@@ -13,6 +13,8 @@ class path: where Python talking to Spark's JVM, or a Spark job, cost more than 
   locations and the commit, one py4j call each instead of about forty.
 - ``lakeslot.iceberg.Manifests`` (:data:`MANIFESTS`, ``java/Manifests.java``): the manifests'
   rewrite after a compaction (:mod:`lakeslot.spark.maintenance`) on the driver, not a Spark job.
+- ``lakeslot.iceberg.Compactions`` (:data:`COMPACTIONS`, ``java/Compactions.java``): the commit
+  of a small table's compaction on the driver (:mod:`lakeslot.spark.driver_compaction`).
 
 Guarantees:
 
@@ -60,13 +62,15 @@ log = logging.getLogger(__name__)
 FS_CLASS = "lakeslot.hadoop.LocalFileSystem"
 ROW_DELTAS = "lakeslot.iceberg.RowDeltas"
 MANIFESTS = "lakeslot.iceberg.Manifests"
+COMPACTIONS = "lakeslot.iceberg.Compactions"
 SOURCES = tuple(sorted((Path(__file__).parent / "java").glob("*.java")))
 FS_IMPL = "spark.hadoop.fs.file.impl"
 RELEASE = "11"  # the Java release the classes target (Iceberg 1.10's own)
 
 
 def loaded(jvm, name: str):
-    """The helper class ``name`` (:data:`ROW_DELTAS`, :data:`MANIFESTS`) in ``jvm``, or None
+    """The helper class ``name`` (:data:`ROW_DELTAS`, :data:`MANIFESTS`, :data:`COMPACTIONS`)
+    in ``jvm``, or None
     where the helpers could not be built (see the module docstring)."""
     found = java(jvm, name)
     return found if isinstance(found, JavaClass) else None

@@ -4,12 +4,13 @@ removal, run by the apply job between passes (``spec.sink.maintenance``) when
 
 Invariants:
 
-- **The position never moves.** Every commit maintenance makes (Iceberg's ``rewriteDataFiles``
-  action, the manifests' rewrite — on the driver for an unpartitioned table, lakeslot's
-  ``Manifests``, else Spark's ``rewriteManifests`` action —, a ``replace`` snapshot) carries
-  ``lakeslot.lsn`` equal to the
-  position the table had when it started (the actions' ``snapshotProperty``) and rewrites files,
-  never rows: the table's content and position are those of the commit before it.
+- **The position never moves.** Every commit maintenance makes (a compaction — on the driver
+  for a small table, :mod:`lakeslot.spark.driver_compaction`, else Iceberg's
+  ``rewriteDataFiles`` action —, the manifests' rewrite — on the driver for an unpartitioned
+  table, lakeslot's ``Manifests``, else Spark's ``rewriteManifests`` action —, a ``replace``
+  snapshot) carries ``lakeslot.lsn`` equal to the position the table had when it started (the
+  actions' ``snapshotProperty``) and rewrites files, never rows: the table's content and
+  position are those of the commit before it.
 - **Never concurrent with the apply job's own commits**: it runs in the apply job's thread
   between passes (:meth:`lakeslot.apply.passes.Passes.run_pass`). The only other writer of a mirror
   is a re-snapshot (a replace transaction): a compaction committing after it fails Iceberg's
@@ -40,6 +41,8 @@ import math
 import time
 from dataclasses import dataclass
 
+import pyarrow as pa
+
 from lakeslot.api.models import MaintenanceSpec
 from lakeslot.mirror.contract import (
     LSN_PROPERTY,
@@ -50,6 +53,7 @@ from lakeslot.mirror.contract import (
     ORPHANS_AT_PROPERTY,
 )
 from lakeslot.mirror.maintenance import MANIFESTS_PER_SNAPSHOT, Health, Record, due
+from lakeslot.spark import driver_compaction, row_delta
 from lakeslot.spark.helpers import MANIFESTS, loaded
 from lakeslot.spark.session import each, error_summary, execute, iceberg_actions
 from lakeslot.spark.tables import position_of, python_dict
@@ -72,12 +76,18 @@ class Look:
 
 
 class Maintainer:
-    """Runs due maintenance on mirror tables through Iceberg's Spark actions (py4j)."""
+    """Runs due maintenance on mirror tables: on the driver where it can, else through
+    Iceberg's Spark actions (py4j)."""
 
-    def __init__(self, spark, spec: MaintenanceSpec) -> None:
+    def __init__(self, spark, spec: MaintenanceSpec,
+                 positions: row_delta.Positions | None = None) -> None:
+        """``positions``: the apply job's (its planning is shared with the driver's compaction,
+        which tells it the files it left); None: every compaction is Spark's action."""
         self._spark, self._jvm, self.spec = spark, spark._jvm, spec
         self._actions = iceberg_actions(spark)
         self._manifests = loaded(self._jvm, MANIFESTS)  # (None: Spark's action rewrites them)
+        self._positions = positions if driver_compaction.available(self._jvm) else None
+        self._session_codec: str | None = spark.conf.get(row_delta.SESSION_CODEC, None)
 
     def look(self, table) -> Look:
         """What :meth:`maintain` and :meth:`settled` decide from, read from the Java Iceberg
@@ -104,7 +114,7 @@ class Maintainer:
         lsn = None if position is None else str(position)
         started, done = time.monotonic(), []
         try:
-            done.append(self._compact(table, lsn, work.why))
+            done.append(self._compact(table, lsn, work.why, look))
             if work.orphans:
                 done.append(self._remove_orphans(table, now))
         except Exception as e:
@@ -127,34 +137,53 @@ class Maintainer:
         return look.health is None or not due(look.health, Record(), self.spec,
                                               look.target_file_bytes, 0.0, idle=True)
 
-    def _compact(self, table, lsn: str | None, why: str) -> str:
+    def _compact(self, table, lsn: str | None, why: str, look: Look) -> str:
         """Rewrites every data file that has deletes (and small ones), then the delete files left
-        over, then the manifests if there are many. New files take a new sequence number (not the
-        starting one): nothing commits deletes concurrently, and so the old delete files no
-        longer apply to anything."""
-        result = execute(self._spark, self._tagged(
-            self._actions.rewriteDataFiles(table), lsn, "compaction")
-            .option("delete-file-threshold", "1")
-            .option("use-starting-sequence-number", "false"))
-        text = (f"compacted ({why}): {result.rewrittenDataFilesCount()} data files rewritten "
-                f"into {result.addedDataFilesCount()}")
-        removed = result.removedDeleteFilesCount() + self._drop_dangling_deletes(table, lsn)
-        text += f", {removed} delete files removed"
+        over, then the manifests if there are many: a small table on the driver
+        (:mod:`lakeslot.spark.driver_compaction`: all its files into one), any other by Spark's
+        action. New files take a new sequence number (not the starting one): nothing commits
+        deletes concurrently, and so the old delete files no longer apply to anything."""
+        left = None  # the live files the driver's compaction left (None: Spark's action ran)
+        if self._positions is not None:
+            assert look.health is not None  # (maintain compacts only a table with a snapshot)
+            try:
+                done = driver_compaction.compact(
+                    self._jvm, table, self._positions, _summary(lsn, "compaction"),
+                    self._session_codec, look.health.bytes, look.target_file_bytes)
+            except row_delta.Unsupported as e:
+                log.debug("%s: compacted by Spark: %s", table.name(), e)
+            else:
+                left = done.files
+                text = (f"compacted ({why}) on the driver: {done.data_files} data files "
+                        f"rewritten into {len(left)}, {done.delete_files} delete files removed")
+        if left is None:
+            result = execute(self._spark, self._tagged(
+                self._actions.rewriteDataFiles(table), lsn, "compaction")
+                .option("delete-file-threshold", "1")
+                .option("use-starting-sequence-number", "false"))
+            removed = result.removedDeleteFilesCount() + self._drop_dangling_deletes(table, lsn)
+            text = (f"compacted ({why}): {result.rewrittenDataFilesCount()} data files rewritten "
+                    f"into {result.addedDataFilesCount()}, {removed} delete files removed")
         table.refresh()
         manifests = table.currentSnapshot().allManifests(table.io()).size()
         if manifests > MANIFESTS_PER_SNAPSHOT:
-            replaced, created = self._rewrite_manifests(table, lsn)
+            replaced, created = self._rewrite_manifests(table, lsn, left)
             text += f", {replaced} manifests rewritten into {created}"
         return text
 
-    def _rewrite_manifests(self, table, lsn: str | None) -> tuple[int, int]:
+    def _rewrite_manifests(self, table, lsn: str | None,
+                           left: pa.Table | None) -> tuple[int, int]:
         """The data manifests rewritten (how many replaced, how many created): an unpartitioned
         table's by lakeslot's ``Manifests`` on the driver (:mod:`lakeslot.spark.helpers`), in
         one group; else — partitioned, or a JVM without the class — by Spark's action, which
-        clusters them by partition (a Spark job: ≈ 0.3 s of a small table's 0.5-s compaction)."""
+        clusters them by partition (a Spark job: ≈ 0.3 s of a small table's 0.5-s compaction).
+        ``left``: the live files the driver's compaction left, if it ran (the snapshot made here
+        has the same)."""
         if self._manifests is not None and table.spec().isUnpartitioned():
             counts = json.loads(self._manifests.rewrite(
                 table, json.dumps(_summary(lsn, "manifests"))))
+            if left is not None and self._positions is not None:
+                self._positions.known(counts["manifest_list"], left)
             return counts["replaced"], counts["created"]
         rewritten = execute(self._spark, self._tagged(self._actions.rewriteManifests(table), lsn,
                                                       "manifests"))

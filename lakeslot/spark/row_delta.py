@@ -75,8 +75,25 @@ from pyiceberg.manifest import (
     manifest_entry_schema_with_data_file,
     read_manifest_list,
 )
+from pyiceberg.schema import Schema
 from pyiceberg.typedef import Record
-from pyiceberg.types import NestedField, StringType, StructType
+from pyiceberg.types import (
+    BinaryType,
+    BooleanType,
+    DateType,
+    DecimalType,
+    DoubleType,
+    FloatType,
+    IcebergType,
+    IntegerType,
+    ListType,
+    LongType,
+    NestedField,
+    StringType,
+    StructType,
+    TimestampType,
+    TimestamptzType,
+)
 
 from lakeslot.mirror.contract import LSN_PROPERTY
 from lakeslot.spark.helpers import ROW_DELTAS, loaded
@@ -103,6 +120,28 @@ ENTRIES = pa.schema([  # a manifest's live entries, as the cache holds them (one
     pa.field("referenced", pa.string()),
     pa.field("lower", pa.map_(pa.int32(), pa.binary())),
     pa.field("upper", pa.map_(pa.int32(), pa.binary()))])
+
+
+# the column types the driver writes (pyarrow's Parquet, as Iceberg's Spark writer would), and
+# lists of them
+TYPES = (BooleanType, IntegerType, LongType, FloatType, DoubleType, DecimalType, DateType,
+         TimestampType, TimestamptzType, StringType, BinaryType)
+CODEC_PROPERTY = "write.parquet.compression-codec"
+SESSION_CODEC = "spark.sql.iceberg.compression-codec"  # (Iceberg's Spark writes take it first)
+CODECS = {"zstd": "zstd", "snappy": "snappy", "gzip": "gzip", "lz4": "lz4", "brotli": "brotli",
+          "uncompressed": "none"}  # Iceberg's write.parquet.compression-codec → pyarrow's
+
+
+def writes(type_: IcebergType) -> bool:
+    """Whether the driver writes columns of ``type_``: :data:`TYPES`, and lists of them."""
+    if isinstance(type_, ListType):
+        return isinstance(type_.element_type, TYPES)
+    return isinstance(type_, TYPES)
+
+
+def writes_every_column(schema: Schema) -> bool:
+    """Whether the driver writes every column of a table of ``schema``."""
+    return all(writes(f.field_type) for f in schema.fields)
 
 
 class Unsupported(Exception):
@@ -248,20 +287,12 @@ class Positions:
         ids = [str(i) for i, _ in key]
         if described.snapshot is None or described.listing is None:
             return Found(None, self._no_rows(keys))
-        if not described.unpartitioned:
-            raise Unsupported("the table is partitioned")
-        files = self._files(table, described.listing)
-        if not pc.all(files["parquet"], min_count=0).as_py():  # (an empty table: all of none)
-            raise Unsupported("the table has files that are not Parquet (or deletion vectors)")
-        if pc.any(pc.equal(files["content"], DataFileContent.EQUALITY_DELETES.value),
-                  min_count=0).as_py():
-            raise Unsupported("the table has equality deletes")
-        deletes = _Deletes(files.filter(pc.equal(files["content"],
-                                                 DataFileContent.POSITION_DELETES.value)))
+        files = self.files(table, described)
+        deletes = Deletes(files)
         values = [(i, _values(keys[str(i)])) for i, _ in key]
         paths: list[str] = []
         live: list[pa.Table] = []
-        for data in files.filter(pc.equal(files["content"], DataFileContent.DATA.value)).to_pylist():
+        for data in data_files(files):
             if not all(_may_hold(data, i, wanted) for i, wanted in values):
                 continue
             path = data["file_path"]
@@ -281,10 +312,25 @@ class Positions:
         return keys.slice(0, 0).append_column("pos", pa.array([], pa.int64())).append_column(
             "file_path", pa.array([], pa.string()))
 
+    def files(self, table, described: Described) -> pa.Table:
+        """Every live file (:data:`ENTRIES`) of the snapshot ``described`` (it has one) of the
+        Java Iceberg ``table``: :class:`Unsupported` unless the table is unpartitioned with
+        Parquet data files and position deletes only."""
+        if not described.unpartitioned:
+            raise Unsupported("the table is partitioned")
+        assert described.listing is not None
+        files = self._files(table, described.listing)
+        if not pc.all(files["parquet"], min_count=0).as_py():  # (an empty table: all of none)
+            raise Unsupported("the table has files that are not Parquet (or deletion vectors)")
+        if pc.any(pc.equal(files["content"], DataFileContent.EQUALITY_DELETES.value),
+                  min_count=0).as_py():
+            raise Unsupported("the table has equality deletes")
+        return files
+
     def _files(self, table, listing: str) -> pa.Table:
         """Every live file of the snapshot whose manifest list is ``listing`` (:data:`ENTRIES`):
-        as this driver's own commit left it (:meth:`committed`), else read, each manifest once
-        (a manifest never changes)."""
+        as this driver's own commit or compaction left it (:meth:`committed`, :meth:`known`),
+        else read, each manifest once (a manifest never changes)."""
         known = self._cache.get(listing + FILES)
         if known is not None:
             return known
@@ -321,6 +367,11 @@ class Positions:
             if parent.listing is not None:  # (superseded: the table's snapshot moved on)
                 self._cache.drop(parent.listing + FILES)
 
+    def known(self, listing: str, files: pa.Table) -> None:
+        """The live files (:data:`ENTRIES`, sequence numbers set) of the snapshot whose manifest
+        list is ``listing``, as the commit that made it knows them."""
+        self._cache.put(listing + FILES, files)
+
     def _keys(self, table, path: str, ids: Sequence[int]) -> pa.Table:
         cached = self._cache.get(path)
         if cached is None or not {str(i) for i in ids} <= set(cached.column_names):
@@ -355,21 +406,25 @@ class Positions:
         else:
             rows, todo = self._keys(table, path, ids), wanted
         for delete in todo:
-            gone = self._deleted(table, delete)
-            gone = gone.filter(pc.equal(gone["file_path"], path))["pos"]
+            gone = self.deleted(table, path, [delete])
             if len(gone):
                 rows = rows.filter(pc.invert(pc.is_in(rows["pos"], value_set=gone)))
         if todo:
             self._cache.put(path + LIVE, _Live(wanted, rows))
         return rows
 
-    def _deleted(self, table, path: str) -> pa.Table:
-        cached = self._cache.get(path)
-        if cached is None:
-            with _open(path, table.io) as raw:
-                cached = pq.read_table(raw, columns=["file_path", "pos"])
-            self._cache.put(path, cached)
-        return cached
+    def deleted(self, table, path: str, deletes: Sequence[str]) -> pa.Array:
+        """The positions in the data file ``path`` that the position-delete files ``deletes``
+        delete (each delete file read once: cached)."""
+        gone = []
+        for delete in deletes:
+            rows = self._cache.get(delete)
+            if rows is None:
+                with _open(delete, table.io) as raw:
+                    rows = pq.read_table(raw, columns=["file_path", "pos"])
+                self._cache.put(delete, rows)
+            gone.append(rows.filter(pc.equal(rows["file_path"], path))["pos"].combine_chunks())
+        return pa.concat_arrays(gone) if gone else pa.array([], pa.int64())
 
     def remember(self, path: str, content: pa.Table) -> None:
         """A file this driver just wrote (its key columns named by field ID and ``pos``, or
@@ -400,13 +455,20 @@ def _cast_like(table: pa.Table, like: pa.Table) -> pa.Table:
     return pa.table({n: table[n].cast(like[n].type) for n in table.column_names})
 
 
-class _Deletes:
-    """A snapshot's position-delete files (:data:`ENTRIES` rows), by the data file they name."""
+def data_files(files: pa.Table) -> list[dict]:
+    """The data files of a snapshot's live files (:data:`ENTRIES`), as rows."""
+    return files.filter(pc.equal(files["content"], DataFileContent.DATA.value)).to_pylist()
+
+
+class Deletes:
+    """A snapshot's position-delete files, by the data file they name."""
 
     def __init__(self, files: pa.Table) -> None:
+        """``files``: the snapshot's live files (:data:`ENTRIES`)."""
         # (path, data sequence number, file_path bounds) of each, by the data file it names
         self._named: dict[str, list[tuple[str, int, bytes | None, bytes | None]]] = {}
         self._spanning: list[tuple[str, int, bytes | None, bytes | None]] = []  # (naming none)
+        files = files.filter(pc.equal(files["content"], DataFileContent.POSITION_DELETES.value))
         for row in files.to_pylist():
             low, high = dict(row["lower"]).get(FILE_PATH_ID), dict(row["upper"]).get(FILE_PATH_ID)
             entry = (row["file_path"], row["sequence"], low, high)
@@ -540,6 +602,16 @@ def describe(jvm, table, properties: Sequence[str] = ()) -> Described:
                      answer["properties"])
 
 
+def compression(session_codec: str | None, described: Described) -> str:
+    """pyarrow's name of the codec Iceberg's Spark writes would use for the table ``described``
+    (with :data:`CODEC_PROPERTY` asked for) in a session whose :data:`SESSION_CODEC` is
+    ``session_codec``: :class:`Unsupported` for one pyarrow does not write."""
+    codec = (session_codec or described.properties.get(CODEC_PROPERTY) or "zstd").lower()
+    if codec not in CODECS:  # (Spark's write fails with Iceberg's own words)
+        raise Unsupported(f"compression codec {codec!r} is not one it writes")
+    return CODECS[codec]
+
+
 def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
            rows: pa.Table | None, key: Sequence[tuple[int, str]], lsn: int,
            compression: str) -> None:
@@ -560,14 +632,13 @@ def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
         contents.append((deletes.filter(pc.equal(deletes["file_path"], data_file)), data_file))
     names = [f"{name}-{number}-deletes.parquet" if referenced is not None else f"{name}.parquet"
              for number, (_, referenced) in enumerate(contents)]
-    paths = json.loads(java(jvm, f"{ROW_DELTAS}.locations")(table, json.dumps(names)))
+    paths = locations(jvm, table, names)
     files, footers, added = [], [], []
     for path, (content, referenced) in zip(paths, contents, strict=True):
-        written = _write(table.io, path, content, compression)
-        footer = written[-8 - int.from_bytes(written[-8:-4], "little"):-8]
-        files.append({"path": path, "size": len(written), "footer": len(footer),
+        written = write(table.io, path, content, compression)
+        footers.append(footer(written))
+        files.append({"path": path, "size": len(written), "footer": len(footers[-1]),
                       "referenced": referenced})
-        footers.append(footer)
         if referenced is None:
             keys = pa.table({str(i): content[n] for i, n in key})
             positions.remember(path, keys.append_column(
@@ -577,16 +648,38 @@ def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
             positions.remember(path, content)
             added.append(_entry(path, DataFileContent.POSITION_DELETES, referenced))
     request = {"from": found.snapshot, "property": LSN_PROPERTY, "value": str(lsn), "files": files}
+    answer = validated(java(jvm, f"{ROW_DELTAS}.commit"), table, json.dumps(request),
+                       bytearray(b"".join(footers)))
+    positions.committed(found, pa.Table.from_pylist(added, schema=ENTRIES), lsn, answer)
+
+
+def validated(call: Callable[..., str], *args) -> dict:
+    """The JSON answer of a helper's commit ``call`` with ``args``: :class:`Conflict` when
+    Iceberg's validation failed it (nothing committed)."""
     try:
-        answer = java(jvm, f"{ROW_DELTAS}.commit")(table, json.dumps(request),
-                                                   bytearray(b"".join(footers)))
+        return json.loads(call(*args))
     except Py4JJavaError as e:
-        kind = e.java_exception.getClass().getName()
-        if kind.endswith("ValidationException"):
+        if e.java_exception.getClass().getName().endswith("ValidationException"):
             raise Conflict(str(e.java_exception.getMessage())) from None
         raise
-    positions.committed(found, pa.Table.from_pylist(added, schema=ENTRIES), lsn,
-                        json.loads(answer))
+
+
+def locations(jvm, table, names: Sequence[str]) -> list[str]:
+    """The locations of new data files of ``names`` in the Java Iceberg ``table``."""
+    return json.loads(java(jvm, f"{ROW_DELTAS}.locations")(table, json.dumps(list(names))))
+
+
+def added_files(paths: Sequence[str], sequence: int) -> pa.Table:
+    """The :data:`ENTRIES` rows of the data files ``paths`` added at ``sequence`` (their bounds
+    unknown: never pruned)."""
+    return pa.Table.from_pylist([{**_entry(path, DataFileContent.DATA, None),
+                                  "sequence": sequence} for path in paths], schema=ENTRIES)
+
+
+def footer(content: bytes) -> bytes:
+    """The Parquet footer of a file's ``content`` (its metadata, without the length and magic
+    that end the file)."""
+    return content[-8 - int.from_bytes(content[-8:-4], "little"):-8]
 
 
 def _entry(path: str, content: DataFileContent, referenced: str | None,
@@ -613,7 +706,7 @@ def _entry(path: str, content: DataFileContent, referenced: str | None,
             "referenced": referenced, "lower": lower, "upper": upper}
 
 
-def _write(files: Callable[[], Any], path: str, rows: pa.Table, compression: str) -> bytes:
+def write(files: Callable[[], Any], path: str, rows: pa.Table, compression: str) -> bytes:
     """Write ``rows`` as a Parquet file at ``path`` (on local disk itself, else through the
     Java ``FileIO`` that ``files`` returns); returns the file's bytes."""
     sink = io.BytesIO()

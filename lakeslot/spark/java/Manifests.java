@@ -17,6 +17,7 @@ package lakeslot.iceberg;
 import java.util.Map;
 import java.util.concurrent.ExecutorService;
 import org.apache.iceberg.RewriteManifests;
+import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.Table;
 import org.apache.iceberg.relocated.com.google.common.base.Preconditions;
 import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
@@ -32,7 +33,8 @@ public final class Manifests {
   /**
    * Rewrite the unpartitioned {@code table}'s data manifests into one group, in one commit whose
    * summary carries {@code properties} (a JSON object of strings). Returns, as JSON, how many
-   * manifests it replaced and created: "replaced", "created".
+   * manifests it replaced and created ("replaced", "created"), and the new snapshot's
+   * "manifest_list".
    */
   public static String rewrite(Table table, String properties) {
     Preconditions.checkArgument(table.spec().isUnpartitioned(), "%s is partitioned", table.name());
@@ -42,12 +44,14 @@ public final class Manifests {
       rewrite = rewrite.set(entry.getKey(), entry.getValue().asText());
     }
     rewrite.commit();
-    Map<String, String> summary = table.currentSnapshot().summary();
+    Snapshot current = table.currentSnapshot();
+    Map<String, String> summary = current.summary();
     return JsonUtil.generate(
         gen -> {
           gen.writeStartObject();
           gen.writeNumberField("replaced", Integer.parseInt(summary.getOrDefault("manifests-replaced", "0")));
           gen.writeNumberField("created", Integer.parseInt(summary.getOrDefault("manifests-created", "0")));
+          gen.writeStringField("manifest_list", current.manifestListLocation());
           gen.writeEndObject();
         },
         false);

@@ -23,6 +23,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.concurrent.ExecutorService;
 import java.util.stream.Stream;
+import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DataFiles;
 import org.apache.iceberg.FileFormat;
 import org.apache.iceberg.FileMetadata;
@@ -116,9 +117,7 @@ public final class RowDeltas {
       String path = file.get("path").asText();
       long size = file.get("size").asLong();
       if (file.get("referenced").isNull()) {
-        Metrics metrics = ParquetUtil.footerMetrics(footer, Stream.empty(), MetricsConfig.forTable(table));
-        delta = delta.addRows(DataFiles.builder(spec).withPath(path).withFormat(FileFormat.PARQUET)
-            .withFileSizeInBytes(size).withMetrics(metrics).build());
+        delta = delta.addRows(dataFile(table, path, size, footer));
       } else {
         String data = file.get("referenced").asText();
         Metrics metrics = ParquetUtil.footerMetrics(footer, Stream.empty(), MetricsConfig.forPositionDelete(table));
@@ -154,7 +153,15 @@ public final class RowDeltas {
         false);
   }
 
-  private static ParquetMetadata footer(byte[] footers, int at, int length) {
+  /** The data file of {@code table} at {@code path}, Parquet, its metrics from its footer. */
+  static DataFile dataFile(Table table, String path, long size, ParquetMetadata footer) {
+    Metrics metrics = ParquetUtil.footerMetrics(footer, Stream.empty(), MetricsConfig.forTable(table));
+    return DataFiles.builder(table.spec()).withPath(path).withFormat(FileFormat.PARQUET)
+        .withFileSizeInBytes(size).withMetrics(metrics).build();
+  }
+
+  /** The Parquet footer of {@code length} bytes at {@code at} in {@code footers}. */
+  static ParquetMetadata footer(byte[] footers, int at, int length) {
     try {
       return new ParquetMetadataConverter().readParquetMetadata(
           new ByteArrayInputStream(footers, at, length), ParquetMetadataConverter.NO_FILTER);
@@ -163,7 +170,7 @@ public final class RowDeltas {
     }
   }
 
-  private static List<String> strings(JsonNode list) {
+  static List<String> strings(JsonNode list) {
     List<String> values = new ArrayList<>();
     for (JsonNode value : list) {
       values.add(value.asText());

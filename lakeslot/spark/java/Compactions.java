@@ -1,0 +1,110 @@
+/*
+ * The commit of a small table's compaction on the driver (lakeslot/spark/driver_compaction.py):
+ * every file of one snapshot replaced by the one data file Python wrote from its live rows, as
+ * one RewriteFiles, in one call.
+ *
+ * Invariants: the files replaced are those of the snapshot the rows were read from, listed here
+ * from its manifests and checked against the data files Python read (a ValidationException when
+ * they differ: nothing is committed); every delete file of that snapshot is replaced with them
+ * (they delete from those data files only), and a delete file that is not a position delete
+ * fails the call. The commit is validated from that snapshot: another commit since that removed
+ * one of the files or added deletes to one fails Iceberg's validation. One commit or none.
+ */
+package lakeslot.iceberg;
+
+import java.io.IOException;
+import java.io.UncheckedIOException;
+import java.util.HashSet;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ExecutorService;
+import org.apache.iceberg.DataFile;
+import org.apache.iceberg.DeleteFile;
+import org.apache.iceberg.FileContent;
+import org.apache.iceberg.ManifestFile;
+import org.apache.iceberg.ManifestFiles;
+import org.apache.iceberg.ManifestReader;
+import org.apache.iceberg.RewriteFiles;
+import org.apache.iceberg.Snapshot;
+import org.apache.iceberg.Table;
+import org.apache.iceberg.exceptions.ValidationException;
+import org.apache.iceberg.io.FileIO;
+import org.apache.iceberg.relocated.com.google.common.base.Preconditions;
+import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
+import org.apache.iceberg.shaded.com.fasterxml.jackson.databind.JsonNode;
+import org.apache.iceberg.util.JsonUtil;
+
+public final class Compactions {
+  // (Iceberg waits for its worker pool by polling every 10 ms: manifests are read on this thread)
+  private static final ExecutorService DIRECT = MoreExecutors.newDirectExecutorService();
+
+  private Compactions() {}
+
+  /**
+   * Replace every file of the unpartitioned {@code table}'s snapshot "from" with "file" (null:
+   * with nothing, the snapshot held no live row). {@code request} (JSON): "from", "data" (the
+   * paths of the data files the rows were read from), "file" ({"path", "size"}, its Parquet
+   * footer being {@code footer}) and "properties" (set in the snapshot's summary). Returns, as
+   * JSON: "data" and "deletes" (how many data and delete files were replaced), and the new
+   * snapshot's "sequence" and "manifest_list".
+   */
+  public static String rewrite(Table table, String request, byte[] footer) {
+    JsonNode asked = JsonUtil.parse(request, node -> node);
+    Preconditions.checkArgument(table.spec().isUnpartitioned(), "%s is partitioned", table.name());
+    long from = asked.get("from").asLong();
+    Snapshot snapshot = table.snapshot(from);
+    ValidationException.check(snapshot != null, "snapshot %s of %s is gone", from, table.name());
+    FileIO io = table.io();
+    Set<String> read = new HashSet<>(RowDeltas.strings(asked.get("data")));
+    RewriteFiles rewrite = table.newRewrite().validateFromSnapshot(from).scanManifestsWith(DIRECT);
+    int data = 0;
+    for (ManifestFile manifest : snapshot.dataManifests(io)) {
+      try (ManifestReader<DataFile> reader = ManifestFiles.read(manifest, io, table.specs())) {
+        for (DataFile file : reader) {
+          ValidationException.check(read.remove(file.location()), "data file %s was not read", file.location());
+          rewrite = rewrite.deleteFile(file.copy());
+          data++;
+        }
+      } catch (IOException e) {
+        throw new UncheckedIOException(e);
+      }
+    }
+    ValidationException.check(read.isEmpty(), "data files %s are not in snapshot %s", read, from);
+    int deletes = 0;
+    for (ManifestFile manifest : snapshot.deleteManifests(io)) {
+      try (ManifestReader<DeleteFile> reader = ManifestFiles.readDeleteManifest(manifest, io, table.specs())) {
+        for (DeleteFile file : reader) {
+          ValidationException.check(file.content() == FileContent.POSITION_DELETES,
+              "%s holds %s", file.location(), file.content());
+          rewrite = rewrite.deleteFile(file.copy());
+          deletes++;
+        }
+      } catch (IOException e) {
+        throw new UncheckedIOException(e);
+      }
+    }
+    JsonNode file = asked.get("file");
+    if (!file.isNull()) {
+      rewrite = rewrite.addFile(RowDeltas.dataFile(table, file.get("path").asText(),
+          file.get("size").asLong(), RowDeltas.footer(footer, 0, footer.length)));
+    }
+    JsonNode properties = asked.get("properties");
+    for (Map.Entry<String, JsonNode> entry : (Iterable<Map.Entry<String, JsonNode>>) properties::fields) {
+      rewrite = rewrite.set(entry.getKey(), entry.getValue().asText());
+    }
+    rewrite.commit();
+    Snapshot current = table.currentSnapshot();
+    int replacedData = data;
+    int replacedDeletes = deletes;
+    return JsonUtil.generate(
+        gen -> {
+          gen.writeStartObject();
+          gen.writeNumberField("data", replacedData);
+          gen.writeNumberField("deletes", replacedDeletes);
+          gen.writeNumberField("sequence", current.sequenceNumber());
+          gen.writeStringField("manifest_list", current.manifestListLocation());
+          gen.writeEndObject();
+        },
+        false);
+  }
+}
