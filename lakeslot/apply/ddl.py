@@ -73,10 +73,17 @@ class Plan:
     add: tuple[Added, ...] = ()
     promote: tuple[tuple[str, IcebergType], ...] = ()
     applied: tuple[str, ...] = ()  # what was done, with the statement and its LSN
+    messages: int = 0  # the batch's messages replayed (any table's: each moves the facts' stamp)
 
     @property
     def changes_mirror(self) -> bool:
         return bool(self.renames or self.add or self.promote)
+
+    @property
+    def idle(self) -> bool:
+        """Whether the plan replayed no message and does nothing (the table's state is as if
+        there were no plan)."""
+        return not (self.messages or self.applied or self.changes_mirror)
 
 
 def _at(event: DdlEvent) -> str:
@@ -119,16 +126,18 @@ class _Replayer:
         self.applied: list[str] = []
         self.leaves = dict(self.facts.partitions)
         self.rewritten = False  # a rewrite message for this table came before its DDL message
+        self.messages = 0
 
     def plan(self) -> Plan:
         return Plan(self.facts, None, tuple(self.renames), tuple(self.add.values()),
-                    tuple(self.promote.items()), tuple(self.applied))
+                    tuple(self.promote.items()), tuple(self.applied), self.messages)
 
     def stop(self, event: DdlEvent, why: str) -> None:
         raise _Resnapshot(f"{why} ({_at(event)})")
 
     def take(self, event: DdlEvent) -> None:
         facts = self.facts
+        self.messages += 1
         if event.event == "error":
             self.stop(event, f"lakeslot's event trigger could not describe a command: "
                              f"{event.error}")

@@ -272,7 +272,8 @@ class TablePass:
             self.hooks("after-changelog", table)
         applied = plan.applied if plan is not None else ()
         if reduced is None or mine is None:
-            if plan is None and not self.spec.sink.changelog.enabled \
+            # (with lakeslot's event trigger every table has a plan: an idle one)
+            if (plan is None or plan.idle) and not self.spec.sink.changelog.enabled \
                     and not self.coverage.commit_due(table, state, lsn):
                 return TableOutcome(table, target, "advanced", lsn, committed=state.lsn)
             self.tables.advance(target, lsn)
