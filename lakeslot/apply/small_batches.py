@@ -20,10 +20,10 @@ Invariants:
   bounded by them, not by the batch: DESIGN.md "Scale"); no TRUNCATE, no keyColumns check, no
   changelog, an unpartitioned mirror whose columns are all of types the driver writes
   (:func:`lakeslot.spark.row_delta.writes`). Anything else takes the MERGE, as does a table
-  whose commit met another writer's (:class:`lakeslot.spark.row_delta.Conflict`), whose unchanged TOAST value has no
-  mirror row to come from (the MERGE reports it), or that turns out not to fit
-  (:class:`lakeslot.spark.row_delta.Unsupported`): :meth:`SmallBatches.apply` returns False and
-  has committed nothing.
+  whose commit met another writer's (:class:`lakeslot.spark.row_delta.Conflict`), whose
+  unchanged TOAST value has no mirror row to come from (the MERGE reports it), or that turns
+  out not to fit (:class:`lakeslot.spark.row_delta.Unsupported`): :meth:`SmallBatches.apply`
+  returns False and has committed nothing.
 - **Unchanged TOAST values** come from the mirror row the change's ``s`` key names, read by
   field ID from its data file at its position in the snapshot the commit validates from — what
   the MERGE's left join reads (:func:`lakeslot.apply.merge.resolved_sql`).
@@ -108,8 +108,7 @@ class SmallBatches:
         if not self.available:
             log.info("small batches are applied by MERGEs: the JVM has no lakeslot RowDeltas "
                      "(lakeslot.spark.helpers builds it where a JDK is)")
-        # Iceberg's Spark writes take the session's codec before the table's (sparkConf)
-        self._session_codec: str | None = spark.conf.get(row_delta.SESSION_CODEC, None)
+        self._session_codec = row_delta.session_codec(spark)
 
     def apply(self, java_table, table: TableName, state: TableState, rows: pa.Table,
               keeps: frozenset[int], layout: Sequence[str], delimiters: Mapping[str, str],

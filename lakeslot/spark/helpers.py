@@ -70,8 +70,7 @@ RELEASE = "11"  # the Java release the classes target (Iceberg 1.10's own)
 
 def loaded(jvm, name: str):
     """The helper class ``name`` (:data:`ROW_DELTAS`, :data:`MANIFESTS`, :data:`COMPACTIONS`)
-    in ``jvm``, or None
-    where the helpers could not be built (see the module docstring)."""
+    in ``jvm``, or None where the helpers could not be built (see the module docstring)."""
     found = java(jvm, name)
     return found if isinstance(found, JavaClass) else None
 

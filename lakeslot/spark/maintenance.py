@@ -87,7 +87,7 @@ class Maintainer:
         self._actions = iceberg_actions(spark)
         self._manifests = loaded(self._jvm, MANIFESTS)  # (None: Spark's action rewrites them)
         self._positions = positions if driver_compaction.available(self._jvm) else None
-        self._session_codec: str | None = spark.conf.get(row_delta.SESSION_CODEC, None)
+        self._session_codec = row_delta.session_codec(spark)
 
     def look(self, table) -> Look:
         """What :meth:`maintain` and :meth:`settled` decide from, read from the Java Iceberg

@@ -127,7 +127,7 @@ ENTRIES = pa.schema([  # a manifest's live entries, as the cache holds them (one
 TYPES = (BooleanType, IntegerType, LongType, FloatType, DoubleType, DecimalType, DateType,
          TimestampType, TimestamptzType, StringType, BinaryType)
 CODEC_PROPERTY = "write.parquet.compression-codec"
-SESSION_CODEC = "spark.sql.iceberg.compression-codec"  # (Iceberg's Spark writes take it first)
+SESSION_CODEC = "spark.sql.iceberg.compression-codec"  # (see session_codec)
 CODECS = {"zstd": "zstd", "snappy": "snappy", "gzip": "gzip", "lz4": "lz4", "brotli": "brotli",
           "uncompressed": "none"}  # Iceberg's write.parquet.compression-codec → pyarrow's
 
@@ -405,10 +405,9 @@ class Positions:
             rows, todo = known.rows, wanted - known.applied
         else:
             rows, todo = self._keys(table, path, ids), wanted
-        for delete in todo:
-            gone = self.deleted(table, path, [delete])
-            if len(gone):
-                rows = rows.filter(pc.invert(pc.is_in(rows["pos"], value_set=gone)))
+        gone = self.deleted(table, path, sorted(todo))
+        if len(gone):
+            rows = rows.filter(pc.invert(pc.is_in(rows["pos"], value_set=gone)))
         if todo:
             self._cache.put(path + LIVE, _Live(wanted, rows))
         return rows
@@ -600,6 +599,12 @@ def describe(jvm, table, properties: Sequence[str] = ()) -> Described:
     answer = json.loads(java(jvm, f"{ROW_DELTAS}.describe")(table, json.dumps(list(properties))))
     return Described(answer["snapshot"], answer["manifest_list"], answer["unpartitioned"],
                      answer["properties"])
+
+
+def session_codec(spark) -> str | None:
+    """The session's Iceberg codec, if it sets one (Iceberg's Spark writes take it before the
+    table's)."""
+    return spark.conf.get(SESSION_CODEC, None)
 
 
 def compression(session_codec: str | None, described: Described) -> str:

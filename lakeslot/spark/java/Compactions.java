@@ -15,7 +15,6 @@ package lakeslot.iceberg;
 import java.io.IOException;
 import java.io.UncheckedIOException;
 import java.util.HashSet;
-import java.util.Map;
 import java.util.Set;
 import java.util.concurrent.ExecutorService;
 import org.apache.iceberg.DataFile;
@@ -88,11 +87,7 @@ public final class Compactions {
       rewrite = rewrite.addFile(RowDeltas.dataFile(table, file.get("path").asText(),
           file.get("size").asLong(), RowDeltas.footer(footer, 0, footer.length)));
     }
-    JsonNode properties = asked.get("properties");
-    for (Map.Entry<String, JsonNode> entry : (Iterable<Map.Entry<String, JsonNode>>) properties::fields) {
-      rewrite = rewrite.set(entry.getKey(), entry.getValue().asText());
-    }
-    rewrite.commit();
+    RowDeltas.summarized(rewrite, asked.get("properties")).commit();
     Snapshot current = table.currentSnapshot();
     int replacedData = data;
     int replacedDeletes = deletes;

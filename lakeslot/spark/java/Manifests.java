@@ -21,7 +21,6 @@ import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.Table;
 import org.apache.iceberg.relocated.com.google.common.base.Preconditions;
 import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
-import org.apache.iceberg.shaded.com.fasterxml.jackson.databind.JsonNode;
 import org.apache.iceberg.util.JsonUtil;
 
 public final class Manifests {
@@ -39,11 +38,7 @@ public final class Manifests {
   public static String rewrite(Table table, String properties) {
     Preconditions.checkArgument(table.spec().isUnpartitioned(), "%s is partitioned", table.name());
     RewriteManifests rewrite = table.rewriteManifests().clusterBy(file -> "").scanManifestsWith(DIRECT);
-    JsonNode asked = JsonUtil.parse(properties, node -> node);
-    for (Map.Entry<String, JsonNode> entry : (Iterable<Map.Entry<String, JsonNode>>) asked::fields) {
-      rewrite = rewrite.set(entry.getKey(), entry.getValue().asText());
-    }
-    rewrite.commit();
+    RowDeltas.summarized(rewrite, JsonUtil.parse(properties, node -> node)).commit();
     Snapshot current = table.currentSnapshot();
     Map<String, String> summary = current.summary();
     return JsonUtil.generate(

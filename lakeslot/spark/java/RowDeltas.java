@@ -33,6 +33,7 @@ import org.apache.iceberg.MetricsConfig;
 import org.apache.iceberg.PartitionSpec;
 import org.apache.iceberg.RowDelta;
 import org.apache.iceberg.Snapshot;
+import org.apache.iceberg.SnapshotUpdate;
 import org.apache.iceberg.Table;
 import org.apache.iceberg.parquet.ParquetUtil;
 import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
@@ -168,6 +169,18 @@ public final class RowDeltas {
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     }
+  }
+
+  /**
+   * {@code update} with each entry of {@code properties} (a JSON object of strings) set in the
+   * snapshot's summary.
+   */
+  static <T extends SnapshotUpdate<T>> T summarized(T update, JsonNode properties) {
+    T summarized = update;
+    for (Map.Entry<String, JsonNode> entry : (Iterable<Map.Entry<String, JsonNode>>) properties::fields) {
+      summarized = summarized.set(entry.getKey(), entry.getValue().asText());
+    }
+    return summarized;
   }
 
   static List<String> strings(JsonNode list) {
