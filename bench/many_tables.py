@@ -3,7 +3,7 @@ Iceberg, and what a pass costs per table it touches.
 
     .venv/bin/python -m bench.many_tables [--tables 200] [--rows 1000] [--rate 100]
                                           [--skew uniform|zipf] [--seconds 60] [--pg 15|18]
-                                          [--table-parallelism N] [--no-reference]
+                                          [--table-parallelism N] [--no-reference] [--no-floor]
 
 One round starts a throwaway PostgreSQL (``lakeslot.local.pgcluster``) with schema ``app`` holding
 ``--tables`` tables of ``--rows`` rows each (``id int PRIMARY KEY, v int, note text,
@@ -24,12 +24,15 @@ inside it (its commit LSN is above it; a pass commits ``batch end - 1`` ≥ ever
 so the measure is exact up to the observer's cycle). Printed: the snapshot (whole, and per table),
 achieved rate, latency p50/p90/p99/max, the p50 and p99 of the first and the last third (lag
 bounded or not), the first 20 s after the snapshot against the rest, what a pass costs (its wall
-time averaged over the passes, per change, and the seconds of each step with the threads' times
-added up), the time to drain, and whether
+time averaged over the passes and over those of the last third of the writes, per change, and
+the seconds of each step with the threads' times added up), the time to drain, and whether
 every mirror equals its source at the end (every column of every row, pyiceberg). With the
 reference round (default), the same rate into ONE table holding the same total rows runs first:
 the ratios against it are the issue's targets (pass wall time for the changes of many tables
-≤ 3× one table's, snapshot ≤ 4×). Numbers, not assertions.
+≤ 3× one table's, snapshot ≤ 4×). Last, the physical limit of a pass (:mod:`bench.commit_floor`,
+unless ``--no-floor``): Iceberg's own commit of the smallest row delta to as many tables as a
+pass touched, ``apply.tableParallelism`` at a time, in a warm JVM of its own. Numbers, not
+assertions.
 """
 
 from __future__ import annotations
@@ -52,9 +55,9 @@ from pathlib import Path
 
 import yaml
 
-from bench import common
+from bench import commit_floor, common
 from lakeslot import workloads
-from lakeslot.api.models import GROUP, VERSION
+from lakeslot.api.models import GROUP, VERSION, ApplySpec
 from lakeslot.api.naming import TableName
 from lakeslot.local import config
 from lakeslot.local import run as local_run
@@ -199,6 +202,7 @@ class Round:
     rate: float
     drained_s: float
     pass_s: float  # a pass's wall time, averaged over the passes
+    pass_last_s: float  # ... over the passes of the last third of the writes
     pass_steps: dict[str, float]  # seconds per step (threads added up), averaged over the passes
     touched: int  # tables that had changes applied (the apply job's totals)
     passes: int
@@ -264,9 +268,14 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     process = multiprocessing.Process(target=writer, args=(
         cluster.dsn("bench"), len(names), rows, args.skew, args.rate, args.seconds, send))
     process.start()
+    marks: list[dict] = []  # the apply job's totals when the last third of the writes begins
+    mark = threading.Timer(args.seconds * 2 / 3, lambda: marks.append(_totals(staging)))
+    mark.start()
     records = receive.recv()
     process.join()
     writer_done = time.time()
+    mark.join()
+    marks.append(_totals(staging))  # ... and when they end
     wanted = [0] * len(names)
     for t, lsn, _ in records:
         wanted[t] = max(wanted[t], lsn)
@@ -275,10 +284,13 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     seen = _expect(mine, "seen")
     watcher.join()
     time.sleep(3)  # the pass that made the last change visible writes its status after its commits
-    totals = (Staging(staging).read_apply_status() or {}).get("totals", {})
+    totals = _totals(staging)
     passes = max(1, int(totals.get("passes", 1)))
     steps = {k: v / passes for k, v in totals.get("seconds", {}).items()}
     wall = totals.get("wallSeconds", 0.0) / passes
+    before, after = marks if len(marks) == 2 else ({}, totals)
+    last = (after.get("wallSeconds", 0.0) - before.get("wallSeconds", 0.0)) / max(
+        1, int(after.get("passes", 0)) - int(before.get("passes", 0)))
     touched = sum(len(ops) > 0 for ops in totals.get("changes", {}).values())
     equal = all(_equal(cluster, warehouse, t) for t in names)
     latencies, early = [], []
@@ -289,7 +301,12 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
             early.append(visible - committed)
     duration = records[-1][2] - records[0][2]
     return Round(len(names), rows, snapshot_s, latencies, early, len(records) / duration, drained,
-                 wall, steps, touched, passes, equal)
+                 wall, last, steps, touched, passes, equal)
+
+
+def _totals(staging: str) -> dict:
+    """The apply job's totals (passes, their wall time and steps) from its status document."""
+    return (Staging(staging).read_apply_status() or {}).get("totals", {})
 
 
 def _expect(conn, what: str):
@@ -331,6 +348,7 @@ def report(label: str, r: Round) -> None:
           f"each into ≤ {min(r.touched, per_pass):.0f} tables ({r.pass_s / max(per_pass, 1):.4f} s "
           f"per change); its steps (the threads' times added up): "
           + ", ".join(f"{k} {v:.3f}" for k, v in r.pass_steps.items()))
+    print(f"  a pass of the last third of the writes: {r.pass_last_s:.3f} s on average")
     print(f"  drained {r.drained_s:.1f} s after the writer stopped; every mirror equal to its "
           f"source (pyiceberg, every column of every row): {r.equal}")
 
@@ -349,6 +367,8 @@ def main() -> None:
                         "(default: the spec's default)")
     parser.add_argument("--no-reference", action="store_true",
                         help="skip the one-table round")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="skip the commit floor (bench.commit_floor) at the end")
     args = parser.parse_args()
     print(f"PostgreSQL {args.pg}, {args.skew} over the tables, {args.seconds:.0f} s of writes")
     reference = None if args.no_reference else one_round(args, 1, args.tables * args.rows)
@@ -358,8 +378,17 @@ def main() -> None:
     report("many", many)
     if reference is not None:
         print(f"ratios many ÷ one table: snapshot {many.snapshot_s / reference.snapshot_s:.2f} "
-              f"(target ≤ 4), pass {many.pass_s / max(reference.pass_s, 1e-9):.2f} (target ≤ 3), p50 "
+              f"(target ≤ 4), pass {many.pass_s / max(reference.pass_s, 1e-9):.2f} (target ≤ 3; the "
+              f"last third's {many.pass_last_s / max(reference.pass_last_s, 1e-9):.2f}), p50 "
               f"{statistics.median(many.latencies) / statistics.median(reference.latencies):.2f}")
+    if not args.no_floor:
+        touched = round(min(many.touched, len(many.latencies) / many.passes))
+        floor = commit_floor.measure(touched, args.table_parallelism or ApplySpec().table_parallelism)
+        print(f"the floor: Iceberg's own commit of the smallest row delta to {touched} tables "
+              f"(bench.commit_floor, warm JVM) {floor.many_s:.3f} s, to one {floor.one_s:.3f} s; "
+              f"a pass of the last third {many.pass_last_s / floor.many_s:.2f}× the floor"
+              + (f"; the floor alone {floor.many_s / reference.pass_last_s:.2f}× the one-table "
+                 f"pass" if reference is not None else ""))
 
 
 if __name__ == "__main__":
