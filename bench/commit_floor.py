@@ -58,16 +58,22 @@ def measure(tables: int, threads: int = 8, rounds: int = 40, history: int = 0) -
                   str(Path(pyspark.__file__).parent / "jars" / "*"),
                   *([str(built.hadoop)] if built else [])]
     with tempfile.TemporaryDirectory(prefix="commit-floor-") as work:
-        subprocess.run([javac, "-nowarn", "-cp", os.pathsep.join(class_path), "-d", work,
-                        str(SOURCE)], check=True, capture_output=True)
+        _run([javac, "-nowarn", "-cp", os.pathsep.join(class_path), "-d", work, str(SOURCE)])
         env = {**os.environ, **({"FLOOR_FS_IMPL": helpers.FS_CLASS} if built else {})}
-        out = subprocess.run(
-            ["java", "-cp", os.pathsep.join([work, *class_path]), "CommitFloor",
-             (Path(work) / "warehouse").as_uri(), str(tables), str(threads), str(rounds),
-             str(rounds), str(history)], check=True, capture_output=True, text=True, env=env).stdout
+        out = _run(["java", "-cp", os.pathsep.join([work, *class_path]), "CommitFloor",
+                    (Path(work) / "warehouse").as_uri(), str(tables), str(threads), str(rounds),
+                    str(rounds), str(history)], env)
     timed = [line.split()[1:] for line in out.splitlines() if line.startswith("round ")]
     return Floor(tables, history, statistics.median(int(one) for one, _ in timed) / 1e9,
                  statistics.median(int(many) for _, many in timed) / 1e9)
+
+
+def _run(command: list[str], env: dict[str, str] | None = None) -> str:
+    """``command``'s output; its own output in the message when it fails."""
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if done.returncode:
+        raise SystemExit(f"{Path(command[0]).name} failed ({done.returncode}):\n{done.stderr}")
+    return done.stdout
 
 
 def main() -> None:
