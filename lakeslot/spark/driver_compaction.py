@@ -45,11 +45,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyiceberg.io.pyarrow import schema_to_pyarrow
-from pyiceberg.schema import Schema
 
 from lakeslot.spark import row_delta
 from lakeslot.spark.helpers import COMPACTIONS, ROW_DELTAS, loaded
 from lakeslot.spark.jvm import java
+from lakeslot.spark.tables import schema_of
 
 LIMIT_BYTES = 32 << 20  # a table's files compacted on the driver, at most (compressed Parquet)
 
@@ -81,8 +81,7 @@ def compact(jvm, table, positions: row_delta.Positions, properties: Mapping[str,
     described = row_delta.describe(jvm, table, [row_delta.CODEC_PROPERTY])
     if described.snapshot is None:
         raise row_delta.Unsupported("the table has no snapshot")
-    schema = Schema.model_validate_json(
-        jvm.org.apache.iceberg.SchemaParser.toJson(table.schema()))
+    schema = schema_of(jvm, table)
     if not row_delta.writes_every_column(schema):
         raise row_delta.Unsupported("the table has columns of types the driver does not write")
     codec = row_delta.compression(session_codec, described)

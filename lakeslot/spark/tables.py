@@ -172,8 +172,7 @@ class MirrorWrite:
 
     def schema(self) -> Schema:
         """The schema with the field ids the catalog assigned."""
-        return Schema.model_validate_json(self._jvm.org.apache.iceberg.SchemaParser.toJson(
-            self._table.schema()))
+        return schema_of(self._jvm, self._table)
 
     def data_location(self, name: str) -> str:
         return self._table.locationProvider().newDataLocation(name)
@@ -218,6 +217,12 @@ def python_dict(jvm, java_map) -> dict[str, str]:
         java_map))
 
 
+def schema_of(jvm, table) -> Schema:
+    """The Java Iceberg ``table``'s current schema, as pyiceberg's (field IDs kept)."""
+    return Schema.model_validate_json(
+        java(jvm, "org.apache.iceberg.SchemaParser.toJson")(table.schema()))
+
+
 def position_of(table) -> int | None:
     """The ``lakeslot.lsn`` of the Java ``table``'s current snapshot; a ``replace`` snapshot
     without one (a compaction lakeslot did not run) has its parent's (as
@@ -254,9 +259,8 @@ class Tables(Catalog):
         if not self._catalog.tableExists(self._identifier(self.namespace, table)):
             return None
         loaded = self.iceberg_table(table)
-        schema = Schema.model_validate_json(
-            java(self._jvm, "org.apache.iceberg.SchemaParser.toJson")(loaded.schema()))
-        return TableState(position_of(loaded), schema, python_dict(self._jvm, loaded.properties()))
+        return TableState(position_of(loaded), schema_of(self._jvm, loaded),
+                          python_dict(self._jvm, loaded.properties()))
 
     def create(self, table: str, schema: Schema, properties: dict[str, str], lsn: int,
                partition: Sequence[PartitionField] = ()) -> None:
