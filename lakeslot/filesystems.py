@@ -8,24 +8,87 @@ propagate unchanged. Directories exist only on a local filesystem: on an object 
 :func:`create_parent` writes nothing (pyarrow would put an empty "directory marker" object, which
 Iceberg's table buckets refuse: S3 Tables and SeaweedFS answer AccessDenied).
 
+Whose credentials: a process that runs *for* one ingestion (the reader, the Spark jobs, the
+verification Job, ``lakeslot run``) has that ingestion's ``spec.secretEnv`` as its environment and
+opens storage with it (``environ`` None: the AWS SDK's own chain). The operator serves many
+ingestions in one process whose environment holds none of their keys: it passes each
+ingestion's resolved ``secretEnv`` as ``environ`` (:class:`S3Access`), and an ``s3://`` location
+is then opened with exactly those settings — endpoint, region, keys, session token — never with
+the process's environment variables. Where ``environ`` sets no keys, the SDK's chain supplies
+them: workload identity on the operator's own service account (IRSA, EKS Pod Identity). Other
+schemes (``gs://``, ``abfs://``, ``hdfs://``) are opened with the process's own identity.
+
 :func:`explain` turns an object store's error into one naming the setting to fix (refused
 credentials, a missing bucket, an unreachable endpoint); :class:`StorageError` carries it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 from pyarrow import fs as pafs
 
 
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """A pyarrow filesystem and path for a URI or local path (Hadoop's s3a/s3n are s3)."""
+def filesystem(uri: str, environ: Mapping[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
+    """A pyarrow filesystem and path for a URI or local path (Hadoop's s3a/s3n are s3);
+    ``environ``: the ingestion's storage settings (see the module docstring), None: this
+    process's."""
     uri = re.sub(r"^s3[an]://", "s3://", uri)
     if "://" not in uri and not uri.startswith("file:"):
         return pafs.LocalFileSystem(), os.path.abspath(uri)
+    if environ is not None and uri.startswith("s3://"):
+        bucket_and_key = uri.removeprefix("s3://")
+        return S3Access.of(environ).filesystem(bucket_and_key.split("/", 1)[0]), bucket_and_key
     return pafs.FileSystem.from_uri(uri)
+
+
+@dataclass(frozen=True)
+class S3Access:
+    """What the AWS SDKs read from their environment to reach S3, as one ingestion's
+    ``secretEnv`` gives it (None: not set there)."""
+
+    access_key: str | None = None
+    secret_key: str | None = None
+    session_token: str | None = None
+    region: str | None = None
+    endpoint: str | None = None  # a URL (``https://host[:port]``), for a store other than AWS
+
+    @classmethod
+    def of(cls, environ: Mapping[str, str]) -> S3Access:
+        def get(*names: str) -> str | None:
+            return next((environ[n] for n in names if environ.get(n)), None)
+
+        access = cls(get("AWS_ACCESS_KEY_ID"), get("AWS_SECRET_ACCESS_KEY"), get("AWS_SESSION_TOKEN"),
+                     get("AWS_REGION", "AWS_DEFAULT_REGION"), get("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"))
+        if (access.access_key is None) != (access.secret_key is None):
+            raise StorageError("spec.secretEnv sets one of AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+                               "without the other: set both (or neither, for workload identity)")
+        return access
+
+    def filesystem(self, bucket: str) -> pafs.S3FileSystem:
+        """An S3 filesystem with these settings alone (keys left out: the SDK's chain)."""
+        options: dict[str, object] = {"access_key": self.access_key, "secret_key": self.secret_key,
+                                      "session_token": self.session_token}
+        if self.endpoint is not None:
+            parts = urllib.parse.urlsplit(self.endpoint if "://" in self.endpoint else f"https://{self.endpoint}")
+            options.update(endpoint_override=parts.netloc, scheme=parts.scheme)
+        options["region"] = self.region or ("us-east-1" if self.endpoint else _bucket_region(bucket))
+        return pafs.S3FileSystem(**options)
+
+
+@functools.lru_cache(maxsize=256)
+def _bucket_region(bucket: str) -> str:
+    """An AWS bucket's region (one request per bucket and process; us-east-1 if it cannot be
+    told: the request then fails with the store's own message)."""
+    try:
+        return pafs.resolve_s3_region(bucket)
+    except OSError:
+        return "us-east-1"
 
 
 def create_parent(fs: pafs.FileSystem, path: str) -> None:
@@ -49,17 +112,20 @@ _STORAGE_PROBLEMS = (
      "the bucket does not exist: create it, or fix the bucket in the URI"),
     (r"NETWORK_CONNECTION|curlCode: (6|7|28)|Could not connect|Connection refused",
      "the object store's endpoint cannot be reached: fix AWS_ENDPOINT_URL (or AWS_REGION for AWS "
-     "itself) in the environment of the reader and the Spark jobs"),
+     "itself) in spec.secretEnv (the environment of the reader and the jobs, and what the operator "
+     "reaches staging and the warehouse with)"),
 )
 
 
-def explain(uri: str, error: BaseException, setting: str) -> str | None:
-    """What ``error`` (raised while using ``uri``, configured at ``setting``) means and how to fix
-    it, or None when it is not one of the object store's known refusals."""
+def explain(uri: str, error: BaseException, setting: str,
+            environ: Mapping[str, str] | None = None) -> str | None:
+    """What ``error`` (raised while using ``uri``, configured at ``setting``, with the settings
+    ``environ``: None, this process's) means and how to fix it, or None when it is not one of the
+    object store's known refusals."""
     text = str(error)
     for pattern, meaning in _STORAGE_PROBLEMS:
         if re.search(pattern, text):
-            endpoint = os.environ.get("AWS_ENDPOINT_URL")
+            endpoint = (os.environ if environ is None else environ).get("AWS_ENDPOINT_URL")
             where = f" (now {endpoint})" if endpoint and "AWS_ENDPOINT_URL" in meaning else ""
             return f"{setting} {uri}: {meaning}{where}"
     return None

@@ -50,9 +50,9 @@ def test_the_first_pending_commit_per_position(pgdb, tmp_path):
         TableStatus(schema_name="public", name="b", state="Streaming", applied_lsn=lsn(start)),
         TableStatus(schema_name="public", name="c", state="Snapshotting", lag_seconds=5)])
     later = commits[0][1] + timedelta(seconds=30)
-    freshness.record(status, staging, later)
+    freshness.record(status, Staging(staging, create=False), later)
     assert [t.lag_seconds for t in status.tables] == [0, freshness.seconds_behind(found["before all"], later), None]
     assert status.apply is not None and status.apply.lag_seconds == status.tables[1].lag_seconds
     assert (status.apply.lag_seconds or 0) >= 29
-    freshness.record(status, "file:///nonexistent/staging/at/all", later)  # nothing staged: caught up
+    freshness.record(status, Staging("file:///nonexistent/staging/at/all", create=False), later)  # nothing staged: caught up
     assert status.apply.lag_seconds == 0

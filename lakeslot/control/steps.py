@@ -42,7 +42,7 @@ only errors that are not the source's answer (bugs, Kubernetes) propagate.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import psycopg
@@ -72,10 +72,13 @@ class Source:
 
 def take_control(settings: connection.ConnectionSettings, ingestion: PostgresIngestion,
                  report: Report, *, component: str, reader: str | None,
-                 read_only: bool = False, connect: Connect = connection.connect) -> Source | None:
+                 read_only: bool = False, connect: Connect = connection.connect,
+                 environ: Mapping[str, str] | None = None) -> Source | None:
     """Steps 1–4 (see the module docstring) as ``component`` (its application_name); ``reader``
-    is the legitimate reader's application_name (None: no reader runs yet). None when a step
-    failed: the report's conditions say which and why."""
+    is the legitimate reader's application_name (None: no reader runs yet); ``environ``: the
+    settings staging is reached with (the ingestion's ``secretEnv`` in the operator; None: this
+    process's environment). None when a step failed: the report's conditions say which and
+    why."""
     names = IngestionNames.of(ingestion)
     try:
         with connect(settings, connection.application_name(component, names.owner),
@@ -85,7 +88,7 @@ def take_control(settings: connection.ConnectionSettings, ingestion: PostgresIng
                 return None
             if read_only:
                 health = slot.health(conn, names.slot)
-                lost = None if health is not None else _lost_by_failover(conn, ingestion)
+                lost = None if health is not None else _lost_by_failover(conn, ingestion, environ)
                 if lost is not None:
                     lost_condition(report, lost)
                     return None
@@ -95,7 +98,7 @@ def take_control(settings: connection.ConnectionSettings, ingestion: PostgresIng
                 elif not slot_condition(report, health, _failover_safety(conn, ingestion, health)):
                     return None
             else:
-                health = ensure_slot(conn, ingestion, report, legitimate=reader)
+                health = ensure_slot(conn, ingestion, report, legitimate=reader, environ=environ)
                 if health is None:
                     return None
             return Source(tables, health, current_lsn(conn))
@@ -229,7 +232,7 @@ def selection_fingerprint(conn: psycopg.Connection, source: SourceSpec) -> tuple
 
 
 def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: Report, *,
-                legitimate: str | None) -> slot.SlotHealth | None:
+                legitimate: str | None, environ: Mapping[str, str] | None = None) -> slot.SlotHealth | None:
     """Ensure the slot, handle a lost one per ``onSlotLost`` (a slot a failover lost counts as
     lost, :func:`lakeslot.source.failover.lost_by_failover`), terminate every holder other than
     ``legitimate`` (the reader's application_name; None: no reader runs yet). The slot's
@@ -237,7 +240,7 @@ def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: 
     slot_name = IngestionNames.of(ingestion).slot
     wanted = ingestion.spec.source.failover_slot
     health = slot.health(conn, slot_name)
-    lost = _lost_by_failover(conn, ingestion) if health is None else None
+    lost = _lost_by_failover(conn, ingestion, environ) if health is None else None
     if lost is None:
         try:
             ensured = slot.ensure(conn, slot_name, failover=wanted)
@@ -254,13 +257,12 @@ def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: 
     if lost and ingestion.spec.policies.on_slot_lost == "Resnapshot":
         staging_uri = ingestion.spec.staging.uri
         try:
-            discard_staging(staging_uri)
+            discard_staging(staging_uri, environ)
         except OSError as e:
             report.condition("SlotReady", False, "StagingUnreachable", (
                 f"{lost}; to recreate it (onSlotLost: Resnapshot) staging must be emptied first, "
-                f"but it cannot be written: {e}. Give the operator access to {staging_uri} "
-                "(e.g. object-store credentials in its environment) or delete the segments "
-                "there by hand"))
+                f"but it cannot be written: {e}. Give access to {staging_uri} (keys in "
+                "spec.secretEnv, or workload identity) or delete the segments there by hand"))
             return None
         fresh = slot.recreate(conn, slot_name, failover=wanted)
         # recreate() drops the slot first, so its ensure() is the call that creates it.
@@ -286,12 +288,13 @@ def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: 
     return health
 
 
-def _lost_by_failover(conn: psycopg.Connection, ingestion: PostgresIngestion) -> str | None:
+def _lost_by_failover(conn: psycopg.Connection, ingestion: PostgresIngestion,
+                      environ: Mapping[str, str] | None) -> str | None:
     """Why the missing slot was lost by a failover, or None (no evidence, or staging cannot be
-    read from here: the operator may lack its credentials). Looking creates nothing."""
+    read from here). Looking creates nothing."""
     try:
         return failover.lost_by_failover(conn, IngestionNames.of(ingestion).slot,
-                                         Staging(ingestion.spec.staging.uri, create=False))
+                                         Staging(ingestion.spec.staging.uri, create=False, environ=environ))
     except (OSError, ValueError):  # unreachable, or a segment pyarrow cannot read
         return None
 
@@ -302,10 +305,10 @@ def _failover_safety(conn: psycopg.Connection, ingestion: PostgresIngestion,
                            on_slot_lost=ingestion.spec.policies.on_slot_lost)
 
 
-def discard_staging(uri: str) -> None:
+def discard_staging(uri: str, environ: Mapping[str, str] | None = None) -> None:
     """Delete every sealed segment (they belong to a slot that no longer exists); OSError when
     staging cannot be written."""
-    staging = Staging(uri)
+    staging = Staging(uri, environ=environ)
     for segment in staging.list():
         staging.delete(segment)
 

@@ -148,7 +148,7 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
                                    durable=health.confirmed_flush_lsn if health else None,
                                    current=source.current_lsn, reader=activity_now.reader_pod)
     _staged(report, staged or StagedCounter(ing.spec.staging.uri), progress, snapshotting)
-    freshness.record(report.status, ing.spec.staging.uri, report.now)
+    freshness.record(report.status, Staging(ing.spec.staging.uri, create=False), report.now)
     _apply_errors(report, applied)
     degraded = apply_status.degraded_message(applied)
     reader_reason, reader_problem = reader_state(activity_now) or ("", None)

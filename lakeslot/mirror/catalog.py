@@ -7,6 +7,13 @@ Invariants:
 - Both translations take the same spec and the same Secret-backed values (``secretProperties``,
   resolved by the caller: from the environment in jobs and local mode, from Kubernetes Secrets in
   the operator) and give the catalog the same properties.
+- The warehouse's files are read with the ingestion's own storage settings. A job's Java
+  ``S3FileIO`` takes what the catalog's properties leave unset from its pod's environment (the
+  ingestion's ``secretEnv``); the operator's process has no such environment, so it passes the
+  resolved ``secretEnv`` (``environ``) and :func:`pyiceberg_properties` turns its AWS variables
+  into pyiceberg's ``s3.*`` FileIO properties — below the catalog's own properties and secrets,
+  which win as they do in Java (:class:`lakeslot.filesystems.S3Access`). Nothing is read from or
+  written into the operator's environment.
 - Secret values are never part of the static Spark conf (:func:`spark_conf`, which the operator
   writes into SparkApplications): a job's driver adds them (:func:`spark_secret_conf`) to its
   session's conf as it starts it, before the catalog's first use loads it.
@@ -53,7 +60,7 @@ from pyiceberg.io import load_file_io
 from pyiceberg.table import StaticTable, Table
 
 from lakeslot.api.models import CatalogSpec
-from lakeslot.filesystems import explain
+from lakeslot.filesystems import S3Access, explain
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -119,10 +126,12 @@ class CatalogAccessError(RuntimeError):
     which setting to fix."""
 
 
-def pyiceberg_properties(catalog: CatalogSpec, secrets: Mapping[str, str]) -> dict[str, str]:
+def pyiceberg_properties(catalog: CatalogSpec, secrets: Mapping[str, str],
+                         environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``load_catalog`` options for ``sink.catalog`` (the FileIO properties of a hadoop one;
-    pyiceberg's SQL catalog for a jdbc one)."""
-    options = {**catalog.properties, **secrets}
+    pyiceberg's SQL catalog for a jdbc one); ``environ``: the ingestion's storage settings (see
+    the module docstring), None: this process's environment, as pyarrow reads it."""
+    options = {**(file_io_properties(environ) if environ is not None else {}), **catalog.properties, **secrets}
     if catalog.type == "hadoop":
         return options
     if catalog.type == "jdbc":
@@ -138,6 +147,15 @@ def pyiceberg_properties(catalog: CatalogSpec, secrets: Mapping[str, str]) -> di
     if catalog.warehouse:
         options["warehouse"] = catalog.warehouse
     return options
+
+
+def file_io_properties(environ: Mapping[str, str]) -> dict[str, str]:
+    """pyiceberg's S3 FileIO properties for what ``environ`` sets (AWS variables)."""
+    access = S3Access.of(environ)
+    properties = {"s3.access-key-id": access.access_key, "s3.secret-access-key": access.secret_key,
+                  "s3.session-token": access.session_token, "s3.region": access.region,
+                  "s3.endpoint": access.endpoint}
+    return {key: value for key, value in properties.items() if value is not None}
 
 
 JDBC_PREFIX = "jdbc."  # Iceberg's JdbcCatalog hands jdbc.<name> to the driver as property <name>
@@ -200,17 +218,19 @@ LOAD_WORKERS = 16
 
 
 def load_table(catalog: CatalogSpec, ident: tuple[str, ...],
-               secrets: Mapping[str, str] | None = None) -> Table | None:
+               secrets: Mapping[str, str] | None = None,
+               environ: Mapping[str, str] | None = None) -> Table | None:
     """The current state of a mirror table, or None when it does not exist."""
-    return load_tables(catalog, [ident], secrets)[0]
+    return load_tables(catalog, [ident], secrets, environ)[0]
 
 
 def load_tables(catalog: CatalogSpec, idents: Sequence[tuple[str, ...]],
-                secrets: Mapping[str, str] | None = None) -> list[Table | None]:
+                secrets: Mapping[str, str] | None = None,
+                environ: Mapping[str, str] | None = None) -> list[Table | None]:
     """The current state of each of ``idents`` (None: it does not exist), in their order, through
     one catalog client, :data:`LOAD_WORKERS` at a time; the first failure is raised (explained as
-    :func:`load_table`'s)."""
-    options = pyiceberg_properties(catalog, secrets or {})
+    :func:`load_table`'s); ``environ``: as :func:`pyiceberg_properties`'s."""
+    options = pyiceberg_properties(catalog, secrets or {}, environ)
     try:
         if catalog.type == "hadoop":
             assert catalog.warehouse is not None  # the API requires it for hadoop catalogs
@@ -238,13 +258,15 @@ def load_tables(catalog: CatalogSpec, idents: Sequence[tuple[str, ...]],
     except NoSuchTableError:  # (a catalog may say so for an unknown warehouse: see the docstring)
         return [None] * len(idents)
     except Exception as e:  # re-raised, explained where a setting is to blame
-        if (message := explain_error(catalog, e)) is None:
+        if (message := explain_error(catalog, e, environ)) is None:
             raise
         raise CatalogAccessError(message) from e
 
 
-def explain_error(catalog: CatalogSpec, error: BaseException) -> str | None:
-    """What a failure to read ``catalog`` means and which setting fixes it, or None."""
+def explain_error(catalog: CatalogSpec, error: BaseException,
+                  environ: Mapping[str, str] | None = None) -> str | None:
+    """What a failure to read ``catalog`` (with the storage settings ``environ``) means and which
+    setting fixes it, or None."""
     uri, secret_keys = catalog.uri, ", ".join(sorted(catalog.secret_properties)) or "none set"
     if catalog.type == "jdbc" and isinstance(cause := getattr(error, "orig", None), psycopg.OperationalError):
         return _explain_jdbc(catalog, cause)
@@ -266,7 +288,8 @@ def explain_error(catalog: CatalogSpec, error: BaseException) -> str | None:
     if isinstance(error, OSError):
         return explain(catalog.warehouse or "", error,
                        "sink.catalog.warehouse" if catalog.type == "hadoop" else
-                       "the warehouse's object store (sink.catalog.properties s3.*, secretProperties)")
+                       "the warehouse's object store (sink.catalog.properties s3.*, secretProperties, "
+                       "spec.secretEnv)", environ)
     return None
 
 

@@ -131,13 +131,14 @@ def position(table: Table, snapshot: Snapshot) -> int | None:
 
 def read(ingestion: PostgresIngestion, tables: Iterable[TableName], *,
          secrets: Mapping[str, str] | None = None,
-         covered: Mapping[TableName, tuple[int, int]] | None = None
-         ) -> dict[TableName, MirrorProgress]:
+         covered: Mapping[TableName, tuple[int, int]] | None = None,
+         environ: Mapping[str, str] | None = None) -> dict[TableName, MirrorProgress]:
     """The progress of each table's mirror; ``secrets``: the catalog's Secret-backed properties;
-    ``covered``: the idle tables' covered positions (:func:`with_coverage`)."""
+    ``covered``: the idle tables' covered positions (:func:`with_coverage`); ``environ``: the
+    warehouse's storage settings (:func:`lakeslot.mirror.catalog.pyiceberg_properties`)."""
     names, tables = IngestionNames.of(ingestion), list(tables)
     loaded = catalogs.load_tables(ingestion.spec.sink.catalog,
-                                  [names.mirror_identifier(t) for t in tables], secrets)
+                                  [names.mirror_identifier(t) for t in tables], secrets, environ)
     return with_coverage({t: progress_of(table) for t, table in zip(tables, loaded, strict=True)},
                          covered or {})
 

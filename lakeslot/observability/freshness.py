@@ -79,7 +79,7 @@ def seconds_behind(pending: datetime | None, now: datetime) -> int:
     return max(int((now - pending).total_seconds()), 0)
 
 
-def record(status: PostgresIngestionStatus, staging_uri: str, now: datetime) -> None:
+def record(status: PostgresIngestionStatus, staging: Staging, now: datetime) -> None:
     """``lagSeconds`` of each streaming table and the largest in ``status.apply``; other
     tables have none. Staging that cannot be read leaves every value out (never an error)."""
     streaming = [(r, lsnlib.parse(r.applied_lsn)) for r in status.tables
@@ -90,8 +90,7 @@ def record(status: PostgresIngestionStatus, staging_uri: str, now: datetime) -> 
     if status.apply is not None and status.apply.lag_seconds is not None:
         status.apply.lag_seconds = None
     try:
-        pending = first_pending(Staging(staging_uri, create=False),
-                                {i: position for i, (_, position) in enumerate(streaming)})
+        pending = first_pending(staging, {i: position for i, (_, position) in enumerate(streaming)})
     except OSError:
         return
     behind = [seconds_behind(pending[i], now) for i in range(len(streaming))]

@@ -56,6 +56,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lakeslot import lsn as lsn_text
@@ -105,7 +106,7 @@ class Progress:
         self.tables = {source: TableProgress(source, target) for source, target in tables}
         self._failures: dict[TableName, dict] = {}
         if location is not None:
-            self._failures = _read_failures(failures_location(location))
+            self._failures = _read_failures(failures_location(location), None)
         self._written = -math.inf  # (monotonic) when the document was last written
         self._timer: threading.Timer | None = None  # the pending write of a recent change
         self._failed: Exception | None = None  # the pending write's error, raised next
@@ -204,9 +205,10 @@ def in_staging(staging_uri: str) -> str:
     return f"{staging_uri.rstrip('/')}/{STAGING_FILE}"
 
 
-def read(location: str) -> dict:
-    """The progress document at ``location`` (for the operator and local mode)."""
-    fs, path = filesystem(location)
+def read(location: str, environ: Mapping[str, str] | None = None) -> dict:
+    """The progress document at ``location`` (for the operator and local mode), reached with the
+    storage settings ``environ`` (:func:`lakeslot.filesystems.filesystem`)."""
+    fs, path = filesystem(location, environ)
     with fs.open_input_stream(path) as f:
         return json.loads(f.read())
 
@@ -217,9 +219,9 @@ def failures_location(location: str) -> str:
     return f"{head}{slash}{FAILURES_FILE}"
 
 
-def _read_failures(location: str) -> dict[TableName, dict]:
+def _read_failures(location: str, environ: Mapping[str, str] | None) -> dict[TableName, dict]:
     try:
-        fs, path = filesystem(location)
+        fs, path = filesystem(location, environ)
         with fs.open_input_stream(path) as f:
             document = json.loads(f.read())
     except (OSError, ValueError):  # none yet (or unreadable: the next failure rewrites it)
@@ -229,17 +231,17 @@ def _read_failures(location: str) -> dict[TableName, dict]:
             for e in document.get("tables", [])}
 
 
-def failures(location: str) -> dict[TableName, dict]:
+def failures(location: str, environ: Mapping[str, str] | None = None) -> dict[TableName, dict]:
     """Per table, its last snapshot attempt's failure (``error``, ``transient``, ``job``,
     ``failedAt``), for the progress document at ``location``; tables whose last attempt did not
     fail are absent. Besides the failures document, the progress document's failed tables count
     (a job of an earlier version wrote only that one)."""
     try:
-        document = read(location)
+        document = read(location, environ)
     except (OSError, ValueError):
         document = {}
     found = {TableName(t["schema"], t["name"]): {"error": t.get("error"),
                                                  "transient": bool(t.get("transient")),
                                                  "job": document.get("job")}
              for t in document.get("tables", []) if t.get("state") == "failed"}
-    return {**found, **_read_failures(failures_location(location))}
+    return {**found, **_read_failures(failures_location(location), environ)}

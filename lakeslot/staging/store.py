@@ -22,6 +22,9 @@ Invariants:
   one PUT of the final name on an object store).
 - A reader that opens staging with ``create=False`` (the operator reading a verification result)
   writes nothing, not even the directory.
+- Staging is reached with the settings it is given (``environ``: the ingestion's ``secretEnv``,
+  which the operator passes) or else this process's environment
+  (:func:`lakeslot.filesystems.filesystem`).
 
 Failure modes: filesystem errors surface as ``OSError`` — refused credentials, a missing
 bucket or an unreachable endpoint met creating or listing staging as a
@@ -39,6 +42,7 @@ import json
 import os
 import tempfile
 import uuid
+from collections.abc import Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -56,9 +60,10 @@ VERIFY_RESULTS = "verify"  # the directory of the verification results, one per 
 class Staging:
     """Sealed segments at a URI: list, read, write (see the module docstring)."""
 
-    def __init__(self, uri: str, *, create: bool = True) -> None:
+    def __init__(self, uri: str, *, create: bool = True, environ: Mapping[str, str] | None = None) -> None:
         self.uri = uri
-        self.fs, self.path = filesystem(uri)
+        self.environ = environ
+        self.fs, self.path = filesystem(uri, environ)
         self.path = self.path.rstrip("/")
         self._local = isinstance(self.fs, pafs.LocalFileSystem)
         if create:
@@ -69,7 +74,7 @@ class Staging:
 
     def _explained(self, error: OSError) -> OSError:
         """``error``, or a :class:`StorageError` naming the setting to fix."""
-        message = explain(self.uri, error, "spec.staging.uri")
+        message = explain(self.uri, error, "spec.staging.uri", self.environ)
         return error if message is None else StorageError(message)
 
     def _file(self, filename: str) -> str:

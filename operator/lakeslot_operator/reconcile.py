@@ -62,7 +62,7 @@ import contextlib
 import dataclasses
 import hashlib
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -73,7 +73,7 @@ from kubernetes.client.exceptions import ApiException
 
 from lakeslot import lsn as lsnlib
 from lakeslot import workloads
-from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SourceSpec
+from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SecretEnvVar, SourceSpec
 from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.api.validation import parse_resource, problems_of
 from lakeslot.control import resnapshot, scheduling
@@ -146,20 +146,26 @@ class _Reconciler:
         self.rejected: dict[str, child_health.Problem] = {}  # component → why the server refused it
         self.apply_pass: dict | None = None
         self.snapshot: dict | None = None
+        self.environ: dict[str, str] = {}  # spec.secretEnv, resolved (run)
 
     # the steps -----------------------------------------------------------------------------
 
     def run(self) -> None:
-        verification.serve(self.ing, self.uid, self.ctx.kube, self.ctx.config, self.r)
+        environ = self._storage_environ()
+        if environ is not None:
+            verification.serve(self.ing, self.uid, self.ctx.kube, self.ctx.config, self.r, environ)
         spec = self.ing.spec
         if spec.suspend:
             self._suspend()
             return
         settings = self._settings()
-        if settings is None:
+        if settings is None or environ is None:
+            self.r.summarize()
             return
+        self.environ = environ
         source = control.take_control(settings, self.ing, self.r, component="operator",
-                                      reader=self._reader_identity(), connect=self.ctx.connect)
+                                      reader=self._reader_identity(), connect=self.ctx.connect,
+                                      environ=environ)
         if source is not None:
             self._children(source.tables)
             self._progress(source.tables, source.health, source.current_lsn)
@@ -170,7 +176,15 @@ class _Reconciler:
             return source_settings(self.ctx.kube, self.ns, self.ing.spec.source)
         except LookupError as e:
             self.r.condition("SourceReady", False, "SecretNotFound", str(e))
-            self.r.summarize()
+            return None
+
+    def _storage_environ(self) -> dict[str, str] | None:
+        """The ingestion's ``secretEnv``, resolved: what staging and the warehouse are reached
+        with; None when a Secret is missing (``SourceReady`` names it: nothing can run)."""
+        try:
+            return storage_environ(self.ctx.kube, self.ns, self.ing.spec.secret_env)
+        except LookupError as e:
+            self.r.condition("SourceReady", False, "SecretNotFound", f"spec.secretEnv: {e}")
             return None
 
     # children ------------------------------------------------------------------------------
@@ -222,13 +236,14 @@ class _Reconciler:
 
     def _mirror_progress(self, tables: list[TableName]) -> dict[TableName, MirrorProgress] | None:
         with contextlib.suppress(OSError):  # staging unreadable: the mirrors' own positions
-            self.apply_pass = Staging(self.ing.spec.staging.uri, create=False).read_apply_status()
+            self.apply_pass = self._staging().read_apply_status()
         try:
             catalog = self.ing.spec.sink.catalog
             secrets = {key: self.ctx.kube.secret_value(self.ns, ref)
                        for key, ref in catalog.secret_properties.items()}
             self.progress = mirror_progress.read(self.ing, tables, secrets=secrets,
-                                                 covered=apply_status.covered(self.apply_pass))
+                                                 covered=apply_status.covered(self.apply_pass),
+                                                 environ=self.environ)
         except Exception as e:  # noqa: BLE001 - any catalog failure is reported, then retried
             self.r.condition("Streaming", False, "CatalogUnreachable", st.first_line(e))
             return None
@@ -346,6 +361,7 @@ class _Reconciler:
         self.r.condition("Ready", False, "Suspended", "spec.suspend is true")
         settings = self._settings()
         if settings is None:
+            self.r.summarize()
             return
         try:
             with self.ctx.connect(settings, connection.application_name("operator",
@@ -365,13 +381,15 @@ class _Reconciler:
         copying = set() if job is not None and job.state == "FAILED" else self.snapshotting
         with contextlib.suppress(OSError, ValueError):  # staging unreadable: none known now
             st.snapshot_failures(self.r, snapshot_progress.failures(snapshot_progress.in_staging(
-                self.ing.spec.staging.uri)), self.progress, copying)
+                self.ing.spec.staging.uri), self.environ), self.progress, copying)
         applied = st.record_progress(self.r, self.progress, self.snapshotting,
                                      durable=health.confirmed_flush_lsn, current=current,
                                      reader=self._reader_pod())
-        freshness.record(self.r.status, self.ing.spec.staging.uri, self.r.now)
+        with contextlib.suppress(OSError):  # (S3Access's refusal of half a key pair)
+            freshness.record(self.r.status, self._staging(), self.r.now)
         with contextlib.suppress(OSError, ValueError):  # none yet, or unreadable: no snapshot rows
-            self.snapshot = snapshot_progress.read(snapshot_progress.in_staging(self.ing.spec.staging.uri))
+            self.snapshot = snapshot_progress.read(snapshot_progress.in_staging(self.ing.spec.staging.uri),
+                                                   self.environ)
         kube = self.ctx.kube
         reader = self.rejected.get("reader") or child_health.reader_problem(
             kube.get_deployment(self.ns, children.reader_name(self.ing)),
@@ -387,6 +405,10 @@ class _Reconciler:
                      apply_problem=apply.message if apply else None,
                      apply_reason=apply.reason if apply else "",
                      catching_up_after=st.catching_up_after_s(self.ing.spec))
+
+    def _staging(self) -> Staging:
+        """Staging, read with the ingestion's own settings (never this process's environment)."""
+        return Staging(self.ing.spec.staging.uri, create=False, environ=self.environ)
 
     def _reader_retrying(self) -> child_health.Problem | None:
         """A running reader's own problem (a transient error it retries), as it reports it."""
@@ -404,6 +426,13 @@ def source_settings(kube: Kube, namespace: str, source: SourceSpec) -> connectio
     settings = connection.settings_from_spec(source, password=password, ca_file=ca_file)
     settings.extra.setdefault("connect_timeout", OPERATOR_CONNECT_TIMEOUT_S)
     return settings
+
+
+def storage_environ(kube: Kube, namespace: str, secret_env: Iterable[SecretEnvVar]) -> dict[str, str]:
+    """``spec.secretEnv`` with its Secrets resolved (LookupError names a missing one): the
+    settings the operator reaches this ingestion's staging and warehouse with, as the jobs do
+    from their environment (:mod:`lakeslot.filesystems`). Never exported to this process."""
+    return {variable.name: kube.secret_value(namespace, variable.secret_key_ref) for variable in secret_env}
 
 
 def _write_temp(text: str) -> str:

@@ -149,8 +149,9 @@ def follow(previous: VerificationStatus, job: Job | None, document: dict | None,
         return finished(previous, document)
     if unreadable is not None:
         return Step(previous, Verdict(None, "ResultUnreadable", (
-            f"cannot read the result of Job {previous.job} from {where}: {unreadable}; give the "
-            "operator read access to staging (e.g. object-store credentials in its environment)")))
+            f"cannot read the result of Job {previous.job} from {where}: {unreadable}; set keys "
+            "that can read staging in the ingestion's spec.secretEnv, or give the operator's service "
+            "account that access (workload identity)")))
     tables = tuple(parse_table(t) for t in previous.tables)
     if job is None:
         # A Job of a request being verified always exists: (re)created, it is verifying again.
@@ -244,9 +245,10 @@ def _problems(tables: list[dict]) -> str:
 # executing the decisions ----------------------------------------------------------------------
 
 def serve(ingestion: PostgresIngestion, uid: str, kube: Kube, config: children.OperatorConfig,
-          report: st.Report) -> None:
+          report: st.Report, environ: Mapping[str, str]) -> None:
     """Take the step the annotations and the recorded request call for (see the module
-    docstring); everything it decides goes into ``report``."""
+    docstring); everything it decides goes into ``report``; ``environ``: the ingestion's
+    ``secretEnv``, resolved, which staging is read with."""
     previous = report.old.verification
     request = Request.of((ingestion.metadata.model_extra or {}).get("annotations") or {})
     namespace = namespace_of(ingestion.metadata.namespace)
@@ -255,7 +257,7 @@ def serve(ingestion: PostgresIngestion, uid: str, kube: Kube, config: children.O
     elif previous is not None and previous.state == "Verifying":
         assert previous.job is not None  # a request being verified has its Job
         live = kube.get_job(namespace, previous.job)
-        document, unreadable = _result(ingestion, previous.token)
+        document, unreadable = _result(ingestion, previous.token, environ)
         step = follow(previous, None if live is None else Job.of(live), document, unreadable,
                       ingestion.spec.staging.uri)
     else:
@@ -284,9 +286,10 @@ def serve(ingestion: PostgresIngestion, uid: str, kube: Kube, config: children.O
         report.tell(event.type, event.reason, event.message)
 
 
-def _result(ingestion: PostgresIngestion, token: str) -> tuple[dict | None, str | None]:
+def _result(ingestion: PostgresIngestion, token: str,
+            environ: Mapping[str, str]) -> tuple[dict | None, str | None]:
     """The request's result document (None: not yet), or why staging could not be read."""
     try:
-        return Staging(ingestion.spec.staging.uri, create=False).read_verify_result(token), None
+        return Staging(ingestion.spec.staging.uri, create=False, environ=environ).read_verify_result(token), None
     except (OSError, ValueError) as e:
         return None, st.first_line(e)
