@@ -252,8 +252,7 @@ INGESTION = frozenset({("namespace", env.NAMESPACE), ("ingestion", NAME)})
 
 
 def _alerts(**thresholds: int) -> dict[str, dict]:
-    return chart.alert_rules(chart.render({**chart.SERVED, "metrics": {"prometheusRule": {
-        "enabled": True, **thresholds}}}))
+    return chart.alerts(**thresholds)
 
 
 def _dashboard() -> dict:
@@ -261,11 +260,7 @@ def _dashboard() -> dict:
 
 
 def _firing(alerts: dict[str, dict], name: str, result: Scrape) -> dict:
-    """The alert's expression on one scrape, by labels (its ``for:`` is not evaluated); only this
-    test's ingestion counts."""
-    value = promql.evaluate(alerts[name]["expr"], result)
-    assert isinstance(value, dict)
-    return {labels: v for labels, v in value.items() if labels >= INGESTION}
+    return promql.firing(alerts, name, result, INGESTION)
 
 def _wal(db) -> tuple[int, int, int, int]:
     """PostgreSQL's own answer: retained bytes (current − restart_lsn), current − confirmed_flush,

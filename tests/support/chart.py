@@ -187,3 +187,8 @@ def dashboard_queries(board: Mapping[str, Any]) -> list[str]:
             assert found, variable
             queries.append(found.group(1))
     return [re.sub(r"\$[a-z_]+", ".*", q.replace("$__rate_interval", "5m")) for q in queries]
+
+
+def alerts(**thresholds: int) -> dict[str, dict]:
+    """The chart's alert rules by name, rendered with ``thresholds`` (``metrics.prometheusRule``)."""
+    return alert_rules(render({**SERVED, "metrics": {"prometheusRule": {"enabled": True, **thresholds}}}))

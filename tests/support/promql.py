@@ -201,3 +201,11 @@ def _set_operation(op: str, modifier, lhs: Vector, rhs: Vector) -> Vector:
         return {k: v for k, v in lhs.items() if key(k) not in right}
     left = {key(labels) for labels in lhs}
     return {**lhs, **{k: v for k, v in rhs.items() if key(k) not in left}}
+
+
+def firing(alerts: dict[str, dict], name: str, scrape: Scrape, labels: Labels) -> dict:
+    """Alert ``name``'s expression on one scrape, by labels (its ``for:`` is not evaluated); only
+    series whose labels include ``labels`` (a test's ingestion) count."""
+    value = evaluate(alerts[name]["expr"], scrape)
+    assert isinstance(value, dict)
+    return {found: v for found, v in value.items() if found >= labels}

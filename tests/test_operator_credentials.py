@@ -1,0 +1,221 @@
+"""The operator in the production configuration, with credentials only where a cluster has them.
+
+S3 staging (SeaweedFS) and an Iceberg REST catalog, or a JDBC catalog whose warehouse is on S3;
+the object store's keys, endpoint and region in a Secret that ``spec.secretEnv`` names, the
+catalog's in ``secretProperties``. The operator runs in a process of its own whose environment
+holds no credential at all (tests/support/operator_process.py), as an operator pod's does: what
+it shows — each mirror's applied LSN from the catalog, ``lagSeconds`` from staging, the
+freshness alert on its metrics, a verification's result, ``Ready`` — it can only have read with
+what it resolved from the ingestion's Secrets.
+
+Simulated, because pods cannot run here: the reader Deployment, the SparkApplications and the
+verification Job. Their work runs in the test's process (``lakeslot run`` with the environment the
+pods get from ``secretEnv``) or as processes started with the container's environment exactly
+(Secret references resolved; nothing of the test's). A Spark session started before the keys
+were in the test's environment reads them from the JVM's system properties (``aws.*``), where the
+AWS SDK's default chain looks before the environment: that stands in for the pod's variables.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import kubernetes.client
+import pytest
+import yaml
+
+from lakeslot import lsn as lsnlib
+from lakeslot.api.annotations import VERIFY
+from lakeslot.api.models import GROUP, PLURAL, VERSION
+from lakeslot.local import config, reader_process
+from lakeslot.local.objectstore import STAGING_BUCKET, ObjectStore
+from lakeslot.mirror import progress as mirror_progress
+from tests.support import chart, fixtures_s3, promql
+from tests.support import local_support as ls
+from tests.support import operator_env as env
+from tests.support.operator_process import scrubbed_operator
+from tests.support.prometheus import scrape
+from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
+
+STORAGE_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_REGION")
+
+
+def _storage_in_secret_env(api, document: dict, store: ObjectStore) -> None:
+    """The object store's keys, endpoint and region in the Secret ``s3``, named by secretEnv."""
+    env.create_secret(api, "s3", {k: store.environment()[k] for k in STORAGE_VARIABLES})
+    document["spec"]["secretEnv"] = [{"name": k, "secretKeyRef": {"name": "s3", "key": k}}
+                                     for k in STORAGE_VARIABLES]
+
+
+@pytest.fixture
+def jvm_keys(rest_spark, object_store: ObjectStore) -> Iterator[None]:
+    """The object store's keys as the shared JVM's ``aws.*`` system properties (see the module
+    docstring), removed afterwards."""
+    system = rest_spark.sparkContext._jvm.java.lang.System
+    properties = {"aws.accessKeyId": object_store.access_key, "aws.secretAccessKey": object_store.secret_key,
+                  "aws.region": "us-east-1"}
+    for key, value in properties.items():
+        system.setProperty(key, value)
+    try:
+        yield
+    finally:
+        for key in properties:
+            system.clearProperty(key)
+
+
+def _status(api, name: str) -> dict:
+    return (env.get_ingestion(api, name) or {}).get("status") or {}
+
+
+def _ready_with_lag(api, name: str, applied: dict[str, str]) -> dict | None:
+    """The status once Ready and showing each table at its mirror's LSN with ``lagSeconds``."""
+    status = _status(api, name)
+    ready = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
+    shown = {f"{t['schema']}.{t['name']}": (t.get("appliedLsn"), t.get("lagSeconds"))
+             for t in status.get("tables", [])}
+    done = ready.get("status") == "True" and {k: v[0] for k, v in shown.items()} == applied \
+        and all(v[1] is not None for v in shown.values())
+    return status if done else None
+
+
+def _start_pipeline(api, name: str, local: config.Local, spark, tables) -> dict[str, str]:
+    """What the pods would do, run here: the snapshot, streaming and one apply pass (caught up);
+    the snapshot application then COMPLETED and the apply one RUNNING, as the spark-operator
+    reports them. The mirrors' LSNs by table."""
+    wait_for(lambda: f"{name}-reader" in env.deployments(api), "the reader Deployment")
+    env.reader_pod_running(api, name, reader_process.pod_identity())
+    first, _ = ls.run_in_process(local, spark, once=True)
+    assert first.caught_up, first
+    wait_for(lambda: f"{name}-apply" in env.spark_applications(api), "the apply SparkApplication")
+    for application in env.spark_applications(api):
+        env.set_spark_state(api, application, "RUNNING" if application == f"{name}-apply" else "COMPLETED")
+    progress = mirror_progress.read(local.ingestion, tables,
+                                    secrets=local.job.catalog_secrets(local.environ))
+    assert all(p.lsn is not None for p in progress.values()), progress
+    return {str(t): lsnlib.format(p.lsn) for t, p in progress.items() if p.lsn is not None}
+
+
+def _run_container(api, child: dict, command: list[str], tmp_path: Path, pod: str = "",
+                   **popen) -> subprocess.Popen:
+    """Simulated kubelet: ``command`` (the child's container's) as a process with the
+    container's environment exactly (Secret references resolved) and its job input mounted."""
+    template = child["spec"]["template"]["spec"]
+    (container,) = template["containers"]
+    environ = env.container_environment(api, container, home=tmp_path, pod=pod)
+    if "--input" in command:
+        command = env.mounted(api, child, command, tmp_path)
+    return subprocess.Popen([ls.LAKESLOT, *command[1:]], env=environ, **popen)
+
+
+@pytest.mark.slow
+def test_an_operator_without_credentials_reads_s3_staging_and_a_rest_catalog_with_the_ingestions(
+        kube, api, pgdb, rest_spark, object_store, tmp_path, monkeypatch):
+    db, store = pgdb, object_store
+    with db.connect() as conn:
+        tables = ls.create_accounts_and_items(conn, 300, 50)
+    document = fixtures_s3.ingestion_document(db, f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}", tables,
+                                              store.catalog_document())
+    name = document["metadata"]["name"]
+    _storage_in_secret_env(api, document, store)
+    env.create_secret(api, "lake-credentials", {ref["key"]: store.catalog_secrets()[key] for key, ref
+                                                in document["spec"]["sink"]["catalog"]["secretProperties"].items()})
+    path = tmp_path / "ingestion.yaml"
+    path.write_text(yaml.safe_dump(document))
+    environment = fixtures_s3.run_environment(db, store, store.catalog_secrets())
+    for key, value in environment.items():  # the pods' environment, for their work done here
+        monkeypatch.setenv(key, value)
+    local = config.load(str(path), state_dir=str(tmp_path / "state"), environ=environment)
+
+    with scrubbed_operator(kube.url, tmp_path / "operator.log") as metrics:
+        env.create_ingestion(api, document, db.cluster.password)
+        applied = _start_pipeline(api, name, local, rest_spark, tables)
+        status = wait_for(lambda: _ready_with_lag(api, name, applied),
+                          "Ready, each mirror's LSN and lagSeconds, read with the ingestion's credentials")
+        assert {t["lagSeconds"] for t in status["tables"]} == {0}, status["tables"]
+
+        # A verification: its Job leaves the result in S3 staging, where the operator reads it.
+        kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            GROUP, VERSION, env.NAMESPACE, PLURAL, name, {"metadata": {"annotations": {VERIFY: "v1"}}})
+        job_name = wait_for(lambda: (_status(api, name).get("verification") or {}).get("job"), "the Job")
+        job = api.sanitize_for_serialization(kubernetes.client.BatchV1Api(api).read_namespaced_job(
+            job_name, env.NAMESPACE))
+        (container,) = job["spec"]["template"]["spec"]["containers"]
+
+        def verify() -> tuple[int, str]:  # (a verification needs the pipeline streaming)
+            ran = _run_container(api, job, container["command"], tmp_path, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+            output, _ = ran.communicate(timeout=300)
+            return ran.returncode, output
+
+        _, verified_by_job = ls.run_in_process(local, rest_spark, once=False, during=verify)
+        assert verified_by_job is not None and verified_by_job[0] == 0, verified_by_job
+        verified = wait_for(lambda: (v := _status(api, name).get("verification") or {}).get("state") != "Verifying"
+                            and v, "the verification's result read from S3 staging")
+        assert verified["state"] == "Equal", verified
+
+        # Lag: the source is written, the reader (its container, as the kubelet would run it)
+        # stages the change, no apply job runs: lagSeconds rises and the freshness alert fires.
+        with db.connect() as conn:
+            conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
+        deployment = env.deployments(api)[f"{name}-reader"]
+        pod = f"{name}-reader-2"
+        env.reader_pod_running(api, name, pod)
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        with (tmp_path / "reader.log").open("wb") as log:
+            reader = _run_container(api, deployment, container["command"], tmp_path, pod=pod,
+                                    stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: any((t.get("lagSeconds") or 0) > 1 for t in _status(api, name).get("tables", [])),
+                     "lagSeconds above 1 s once the change is staged and not applied")
+            alerts = chart.alerts(freshnessSeconds=1)
+            labels = frozenset({("namespace", env.NAMESPACE), ("ingestion", name)})
+            wait_for(lambda: promql.firing(alerts, "LakeslotFreshnessHigh", scrape(metrics), labels),
+                     "the freshness alert's expression true on a scrape of the operator")
+        finally:
+            ls.interrupt(reader)
+        written = json.dumps([_status(api, name), env.spark_applications(api), env.deployments(api)])
+    for secret in (store.secret_key, store.catalog_secrets()["credential"], db.cluster.password):
+        assert secret not in written
+
+
+@pytest.mark.slow
+def test_an_operator_without_credentials_reads_a_jdbc_catalog_whose_warehouse_is_on_s3(
+        kube, api, pgdb, rest_spark, object_store, jvm_keys, tmp_path, monkeypatch):
+    """The issue's case: keys only in ``secretEnv`` (not in the catalog's ``secretProperties``),
+    which Java's S3FileIO takes from its environment — and the operator from the Secrets."""
+    db, store = pgdb, object_store
+    with db.connect() as conn:
+        tables = ls.create_accounts_and_items(conn, 200, 30)
+    catalog_name = f"jdbc_{uuid.uuid4().hex[:8]}"  # (a catalog's own database, and a Spark name of its own)
+    with db.cluster.connect() as conn:
+        conn.execute(f"CREATE DATABASE {catalog_name}")
+    catalog = fixtures_s3.jdbc_catalog_document(
+        store, catalog_name, f"jdbc:postgresql://{db.cluster.address}:{db.cluster.port}/{catalog_name}",
+        db.cluster.superuser, catalog_name)
+    catalog["secretProperties"] = {"jdbc.password": {"name": "lake-credentials", "key": "jdbc-password"}}
+    document = fixtures_s3.ingestion_document(db, f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}", tables,
+                                              catalog, name="s3-jdbc")
+    name = document["metadata"]["name"]
+    _storage_in_secret_env(api, document, store)
+    env.create_secret(api, "lake-credentials", {"jdbc-password": db.cluster.password})
+    path = tmp_path / "ingestion.yaml"
+    path.write_text(yaml.safe_dump(document))
+    environment = fixtures_s3.run_environment(db, store, {"jdbc.password": db.cluster.password})
+    for key, value in environment.items():  # the pods' environment, for their work done here
+        monkeypatch.setenv(key, value)
+    local = config.load(str(path), state_dir=str(tmp_path / "state"), environ=environment)
+    fixtures_s3.define_catalog(rest_spark, catalog, {"jdbc.password": db.cluster.password})
+
+    with scrubbed_operator(kube.url, tmp_path / "operator.log"):
+        env.create_ingestion(api, document, db.cluster.password)
+        applied = _start_pipeline(api, name, local, rest_spark, tables)
+        status = wait_for(lambda: _ready_with_lag(api, name, applied),
+                          "Ready, each mirror's LSN from the JDBC catalog and lagSeconds")
+        assert {t["lagSeconds"] for t in status["tables"]} == {0}, status["tables"]
+        assert not [c for c in status["conditions"] if c.get("reason") == "CatalogUnreachable"]
