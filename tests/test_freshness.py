@@ -54,5 +54,6 @@ def test_the_first_pending_commit_per_position(pgdb, tmp_path):
     assert [t.lag_seconds for t in status.tables] == [0, freshness.seconds_behind(found["before all"], later), None]
     assert status.apply is not None and status.apply.lag_seconds == status.tables[1].lag_seconds
     assert (status.apply.lag_seconds or 0) >= 29
-    freshness.record(status, Staging("file:///nonexistent/staging/at/all", create=False), later)  # nothing staged: caught up
+    nothing = Staging("file:///nonexistent/staging/at/all", create=False)
+    freshness.record(status, nothing, later)  # nothing staged: caught up
     assert status.apply.lag_seconds == 0
