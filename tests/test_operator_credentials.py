@@ -34,9 +34,11 @@ from lakeslot.api.models import GROUP, PLURAL, VERSION
 from lakeslot.local import config, reader_process
 from lakeslot.local.objectstore import STAGING_BUCKET, ObjectStore
 from lakeslot.mirror import progress as mirror_progress
+from lakeslot.staging.store import Staging
 from tests.support import chart, fixtures_s3, promql
 from tests.support import local_support as ls
 from tests.support import operator_env as env
+from tests.support.fixtures_pg import Database
 from tests.support.operator_process import scrubbed_operator
 from tests.support.prometheus import scrape
 from tests.support.waiting import wait_for
@@ -219,3 +221,55 @@ def test_an_operator_without_credentials_reads_a_jdbc_catalog_whose_warehouse_is
                           "Ready, each mirror's LSN from the JDBC catalog and lagSeconds")
         assert {t["lagSeconds"] for t in status["tables"]} == {0}, status["tables"]
         assert not [c for c in status["conditions"] if c.get("reason") == "CatalogUnreachable"]
+
+
+@pytest.mark.slow
+def test_an_operator_without_credentials_empties_s3_staging_when_a_lost_slot_is_recreated(
+        kube, api, pg_cluster_factory, rest_spark, object_store, tmp_path, monkeypatch):
+    """``onSlotLost: Resnapshot`` on S3 staging: the slot PostgreSQL 18 invalidates (idle longer
+    than ``idle_replication_slot_timeout``) is recreated by the operator only after it emptied
+    staging, which it can only do with the ingestion's keys (before: ``StagingUnreachable``)."""
+    cluster = pg_cluster_factory.get("pg18", idle_replication_slot_timeout="'1s'")
+    db = Database(cluster, f"t_{uuid.uuid4().hex[:12]}")
+    cluster.create_database(db.name)
+    store = object_store
+    with db.connect() as conn:
+        tables = [ls.create_accounts(conn, 100)]
+    document = fixtures_s3.ingestion_document(db, f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}", tables,
+                                              store.catalog_document(), name="slot-lost")
+    document["spec"]["staging"]["retentionSeconds"] = 3600  # (applied segments stay: some to empty)
+    document["spec"]["policies"] = {"onSlotLost": "Resnapshot"}
+    name = document["metadata"]["name"]
+    _storage_in_secret_env(api, document, store)
+    env.create_secret(api, "lake-credentials", {ref["key"]: store.catalog_secrets()[key] for key, ref
+                                                in document["spec"]["sink"]["catalog"]["secretProperties"].items()})
+    path = tmp_path / "ingestion.yaml"
+    path.write_text(yaml.safe_dump(document))
+    environment = fixtures_s3.run_environment(db, store, store.catalog_secrets())
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    local = config.load(str(path), state_dir=str(tmp_path / "state"), environ=environment)
+    staging = Staging(document["spec"]["staging"]["uri"], create=False, environ=store.environment())
+    try:
+        with scrubbed_operator(kube.url, tmp_path / "operator.log"):
+            env.create_ingestion(api, document, db.cluster.password)
+            _start_pipeline(api, name, local, rest_spark, tables)
+            with db.connect() as conn:
+                conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id <= 10")
+            ls.run_in_process(local, rest_spark, once=True)  # streamed, applied, retained
+            assert staging.list(), "segments in staging before the slot is lost"
+
+            def recreated() -> str | None:
+                with db.connect() as conn:
+                    conn.execute("CHECKPOINT")  # (where PostgreSQL invalidates an idle slot)
+                return _status(api, name).get("resnapshotBelowLsn")
+
+            below = wait_for(recreated, "the operator to recreate the invalidated slot", interval=1.5)
+            assert staging.list() == [], "the operator emptied S3 staging before recreating the slot"
+            events = kubernetes.client.CoreV1Api(api).list_namespaced_event(env.NAMESPACE).items
+            assert any(e.reason == "SlotRecreated" and below in (e.message or "") for e in events), \
+                [(e.reason, e.message) for e in events]
+            slot_ready = next(c for c in _status(api, name)["conditions"] if c["type"] == "SlotReady")
+            assert slot_ready["reason"] != "StagingUnreachable", slot_ready
+    finally:
+        cluster.drop_database(db.name)
