@@ -78,7 +78,7 @@ def _status(api, name: str) -> dict:
 def _ready_with_lag(api, name: str, applied: dict[str, str]) -> dict | None:
     """The status once Ready and showing each table at its mirror's LSN with ``lagSeconds``."""
     status = _status(api, name)
-    ready = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
+    ready: dict = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
     shown = {f"{t['schema']}.{t['name']}": (t.get("appliedLsn"), t.get("lagSeconds"))
              for t in status.get("tables", [])}
     done = ready.get("status") == "True" and {k: v[0] for k, v in shown.items()} == applied \
@@ -139,12 +139,13 @@ def test_an_operator_without_credentials_reads_s3_staging_and_a_rest_catalog_wit
         applied = _start_pipeline(api, name, local, rest_spark, tables)
         status = wait_for(lambda: _ready_with_lag(api, name, applied),
                           "Ready, each mirror's LSN and lagSeconds, read with the ingestion's credentials")
-        assert {t["lagSeconds"] for t in status["tables"]} == {0}, status["tables"]
+        assert status is not None and {t["lagSeconds"] for t in status["tables"]} == {0}, status
 
         # A verification: its Job leaves the result in S3 staging, where the operator reads it.
         kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
             GROUP, VERSION, env.NAMESPACE, PLURAL, name, {"metadata": {"annotations": {VERIFY: "v1"}}})
         job_name = wait_for(lambda: (_status(api, name).get("verification") or {}).get("job"), "the Job")
+        assert isinstance(job_name, str)
         job = api.sanitize_for_serialization(kubernetes.client.BatchV1Api(api).read_namespaced_job(
             job_name, env.NAMESPACE))
         (container,) = job["spec"]["template"]["spec"]["containers"]
@@ -159,7 +160,7 @@ def test_an_operator_without_credentials_reads_s3_staging_and_a_rest_catalog_wit
         assert verified_by_job is not None and verified_by_job[0] == 0, verified_by_job
         verified = wait_for(lambda: (v := _status(api, name).get("verification") or {}).get("state") != "Verifying"
                             and v, "the verification's result read from S3 staging")
-        assert verified["state"] == "Equal", verified
+        assert isinstance(verified, dict) and verified["state"] == "Equal", verified
 
         # Lag: the source is written, the reader (its container, as the kubelet would run it)
         # stages the change, no apply job runs: lagSeconds rises and the freshness alert fires.
@@ -219,7 +220,7 @@ def test_an_operator_without_credentials_reads_a_jdbc_catalog_whose_warehouse_is
         applied = _start_pipeline(api, name, local, rest_spark, tables)
         status = wait_for(lambda: _ready_with_lag(api, name, applied),
                           "Ready, each mirror's LSN from the JDBC catalog and lagSeconds")
-        assert {t["lagSeconds"] for t in status["tables"]} == {0}, status["tables"]
+        assert status is not None and {t["lagSeconds"] for t in status["tables"]} == {0}, status
         assert not [c for c in status["conditions"] if c.get("reason") == "CatalogUnreachable"]
 
 
@@ -265,6 +266,7 @@ def test_an_operator_without_credentials_empties_s3_staging_when_a_lost_slot_is_
                 return _status(api, name).get("resnapshotBelowLsn")
 
             below = wait_for(recreated, "the operator to recreate the invalidated slot", interval=1.5)
+            assert below is not None
             assert staging.list() == [], "the operator emptied S3 staging before recreating the slot"
             events = kubernetes.client.CoreV1Api(api).list_namespaced_event(env.NAMESPACE).items
             assert any(e.reason == "SlotRecreated" and below in (e.message or "") for e in events), \

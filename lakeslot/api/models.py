@@ -707,8 +707,9 @@ class PostgresIngestionSpec(ApiModel):
         "Environment variables from Secrets for the reader and the Spark jobs (driver and "
         "executors): credentials of the object store holding staging and the warehouse, for "
         "example AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, which pyarrow, Hadoop s3a and "
-        "Iceberg's S3FileIO read. Prefer workload identity (a service account) where the "
-        "platform offers it."
+        "Iceberg's S3FileIO read. The operator reads staging and the warehouse with the AWS "
+        "variables here too (keys, session token, region, AWS_ENDPOINT_URL), never with its own "
+        "environment. Prefer workload identity (a service account) where the platform offers it."
     )
     suspend: bool = Field(
         False,
