@@ -68,7 +68,6 @@ class Copy:
 
     tables: tuple[TableName, ...]  # sorted
     min_snapshot_lsn: int
-    requested: frozenset[TableName]  # copied because the user asked (resnapshotGeneration)
 
 
 def copy_plan(apply_tables: Sequence[TableName], applied: Mapping[TableName, int | None],
@@ -165,14 +164,13 @@ class Schedule:
         progress = self._progress(tables)
         self.mirrored = {t for t in tables if progress[t].lsn is not None or t in self.started_empty}
         self.joined -= self.mirrored
-        generations = state.resnapshot_generations(self.local.state_dir)
-        requested = {t: (progress[t].lsn or 0) + 1 for t in tables
-                     if (options := self.job.table_spec(t)) is not None
-                     and options.resnapshot_generation > generations.get(str(t), 0)}
         rejoined = self.selection.joined_below(progress)
-        for table, below in rejoined.items():
-            requested[table] = max(requested.get(table, 0), below)
-        decision = resnapshot.decide(progress, spec.policies, requested)
+        generations = {t: options.resnapshot_generation for t in tables
+                       if (options := self.job.table_spec(t)) is not None}
+        served = resnapshot.serve_requests(self.selection.rows, progress, generations)
+        if served.changed:
+            state.write_tables(self.local.state_dir, self.selection.rows)
+        decision = resnapshot.decide(progress, spec.policies, served.below)
         for table, why in decision.held.items():
             log.warning("%s: %s", table, why)
         new = {t for t in self.joined if self.copy_due(t)}
@@ -194,7 +192,7 @@ class Schedule:
             log.info("TableAdded: copying %s, online: it joined the publication", table)
         self.copying = wanted
         self._copied = {}
-        return Copy(wanted, plan.min_snapshot_lsn, decision.requested)
+        return Copy(wanted, plan.min_snapshot_lsn)
 
     def copy(self, spark, copy: Copy) -> object:
         """Run ``copy`` (in a job thread); what each table came to is kept for
@@ -210,10 +208,6 @@ class Schedule:
             self._copied = dict.fromkeys(wanted, f"{type(e).__name__}: {st.first_line(e)}")
             raise
         self._copied = {t.source: t.error or t.state for t in result.tables}
-        done = {t.source for t in result.tables if t.state in ("committed", "skipped")}
-        state.record_resnapshot_generations(self.local.state_dir, {
-            str(t): options.resnapshot_generation for t in copy.requested & done
-            if (options := self.job.table_spec(t)) is not None})
         for table in result.tables:
             if table.error:
                 log.warning("re-snapshot of %s failed: %s", table.source, table.error)
