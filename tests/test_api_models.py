@@ -3,11 +3,14 @@ conditions, LSNs, times and update (transition) rules."""
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 import yaml
+from hypothesis import assume, example, given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from lakeslot import lsn
@@ -216,6 +219,35 @@ def test_tables_that_still_map_to_one_mirror_are_refused_naming_each_other():
     assert set(names.collisions([ab_c, a_bc, plain], established={ab_c})) == {a_bc}
     # two established ones (they shared it: the bug this guards against) are both refused
     assert set(names.collisions([ab_c, a_bc], established={ab_c, a_bc})) == {ab_c, a_bc}
+
+
+_NAME_PARTS = st.lists(st.sampled_from(["a", "b", "_", "__", "A", "-", " ", '"', "é", "ж", "1"]),
+                       min_size=1, max_size=5).map("".join)
+
+
+@functools.cache
+def _default_names() -> IngestionNames:
+    return _names([])
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.tuples(_NAME_PARTS, _NAME_PARTS), st.tuples(_NAME_PARTS, _NAME_PARTS))
+@example(("a__b", "c"), ("a", "b__c"))  # the separator's ambiguity: refused
+@example(("a_", "b"), ("a", "_b"))
+@example(("A", "b"), ("a", "b"))  # case: a hash suffix
+def test_default_mirror_names_are_injective_or_refused(one, other):
+    """Property over schema/table names with ``_``, ``__``, case, punctuation and unicode: two
+    different tables get different mirror names under the default template, except where both
+    names are plain and their readable forms meet at the separator (``a__b``.``c`` and
+    ``a``.``b__c``); such a pair is refused, naming each other — never one shared mirror."""
+    first, second = TableName(*one), TableName(*other)
+    assume(first != second)
+    names = _default_names()
+    if names.mirror_table(first) != names.mirror_table(second):
+        return
+    plain = [re.fullmatch(r"[a-z0-9_]+", part) is not None for part in (*first, *second)]
+    assert all(plain), (first, second)  # a hash suffix tells the others apart
+    assert set(names.collisions([first, second])) == {first, second}
 
 
 def test_mirror_name_overrides_the_template_and_resolves_a_collision():

@@ -1,13 +1,16 @@
 """``lakeslot demo`` — the README's main command — as a real process, at a small scale: an
 embedded PostgreSQL 18, a concurrent workload, two ``--once`` runs, and a verification that
-must say every table is equal; and the same on object storage and a REST catalog
+must say every table is equal, and the DuckDB query it prints must read the verified row count;
+and the same on object storage and a REST catalog
 (``--object-storage``: SeaweedFS serving both)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,6 +42,15 @@ def test_the_demo_verifies_every_table_equal(tmp_path):
     out = _demo(tmp_path / "demo")
     assert (tmp_path / "demo" / "warehouse").is_dir()
     assert "pyiceberg" in out and "Spark SQL" in out
+    # the DuckDB query it prints runs as printed (this venv's python) and counts the rows verified
+    [command] = [line.strip() for line in out.splitlines() if "import duckdb" in line]
+    result = subprocess.run(["bash", "-c", command.replace(".venv/bin/python", sys.executable)],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    verified = re.search(r"^\s+\S*pgbench_accounts\S*\s+([\d,]+)\s", out, re.M)
+    assert verified is not None, out
+    count, _balance = ast.literal_eval(result.stdout.strip())[0]
+    assert count == int(verified.group(1).replace(",", "")) > 0
 
 
 @pytest.mark.slow

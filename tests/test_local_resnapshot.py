@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from lakeslot.api.naming import TableName
-from lakeslot.local import config
+from lakeslot.local import config, state
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.verify import checksums
 from tests.support import local_support as ls
@@ -71,6 +71,10 @@ def test_a_renamed_column_is_copied_again_by_the_run_and_the_mirror_equals_the_s
     text = _run_once(path, pgdb, state_dir, log)
     assert text.count("TableResnapshot: copying public.steady again") == 1
     assert "requested (resnapshotGeneration)" in text
+    # recorded as the operator records it in status.tables (resnapshot.serve_requests): the
+    # generation observed, the request served (the copy's snapshot reached it)
+    [row] = [r for r in state.read_tables(state_dir) if r.name == STEADY.name]
+    assert row.observed_resnapshot_generation == 1 and row.resnapshot_below_lsn is None
     _run_once(path, pgdb, state_dir, log)
     assert log.read_text().count("TableResnapshot: copying public.steady again") == 1
     progress = mirror_progress.read(ingestion, [RENAMED, STEADY])

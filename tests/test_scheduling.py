@@ -1,8 +1,9 @@
 """The snapshot-scheduling decision shared by the operator and local mode
 (lakeslot.control.scheduling), table-driven: which tables a snapshot copies, from which LSN, its
-generation, and how long a failed copy waits. Pure: tests/test_operator_reconcile.py runs the
-same decisions end to end, and tests/test_local_new_tables.py and tests/test_local_resnapshot.py
-in ``lakeslot run``.
+generation, and how long a failed copy waits; and the one rule for recording and serving a
+table's re-snapshot request (lakeslot.control.resnapshot.serve_requests). Pure:
+tests/test_operator_reconcile.py runs the same decisions end to end, and
+tests/test_local_new_tables.py and tests/test_local_resnapshot.py in ``lakeslot run``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from lakeslot.api.models import PostgresIngestionStatus, SnapshotSpec, SnapshotStatus
+from lakeslot.api.models import PostgresIngestionStatus, SnapshotSpec, SnapshotStatus, TableStatus
 from lakeslot.api.naming import TableName
-from lakeslot.control import scheduling
+from lakeslot.control import resnapshot, scheduling
 from lakeslot.control.scheduling import Request
+from lakeslot.mirror.progress import MirrorProgress
 
 A = TableName("public", "a")
 B = TableName("public", "b")
@@ -159,3 +161,41 @@ def test_the_backoff_doubles_per_failure_up_to_an_hour(failures, seconds):
     # The operator's snapshot application (backoff_over) and local mode's per-table copy retries
     # (lakeslot.local.schedule.Schedule.copy_due) wait this long.
     assert scheduling.backoff_s(failures) == seconds
+
+
+# serve_requests: one rule for recording and serving a table's re-snapshot request -------------
+
+def _row(table: TableName, observed: int = 0, below: str | None = None) -> TableStatus:
+    return TableStatus.model_validate({"schema": table.schema, "name": table.name,
+                                       "state": "Streaming", "observedResnapshotGeneration": observed,
+                                       "resnapshotBelowLsn": below})
+
+
+def test_a_request_is_recorded_at_once_asked_once_and_served_by_the_copy():
+    """The operator (reconcile._again) and lakeslot run (schedule.next_copy) both call it on
+    their status rows: a raised resnapshotGeneration is recorded in the row at once, with the
+    position + 1 the copy must reach; it stays requested until the snapshot LSN gets there."""
+    rows = [_row(A), _row(B, observed=2), _row(C, below="0/64")]
+    progress = {A: MirrorProgress(0x100, 5, None, snapshot_lsn=0x10),
+                B: MirrorProgress(0x200, 5, None, snapshot_lsn=0x10),
+                C: MirrorProgress(None, None, None)}  # no mirror: its first snapshot copies it
+    served = resnapshot.serve_requests(rows, progress, {A: 1, B: 2})
+    assert served.new == {A} and served.below == {A: 0x101} and served.changed
+    assert (rows[0].observed_resnapshot_generation, rows[0].resnapshot_below_lsn) == (1, "0/101")
+    assert rows[1].resnapshot_below_lsn is None and rows[2].resnapshot_below_lsn is None
+
+    progress[A] = MirrorProgress(0x180, 5, None, snapshot_lsn=0x10)  # streamed on, not copied
+    again = resnapshot.serve_requests(rows, progress, {A: 1, B: 2})
+    assert again.new == frozenset() and again.below == {A: 0x101} and not again.changed
+
+    progress[A] = MirrorProgress(0x190, 5, None, snapshot_lsn=0x185)  # the copy reached it
+    done = resnapshot.serve_requests(rows, progress, {A: 1, B: 2})
+    assert done.below == {} and done.changed and rows[0].resnapshot_below_lsn is None
+    assert rows[0].observed_resnapshot_generation == 1  # asked once: not again
+
+
+def test_a_running_copy_keeps_the_request_of_a_table_without_a_mirror():
+    rows = [_row(C, below="0/64")]
+    served = resnapshot.serve_requests(rows, {C: MirrorProgress(None, None, None)}, {},
+                                       copying=lambda table: table == C)
+    assert rows[0].resnapshot_below_lsn == "0/64" and served.below == {} and not served.changed

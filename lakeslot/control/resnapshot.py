@@ -4,12 +4,14 @@ decision for the operator and ``lakeslot run`` (pure: progress and spec in, a de
 A table is copied again when
 
 - the user asked for it: ``spec.source.tables[].resnapshotGeneration`` above the generation last
-  acted on (the operator's ``status.tables[].observedResnapshotGeneration``); the request is
-  recorded with the LSN the new snapshot must reach (the table's position when the request was
-  seen), and it is served once the mirror's ``lakeslot.snapshot-lsn`` reaches it — so a
-  reconcile that runs while the copy completes does not ask again; the same request, with the
-  LSN it joined at, is made for a table that joined the publication again with a mirror
-  (:func:`lakeslot.control.steps.check_source`: what changed while it was out is in no stream); or
+  acted on (``status.tables[].observedResnapshotGeneration``); the request is recorded at once
+  with the LSN the new snapshot must reach (the table's position when the request was seen), and
+  it is served once the mirror's ``lakeslot.snapshot-lsn`` reaches it — so a reconcile that runs
+  while the copy completes does not ask again; the same request, with the LSN it joined at, is
+  made for a table that joined the publication again with a mirror
+  (:func:`lakeslot.control.steps.check_source`: what changed while it was out is in no stream).
+  One rule, :func:`serve_requests`, on the status rows, for the operator and ``lakeslot run``
+  (which keeps the rows in its state directory); or
 - the apply job stopped it with an error whose way out is a re-snapshot it may start by itself
   (``policies.onSchemaChange: Resnapshot``: DDL, a rewrite, partition maintenance, a drop and
   re-create — see :mod:`lakeslot.apply.evolution`), and fewer than
@@ -31,10 +33,11 @@ Failure modes: none (no I/O). A table held back by the guard stays stopped with 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from lakeslot.api.models import PoliciesSpec
+from lakeslot import lsn as lsnlib
+from lakeslot.api.models import PoliciesSpec, TableStatus
 from lakeslot.api.naming import TableName
 from lakeslot.mirror.progress import MirrorProgress
 
@@ -73,3 +76,56 @@ def decide(progress: Mapping[TableName, MirrorProgress], policies: PoliciesSpec,
                     f"{policies.max_resnapshots_per_hour}); raise the table's "
                     "resnapshotGeneration to copy it now")
     return Decision(copy, held, frozenset(set(asked) & set(copy)))
+
+
+@dataclass(frozen=True)
+class Requests:
+    """The per-table requests recorded in the status rows (:func:`serve_requests`)."""
+
+    below: dict[TableName, int]  # table → the LSN its new snapshot must reach (for decide)
+    new: frozenset[TableName]  # the user's requests recorded just now
+    changed: bool  # a row was updated: keep the rows
+
+
+def serve_requests(rows: Iterable[TableStatus], progress: Mapping[TableName, MirrorProgress],
+                   generations: Mapping[TableName, int],
+                   copying: Callable[[TableName], bool] = lambda _table: False) -> Requests:
+    """The one rule for recording and serving a table's re-snapshot request, the operator's and
+    ``lakeslot run``'s alike, on the ``status.tables`` rows (updated in place; ``lakeslot run``
+    keeps them in its state directory). For each row of a table in ``progress``:
+
+    - no mirror yet: there is nothing to copy again (its ordinary snapshot, taken after it
+      joined, copies it): its ``resnapshotBelowLsn`` is cleared — unless a copy of it runs now
+      (``copying``), which serves it;
+    - ``generations[table]`` (``spec.source.tables[].resnapshotGeneration``) above the row's
+      ``observedResnapshotGeneration``: a new request, recorded at once — the generation
+      observed, ``resnapshotBelowLsn`` the mirror's position + 1 —, so it is asked once however
+      often this runs and whatever stops in between;
+    - ``resnapshotBelowLsn`` (the user's request, or a table that joined the publication again:
+      :func:`lakeslot.control.steps.check_source`) is served once the mirror's snapshot LSN
+      reaches it, then cleared; until then the table is requested with it."""
+    below: dict[TableName, int] = {}
+    new: set[TableName] = set()
+    changed = False
+    for row in rows:
+        table = TableName(row.schema_name, row.name)
+        p = progress.get(table)
+        if p is None:
+            continue
+        if p.lsn is None:
+            if row.resnapshot_below_lsn is not None and not copying(table):
+                row.resnapshot_below_lsn, changed = None, True
+            continue
+        generation = generations.get(table, 0)
+        if generation > row.observed_resnapshot_generation:
+            row.observed_resnapshot_generation = generation
+            row.resnapshot_below_lsn = lsnlib.format(p.lsn + 1)
+            new.add(table)
+            changed = True
+        if row.resnapshot_below_lsn is not None:
+            lsn = lsnlib.parse(row.resnapshot_below_lsn)
+            if (p.snapshot_lsn or 0) >= lsn:
+                row.resnapshot_below_lsn, changed = None, True
+            else:
+                below[table] = lsn
+    return Requests(below, frozenset(new), changed)

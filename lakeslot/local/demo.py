@@ -21,7 +21,7 @@ in an Iceberg REST catalog with ``S3FileIO``, both served by a throwaway Seaweed
 only, as in a pod.
 
 The warehouse, staging and state stay in ``--directory`` (PostgreSQL does not: it is a throwaway
-cluster), with the commands to query the mirror tables with pyiceberg and Spark SQL; the object
+cluster), with the commands to query the mirror tables with pyiceberg, Spark SQL and DuckDB; the object
 store is throwaway too (its files stay in ``object-store`` there). A new demo run starts from
 scratch: it empties the directory's ``warehouse``, ``staging``, ``state`` and ``object-store``
 (nothing else) first, since they belonged to a cluster that no longer exists.
@@ -55,6 +55,7 @@ from lakeslot.source.connection import ConnectionSettings, one_row
 from lakeslot.verify import checksums
 
 DATABASE = "demo"
+DUCKDB_PACKAGES = ("duckdb==1.5.5", "duckdb-extension-iceberg==1.5.5", "duckdb-extension-avro==1.5.5")
 ODD_SCHEMA = 'Demo "Schema"'
 ODD_TABLE = TableName(ODD_SCHEMA, "Odd Types ✓")
 PGBENCH_TABLES = [TableName("public", t) for t in
@@ -309,4 +310,12 @@ def _query_hints(directory: Path, warehouse: str, say) -> None:
     say("  Spark SQL:  .venv/bin/python -c \"from lakeslot.spark.session import build_session; "
         f"s = build_session('{warehouse}'); "
         "s.sql('SELECT count(*), sum(abalance) FROM lakeslot.demo.public__pgbench_accounts').show()\"")
+    table = directory.resolve() / "warehouse" / "demo" / "public__pgbench_accounts"
+    say(f"  DuckDB:     (pip install {' '.join(DUCKDB_PACKAGES)})")
+    say("              .venv/bin/python -c \"import duckdb, duckdb_extension_avro as a, duckdb_extension_iceberg as i; "
+        "c = duckdb.connect(config={'allow_unsigned_extensions': 'true'}); "
+        "[c.load_extension(f'{p.__path__[0]}/extensions/v{duckdb.__version__}/{n}.duckdb_extension') "
+        "for p, n in ((a, 'avro'), (i, 'iceberg'))]; "
+        f"print(c.sql(\\\"SELECT count(*), sum(abalance) FROM iceberg_scan('{table}')\\\").fetchall())\"")
+    say("  (docs/reading-mirrors.md: the same through a REST catalog)")
     say("")

@@ -8,7 +8,10 @@ snapshot, DESIGN.md rule 2; a holder other than this run's reader is evicted), t
    start, so WAL is released while the snapshot runs;
 2. the snapshot (:mod:`lakeslot.snapshot.job`) in a Spark ``local[*]`` session of this process,
    for every table whose mirror lacks a snapshot of the current ``resnapshotGeneration`` (a run
-   killed mid-snapshot resumes with the tables not yet committed);
+   killed mid-snapshot resumes with the tables not yet committed) — under ``snapshot.mode:
+   never`` only for tables that have a mirror (a re-snapshot or a cut-off still copies them):
+   the others start empty, created by the apply job, and stream what changed after the slot was
+   created, as under the operator;
 3. the apply job (:mod:`lakeslot.apply.job`) in the same session, MERGEing sealed segments into the
    mirror tables, until stopped. A streaming run warms it up (:mod:`lakeslot.apply.warmup`) in a
    thread of its own while the snapshot runs, so the first passes after the snapshot are warm.
@@ -50,6 +53,13 @@ such table with its error and exits 3 when every error is definite, 1 when one w
 (retries ran out; a rerun may pass). ``lakeslot status`` shows the same: a table whose snapshot
 failed definitely is ``Failed`` with the error, after a transient failure ``Pending`` with it.
 
+Outages: staging or the catalog unreachable at the start (staging opened, the source steps'
+``StagingUnreachable``, the mirrors' progress read before and after the snapshot) is waited for
+with backoff — 1 s doubling, at most a minute —, each attempt a line ``waiting for staging
+(spec.staging.uri …): <why>; retrying in N s``, until it is back (the run goes on) or the run is
+stopped (exit 0); ``--once`` waits too. Once streaming, the reader and the apply job retry on
+their own (their modules say how).
+
 Exit codes: 0 stopped cleanly or caught up (``--once``); 1 failed (connection, Spark, the
 reader kept failing, the apply job failed), retrying later may help; 2 bad input (file, secrets;
 nothing was started); 3 a definite error that needs a human (the message and ``lakeslot status``
@@ -69,12 +79,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, TypeVar
 
 from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestionStatus
 from lakeslot.api.naming import TableName
 from lakeslot.control import steps as control
+from lakeslot.errors import TRANSIENT_IO
 from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
 from lakeslot.local import observe, state
 from lakeslot.local.apply_loop import ApplyLoop
@@ -83,6 +94,7 @@ from lakeslot.local.live_status import LiveStatus
 from lakeslot.local.processes import Processes, RunFailed, Worker, stopper
 from lakeslot.local.schedule import Schedule
 from lakeslot.local.selection import Selection, log_events
+from lakeslot.mirror.catalog import CatalogAccessError
 from lakeslot.observability import status as st
 from lakeslot.source import connection
 
@@ -92,6 +104,12 @@ if TYPE_CHECKING:  # pyspark is imported only once a run needs Spark
     from lakeslot.snapshot.job import TableOutcome as SnapshotOutcome
 
 log = logging.getLogger("lakeslot.local")
+T = TypeVar("T")
+
+# Staging or the catalog unreachable: waited for (:class:`_Outages`), never the end of the run.
+OUTAGE_REASONS = frozenset({"StagingUnreachable"})  # take_control's conditions that mean it
+OUTAGE_ERRORS: tuple[type[Exception], ...] = (*TRANSIENT_IO, CatalogAccessError)
+OUTAGE_BACKOFF_S, OUTAGE_BACKOFF_MAX_S = 1.0, 60.0
 
 
 @dataclass
@@ -150,7 +168,11 @@ def run(local: Local, options: Options) -> Result:
     previous = (_on_signals(stop, woken) if threading.current_thread() is threading.main_thread()
                 else {})
     try:
-        session = _Session(local, options, stop, woken)
+        staged = _Outages(local, options, stop).retrying(
+            "staging", lambda: observe.StagedCounter(local.ingestion.spec.staging.uri))
+        if staged is None:
+            return Result(EXIT_OK, "stopped")
+        session = _Session(local, options, stop, woken, staged)
         try:
             session.execute()
             code, message = EXIT_OK, "caught up" if session.caught_up else "stopped"
@@ -175,9 +197,9 @@ class _Session:
     """One run: the steps in order (see the module docstring) over its collaborators."""
 
     def __init__(self, local: Local, options: Options, stop: threading.Event,
-                 woken: threading.Event) -> None:
+                 woken: threading.Event, staged: observe.StagedCounter) -> None:
         self.local, self.options, self.stop = local, options, stop
-        staged = observe.StagedCounter(local.ingestion.spec.staging.uri)
+        self.outages = _Outages(local, options, stop)
         self.processes = Processes(local, stop, woken, staged.staging, master=options.master,
                                    spark=options.spark)
         self.live = LiveStatus(local, staged, out=options.out, interactive=options.interactive)
@@ -191,7 +213,10 @@ class _Session:
     def execute(self) -> None:
         if self.options.metrics_port is not None:
             self.live.serve_metrics(self.options.metrics_port, self.options.metrics_host)
-        tables, below = self._control()
+        control = self._control()
+        if control is None:  # stopped while waiting for an outage to end
+            return
+        tables, below = control
         self.processes.stop_orphaned_reader()
         self.processes.start_reader()
         self.processes.start_spark(tables)
@@ -202,8 +227,11 @@ class _Session:
         self._phase("snapshot", lambda: self._snapshot(tables, below))
         if self.stop.is_set():
             return
-        assert self.processes.spark is not None  # started above
-        streaming = self.schedule.streaming_tables(self.processes.spark, tables)
+        spark = self.processes.spark
+        assert spark is not None  # started above
+        streaming = self.outages.retrying("catalog", lambda: self.schedule.streaming_tables(spark, tables))
+        if streaming is None:  # stopped while waiting
+            return
         if not streaming:
             raise _not_caught_up("no table has a snapshot to stream into",
                                  self._snapshot_failures(tables), [])
@@ -216,23 +244,31 @@ class _Session:
         assert self.processes.spark is not None  # started before
         warmup.warm_up(self.processes.spark)
 
-    def _control(self) -> tuple[list[TableName], int]:
+    def _control(self) -> tuple[list[TableName], int] | None:
         """The source steps (:func:`lakeslot.control.steps.take_control`): the usable tables and
-        the LSN below which snapshots are void."""
-        report = st.Report(PostgresIngestionStatus(tables=state.read_tables(self.local.state_dir)),
-                           0, datetime.now(UTC))
-        job = self.local.job
-        if not self.options.once:  # before the steps: a table created meanwhile is seen later
-            self.selection.take_fingerprint()
-        source = control.take_control(
-            job.source(self.local.environ), self.local.ingestion, report, component="local",
-            reader=connection.application_name("reader", job.names.owner, self.processes.pod))
-        log_events(report)
-        failed = [c for c in report.status.conditions if c.status == "False"]
-        if source is None:
-            code = (EXIT_FAILED if any(c.reason == "ConnectionFailed" for c in failed)
-                    else EXIT_DEFINITE)
-            raise RunFailed(code, "\n".join(f"{c.type}: {c.reason}: {c.message}" for c in failed))
+        the LSN below which snapshots are void; None when stopped while waiting for staging."""
+        attempt = 0
+        while True:
+            report = st.Report(PostgresIngestionStatus(tables=state.read_tables(self.local.state_dir)),
+                               0, datetime.now(UTC))
+            job = self.local.job
+            if not self.options.once:  # before the steps: a table created meanwhile is seen later
+                self.selection.take_fingerprint()
+            source = control.take_control(
+                job.source(self.local.environ), self.local.ingestion, report, component="local",
+                reader=connection.application_name("reader", job.names.owner, self.processes.pod))
+            log_events(report)
+            failed = [c for c in report.status.conditions if c.status == "False"]
+            if source is not None:
+                break
+            outage = next((c for c in failed if c.reason in OUTAGE_REASONS), None)
+            if outage is None:
+                code = (EXIT_FAILED if any(c.reason == "ConnectionFailed" for c in failed)
+                        else EXIT_DEFINITE)
+                raise RunFailed(code, "\n".join(f"{c.type}: {c.reason}: {c.message}" for c in failed))
+            attempt += 1
+            if not self.outages.wait("staging", f"{outage.type}: {outage.message}", attempt):
+                return None
         tables = source.tables
         self.selection.adopt(report, tables)
         self.processes.target = source.current_lsn if self.options.once else None
@@ -243,6 +279,10 @@ class _Session:
     def _snapshot(self, tables: list[TableName], below: int) -> None:
         from lakeslot.snapshot import job as snapshot_job
 
+        copies = self.outages.retrying("catalog", lambda: self.schedule.start_copies(tables))
+        if not copies:  # nothing to copy (snapshot.mode: never), or stopped while waiting
+            return
+        tables = copies
         job_input = self.local.with_tables(tables)
         progress = observe.snapshot_location(self.local)
         worker = self.processes.start("snapshot", lambda: snapshot_job.run(
@@ -328,6 +368,41 @@ class _Session:
             self.live.refresh_final(self.processes.final_activity(), self.processes.target,
                                     self.apply.seconds)
         self.live.close()
+
+
+class _Outages:
+    """Staging or the catalog unreachable where the run cannot go on without them (its start,
+    the mirrors' progress after the snapshot): waited for with backoff (:data:`OUTAGE_BACKOFF_S`
+    doubling, at most :data:`OUTAGE_BACKOFF_MAX_S`), each attempt a line saying what the run waits
+    for and why, until it is back or the run is stopped. The reader and the apply job ride out
+    outages themselves once they run (their own retries)."""
+
+    def __init__(self, local: Local, options: Options, stop: threading.Event) -> None:
+        self.out, self.stop = options.out, stop
+        spec = local.ingestion.spec
+        self.named = {"staging": f"staging (spec.staging.uri {spec.staging.uri})",
+                      "catalog": f"the catalog (sink.catalog {spec.sink.catalog.name})"}
+
+    def wait(self, what: str, why: str, attempt: int) -> bool:
+        """Say what the run waits for (``what``: staging or catalog) and wait out attempt
+        ``attempt``'s backoff; False when the run was stopped meanwhile."""
+        delay = min(OUTAGE_BACKOFF_MAX_S, OUTAGE_BACKOFF_S * 2 ** (attempt - 1))
+        line = f"waiting for {self.named[what]}: {why}; retrying in {delay:.0f} s (attempt {attempt})"
+        log.warning("%s", line)
+        print(f"lakeslot run: {line}", file=self.out or sys.stderr, flush=True)
+        return not self.stop.wait(delay)
+
+    def retrying(self, what: str, action: Callable[[], T]) -> T | None:
+        """``action()``, tried again after each outage (:data:`OUTAGE_ERRORS`) of ``what``;
+        None when the run was stopped while waiting."""
+        attempt = 0
+        while True:
+            try:
+                return action()
+            except OUTAGE_ERRORS as e:
+                attempt += 1
+                if not self.wait(what, st.first_line(e), attempt):
+                    return None
 
 
 def _not_caught_up(what: str, *failures: list[tuple[TableName, str, bool]]) -> RunFailed:

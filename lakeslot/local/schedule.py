@@ -28,9 +28,10 @@ Invariants:
   marks a table, and a restarted apply job makes a pass at once.
 - Local mode differs from the operator in one input of :func:`~lakeslot.control.scheduling.plan`
   (:data:`STREAMING`): while it streams, the snapshot's generation, cut-off and ``mode`` play no
-  part — the run's start hands every table to the snapshot job, which copies what its generation
-  and cut-off say is not done (whatever ``snapshot.mode`` says) — so a table that joins is copied
-  even under ``mode: never``.
+  part — the run's start hands the snapshot job every table (under ``mode: never`` every table
+  with a mirror: :meth:`Schedule.start_copies`), which copies what its generation and cut-off
+  say is not done — so a table that joins while the run streams is copied even under ``mode:
+  never``.
 
 Failure modes: a copy's failure is its tables' (backoff, then tried again), never the run's. An
 error reading the mirrors' progress from the catalog is not caught here: it ends the run, after
@@ -67,7 +68,6 @@ class Copy:
 
     tables: tuple[TableName, ...]  # sorted
     min_snapshot_lsn: int
-    requested: frozenset[TableName]  # copied because the user asked (resnapshotGeneration)
 
 
 def copy_plan(apply_tables: Sequence[TableName], applied: Mapping[TableName, int | None],
@@ -88,6 +88,7 @@ class Schedule:
         self.local, self.selection = local, selection
         self.job = local.job
         self.mirrored: set[TableName] = set()  # tables known to have a mirror (a snapshot)
+        self.started_empty: set[TableName] = set()  # mode never: the apply job creates their mirrors
         self.joined: set[TableName] = set()  # joined while streaming, without a mirror yet
         self.copy_failures: dict[TableName, tuple[int, float]] = {}  # failures, last (monotonic)
         self.apply_tables: tuple[TableName, ...] = ()  # the running apply job's tables
@@ -99,13 +100,29 @@ class Schedule:
         return mirror_progress.read(self.local.ingestion, tables,
                                     secrets=self.job.catalog_secrets(self.local.environ))
 
-    def streaming_tables(self, spark, tables: list[TableName]) -> list[TableName]:
-        """After the start's snapshot: the tables with a mirror, which the apply job takes (those
-        that joined again with one are held until their copy: :meth:`_hold`)."""
+    @property
+    def never(self) -> bool:
+        """``snapshot.mode: never``: the run's start copies no table that has no mirror."""
+        return self.local.ingestion.spec.snapshot.mode == "never"
+
+    def start_copies(self, tables: list[TableName]) -> list[TableName]:
+        """The tables the run's start hands to the snapshot job (which copies those whose
+        generation or cut-off says so): all of them, or under ``snapshot.mode: never`` those with
+        a mirror — the others start empty and stream (:meth:`streaming_tables`)."""
+        if not self.never:
+            return tables
         progress = self._progress(tables)
-        self.mirrored = {t for t in tables if progress[t].lsn is not None}
-        self._hold(spark, self.selection.joined_below(progress), progress)
         return [t for t in tables if progress[t].lsn is not None]
+
+    def streaming_tables(self, spark, tables: list[TableName]) -> list[TableName]:
+        """After the start's snapshot: the tables with a mirror — under ``snapshot.mode: never``
+        every table, the apply job creating the missing mirrors empty —, which the apply job
+        takes (those that joined again with one are held until their copy: :meth:`_hold`)."""
+        progress = self._progress(tables)
+        self.started_empty = {t for t in tables if progress[t].lsn is None} if self.never else set()
+        self.mirrored = {t for t in tables if progress[t].lsn is not None} | self.started_empty
+        self._hold(spark, self.selection.joined_below(progress), progress)
+        return [t for t in tables if t in self.mirrored]
 
     def join(self, spark, joined: set[TableName], left: set[TableName]) -> None:
         """Tables that joined while streaming, and those that left: those without a mirror wait
@@ -145,16 +162,15 @@ class Schedule:
         self._decided_at = passes
         spec, tables = self.local.ingestion.spec, self.selection.tables
         progress = self._progress(tables)
-        self.mirrored = {t for t in tables if progress[t].lsn is not None}
+        self.mirrored = {t for t in tables if progress[t].lsn is not None or t in self.started_empty}
         self.joined -= self.mirrored
-        generations = state.resnapshot_generations(self.local.state_dir)
-        requested = {t: (progress[t].lsn or 0) + 1 for t in tables
-                     if (options := self.job.table_spec(t)) is not None
-                     and options.resnapshot_generation > generations.get(str(t), 0)}
         rejoined = self.selection.joined_below(progress)
-        for table, below in rejoined.items():
-            requested[table] = max(requested.get(table, 0), below)
-        decision = resnapshot.decide(progress, spec.policies, requested)
+        generations = {t: options.resnapshot_generation for t in tables
+                       if (options := self.job.table_spec(t)) is not None}
+        served = resnapshot.serve_requests(self.selection.rows, progress, generations)
+        if served.changed:
+            state.write_tables(self.local.state_dir, self.selection.rows)
+        decision = resnapshot.decide(progress, spec.policies, served.below)
         for table, why in decision.held.items():
             log.warning("%s: %s", table, why)
         new = {t for t in self.joined if self.copy_due(t)}
@@ -176,7 +192,7 @@ class Schedule:
             log.info("TableAdded: copying %s, online: it joined the publication", table)
         self.copying = wanted
         self._copied = {}
-        return Copy(wanted, plan.min_snapshot_lsn, decision.requested)
+        return Copy(wanted, plan.min_snapshot_lsn)
 
     def copy(self, spark, copy: Copy) -> object:
         """Run ``copy`` (in a job thread); what each table came to is kept for
@@ -192,10 +208,6 @@ class Schedule:
             self._copied = dict.fromkeys(wanted, f"{type(e).__name__}: {st.first_line(e)}")
             raise
         self._copied = {t.source: t.error or t.state for t in result.tables}
-        done = {t.source for t in result.tables if t.state in ("committed", "skipped")}
-        state.record_resnapshot_generations(self.local.state_dir, {
-            str(t): options.resnapshot_generation for t in copy.requested & done
-            if (options := self.job.table_spec(t)) is not None})
         for table in result.tables:
             if table.error:
                 log.warning("re-snapshot of %s failed: %s", table.source, table.error)

@@ -149,7 +149,10 @@ class Selection:
         """Tables that joined the publication with a mirror (re-created, or selected again), each
         with the LSN its copy must reach (``resnapshotBelowLsn``). Served ones are cleared, and so
         are those without a mirror: no copy runs while this is called, so theirs starts later,
-        after they joined."""
+        after they joined. The rows hold the user's requests too
+        (:func:`lakeslot.control.resnapshot.serve_requests`), recorded at the mirror's position
+        + 1, which only grows; a table that joined again asks for more — the LSN it joined at,
+        above a position that stayed where it was while the table was out of the stream."""
         below: dict[TableName, int] = {}
         served = False
         for row in self.rows:
@@ -157,9 +160,10 @@ class Selection:
             if row.resnapshot_below_lsn is None or table not in progress:
                 continue
             lsn = lsnlib.parse(row.resnapshot_below_lsn)
-            if progress[table].lsn is None or (progress[table].snapshot_lsn or 0) >= lsn:
+            position = progress[table].lsn
+            if position is None or (progress[table].snapshot_lsn or 0) >= lsn:
                 row.resnapshot_below_lsn, served = None, True
-            else:
+            elif lsn > position + 1:
                 below[table] = lsn
         if served:
             state.write_tables(self.local.state_dir, self.rows)

@@ -16,7 +16,9 @@ Invariants:
 - ``tables.json`` keeps the selection as the last run resolved it (``status.tables`` rows): a
   run compares it with the selection it finds, so a table dropped or taken out of the spec
   between two runs, or while one streams, is reported ``Removed``; and a table that joined the
-  publication keeps its ``resnapshotBelowLsn`` until its copy reaches it, across runs.
+  publication keeps its ``resnapshotBelowLsn`` until its copy reaches it, across runs; so does a
+  table the user asked to copy again (``observedResnapshotGeneration`` recorded at once, as the
+  operator records it in its status: :func:`lakeslot.control.resnapshot.serve_requests`).
   ``lakeslot status`` reads it the same way. Deleting it loses only those notes.
 
 - Asking "is a run active?" takes the lock *shared* for an instant. A run that starts in that
@@ -118,21 +120,6 @@ def resnapshot_below(state_dir: Path, recorded: int = 0) -> int:
     if recorded > kept:
         _write_atomically(path, f"{recorded}\n")
     return max(recorded, kept)
-
-
-def resnapshot_generations(state_dir: Path) -> dict[str, int]:
-    """Per table (``schema.table`` as printed), the resnapshotGeneration a run last acted on."""
-    try:
-        return {str(k): int(v) for k, v in
-                json.loads((state_dir / "resnapshot-generations.json").read_text()).items()}
-    except (OSError, ValueError, AttributeError):
-        return {}
-
-
-def record_resnapshot_generations(state_dir: Path, acted_on: dict[str, int]) -> None:
-    if acted_on:
-        _write_atomically(state_dir / "resnapshot-generations.json",
-                          json.dumps({**resnapshot_generations(state_dir), **acted_on}))
 
 
 def read_run(state_dir: Path) -> dict:

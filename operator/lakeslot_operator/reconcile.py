@@ -71,7 +71,6 @@ import psycopg
 import pydantic
 from kubernetes.client.exceptions import ApiException
 
-from lakeslot import lsn as lsnlib
 from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SecretEnvVar, SourceSpec
 from lakeslot.api.naming import IngestionNames, TableName
@@ -301,29 +300,14 @@ class _Reconciler:
         :func:`lakeslot.control.steps.check_source`), tell each re-snapshot once, and say in the
         table's row why the loop guard holds one back."""
         rows = {TableName(r.schema_name, r.name): r for r in self.r.status.tables}
-        requested: dict[TableName, int] = {}
-        for table in tables:
-            options = self.ing.spec.source.table_options(table.schema, table.name)
-            row, p = rows.get(table), progress[table]
-            if row is None:
-                continue
-            if p.lsn is None:  # copied by the ordinary snapshot, taken from now on: after it
-                if not self._copying(table):  # joined (unless one running already copies it)
-                    row.resnapshot_below_lsn = None
-                continue
-            if options is not None and options.resnapshot_generation > row.observed_resnapshot_generation:
-                row.observed_resnapshot_generation = options.resnapshot_generation
-                row.resnapshot_below_lsn = lsnlib.format(p.lsn + 1)
-                self.r.tell("Normal", "TableResnapshot",
-                            f"{table}: copying it again as requested (resnapshotGeneration "
-                            f"{options.resnapshot_generation})")
-            if row.resnapshot_below_lsn is not None:
-                below = lsnlib.parse(row.resnapshot_below_lsn)
-                if (p.snapshot_lsn or 0) >= below:
-                    row.resnapshot_below_lsn = None
-                else:
-                    requested[table] = below
-        decision = resnapshot.decide(progress, self.ing.spec.policies, requested)
+        generations = {t: options.resnapshot_generation for t in tables
+                       if (options := self.ing.spec.source.table_options(t.schema, t.name)) is not None}
+        served = resnapshot.serve_requests([rows[t] for t in tables if t in rows],
+                                           {t: progress[t] for t in tables}, generations, self._copying)
+        for table in sorted(served.new):
+            self.r.tell("Normal", "TableResnapshot", f"{table}: copying it again as requested "
+                        f"(resnapshotGeneration {generations[table]})")
+        decision = resnapshot.decide(progress, self.ing.spec.policies, served.below)
         previous = set(self.r.old.snapshot.tables) if self.r.old.snapshot else set()
         for table in decision.copy:
             if table not in decision.requested and str(table) not in previous:
