@@ -280,23 +280,28 @@ def _select_privilege(conn: psycopg.Connection, table: TableName, oid: int,
     user, usage = one_row(conn.execute(
         "SELECT current_user, has_schema_privilege(c.relnamespace, 'USAGE')"
         " FROM pg_catalog.pg_class c WHERE c.oid = %s::oid", (oid,)))
-    denied = [name for name, allowed in conn.execute(
+    mirrored = [(name, allowed) for name, allowed in conn.execute(
         "SELECT attname, has_column_privilege(attrelid, attnum, 'SELECT')"
         " FROM pg_catalog.pg_attribute WHERE attrelid = %s::oid AND attnum > 0"
-        " AND NOT attisdropped ORDER BY attnum", (oid,)) if name not in left_out and not allowed]
+        " AND NOT attisdropped ORDER BY attnum", (oid,)) if name not in left_out]
+    denied = [name for name, allowed in mirrored if not allowed]
     if usage and not denied:
         return Finding("select_privilege", True, "readable", table=table)
     role = sql.Identifier(user)
     grants = [render_sql(conn, "GRANT USAGE ON SCHEMA {} TO {};", sql.Identifier(table.schema),
                          role)] if not usage else []
+    some = len(denied) < len(mirrored)  # some columns granted: grant the others, or exclude them
     if denied:
-        grants.append(render_sql(conn, "GRANT SELECT ({}) ON {} TO {};",
-                                 sql.SQL(", ").join(map(sql.Identifier, denied)), table.sql(), role))
-    what = (f"columns {denied}" if denied else "anything") + (
-        "" if usage else f" (no USAGE on schema {quote_ident(table.schema)})")
+        columns_sql = (sql.SQL("({}) ").format(sql.SQL(", ").join(map(sql.Identifier, denied)))
+                       if some else sql.SQL(""))
+        grants.append(render_sql(conn, "GRANT SELECT {}ON {} TO {};", columns_sql, table.sql(),
+                                 role))
+    what = (f"columns {denied}" if some else "no column granted" if denied else "") + (
+        "" if usage else f"{'; ' if denied else ''}no USAGE on schema {quote_ident(table.schema)}")
     return Finding("select_privilege", False,
-                   f"role {quote_ident(user)} cannot SELECT from it: {what}",
-                   " ".join(grants) + " — or list the columns in excludeColumns", table)
+                   f"role {quote_ident(user)} cannot SELECT from it ({what})",
+                   " ".join(grants) + (" — or list those columns in excludeColumns" if some else ""),
+                   table)
 
 
 def _ownership(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:
