@@ -21,8 +21,9 @@ import yaml
 from psycopg import sql
 
 from lakeslot import workloads
-from lakeslot.api.models import PostgresIngestionStatus
+from lakeslot.api.models import PostgresIngestionStatus, SourceSpec
 from lakeslot.api.naming import TableName
+from lakeslot.control import steps as control
 from lakeslot.local import config, observe
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.catalog import load_hadoop_table
@@ -92,6 +93,36 @@ def _publication(db) -> list[tuple]:
             " obj_description(p.oid, 'pg_publication'), t.schemaname, t.tablename, t.attnames"
             " FROM pg_publication p JOIN pg_publication_tables t ON t.pubname = p.pubname"
             " WHERE p.pubname = %s ORDER BY t.schemaname, t.tablename", (PUBLICATION,)).fetchall()
+
+
+def test_the_fingerprint_sees_what_an_external_publication_publishes(pgdb):
+    """``lakeslot run`` takes the source steps again when the DBA changes the publication: a
+    table added, a column added to a published table (with a column list it is not sent: the
+    check reports it), the options; row changes and unpublished tables change nothing."""
+    source = SourceSpec.model_validate({"host": "h", "database": "d", "user": "u",
+                                        "schemas": ["app"]})
+    with pgdb.connect() as conn:
+        conn.execute("CREATE SCHEMA app")
+        conn.execute("CREATE TABLE app.a (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE app.b (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE PUBLICATION lake_pub FOR TABLE app.a (id)")
+
+        def fingerprint() -> tuple:
+            return control.selection_fingerprint(conn, source, PUBLICATION)
+
+        before = fingerprint()
+        for unrelated in ("INSERT INTO app.a VALUES (1, 'x')", "ALTER TABLE app.b ADD COLUMN w text"):
+            conn.execute(unrelated)
+            assert fingerprint() == before, unrelated
+        for change in ("ALTER PUBLICATION lake_pub ADD TABLE app.b",
+                       "ALTER TABLE app.a ADD COLUMN w text",
+                       "ALTER PUBLICATION lake_pub SET (publish = 'insert, update, delete')",
+                       "ALTER PUBLICATION lake_pub SET (publish_via_partition_root = true)"):
+            conn.execute(change)
+            after = fingerprint()
+            assert after != before, change
+            before = after
+        assert control.selection_fingerprint(conn, source) != before  # (without the publication)
 
 
 @pytest.mark.slow

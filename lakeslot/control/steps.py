@@ -240,15 +240,21 @@ def selection_fingerprint(conn: psycopg.Connection, source: SourceSpec,
     selection: a table created, dropped, renamed, re-created or moved in or out of
     ``source.schemas``, a listed table appearing or disappearing, or a table's replica identity
     (``REPLICA IDENTITY``, its primary key or identity index) changing; with
-    ``publication_name``, also what publication publishes (its tables, their column lists, its
-    options: a DBA adding a table to an external one). ``lakeslot run`` asks
+    ``publication_name``, also what that publication publishes (its tables, their column lists
+    and columns, its options: a DBA adding a table to an external one). ``lakeslot run`` asks
     it while streaming and runs :func:`check_source` again only when the answer changed."""
     published: tuple = ()
-    if publication_name is not None:
+    if publication_name is not None:  # (with each published table's number of columns: one
+        # added to a table with a column list is not published, which the check reports)
         published = tuple(conn.execute(
             """SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.pubviaroot,
-                      (SELECT array_agg(to_jsonb(t) ORDER BY t.schemaname, t.tablename)
-                         FROM pg_publication_tables t WHERE t.pubname = p.pubname)::text
+                      (SELECT array_agg(to_jsonb(t)::text || (
+                                SELECT count(*) FROM pg_attribute a JOIN pg_class c
+                                    ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                                 WHERE n.nspname = t.schemaname AND c.relname = t.tablename
+                                   AND a.attnum > 0 AND NOT a.attisdropped)
+                              ORDER BY t.schemaname, t.tablename)
+                         FROM pg_publication_tables t WHERE t.pubname = p.pubname)
                  FROM pg_publication p WHERE p.pubname = %s""", (publication_name,)).fetchall())
     rows = conn.execute(
         """SELECT n.nspname, c.relname, c.oid::int8, c.relreplident::text,
