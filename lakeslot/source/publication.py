@@ -354,11 +354,6 @@ def _partitioned(conn: psycopg.Connection, oid: int) -> bool:
     return bool(row and row[0])
 
 
-def _only_list(tables: Sequence[TableName]) -> sql.Composed:
-    """``ONLY a, ONLY b``: each table without its inheritance children (module docstring)."""
-    return sql.SQL(", ").join(sql.SQL("ONLY {}").format(t.sql()) for t in tables)
-
-
 def _usable_identity(conn: psycopg.Connection, oid: int) -> bool:
     identity, key = replica_identity_key(conn, oid)
     return identity == "f" or (identity in ("d", "i") and bool(key))
