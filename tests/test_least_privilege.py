@@ -8,9 +8,11 @@ While it streams: changes to every table, a column added to one (DDL capture fal
 comparing the catalog: the role may not install the event trigger), a table the owner adds to the
 publication (picked up without a restart, copied from after it joined), a table the publication
 lacks and one the role may not read (each ``Failed`` alone with the statement to run, the others
-streaming). On 18 a ``VIRTUAL`` generated column (not in the WAL) is left out of the mirror with a
-note. Afterwards every mirror is compared with its source row by row through pyiceberg, and the
-publication is exactly what its owner made of it: lakeslot changed nothing."""
+streaming), a mirrored table the owner takes out of the publication and back (``Failed`` while
+out, then copied again from after it came back). On 18 a ``VIRTUAL`` generated column (not in
+the WAL) is left out of the mirror with a note. Afterwards every mirror is compared with its
+source row by row through pyiceberg, and the publication is exactly what its owner made of it:
+lakeslot changed nothing."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestionStatus, SourceSpec
 from lakeslot.api.naming import TableName
 from lakeslot.control import steps as control
-from lakeslot.local import config, observe
+from lakeslot.local import config, observe, state
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.catalog import load_hadoop_table
 from lakeslot.staging import apply_status
@@ -146,6 +148,10 @@ def test_a_role_that_owns_nothing_mirrors_through_the_dbas_publication(
         covered = apply_status.covered(Staging(ingestion.spec.staging.uri).read_apply_status())
         return mirror_progress.read(ingestion, [table], covered=covered)[table].lsn
 
+    def state_of(table: TableName) -> str | None:
+        return next((r.state for r in state.read_tables(state_dir)
+                     if TableName(r.schema_name, r.name) == table), None)
+
     def during() -> PostgresIngestionStatus:
         wait_for(lambda: all(position(t) is not None for t in (PLAIN, PEOPLE)),
                  "the first snapshot", deadline=DEADLINE_S, interval=1)
@@ -172,6 +178,19 @@ def test_a_role_that_owns_nothing_mirrors_through_the_dbas_publication(
             conn.execute("UPDATE app.late SET v = 'streamed' WHERE id <= 30")
             conn.execute("DELETE FROM app.late WHERE id BETWEEN 31 AND 40")
             conn.execute("UPDATE app.plain SET extra = 'last' WHERE id <= 10")
+            # the owner takes a mirrored table out of the publication, and back: what changed
+            # meanwhile is in no stream, so it is copied again (from after it came back)
+            conn.execute("ALTER PUBLICATION lake_pub DROP TABLE app.people")
+        wait_for(lambda: state_of(PEOPLE) == "Failed", "app.people to fail while out",
+                 deadline=DEADLINE_S, interval=0.5)
+        with pgdb.connect() as conn:
+            conn.execute("UPDATE app.people SET name = 'while out' WHERE id <= 20")
+            back = current_lsn(conn)
+            conn.execute("ALTER PUBLICATION lake_pub ADD TABLE app.people (id, name)")
+        wait_for(lambda: (mirror_progress.read(ingestion, [PEOPLE])[PEOPLE].snapshot_lsn or 0) > back,
+                 "app.people to be copied again", deadline=DEADLINE_S, interval=1)
+        with pgdb.connect() as conn:
+            conn.execute("UPDATE app.people SET name = 'back' WHERE id BETWEEN 21 AND 25")
             target = current_lsn(conn)
         wait_for(lambda: all((position(t) or 0) >= target - 1 for t in (PLAIN, PEOPLE, LATE)),
                  "the mirrors to catch up", deadline=DEADLINE_S, interval=1)
