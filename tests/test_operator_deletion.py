@@ -151,4 +151,5 @@ def test_a_reachable_source_is_cleaned_with_the_derived_names(monkeypatch):
                                              lambda *_, **__: Connection()))
     assert result.done and result.cleaned == {"slot": "dropped", "publication": "dropped"}
     assert calls == [{"slot_name": "lakeslot_shop_orders", "publication_name": "lakeslot_shop_orders",
-                      "owner": "shop/orders", "deletion_policy": "Delete"}]
+                      "owner": "shop/orders", "deletion_policy": "Delete",
+                      "publication_management": "Auto"}]

@@ -81,6 +81,7 @@ def test_create_then_snapshot_then_stream(api, source, spark, spark_warehouse, t
     assert status["observedGeneration"] == resource["metadata"]["generation"]
     slot_name = status["slot"]["name"]
     assert slot_name == "lakeslot_default_orders" == status["publicationName"]
+    assert status["publicationManagedBy"] == "Lakeslot"  # (Auto: it did not exist, lakeslot made it)
     assert {e.reason for e in events} >= {"SlotCreated", "SnapshotStarted", "TableAdded"}
     with db.connect() as conn:
         assert _health(conn, slot_name).plugin == "pgoutput"

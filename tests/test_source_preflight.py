@@ -71,12 +71,17 @@ def test_missing_privileges_are_reported_with_grants(pgdb, role):
     table = TableName("public", "Private")
     findings = _run(connection_settings(pgdb, user, password), [table])
     assert f'ALTER ROLE "{user}" WITH REPLICATION;' in _failure(findings, "replication_privilege").fix
-    assert 'GRANT SELECT ON "public"."Private"' in _failure(findings, "select_privilege", table).fix
+    select = _failure(findings, "select_privilege", table)
+    assert select.message == f"role {user} cannot SELECT from it (no column granted)"
+    assert select.fix == f'GRANT SELECT ON "public"."Private" TO "{user}";'
+    # The fixes lead with the narrower way out (a publication the DBA creates), and never hand
+    # the role the owner's rights or superuser membership.
     ownership = _failure(findings, "ownership", table)
     assert "does not own it (owner: postgres)" in ownership.message
-    assert ownership.fix.startswith(f'GRANT "postgres" TO "{user}"')
+    assert "publicationManagement: External" in ownership.fix and "GRANT" not in ownership.fix
     create = _failure(findings, "create_privilege")
-    assert create.fix.startswith(f'GRANT CREATE ON DATABASE "{pgdb.name}" TO "{user}";')
+    assert "publicationManagement: External" in create.fix
+    assert create.fix.endswith(f'GRANT CREATE ON DATABASE "{pgdb.name}" TO "{user}";')
     # Once fixed, the same checks pass: the messages were right about what was missing.
     with pgdb.connect() as conn:
         conn.execute(sql.SQL("ALTER ROLE {} WITH REPLICATION").format(sql.Identifier(user)))
@@ -85,6 +90,49 @@ def test_missing_privileges_are_reported_with_grants(pgdb, role):
         conn.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
             sql.Identifier(pgdb.name), sql.Identifier(user)))
     assert preflight.failures(_run(connection_settings(pgdb, user, password), [table])) == []
+
+
+def test_a_least_privileged_role_with_column_grants_passes_when_the_dba_manages_the_publication(
+        pgdb, role):
+    """LOGIN REPLICATION and SELECT on some columns, owning nothing, no CREATE on the database:
+    with the publication managed by a DBA, every check passes once the columns it lacks are
+    excluded; a column neither granted nor excluded fails with the narrowest grant."""
+    user, password = role
+    pii = TableName("app", "people")
+    with pgdb.connect() as conn:
+        conn.execute("CREATE SCHEMA app")
+        conn.execute("CREATE TABLE app.people (id int PRIMARY KEY, name text, ssn text)")
+        conn.execute(sql.SQL("ALTER ROLE {} WITH REPLICATION").format(sql.Identifier(user)))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA app TO {}").format(sql.Identifier(user)))
+        conn.execute(sql.SQL("GRANT SELECT (id, name) ON app.people TO {}").format(
+            sql.Identifier(user)))
+        conn.execute(sql.SQL("REVOKE CREATE ON DATABASE {} FROM PUBLIC").format(
+            sql.Identifier(pgdb.name)))
+    settings = connection_settings(pgdb, user, password)
+    excluded = {pii: ColumnOptions(exclude_columns=("ssn",))}
+    findings = _run(settings, [pii], options=excluded, manage_publication=False)
+    assert preflight.failures(findings) == [], [str(f) for f in preflight.failures(findings)]
+    assert {f.check for f in findings} >= {"select_privilege", "replica_identity"}
+    assert not {f.check for f in findings} & {"create_privilege", "ownership"}
+    # Managed by lakeslot, the same role lacks CREATE and ownership: named, nothing else.
+    managed = {f.check for f in preflight.failures(_run(settings, [pii], options=excluded))}
+    assert managed == {"create_privilege", "ownership"}
+    # Managed by lakeslot, publication already there: CREATE is not needed.
+    assert {f.check for f in preflight.failures(_run(
+        settings, [pii], options=excluded, create_publication=False))} == {"ownership"}
+    failure = _failure(_run(settings, [pii], manage_publication=False), "select_privilege", pii)
+    assert failure.message == f"role {user} cannot SELECT from it (columns ['ssn'])"
+    assert failure.fix == (f'GRANT SELECT ("ssn") ON "app"."people" TO "{user}"; — or list those '
+                           "columns in excludeColumns")
+    with pgdb.connect() as conn:
+        conn.execute("CREATE SCHEMA hidden")
+        conn.execute("CREATE TABLE hidden.t (id int PRIMARY KEY)")
+    failure = _failure(_run(settings, [TableName("hidden", "t")], manage_publication=False),
+                       "select_privilege", TableName("hidden", "t"))
+    assert failure.message == (f"role {user} cannot SELECT from it (no column granted; no USAGE "
+                               "on schema hidden)")
+    assert failure.fix == (f'GRANT USAGE ON SCHEMA "hidden" TO "{user}"; GRANT SELECT ON '
+                           f'"hidden"."t" TO "{user}";')
 
 
 def test_tables_without_a_usable_replica_identity(pgdb):

@@ -6,6 +6,7 @@ from psycopg import sql
 
 from lakeslot.api.naming import TableName
 from lakeslot.source import connection, publication
+from lakeslot.source.columns import ColumnOptions
 from tests.support.fixtures_pg import connection_settings
 from tests.support.odd_names import ODD_TABLES, create_odd_tables
 
@@ -75,7 +76,8 @@ def test_a_foreign_publication_is_only_verified(pgdb):
         assert publication.members(conn, "theirs") == {TableName("public", "a")}
         text = "\n".join(report.errors)
         assert """ALTER PUBLICATION "theirs" SET (publish = 'insert, update, delete, truncate');""" in text
-        assert 'ALTER PUBLICATION "theirs" ADD TABLE ONLY "public"."b";' in text
+        assert report.failed[TableName("public", "b")].endswith(
+            'ALTER PUBLICATION "theirs" ADD TABLE ONLY "public"."b";')
         # Asked to manage it, lakeslot repairs it; but never drops it.
         report = publication.sync(conn, "theirs", wanted, owner=OWNER, manage=True)
         assert report.ok and report.added == [TableName("public", "b")]
@@ -88,7 +90,8 @@ def test_verify_only_never_creates(pgdb):
         report = publication.sync(conn, "absent", [TableName("public", "a")], owner=OWNER,
                                   manage=False)
         assert not report.ok
-        assert 'CREATE PUBLICATION "absent" FOR TABLE ONLY "public"."a";' in report.errors[0]
+        assert ('CREATE PUBLICATION "absent" FOR TABLE ONLY "public"."a" WITH '
+                "(publish_via_partition_root = true") in report.errors[0]
         assert conn.execute("SELECT count(*) FROM pg_publication WHERE pubname = 'absent'"
                             ).fetchone() == (0,)
 
@@ -138,3 +141,98 @@ def test_inheritance_parents_and_children_join_each_on_its_own(pgdb):
         report = publication.sync(conn, PUB, [grandchild, parent], owner=OWNER)
         assert report.ok and report.added == [parent]
         assert publication.members(conn, PUB) == {grandchild, parent}
+
+
+def test_an_external_publication_is_verified_table_by_table_and_never_changed(pgdb):
+    """A publication the tables' owner created (by table with a column list, by schema, for all
+    tables), verified by a role that owns nothing: each selected table it does not publish as its
+    mirror needs fails alone with the statement for the DBA; nothing is changed, nothing dropped."""
+    a, b, c, p = (TableName("app", n) for n in ("a", "b", "c", "p"))
+    with _connect(pgdb) as conn:
+        conn.execute("CREATE SCHEMA app; CREATE SCHEMA other")
+        conn.execute("CREATE TABLE app.a (id int PRIMARY KEY, name text, pii text)")
+        conn.execute("CREATE TABLE app.b (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE app.c (id int PRIMARY KEY, v text)")
+        conn.execute("CREATE TABLE app.p (id int PRIMARY KEY) PARTITION BY RANGE (id)")
+        conn.execute("CREATE TABLE app.p1 PARTITION OF app.p FOR VALUES FROM (0) TO (10)")
+        conn.execute("CREATE TABLE other.t (id int PRIMARY KEY)")
+        conn.execute("CREATE PUBLICATION lake_pub FOR TABLE app.a (id, name), app.b, app.p")
+        conn.execute("CREATE ROLE lake_r LOGIN REPLICATION")
+        try:
+            conn.execute("GRANT USAGE ON SCHEMA app TO lake_r")
+            conn.execute("GRANT SELECT (id, name) ON app.a TO lake_r")
+            conn.execute("GRANT SELECT ON app.b, app.c, app.p TO lake_r")
+            conn.execute("SET ROLE lake_r")
+            plan = publication.plan(conn, "lake_pub", owner=OWNER, setting="Auto")
+            assert (plan.managed, plan.exists, plan.managed_by) == (False, True, "External")
+            assert publication.plan(conn, "new_pub", owner=OWNER, setting="Auto").managed
+            assert not publication.plan(conn, "new_pub", owner=OWNER, setting="External").managed
+            before = _publication_state(conn, "lake_pub")
+
+            options = {a: ColumnOptions(exclude_columns=("pii",))}
+            report = publication.sync(conn, "lake_pub", [a, b, c, p], owner=OWNER, manage=False,
+                                      options=options)
+            assert report.ok and not report.managed, report.errors
+            assert set(report.failed) == {c, p}
+            assert report.failed[c] == (
+                "not in publication lake_pub (not managed by lakeslot), so none of its changes are "
+                'sent: ALTER PUBLICATION "lake_pub" ADD TABLE ONLY "app"."c";')
+            assert report.failed[p].endswith(
+                'ALTER PUBLICATION "lake_pub" SET (publish_via_partition_root = true);')
+            # without the exclusion, the column list leaves out a mirrored column
+            report = publication.sync(conn, "lake_pub", [a], owner=OWNER, manage=False)
+            if conn.info.server_version >= publication.COLUMN_LISTS_VERSION:
+                assert report.failed[a] == (
+                    "publication lake_pub (not managed by lakeslot) leaves out its columns "
+                    "['pii'], which the mirror holds: BEGIN; ALTER PUBLICATION \"lake_pub\" DROP "
+                    'TABLE ONLY "app"."a"; ALTER PUBLICATION "lake_pub" ADD TABLE ONLY "app"."a"; '
+                    "COMMIT; — or list them in excludeColumns")
+            assert _publication_state(conn, "lake_pub") == before
+            assert publication.drop(conn, "lake_pub", owner=OWNER) == (
+                "kept (not created by this ingestion)")
+            conn.execute("RESET ROLE")
+
+            # the DBA's fixes, each from the messages; then every table passes
+            conn.execute("ALTER PUBLICATION lake_pub ADD TABLE ONLY app.c")
+            conn.execute("ALTER PUBLICATION lake_pub SET (publish_via_partition_root = true)")
+            conn.execute("SET ROLE lake_r")
+            report = publication.sync(conn, "lake_pub", [a, b, c, p], owner=OWNER, manage=False,
+                                      options=options)
+            assert (report.ok, report.failed) == (True, {}), report
+            conn.execute("RESET ROLE")
+
+            # by schema and for all tables: the same verification
+            conn.execute("CREATE PUBLICATION by_schema FOR TABLES IN SCHEMA app"
+                         " WITH (publish_via_partition_root = true)")
+            conn.execute("CREATE PUBLICATION everything FOR ALL TABLES"
+                         " WITH (publish = 'insert, update, delete')")
+            conn.execute("SET ROLE lake_r")
+            assert publication.sync(conn, "by_schema", [a, b, c, p, TableName("other", "t")],
+                                    owner=OWNER, manage=False, options=options).failed.keys() == {
+                TableName("other", "t")}
+            everything = publication.sync(conn, "everything", [b], owner=OWNER, manage=False)
+            assert everything.errors == [
+                "publication everything (not managed by lakeslot) publishes only insert, update, "
+                "delete; lakeslot needs insert, update, delete and truncate (a TRUNCATE it does "
+                "not send would leave the mirrors holding rows the source no longer has): "
+                "ALTER PUBLICATION \"everything\" SET (publish = 'insert, update, delete, "
+                "truncate');"]
+            # declared External, even a publication lakeslot created is never dropped
+            conn.execute("RESET ROLE")
+            publication.sync(conn, "ours", [b], owner=OWNER)
+            assert publication.drop(conn, "ours", owner=OWNER, setting="External") == (
+                "kept (publicationManagement: External)")
+            assert publication.drop(conn, "ours", owner=OWNER) == "dropped"
+        finally:
+            conn.execute("RESET ROLE")
+            for statement in ("DROP PUBLICATION IF EXISTS lake_pub, by_schema, everything",
+                              "DROP OWNED BY lake_r", "DROP ROLE lake_r"):
+                conn.execute(statement)
+
+
+def _publication_state(conn, name: str) -> tuple:
+    return tuple(conn.execute(
+        "SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.pubviaroot,"
+        " (SELECT array_agg(to_jsonb(t)::text ORDER BY 1) FROM pg_publication_tables t"
+        "   WHERE t.pubname = p.pubname) FROM pg_publication p WHERE p.pubname = %s",
+        (name,)).fetchall())

@@ -235,8 +235,10 @@ class SourceSpec(ApiModel):
     port: int = Field(5432, ge=1, le=65535, description="TCP port of the PostgreSQL server.")
     database: Identifier = Field(description="Database to replicate. Immutable: the slot and publication belong to it.")
     user: Identifier = Field(
-        description="Role to connect as; it needs the REPLICATION attribute (or rds_replication), "
-        "SELECT on the tables, and CREATE on the database unless the publication already exists."
+        description="Role to connect as; it needs the REPLICATION attribute (or rds_replication) "
+        "and SELECT on the mirrored columns of the tables; to manage the publication also CREATE "
+        "on the database (unless the publication exists) and ownership of the tables (see "
+        "publicationManagement and the Managed PostgreSQL page)."
     )
     password_secret_ref: SecretKeyRef | None = optional(
         "Secret key holding the password of `user`. Omit for password-less authentication "
@@ -257,9 +259,21 @@ class SourceSpec(ApiModel):
         "are rejected."
     )
     publication_name: Identifier | None = optional(
-        "Publication to use; created with the selected tables when missing. Default: derived from "
+        "Publication to use; created with the selected tables when missing, unless "
+        "publicationManagement is External (then a DBA creates it). Default: derived from "
         "namespace and name (see Names). The effective name is reported in "
         "status.publicationName. Cannot be changed or removed once set."
+    )
+    publication_management: Literal["Auto", "Lakeslot", "External"] = Field(
+        "Auto",
+        description="Who manages the publication. Lakeslot: lakeslot creates it when missing and "
+        "keeps its table list equal to the selection (needs CREATE on the database and ownership "
+        "of the tables). External: a DBA or the tables' owner created it; lakeslot only verifies "
+        "it (publishes insert, update, delete and truncate, holds every selected table with the "
+        "key and every mirrored column, publish_via_partition_root for partitioned tables), never "
+        "creates, alters or drops it, and a table it lacks is Failed alone with the ALTER "
+        "PUBLICATION to run (picked up once run). Auto: Lakeslot when the publication is missing or "
+        "lakeslot created it, else External. status.publicationManagedBy reports which applies.",
     )
     slot_name: SlotName | None = optional(
         "Permanent logical replication slot (lower-case letters, digits and underscore, at most "
@@ -927,6 +941,10 @@ class PostgresIngestionStatus(ApiModel):
     conditions: Annotated[list[Condition], ListKeys(("type",))] = listing("Conditions (see Conditions).")
     publication_name: str | None = optional(
         "Effective publication name (spec.source.publicationName or the derived default)."
+    )
+    publication_managed_by: Literal["Lakeslot", "External"] | None = optional(
+        "Who manages the publication now (see spec.source.publicationManagement): Lakeslot keeps "
+        "its table list; External is only verified, never altered or dropped by lakeslot."
     )
     ddl_capture: Literal["EventTrigger", "Catalog"] | None = optional(
         "How schema changes are seen now (see spec.source.ddlCapture; the SourceReady message "

@@ -11,7 +11,11 @@ Steps, each gating the next:
    ``Failed`` in ``status.tables`` with the fix — so does a mirror name another selected table
    maps to as well, :meth:`lakeslot.api.naming.IngestionNames.collisions`; a note — e.g.
    generated columns left out of the mirror — is the message of a table that passed),
-   publication sync. A table that joins the
+   publication sync — or, for a publication lakeslot does not manage
+   (:func:`lakeslot.source.publication.plan`, ``status.publicationManagedBy``), verification,
+   also in read-only mode; a selected table it does not publish as its mirror needs is ``Failed``
+   alone with the ``ALTER PUBLICATION`` for the DBA, and once published is treated as a table that
+   joined. A table that joins the
    publication is copied from a snapshot taken after it joined (its row's
    ``resnapshotBelowLsn``): the rows it got before, or while it was out, are in no stream. A
    table of the previous status that is no longer selected (dropped, renamed, moved, taken out
@@ -115,9 +119,14 @@ def check_source(conn: psycopg.Connection, ingestion: PostgresIngestion, report:
     source = ingestion.spec.source
     tables = selected(conn, source)
     options = {TableName(t.schema_name, t.name): t for t in source.tables}
+    column_options = {t: ColumnOptions.of(o) for t, o in options.items()}
+    plan = publication.plan(conn, names.publication, owner=names.owner,
+                            setting=source.publication_management)
+    report.status.publication_managed_by = plan.managed_by
     findings = preflight.run(
-        conn, tables, options={t: ColumnOptions.of(o) for t, o in options.items()},
+        conn, tables, options=column_options,
         partition_by={t: o.partition_fields() for t, o in options.items()},
+        manage_publication=plan.managed, create_publication=plan.managed and not plan.exists,
         slot_name=names.slot, failover_slot=source.failover_slot,
         on_slot_lost=ingestion.spec.policies.on_slot_lost,
         folding_catalog=catalogs.folding(ingestion.spec.sink.catalog))
@@ -141,15 +150,22 @@ def check_source(conn: psycopg.Connection, ingestion: PostgresIngestion, report:
         noted.setdefault(finding.table, []).append(
             finding.message + (f" — {finding.fix}" if finding.fix else ""))
     removed = _departed(report, source, tables, names)
-    table_rows(report, tables, broken, noted, removed)
-    for table, why in removed.items():
-        report.tell("Normal", "TableRemoved", f"{table}: {why}")
-    if sync_publication:
-        sync = publication.sync(conn, names.publication, good, owner=names.owner)
+    sync = None
+    if sync_publication or not plan.managed:  # (verifying only reads)
+        sync = publication.sync(conn, names.publication, good, owner=names.owner,
+                                manage=plan.managed, options=column_options)
         if not sync.ok:
             report.condition("SourceReady", False, "PublicationOutOfSync", "\n".join(sync.errors))
             return None
-        _joined(report, sync.added, current_lsn(conn) if sync.added else 0)
+        for table, why in sync.failed.items():
+            broken.setdefault(table, []).append(f"{table}: {why}")
+        good = [t for t in good if t not in sync.failed]
+    table_rows(report, tables, broken, noted, removed)
+    for table, why in removed.items():
+        report.tell("Normal", "TableRemoved", f"{table}: {why}")
+    if sync is not None and sync_publication:
+        joined = sync.added + _published_again(report, good)
+        _joined(report, joined, current_lsn(conn) if joined else 0)
         for table in sync.added:
             report.tell("Normal", "TableAdded", (
                 f"{table} added to publication {names.publication}: it is copied (again, if it "
@@ -196,6 +212,16 @@ def _departed(report: Report, source: SourceSpec, tables: list[TableName],
     return departed
 
 
+def _published_again(report: Report, good: list[TableName]) -> list[TableName]:
+    """The tables an external publication did not publish as their mirrors need at the previous
+    check (their rows were ``Failed`` with :data:`publication.NOT_MANAGED`) and now does: like a
+    table lakeslot adds, each is copied from a snapshot taken after that."""
+    usable = set(good)
+    return [TableName(r.schema_name, r.name) for r in report.old.tables
+            if r.state == "Failed" and publication.NOT_MANAGED in r.message
+            and TableName(r.schema_name, r.name) in usable]
+
+
 def _joined(report: Report, added: list[TableName], lsn: int) -> None:
     """Tables that joined the publication at ``lsn`` (now) hold rows their stream never carried
     (written before they joined, or while they were out of it): each is copied from a snapshot
@@ -211,12 +237,28 @@ def _joined(report: Report, added: list[TableName], lsn: int) -> None:
             row.resnapshot_below_lsn = lsnlib.format(below)
 
 
-def selection_fingerprint(conn: psycopg.Connection, source: SourceSpec) -> tuple:
+def selection_fingerprint(conn: psycopg.Connection, source: SourceSpec,
+                          publication_name: str | None = None) -> tuple:
     """One catalog query whose answer changes whenever :func:`check_source` may find another
     selection: a table created, dropped, renamed, re-created or moved in or out of
     ``source.schemas``, a listed table appearing or disappearing, or a table's replica identity
-    (``REPLICA IDENTITY``, its primary key or identity index) changing. ``lakeslot run`` asks
+    (``REPLICA IDENTITY``, its primary key or identity index) changing; with
+    ``publication_name``, also what that publication publishes (its tables, their column lists
+    and columns, its options: a DBA adding a table to an external one). ``lakeslot run`` asks
     it while streaming and runs :func:`check_source` again only when the answer changed."""
+    published: tuple = ()
+    if publication_name is not None:  # (with each published table's number of columns: one
+        # added to a table with a column list is not published, which the check reports)
+        published = tuple(conn.execute(
+            """SELECT p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate, p.pubviaroot,
+                      (SELECT array_agg(to_jsonb(t)::text || (
+                                SELECT count(*) FROM pg_attribute a JOIN pg_class c
+                                    ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+                                 WHERE n.nspname = t.schemaname AND c.relname = t.tablename
+                                   AND a.attnum > 0 AND NOT a.attisdropped)
+                              ORDER BY t.schemaname, t.tablename)
+                         FROM pg_publication_tables t WHERE t.pubname = p.pubname)
+                 FROM pg_publication p WHERE p.pubname = %s""", (publication_name,)).fetchall())
     rows = conn.execute(
         """SELECT n.nspname, c.relname, c.oid::int8, c.relreplident::text,
                   EXISTS (SELECT FROM pg_index i WHERE i.indrelid = c.oid
@@ -228,7 +270,7 @@ def selection_fingerprint(conn: psycopg.Connection, source: SourceSpec) -> tuple
             ORDER BY 1, 2""",
         (list(source.schemas), [t.schema_name for t in source.tables],
          [t.name for t in source.tables])).fetchall()
-    return tuple(rows)
+    return (tuple(rows), published)
 
 
 def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: Report, *,

@@ -4,7 +4,8 @@ the run streams.
 
 Every ``Options.selection_interval`` seconds (10) one catalog query
 (:func:`lakeslot.control.steps.selection_fingerprint`) on a connection of its own tells whether
-the tables of ``spec.source.schemas`` (or the listed ones), or their replica identities, changed;
+the tables of ``spec.source.schemas`` (or the listed ones), their replica identities, or what the
+publication publishes (a DBA adding a table to an external one) changed;
 only then are the source steps (preflight, publication sync) taken again, and their selection
 adopted: the tables that joined and left go to the schedule (:mod:`.schedule`). ``--once``
 resolves the selection only at start.
@@ -84,7 +85,8 @@ class Selection:
                 self._watch = connection.connect(
                     self.job.source(self.local.environ),
                     connection.application_name("local", self.job.names.owner))
-            return control.selection_fingerprint(self._watch, self.local.ingestion.spec.source)
+            return control.selection_fingerprint(self._watch, self.local.ingestion.spec.source,
+                                                 self.job.names.publication)
         except psycopg.Error as e:
             log.warning("cannot check the selection now (again in %.0f s): %s",
                         self.interval, st.first_line(e))

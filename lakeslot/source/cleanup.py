@@ -2,7 +2,8 @@
 
 ``Retain`` leaves slot and publication in place (the slot keeps retaining WAL: status and the
 documentation say so). ``Delete`` drops the slot (terminating its holder) and the publication if this
-ingestion created it. Both are idempotent: running cleanup again after success is a no-op.
+ingestion created it and ``publicationManagement`` is not ``External`` — never a publication a DBA
+created. Both are idempotent: running cleanup again after success is a no-op.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ from lakeslot.source import publication, slot
 
 
 def cleanup(conn: psycopg.Connection, *, slot_name: str, publication_name: str, owner: str,
-            deletion_policy: str) -> dict[str, str]:
+            deletion_policy: str,
+            publication_management: publication.Management = "Auto") -> dict[str, str]:
     """Returns what happened to each object, e.g. {"slot": "dropped", "publication": "absent"}."""
     if deletion_policy == "Retain":
         return {"slot": "retained", "publication": "retained"}
     if deletion_policy != "Delete":
         raise ValueError(f"unknown deletionPolicy {deletion_policy!r} (Retain or Delete)")
     return {"slot": slot.drop(conn, slot_name),
-            "publication": publication.drop(conn, publication_name, owner=owner)}
+            "publication": publication.drop(conn, publication_name, owner=owner,
+                                            setting=publication_management)}

@@ -11,6 +11,14 @@ Invariants:
   publication: once such a table is in a publication that publishes updates and deletes, the
   application's own UPDATE and DELETE statements on it fail (FACTS.md).
 
+Privileges (least privilege: the Managed PostgreSQL page): ``REPLICATION`` (or ``rds_replication``),
+``USAGE`` on each table's schema and ``SELECT`` on the columns its mirror holds — column grants
+suffice, an excluded column needs none (the snapshot reads only the mirrored columns). ``CREATE`` on
+the database (to create the publication) and ownership of the tables (to add them to it) are
+checked only when lakeslot manages the publication; their fixes lead with the narrower way out (a
+publication the DBA creates, ``publicationManagement: External``), never a grant of the owner's
+role or superuser.
+
 Failover (:func:`_failover`): whether a failover to a standby keeps the slot — a PostgreSQL 17+
 failover slot with streaming standbys in ``synchronized_standby_slots`` — or loses it, and then
 what ``policies.onSlotLost`` does; a passing finding either way (its message says which), except
@@ -90,10 +98,14 @@ def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
         options: Mapping[TableName, columns.ColumnOptions] | None = None,
         partition_by: Mapping[TableName, Sequence[PartitionField]] | None = None,
         slot_name: str | None = None, manage_publication: bool = True,
+        create_publication: bool | None = None,
         failover_slot: bool = False, on_slot_lost: str = "Error",
         folding_catalog: str | None = None) -> list[Finding]:
     """All checks for these tables, in the order a user should address them. ``options``: the
-    tables' column options (none: a table's defaults); ``failover_slot``/``on_slot_lost``: the
+    tables' column options (none: a table's defaults); ``manage_publication``: lakeslot adds the
+    tables to the publication (it must own them), ``create_publication``: and creates it (CREATE
+    on the database; default: ``manage_publication``) — neither is checked for a publication a
+    DBA manages (:func:`lakeslot.source.publication.plan`); ``failover_slot``/``on_slot_lost``: the
     spec's ``source.failoverSlot`` and ``policies.onSlotLost``, for the failover check;
     ``partition_by``: the tables' parsed ``partitionBy``, for the partition check;
     ``folding_catalog``: the catalog type when it stores names case-insensitively (columns that
@@ -103,7 +115,7 @@ def run(conn: psycopg.Connection, tables: Sequence[TableName], *,
                 _replication_privilege(conn)]
     if slot_name is not None:
         findings.append(_failover(conn, slot_name, failover_slot, on_slot_lost))
-    if manage_publication:
+    if manage_publication if create_publication is None else create_publication:
         findings.append(_create_privilege(conn))
     oids = existing(conn, tables)
     for table in tables:
@@ -216,16 +228,19 @@ def _create_privilege(conn: psycopg.Connection) -> Finding:
     return Finding("create_privilege", False,
                    f"role {quote_ident(user)} cannot create a publication in database "
                    f"{quote_ident(db)}",
-                   render_sql(conn, "GRANT CREATE ON DATABASE {} TO {};", sql.Identifier(db),
-                           sql.Identifier(user))
-                   + " — or create the publication yourself and let lakeslot only verify it")
+                   "have a DBA or the tables' owner create it (CREATE PUBLICATION …, see the "
+                   "Managed PostgreSQL page) and set spec.source.publicationManagement: External: "
+                   "lakeslot then only verifies it — or "
+                   + render_sql(conn, "GRANT CREATE ON DATABASE {} TO {};", sql.Identifier(db),
+                                sql.Identifier(user)))
 
 
 # table-level -----------------------------------------------------------------------------
 
 def _table_checks(conn: psycopg.Connection, table: TableName, oid: int, key_columns: list[str],
                   excluded: list[str], manage_publication: bool) -> list[Finding]:
-    checks = [_select_privilege(conn, table, oid), _replica_identity(conn, table, oid, key_columns),
+    checks = [_select_privilege(conn, table, oid, excluded),
+              _replica_identity(conn, table, oid, key_columns),
               _excluded_columns(conn, table, oid, key_columns, excluded),
               _generated_columns(conn, table, oid, key_columns, excluded),
               _row_level_security(conn, table, oid), *_column_types(conn, table, oid, excluded)]
@@ -256,14 +271,36 @@ def _case_folded_columns(conn: psycopg.Connection, table: TableName, oid: int,
                    table)
 
 
-def _select_privilege(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:
-    user, allowed = one_row(conn.execute(
-        "SELECT current_user, has_table_privilege(%s::oid, 'SELECT')", (oid,)))
-    if allowed:
+def _select_privilege(conn: psycopg.Connection, table: TableName, oid: int,
+                      excluded: list[str]) -> Finding:
+    """``SELECT`` on every column the mirror holds — column grants do (the snapshot reads only
+    those columns), an excluded or unsent generated column needs none — and ``USAGE`` on the
+    schema."""
+    left_out = set(excluded) | set(columns.unpublished_generated_columns(conn, oid))
+    user, usage = one_row(conn.execute(
+        "SELECT current_user, has_schema_privilege(c.relnamespace, 'USAGE')"
+        " FROM pg_catalog.pg_class c WHERE c.oid = %s::oid", (oid,)))
+    mirrored = [(name, allowed) for name, allowed in conn.execute(
+        "SELECT attname, has_column_privilege(attrelid, attnum, 'SELECT')"
+        " FROM pg_catalog.pg_attribute WHERE attrelid = %s::oid AND attnum > 0"
+        " AND NOT attisdropped ORDER BY attnum", (oid,)) if name not in left_out]
+    denied = [name for name, allowed in mirrored if not allowed]
+    if usage and not denied:
         return Finding("select_privilege", True, "readable", table=table)
-    return Finding("select_privilege", False, f"role {quote_ident(user)} cannot SELECT from it",
-                   render_sql(conn, "GRANT USAGE ON SCHEMA {} TO {u}; GRANT SELECT ON {} TO {u};",
-                           sql.Identifier(table.schema), table.sql(), u=sql.Identifier(user)),
+    role = sql.Identifier(user)
+    grants = [render_sql(conn, "GRANT USAGE ON SCHEMA {} TO {};", sql.Identifier(table.schema),
+                         role)] if not usage else []
+    some = len(denied) < len(mirrored)  # some columns granted: grant the others, or exclude them
+    if denied:
+        columns_sql = (sql.SQL("({}) ").format(sql.SQL(", ").join(map(sql.Identifier, denied)))
+                       if some else sql.SQL(""))
+        grants.append(render_sql(conn, "GRANT SELECT {}ON {} TO {};", columns_sql, table.sql(),
+                                 role))
+    what = (f"columns {denied}" if some else "no column granted" if denied else "") + (
+        "" if usage else f"{'; ' if denied else ''}no USAGE on schema {quote_ident(table.schema)}")
+    return Finding("select_privilege", False,
+                   f"role {quote_ident(user)} cannot SELECT from it ({what})",
+                   " ".join(grants) + (" — or list those columns in excludeColumns" if some else ""),
                    table)
 
 
@@ -278,9 +315,9 @@ def _ownership(conn: psycopg.Connection, table: TableName, oid: int) -> Finding:
     return Finding("ownership", False,
                    f"role {quote_ident(user)} does not own it (owner: {quote_ident(owner)}), so it "
                    "cannot add it to a publication",
-                   render_sql(conn, "GRANT {} TO {};", sql.Identifier(owner), sql.Identifier(user))
-                   + " — or create the publication as the owner and let lakeslot only verify it",
-                   table)
+                   f"have {quote_ident(owner)} (or a DBA) create the publication with the tables "
+                   "(see the Managed PostgreSQL page) and set spec.source.publicationManagement: "
+                   "External: lakeslot then only verifies it and needs no ownership", table)
 
 
 def _replica_identity(conn: psycopg.Connection, table: TableName, oid: int,

@@ -1,9 +1,22 @@
 """The publication: make it publish exactly the ingestion's tables, or verify one we do not own.
 
 Ownership: a publication lakeslot creates carries the comment ``managed by lakeslot: <owner>``
-(``owner`` = the ingestion's identity). lakeslot changes a publication only when it carries
-that comment or the spec explicitly asks to manage it; anything else is verified and every
-difference reported with the SQL that would fix it. Only a publication we own is ever dropped.
+(``owner`` = the ingestion's identity). Who manages it is decided explicitly, never guessed from
+an error (:func:`plan`, ``spec.source.publicationManagement``): ``Lakeslot`` — lakeslot creates
+and changes it; ``External`` — a DBA or the tables' owner created it, and lakeslot only verifies
+it (no CREATE on the database, no ownership of the tables needed); ``Auto`` — ``Lakeslot`` when the
+publication does not exist yet or carries our comment, else ``External``. Only a publication we
+own (our comment), and not declared ``External``, is ever dropped.
+
+Verifying an external publication (:func:`_verify`) reports every difference with the SQL that
+fixes it: a publication that does not exist or does not publish insert, update, delete and
+truncate fails the whole ingestion (``errors``: a TRUNCATE it does not send would leave rows in the
+mirror that the source no longer holds); a selected table it does not publish (by table, ``FOR
+TABLES IN SCHEMA`` or ``FOR ALL TABLES``: ``pg_publication_tables`` resolves all three), whose column
+list leaves out a column the mirror holds (the key and every column not excluded), or that is
+partitioned while ``publish_via_partition_root`` is off fails that table alone (``failed``, each
+message carrying :data:`NOT_MANAGED`); the others stream. Once the DBA fixes it, the table is
+copied from a snapshot taken after that (:mod:`lakeslot.control.steps`).
 
 Invariants:
 
@@ -43,30 +56,46 @@ still publishes its partitions through it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import psycopg
 from psycopg import errors, sql
 
 from lakeslot.api.naming import TableName, quote_ident
-from lakeslot.source.columns import PUBLISH_GENERATED_VERSION, generated_columns
+from lakeslot.mirror.typemap import MappingError
+from lakeslot.source.columns import (
+    NO_OPTIONS,
+    PUBLISH_GENERATED_VERSION,
+    ColumnOptions,
+    DescribeError,
+    describe,
+    generated_columns,
+)
 from lakeslot.source.connection import render_sql
 from lakeslot.source.keys import replica_identity_key
 from lakeslot.source.tables import existing
 
 MARKER = "managed by lakeslot: "
 PUBLISH = ("insert", "update", "delete", "truncate")
+NOT_MANAGED = "(not managed by lakeslot)"  # in every message about a publication lakeslot verifies
+Management = Literal["Auto", "Lakeslot", "External"]
+COLUMN_LISTS_VERSION = 150000  # publication column lists, pg_publication_tables.attnames
 
 
 @dataclass
 class SyncReport:
+    """``errors``: what stops every table; ``failed``: what stops one table (an external
+    publication that does not publish it as its mirror needs), with the fix."""
+
     name: str
     managed: bool
     created: bool = False
     added: list[TableName] = field(default_factory=list)
     removed: list[TableName] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    failed: dict[TableName, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -79,18 +108,40 @@ class _Publication:
     all_tables: bool
     publishes: tuple[str, ...]
     generated: str | None = None  # pubgencols (PostgreSQL ≥ 18): 's' stored, 'n' none
+    via_root: bool = True
 
 
 def _lookup(conn: psycopg.Connection, name: str) -> _Publication | None:
     generated = sql.SQL("pubgencols::text" if _generated_option(conn) else "NULL::text")
     row = conn.execute(sql.SQL(
-        """SELECT obj_description(oid, 'pg_publication'), puballtables, {},
+        """SELECT obj_description(oid, 'pg_publication'), puballtables, {}, pubviaroot,
                   pubinsert, pubupdate, pubdelete, pubtruncate
              FROM pg_publication WHERE pubname = %s""").format(generated), (name,)).fetchone()
     if row is None:
         return None
-    publishes = tuple(op for op, on in zip(PUBLISH, row[3:], strict=True) if on)
-    return _Publication(row[0], row[1], publishes, row[2])
+    publishes = tuple(op for op, on in zip(PUBLISH, row[4:], strict=True) if on)
+    return _Publication(row[0], row[1], publishes, row[2], row[3])
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Whether lakeslot manages the publication (``managed``) and whether it exists now."""
+
+    managed: bool
+    exists: bool
+
+    @property
+    def managed_by(self) -> Literal["Lakeslot", "External"]:
+        return "Lakeslot" if self.managed else "External"
+
+
+def plan(conn: psycopg.Connection, name: str, *, owner: str, setting: Management) -> Plan:
+    """Who manages publication ``name`` under ``setting`` (module docstring)."""
+    publication = _lookup(conn, name)
+    exists = publication is not None
+    if setting == "Auto":
+        return Plan(publication is None or publication.comment == MARKER + owner, exists)
+    return Plan(setting == "Lakeslot", exists)
 
 
 def _generated_option(conn: psycopg.Connection) -> bool:
@@ -109,18 +160,20 @@ def members(conn: psycopg.Connection, name: str) -> set[TableName]:
 
 
 def sync(conn: psycopg.Connection, name: str, tables: Sequence[TableName], *, owner: str,
-         manage: bool | None = None) -> SyncReport:
-    """Make publication ``name`` match ``tables``.
+         manage: bool | None = None,
+         options: Mapping[TableName, ColumnOptions] | None = None) -> SyncReport:
+    """Make publication ``name`` match ``tables``, or verify it.
 
     ``manage``: None = change it only if lakeslot (``owner``) created it, True = always manage,
-    False = only verify (and never create)."""
+    False = only verify (and never create; reads only). ``options``: the tables' column options,
+    for the column lists of a verified publication (none: a table's defaults)."""
     publication = _lookup(conn, name)
     if publication is None:
         if manage is False:
             return SyncReport(name, managed=False, errors=[
-                f"publication {quote_ident(name)} does not exist and lakeslot is configured "
-                "not to manage it: " + render_sql(conn, "CREATE PUBLICATION {} FOR TABLE {};",
-                                                sql.Identifier(name), _only_list(tables))])
+                f"publication {quote_ident(name)} does not exist and lakeslot does not manage it "
+                "(publicationManagement: External, or Auto and it existed before): a DBA or the "
+                "tables' owner creates it: " + _create_statement(conn, name, tables, options or {})])
         report = SyncReport(name, managed=True, created=_create(conn, name, owner))
         publication = _lookup(conn, name)
         if publication is None:  # another session dropped it between our CREATE and this lookup
@@ -134,7 +187,7 @@ def sync(conn: psycopg.Connection, name: str, tables: Sequence[TableName], *, ow
     if report.managed:
         _manage(conn, name, publication, tables, report)
     else:
-        _verify(conn, name, publication, tables, report)
+        _verify(conn, name, publication, tables, report, options or {})
     return report
 
 
@@ -188,35 +241,117 @@ def _manage(conn: psycopg.Connection, name: str, publication: _Publication,
 
 
 def _verify(conn: psycopg.Connection, name: str, publication: _Publication,
-            tables: Sequence[TableName], report: SyncReport) -> None:
+            tables: Sequence[TableName], report: SyncReport,
+            options: Mapping[TableName, ColumnOptions]) -> None:
     ident = sql.Identifier(name)
     if publication.publishes != PUBLISH:
         report.errors.append(
-            f"publication {quote_ident(name)} publishes only {', '.join(publication.publishes)}: "
+            f"publication {quote_ident(name)} {NOT_MANAGED} publishes only "
+            f"{', '.join(publication.publishes) or 'nothing'}; lakeslot needs insert, update, "
+            "delete and truncate (a TRUNCATE it does not send would leave the mirrors holding rows "
+            "the source no longer has): "
             + render_sql(conn, "ALTER PUBLICATION {} SET (publish = {});", ident,
-                      sql.Literal(", ".join(PUBLISH))))
+                         sql.Literal(", ".join(PUBLISH))))
+    oids = existing(conn, tables)
     if _generated_option(conn) and publication.generated != "s":
-        with_generated = [t for t, oid in existing(conn, tables).items()
+        with_generated = [t for t, oid in oids.items()
                           if "s" in generated_columns(conn, oid).values()]
         if with_generated:
             report.errors.append(
-                f"publication {quote_ident(name)} (not managed by lakeslot) does not publish "
+                f"publication {quote_ident(name)} {NOT_MANAGED} does not publish "
                 f"stored generated columns, which {', '.join(map(str, with_generated))} have: "
                 + render_sql(conn, "ALTER PUBLICATION {} SET (publish_generated_columns = "
                              "stored);", ident))
-    if publication.all_tables:
-        return
-    missing = [t for t in tables if t not in members(conn, name)]
-    if missing:
-        report.errors.append(
-            f"publication {quote_ident(name)} (not managed by lakeslot) lacks "
-            f"{', '.join(map(str, missing))}: "
-            + render_sql(conn, "ALTER PUBLICATION {} ADD TABLE {};", ident, _only_list(missing)))
+    published = _published_columns(conn, name)
+    for table in tables:
+        oid = oids.get(table)
+        if oid is None:
+            continue  # preflight reports it
+        own = options.get(table, NO_OPTIONS)
+        if _partitioned(conn, oid) and not publication.via_root:
+            report.failed[table] = (
+                f"partitioned, and publication {quote_ident(name)} {NOT_MANAGED} publishes its "
+                "partitions' changes under each partition instead of this table (its mirror): "
+                + render_sql(conn, "ALTER PUBLICATION {} SET (publish_via_partition_root = true);",
+                             ident))
+        elif table not in published:
+            report.failed[table] = (
+                f"not in publication {quote_ident(name)} {NOT_MANAGED}, so none of its changes "
+                "are sent: " + render_sql(conn, "ALTER PUBLICATION {} ADD TABLE {};", ident,
+                                          _with_columns(conn, table, oid, own)))
+        else:
+            missing = _unpublished_columns(conn, oid, own, published[table], publication)
+            if missing:
+                report.failed[table] = (
+                    f"publication {quote_ident(name)} {NOT_MANAGED} leaves out its columns "
+                    f"{missing}, which the mirror holds: "
+                    + render_sql(conn, "BEGIN; ALTER PUBLICATION {i} DROP TABLE ONLY {t}; "
+                                 "ALTER PUBLICATION {i} ADD TABLE {c}; COMMIT;", i=ident,
+                                 t=table.sql(), c=_with_columns(conn, table, oid, own))
+                    + " — or list them in excludeColumns")
 
 
-def _only_list(tables: Sequence[TableName]) -> sql.Composed:
-    """``ONLY a, ONLY b``: each table without its inheritance children (module docstring)."""
-    return sql.SQL(", ").join(sql.SQL("ONLY {}").format(t.sql()) for t in tables)
+def _published_columns(conn: psycopg.Connection, name: str) -> dict[TableName, set[str] | None]:
+    """The tables publication ``name`` publishes (by table, schema or all tables), each with the
+    columns it sends (None before PostgreSQL 15: no column lists, every column)."""
+    columns = "attnames" if conn.info.server_version >= COLUMN_LISTS_VERSION else "NULL::name[]"
+    return {TableName(s, t): None if a is None else set(a) for s, t, a in conn.execute(
+        sql.SQL("SELECT schemaname, tablename, {} FROM pg_publication_tables WHERE pubname = %s"
+                ).format(sql.SQL(columns)), (name,))}
+
+
+def _mirrored(conn: psycopg.Connection, oid: int, options: ColumnOptions) -> list[str] | None:
+    """The columns the mirror of table ``oid`` holds; None when it cannot be described (preflight
+    reports why)."""
+    try:
+        return [c.name for c in describe(conn, oid, options)]
+    except (DescribeError, MappingError):
+        return None
+
+
+def _unpublished_columns(conn: psycopg.Connection, oid: int, options: ColumnOptions,
+                         sent: set[str] | None, publication: _Publication) -> list[str]:
+    """The mirror's columns the publication does not send; stored generated ones only when the
+    publication sends them at all (else that is reported once for the publication)."""
+    mirrored = _mirrored(conn, oid, options)
+    if sent is None or mirrored is None:
+        return []
+    reported = set()
+    if _generated_option(conn) and publication.generated != "s":
+        reported = {c for c, kind in generated_columns(conn, oid).items() if kind == "s"}
+    return [c for c in mirrored if c not in sent and c not in reported]
+
+
+def _with_columns(conn: psycopg.Connection, table: TableName, oid: int,
+                  options: ColumnOptions) -> sql.Composed:
+    """``ONLY t``, with the mirror's columns as its column list when some are excluded (what a
+    least-privilege publication sends: nothing the mirror does not hold)."""
+    only = sql.SQL("ONLY {}").format(table.sql())
+    mirrored = _mirrored(conn, oid, options)
+    if (not options.exclude_columns or mirrored is None
+            or conn.info.server_version < COLUMN_LISTS_VERSION):
+        return only
+    return sql.SQL("{} ({})").format(only, sql.SQL(", ").join(map(sql.Identifier, mirrored)))
+
+
+def _create_statement(conn: psycopg.Connection, name: str, tables: Sequence[TableName],
+                      options: Mapping[TableName, ColumnOptions]) -> str:
+    """What a DBA runs to create the publication lakeslot verifies."""
+    oids = existing(conn, tables)
+    members = sql.SQL(", ").join(
+        _with_columns(conn, t, oids[t], options.get(t, NO_OPTIONS)) if t in oids
+        else sql.SQL("ONLY {}").format(t.sql()) for t in tables)
+    settings = "publish_via_partition_root = true"
+    if _generated_option(conn):
+        settings += ", publish_generated_columns = stored"
+    return render_sql(conn, "CREATE PUBLICATION {} FOR TABLE {} WITH ({});", sql.Identifier(name),
+                      members, sql.SQL(settings))
+
+
+def _partitioned(conn: psycopg.Connection, oid: int) -> bool:
+    row = conn.execute("SELECT relkind = 'p' FROM pg_catalog.pg_class WHERE oid = %s::oid",
+                       (oid,)).fetchone()
+    return bool(row and row[0])
 
 
 def _usable_identity(conn: psycopg.Connection, oid: int) -> bool:
@@ -238,11 +373,15 @@ def _attempt(conn: psycopg.Connection, report: SyncReport, statement: sql.Compos
     return True
 
 
-def drop(conn: psycopg.Connection, name: str, *, owner: str) -> str:
-    """Drop the publication if lakeslot (``owner``) created it. Returns what happened."""
+def drop(conn: psycopg.Connection, name: str, *, owner: str,
+         setting: Management = "Auto") -> str:
+    """Drop the publication if lakeslot (``owner``) created it and ``setting``
+    (``publicationManagement``) is not ``External``. Returns what happened."""
     publication = _lookup(conn, name)
     if publication is None:
         return "absent"
+    if setting == "External":
+        return "kept (publicationManagement: External)"
     if publication.comment != MARKER + owner:
         return "kept (not created by this ingestion)"
     conn.execute(sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(name)))

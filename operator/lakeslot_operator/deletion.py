@@ -111,7 +111,8 @@ def delete(body: Mapping, ctx: Context) -> Deletion:
                          long_running=True) as conn:
             cleaned = cleanup.cleanup(conn, slot_name=names.slot,
                                       publication_name=names.publication, owner=names.owner,
-                                      deletion_policy=ingestion.spec.policies.deletion_policy)
+                                      deletion_policy=ingestion.spec.policies.deletion_policy,
+                                      publication_management=ingestion.spec.source.publication_management)
     except (psycopg.Error, LookupError) as e:
         message = blocked_message(e)
         return Deletion(blocked=Blocked(message, blocked_status(body, message, ctx.now())))
