@@ -1,5 +1,5 @@
 """How an ingestion's workloads are invoked: the one definition of their inputs and command
-lines, shared by the operator (container commands, SparkApplication arguments, input Secrets)
+lines, shared by the operator (container commands, SparkApplication arguments, input ConfigMaps)
 and local mode (child processes, in-process calls).
 
 Contract:
@@ -10,12 +10,13 @@ Contract:
   ingestion resource (metadata name/namespace and spec, from which they derive everything with
   the same models and naming functions as the operator, so operator and jobs can never disagree
   about a name) and the tables to handle. Linux caps one argument at 128 KiB, which a spec the
-  CRD accepts (1,000 tables) exceeds; a Secret holds 1 MiB. The operator mounts the document
-  from a Secret owned by the child at :data:`JOB_INPUT_FILE`; the arguments are
+  CRD accepts (1,000 tables) exceeds; a ConfigMap holds 1 MiB. The operator mounts the document
+  from a ConfigMap owned by the child at :data:`JOB_INPUT_FILE` (it holds no credential, so it
+  needs no Secret); the arguments are
   ``--input FILE --input-sha256 DIGEST`` and job-specific flags (:class:`Invocation`). The
   digest is part of the child's spec, so a new document changes the child (the spark-operator
   resubmits it), and the job waits until the mounted file is that document (the kubelet
-  refreshes a mounted Secret only after a while).
+  refreshes a mounted ConfigMap only after a while).
 - No credential is ever part of a command line or of the document: the spec holds only Secret
   *references*; the password arrives as the ``LAKESLOT_SOURCE_PASSWORD`` environment variable
   and the CA as a file at ``CA_FILE`` (both wired by the operator from the user's Secrets; local
@@ -26,7 +27,8 @@ Contract:
 Failure modes: :func:`job_input` makes argparse exit with status 2 and a message naming the
 flag when the file cannot be read, is not JSON, or the resource fails validation (the same
 message ``lakeslot validate`` prints), or when the file is still not the document of
-``--input-sha256`` after :data:`INPUT_WAIT_S` (a Secret that was not updated).
+``--input-sha256`` after :data:`INPUT_WAIT_S` (a ConfigMap that was not updated); a missing file
+at :data:`JOB_INPUT_FILE` says what mounts it.
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ CA_FILE_ENV = "LAKESLOT_SOURCE_CA_FILE"
 READER_METRICS_PORT = 9187
 
 
-JOB_INPUT_DIR = "/etc/lakeslot/job-input"  # where the operator mounts a child's input Secret
-JOB_INPUT_KEY = "job.json"  # the Secret's key, the file's name
+JOB_INPUT_DIR = "/etc/lakeslot/job-input"  # where the operator mounts a child's input ConfigMap
+JOB_INPUT_KEY = "job.json"  # the ConfigMap's key, the file's name
 JOB_INPUT_FILE = f"{JOB_INPUT_DIR}/{JOB_INPUT_KEY}"
 INPUT_WAIT_S = 180.0  # the longest wait for a mounted input to become the expected document
 
@@ -197,13 +199,16 @@ def read_input(path: str, expected: str | None = None, *, wait_s: float | None =
         try:
             text = Path(path).read_text()
         except OSError as e:
-            raise ValueError(f"cannot read the job input {path}: {e.strerror or e}") from None
+            hint = (" (a Spark driver gets its input ConfigMap from spark-operator's mutating "
+                    "webhook, or from a pod template with LAKESLOT_SPARK_POD_TEMPLATES=true: "
+                    "enable one of them)") if path == JOB_INPUT_FILE and not os.path.exists(path) else ""
+            raise ValueError(f"cannot read the job input {path}: {e.strerror or e}{hint}") from None
         if expected is None or digest(text) == expected:
             break
         if time.monotonic() >= deadline:
             raise ValueError(f"the job input {path} is not the document this job was started "
                              f"for (sha256 {digest(text)[:12]}…, expected {expected[:12]}…) after "
-                             f"{wait_s:.0f} s: its Secret was not updated; the operator "
+                             f"{wait_s:.0f} s: its ConfigMap was not updated; the operator "
                              "rewrites it at its next reconcile")
         sleep(2.0)
     return parse_input(text, path)

@@ -166,7 +166,6 @@ def test_the_jobs_run_on_two_executors_of_their_own(pgdb, object_store, tmp_path
     snapshot = workloads.snapshot_invocation(ingestion, tables)
     app = children.snapshot_application(ingestion, "uid", config, snapshot.write(tmp_path / "snapshot.json"),
                                         generation="g0")
-    secrets[children.input_name(app["metadata"]["name"])] = {workloads.JOB_INPUT_KEY: snapshot.document}
     summary = _submit(app, secrets, credentials, home, tmp_path / "snapshot-events")
     assert summary["ok"] and {t["state"] for t in summary["tables"]} == {"committed"}, summary
     _assert_ran_on_executors(tmp_path / "snapshot-events")
@@ -185,7 +184,6 @@ def test_the_jobs_run_on_two_executors_of_their_own(pgdb, object_store, tmp_path
     apply = workloads.apply_invocation(ingestion, tables)
     app = children.apply_application(ingestion, "uid", config,
                                      [*apply.write(tmp_path / "apply.json"), "--once"])
-    secrets[children.input_name(app["metadata"]["name"])] = {workloads.JOB_INPUT_KEY: apply.document}
     summary = _submit(app, secrets, credentials, home, tmp_path / "apply-events")
     assert summary["ok"] and summary["batchEnd"] is not None, summary
     # (its stages are small, one task each, and follow the persisted reduction's locality: which

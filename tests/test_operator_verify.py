@@ -88,7 +88,7 @@ def test_the_job_runs_lakeslot_verify_once_with_credentials_by_reference(ingesti
     assert container["image"] == CONFIG.image
 
     # The command is the real CLI's; the ingestion and the tables are in the job document,
-    # mounted from the Secret the Job owns (the command line holds no spec: it has a size limit).
+    # mounted from the ConfigMap the Job owns (the command line holds no spec: it has a size limit).
     command = container["command"]
     assert command[:2] == ["lakeslot", "verify"]
     args = build_parser().parse_args(command[1:])
@@ -98,10 +98,11 @@ def test_the_job_runs_lakeslot_verify_once_with_credentials_by_reference(ingesti
     assert (job_input.ingestion, job_input.tables) == (ingestion, tuple(tables))
     (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == workloads.JOB_INPUT_DIR]
     (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
-    assert volume["secret"]["secretName"] == children.input_name(job["metadata"]["name"])
-    secret = children.job_input_secret(job, invocation.document, "job-uid")
-    kubernetes_validate.validate(secret, kubernetes_validate.latest_version(), strict=True)
-    assert secret["metadata"]["ownerReferences"] == [{
+    assert volume["configMap"]["name"] == children.input_name(job["metadata"]["name"])
+    config_map = children.job_input_config_map(job, invocation.document, "job-uid")
+    kubernetes_validate.validate(config_map, kubernetes_validate.latest_version(), strict=True)
+    assert config_map["data"] == {workloads.JOB_INPUT_KEY: invocation.document}
+    assert config_map["metadata"]["ownerReferences"] == [{
         "apiVersion": "batch/v1", "kind": "Job", "name": job["metadata"]["name"], "uid": "job-uid",
         "controller": True, "blockOwnerDeletion": False}]  # deleted with the Job
 

@@ -9,6 +9,8 @@ from the chart fails here.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lakeslot_operator import children
@@ -25,8 +27,10 @@ SPARK_DRIVER_VERBS = {"get", "list", "watch", "create", "update", "patch", "dele
 def test_kube_calls_are_derived():
     """The derivation finds what the operator does today (guards the parser itself)."""
     assert kube_calls() == {
-        # secrets: the user's are read; the jobs' input Secrets are created and replaced
-        *[(verb, "", "secrets") for verb in ("get", "create", "update")], ("list", "", "pods"),
+        # secrets: only the user's are read (no Secret is written: a job's input is a ConfigMap,
+        # read before it is replaced, to check it is lakeslot's)
+        ("get", "", "secrets"), *[(verb, "", "configmaps") for verb in ("get", "create", "update")],
+        ("list", "", "pods"),
         *[(verb, "apps", "deployments") for verb in ("get", "list", "create", "update", "patch", "delete")],
         *[(verb, "sparkoperator.k8s.io", "sparkapplications")
           for verb in ("get", "list", "create", "update", "delete")],
@@ -89,3 +93,33 @@ def test_children_owner_references_need_update_on_finalizers():
         granted = grants(chart.render(values), chart.operator_account(chart.render(values)))
         namespace = None if name == "spark-namespaces" else "shop"
         assert Grant(namespace, "update", "lakeslot.io", "postgresingestions/finalizers") in granted
+
+
+@pytest.mark.parametrize("name", sorted(n for n, v in chart.VALUE_SETS.items()
+                                        if v.get("rbac", {}).get("create", True)))
+def test_the_notes_list_exactly_what_the_operator_may_do(name):
+    """NOTES.txt says what the operator may do in the namespaces it serves: the same grants."""
+    values = chart.VALUE_SETS[name]
+    notes = chart.notes(values).splitlines()
+    start = next(i for i, line in enumerate(notes) if line.endswith("it may:")) + 1
+    listed = set()
+    for line in notes[start:]:
+        match = re.fullmatch(r"  ((?:[a-z]+, )*[a-z]+) ((?:[a-z/]+, )*[a-z/]+)(?: \((.+)\))?", line)
+        if match is None:
+            break
+        verbs, resources, group = match.groups()
+        listed |= {(verb, group or "", resource) for verb in verbs.split(", ") for resource in resources.split(", ")}
+    manifests = chart.render(values)
+    granted = grants(manifests, chart.operator_account(manifests))
+    observed = {(v, "apiextensions.k8s.io", "customresourcedefinitions") for v in ("list", "watch")}
+    namespaces = values.get("watchNamespaces")
+    if namespaces:
+        observed |= {(v, "", "namespaces") for v in ("list", "watch")}
+        assert "Cluster-wide it also lists and watches CRDs and namespaces, nothing else." in notes
+    else:
+        assert "Cluster-wide it also lists and watches CRDs, nothing else." in notes
+    for namespace in namespaces or [None]:
+        assert listed == {(g.verb, g.group, g.resource) for g in granted if g.namespace == namespace} - \
+            (set() if namespaces else observed)
+    assert {(g.verb, g.group, g.resource) for g in granted if g.namespace is None} == \
+        (observed if namespaces else listed | observed)

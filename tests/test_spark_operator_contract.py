@@ -20,6 +20,10 @@ spark-operator ≥ 2.1 without it, pod templates as well):
 - Spark's own secret-mount naming (``<secret>-volume``, one file per key at the mount path) puts a
   file exactly where ``LAKESLOT_SOURCE_CA_FILE`` in the driver and executor environment says the
   CA is, and the job's connection settings read it from there;
+- the job document's ConfigMap is mounted in the driver, once, where the job reads it: by the
+  webhook (``driver.configMaps``) in webhook mode, by the pod template alone in template mode, and
+  still once when the webhook runs in template mode too; without either it is missing, and the
+  check sees that;
 - every pod spec (reader, verification Job, Spark driver and executors) meets the ``restricted``
   Pod Security Standard and carries the configured image pull secrets: the Spark pods as the
   webhook makes them in webhook mode, as Spark builds them on the templates alone in template
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import posixpath
 
 import kubernetes_validate
 import pydantic
@@ -109,29 +114,48 @@ def _pod_specs(ingestion: PostgresIngestion, config: children.OperatorConfig = C
     pods = {"reader": reader["spec"]["template"]["spec"], "verify": job["spec"]["template"]["spec"]}
     for app in _applications(ingestion, config):
         for role in ("driver", "executor"):
-            view = spark_operator.pod_view(app, role, _secrets(ingestion), webhook=webhook)
+            view = spark_operator.pod_view(app, role, _secrets(ingestion), webhook=webhook,
+                                           config_maps=_config_maps(ingestion))
             pods[f"{app['metadata']['labels'][children.COMPONENT_LABEL]}-{role}"] = view["pod"]
     return pods
 
 
 def _secrets(ingestion: PostgresIngestion) -> dict[str, dict[str, str]]:
-    """The Secrets Spark mounts: the CA's (when there is one) and every job's input Secret."""
+    """The Secrets Spark mounts: the CA's (when there is one)."""
     ref = ingestion.spec.source.ca_secret_ref
-    secrets = {} if ref is None else {ref.name: {ref.key: "-----BEGIN CERTIFICATE-----", "other": "x"}}
-    for app in _applications(ingestion):
-        secrets[children.input_name(app["metadata"]["name"])] = {JOB_INPUT_KEY: JOB_DOCUMENT}
-    return secrets
+    return {} if ref is None else {ref.name: {ref.key: "-----BEGIN CERTIFICATE-----", "other": "x"}}
 
 
+def _config_maps(ingestion: PostgresIngestion) -> dict[str, dict[str, str]]:
+    """Every job's input ConfigMap, as the operator writes it."""
+    return {children.input_name(app["metadata"]["name"]): {JOB_INPUT_KEY: JOB_DOCUMENT}
+            for app in _applications(ingestion)}
+
+
+@pytest.mark.parametrize(("mode", "webhook"), [("webhook", True), ("pod-templates", False),
+                                               ("pod-templates", True)])
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_the_job_document_is_where_the_driver_reads_it(name):
+def test_the_job_document_is_where_the_driver_reads_it(name, mode, webhook):
     ingestion = _ingestion(name)
-    for app in _applications(ingestion):
-        driver = spark_operator.pod_view(app, "driver", _secrets(ingestion))
+    for app in _applications(ingestion, MODES[mode]):
+        driver = spark_operator.pod_view(app, "driver", _secrets(ingestion), webhook=webhook,
+                                         config_maps=_config_maps(ingestion))
         assert driver["files"][JOB_INPUT_FILE] == JOB_DOCUMENT
+        assert driver["mounts"].count(posixpath.dirname(JOB_INPUT_FILE)) == 1  # (twice: refused)
+        assert len(set(driver["volumes"])) == len(driver["volumes"])
         assert all(spark_operator.DNS1123_LABEL.fullmatch(v) and len(v) <= 63 for v in driver["volumes"])
-        executor = spark_operator.pod_view(app, "executor", _secrets(ingestion))
+        executor = spark_operator.pod_view(app, "executor", _secrets(ingestion), webhook=webhook,
+                                           config_maps=_config_maps(ingestion))
         assert JOB_INPUT_FILE not in executor["files"]  # (the driver alone reads it)
+
+
+def test_without_the_webhook_or_a_template_the_job_document_is_missing():
+    """What the docs say: in webhook mode the webhook mounts the job input (Spark cannot)."""
+    ingestion = _ingestion("ingestion")
+    for app in _applications(ingestion, MODES["webhook"]):
+        driver = spark_operator.pod_view(app, "driver", _secrets(ingestion), webhook=False,
+                                         config_maps=_config_maps(ingestion))
+        assert JOB_INPUT_FILE not in driver["files"]
 
 
 @pytest.mark.parametrize(("version", "mode"), SCHEMA_MODES)
@@ -170,7 +194,8 @@ def test_spark_operator_1_3_prunes_seccomp_so_its_spark_pods_are_not_restricted(
     for app in _applications(_ingestion("ingestion")):
         stored = spark_operator.prune(copy.deepcopy(app), schema, object_meta=True)
         for role in ("driver", "executor"):
-            pod = spark_operator.pod_view(stored, role, _secrets(_ingestion("ingestion")))["pod"]
+            pod = spark_operator.pod_view(stored, role, _secrets(_ingestion("ingestion")),
+                                          config_maps=_config_maps(_ingestion("ingestion")))["pod"]
             assert "seccompProfile" not in pod["securityContext"]
             assert "seccompProfile" not in pod["containers"][0]["securityContext"]
             with pytest.raises(AssertionError):
@@ -233,7 +258,7 @@ def test_the_ca_is_where_the_spark_jobs_look_for_it(name):
     assert ref is not None
     for app in _applications(ingestion):
         for role in ("driver", "executor"):
-            view = spark_operator.pod_view(app, role, _secrets(ingestion))
+            view = spark_operator.pod_view(app, role, _secrets(ingestion), config_maps=_config_maps(ingestion))
             path = view["env"][CA_FILE_ENV]
             assert view["files"][path] == _secrets(ingestion)[ref.name][ref.key]
             assert all(spark_operator.DNS1123_LABEL.fullmatch(v) and len(v) <= 63 for v in view["volumes"])

@@ -44,10 +44,11 @@ from lakeslot.source import failover, slot
 
 # A child the operator runs cannot work (lakeslot_operator.child_health): Degraded until fixed.
 CHILD_REJECTED = "ChildRejected"  # the API server refused to create or change it
+NAME_TAKEN = "NameTaken"  # an object of its name is not lakeslot's (left untouched)
 READER_FAILING = "ReaderFailing"  # CrashLoopBackOff, ImagePullBackOff, progress deadline
 APPLY_FAILED = "ApplyFailed"  # the apply SparkApplication is FAILED or SUBMISSION_FAILED
 APPLY_DEGRADED = "ApplyDegraded"  # its passes keep failing as a whole (lakeslot.staging.apply_status)
-CHILD_FAILURES = (CHILD_REJECTED, READER_FAILING, APPLY_FAILED, APPLY_DEGRADED)
+CHILD_FAILURES = (CHILD_REJECTED, NAME_TAKEN, READER_FAILING, APPLY_FAILED, APPLY_DEGRADED)
 NEEDED_FOR_READY = ("SourceReady", "SlotReady", "SnapshotComplete", "Streaming")
 CATCHING_UP_MIN_S = 10.0  # a streaming ingestion this far behind or less is current
 _CONDITION_STATUS: dict[bool | None, ConditionStatus] = {True: "True", False: "False", None: "Unknown"}

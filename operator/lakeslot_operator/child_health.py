@@ -7,6 +7,9 @@ check (helm/argocd/health.lua) shows every reason outside its short *waiting* li
   Conflict and 429 Too Many Requests, which retrying resolves): the server's message, e.g. an
   admission webhook's or a Pod Security denial, or a 403 from RBAC. :func:`rejection` turns the
   client's exception into it.
+- ``NameTaken`` — an object of a child's name (or of its input ConfigMap's) exists and is not
+  lakeslot's (:class:`lakeslot_operator.kube.NameTaken`, whose message names both): lakeslot
+  leaves it untouched, so the child cannot be written until it is renamed or deleted.
 - ``ReaderFailing`` — the reader Deployment exceeded its progress deadline, or a reader pod is
   waiting for a reason that waiting does not fix (:data:`STUCK_CONTAINER_REASONS`:
   CrashLoopBackOff, ImagePullBackOff, ...).
@@ -30,7 +33,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from lakeslot.errors import definite_status
-from lakeslot.observability.status import APPLY_FAILED, CHILD_REJECTED, READER_FAILING
+from lakeslot.observability.status import APPLY_FAILED, CHILD_REJECTED, NAME_TAKEN, READER_FAILING
 
 READER_NOT_READY = "ReaderNotReady"
 APPLY_NOT_RUNNING = "ApplyNotRunning"
@@ -62,6 +65,11 @@ def rejection(kind: str, name: str, error: ApiException) -> Problem:
     except (ValueError, AttributeError):
         pass
     return Problem(CHILD_REJECTED, f"the API server refused {kind} {name} ({error.status}): {message}")
+
+
+def name_taken(error: Exception) -> Problem:
+    """``NameTaken`` with the message of :class:`lakeslot_operator.kube.NameTaken`."""
+    return Problem(NAME_TAKEN, str(error))
 
 
 def reader_problem(deployment: Mapping[str, Any] | None, pods: Iterable[Mapping[str, Any]]) -> Problem | None:

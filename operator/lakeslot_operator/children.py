@@ -40,6 +40,14 @@ Invariants:
   template already says); spark-operator before 2.1 has no template field and would prune it, so
   templates are never the default. Every pod lists the operator's ``imagePullSecrets`` (the
   chart's, since they run the same image).
+- A job's input document (:mod:`lakeslot.workloads`) reaches it in a ConfigMap of lakeslot's
+  (:func:`job_input_config_map`, owned by the child, so deleted with it; no credential in it),
+  mounted at :data:`lakeslot.workloads.JOB_INPUT_DIR` — never in a Secret, so the operator needs
+  no right to write Secrets. Spark has no setting that mounts a ConfigMap: the driver gets it from
+  spark-operator's mutating webhook (``spec.driver.configMaps``), or with
+  ``OperatorConfig.spark_pod_templates`` from its pod template alone (a volume and its mount; the
+  webhook then adds nothing, so the two never mount it twice). The verification Job mounts it as
+  a volume of its own.
 - Spark mounts the CA Secret whole, each key a file of its own name, so the Spark pods get
   ``LAKESLOT_SOURCE_CA_FILE`` pointing at ``<mount>/<key>`` (``spark.kubernetes.driverEnv.*`` and
   ``spark.executorEnv.*``, honoured by Spark itself); the reader and the verification Job mount
@@ -54,13 +62,13 @@ Failure modes: none here (pure); what the API server refuses is reported by the 
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import posixpath
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lakeslot.api.annotations import VERIFY
-from lakeslot.api.models import DriverSpec, ExecutorSpec, PostgresIngestion
+from lakeslot.api.models import API_VERSION, KIND, DriverSpec, ExecutorSpec, PostgresIngestion
 from lakeslot.api.naming import namespace_of
 from lakeslot.spark.conf import iceberg_conf
 from lakeslot.workloads import (
@@ -76,11 +84,16 @@ from lakeslot.workloads import (
 GROUP = "lakeslot.io"
 INGESTION_LABEL = f"{GROUP}/ingestion"
 COMPONENT_LABEL = "app.kubernetes.io/component"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "lakeslot-operator"
 SPARK_API_VERSION = "sparkoperator.k8s.io/v1beta2"
 CA_MOUNT = posixpath.dirname(CA_FILE)
 NAME_MAX = 63
 SPARK_NAME_MAX = NAME_MAX - len("-ui-svc")
-SPARK_SECRET_VOLUME_SUFFIX = "-volume"  # Spark names the volume of a mounted Secret <secret>-volume
+# spark-operator's webhook names the volume of a ConfigMap in spec.driver.configMaps <name>-vol
+# (cut to 63 characters: a name of at most 59 is never cut).
+SPARK_CONFIG_MAP_VOLUME_SUFFIX = "-vol"
+JOB_INPUT_VOLUME = "job-input"  # the input's volume in a pod template or the verification Job
 RUN_AS_USER = 10001
 # The Spark containers' names, as spark-operator passes them to Spark for its pod templates.
 SPARK_CONTAINERS = {"driver": "spark-kubernetes-driver", "executor": "spark-kubernetes-executor"}
@@ -117,7 +130,7 @@ def labels(ingestion: PostgresIngestion, component: str) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "lakeslot",
         "app.kubernetes.io/instance": ingestion.metadata.name,
-        "app.kubernetes.io/managed-by": "lakeslot-operator",
+        MANAGED_BY_LABEL: MANAGED_BY,
         COMPONENT_LABEL: component,
         INGESTION_LABEL: ingestion.metadata.name,
     }
@@ -127,6 +140,42 @@ def owner_reference(ingestion: PostgresIngestion, uid: str) -> dict[str, object]
     return {"apiVersion": ingestion.api_version, "kind": ingestion.kind,
             "name": ingestion.metadata.name, "uid": uid, "controller": True,
             "blockOwnerDeletion": True}
+
+
+def owned_by_ingestion(ingestion: str) -> dict:
+    """What every child of the ingestion named ``ingestion`` carries, as :func:`is_ours` reads it
+    (for deleting a child by name, with no desired object at hand)."""
+    return {"metadata": {"labels": {INGESTION_LABEL: ingestion, MANAGED_BY_LABEL: MANAGED_BY},
+                         "ownerReferences": [{"apiVersion": API_VERSION, "kind": KIND, "name": ingestion}]}}
+
+
+def _owner_key(reference: Mapping) -> tuple[str, str, str]:
+    return (str(reference.get("apiVersion", "")).rpartition("/")[0], str(reference.get("kind")),
+            str(reference.get("name")))
+
+
+def is_ours(live: Mapping, wanted: Mapping) -> bool:
+    """Whether the live object is lakeslot's object that ``wanted`` (a desired object, or
+    :func:`owned_by_ingestion`) stands for: it carries wanted's ingestion and managed-by labels
+    and an owner reference to wanted's owner — the same API group, kind and name; the uid may be
+    an earlier incarnation's (a child re-created under its name, an ingestion re-created under
+    its name), whose objects lakeslot takes over. A user's object of the same name lacks them."""
+    live_meta, meta = live["metadata"], wanted["metadata"]
+    labels = live_meta.get("labels") or {}
+    if any(labels.get(key) != meta["labels"][key] for key in (INGESTION_LABEL, MANAGED_BY_LABEL)):
+        return False
+    owners = {_owner_key(o) for o in live_meta.get("ownerReferences") or []}
+    return any(_owner_key(o) in owners for o in meta["ownerReferences"])
+
+
+def purpose(child: Mapping) -> str:
+    """What lakeslot needs the object ``child`` for, for messages."""
+    meta = child["metadata"]
+    if child["kind"] == "ConfigMap":
+        owner = meta["ownerReferences"][0]
+        return f"the job input of {owner['kind']} {owner['name']}"
+    component = meta["labels"].get(COMPONENT_LABEL, "")
+    return f"the {component} {child['kind']} of PostgresIngestion {meta['labels'][INGESTION_LABEL]}"
 
 
 def _metadata(ingestion: PostgresIngestion, uid: str, name: str, component: str) -> dict:
@@ -154,27 +203,31 @@ def spark_name(ingestion: PostgresIngestion, suffix: str) -> str:
 
 
 def input_name(child: str) -> str:
-    """The Secret holding the job document of the child named ``child``: short enough for the
-    name of the volume Spark mounts it as (``<secret>-volume``, a DNS-1123 label)."""
-    return _bounded(f"{child}-input", NAME_MAX - len(SPARK_SECRET_VOLUME_SUFFIX))
+    """The ConfigMap holding the job document of the child named ``child``: short enough for the
+    name of the volume spark-operator mounts it as (``<name>-vol``, a DNS-1123 label)."""
+    return _bounded(f"{child}-input", NAME_MAX - len(SPARK_CONFIG_MAP_VOLUME_SUFFIX))
 
 
-def job_input_secret(child: dict, document: str, child_uid: str) -> dict:
+def job_input_config_map(child: dict, document: str, child_uid: str) -> dict:
     """The job document of ``child`` (a SparkApplication or Job), mounted at
-    :data:`lakeslot.workloads.JOB_INPUT_DIR`. A Secret rather than a ConfigMap because Spark
-    mounts Secrets into its pods by itself (``spark.kubernetes.driver.secrets.*``), with or
-    without spark-operator's webhook or pod templates; it holds no credential. Owned by the
-    child, so it is deleted with it (spark-operator's time to live included)."""
+    :data:`lakeslot.workloads.JOB_INPUT_DIR`; it holds no credential. Owned by the child, so it
+    is deleted with it (spark-operator's time to live included), and labelled as the child is."""
     metadata = child["metadata"]
     return {
-        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": input_name(metadata["name"]), "namespace": metadata["namespace"],
                      "labels": dict(metadata["labels"]),
                      "ownerReferences": [{"apiVersion": child["apiVersion"], "kind": child["kind"],
                                           "name": metadata["name"], "uid": child_uid,
                                           "controller": True, "blockOwnerDeletion": False}]},
-        "data": {JOB_INPUT_KEY: base64.b64encode(document.encode()).decode()},
+        "data": {JOB_INPUT_KEY: document},
     }
+
+
+def _input_volume(child: str) -> tuple[dict, dict]:
+    """The volume of ``child``'s input ConfigMap and its mount at ``JOB_INPUT_DIR``."""
+    return ({"name": JOB_INPUT_VOLUME, "configMap": {"name": input_name(child)}},
+            {"name": JOB_INPUT_VOLUME, "mountPath": JOB_INPUT_DIR, "readOnly": True})
 
 
 # pods ------------------------------------------------------------------------------------
@@ -220,20 +273,28 @@ def _spark_container_security() -> dict:
 
 
 def _spark_pod(role: str, resources: DriverSpec, role_labels: dict[str, str], account: str,
-               config: OperatorConfig) -> dict:
+               config: OperatorConfig, job_input: str | None = None) -> dict:
     """A SparkApplication's ``driver`` or ``executor``: resources, labels, the service account
     and the restricted security contexts, for the webhook and (``spark_pod_templates``) as a pod
     template whose container has the name spark-operator tells Spark to build on
-    (``spark.kubernetes.{role}.podTemplateContainerName``)."""
+    (``spark.kubernetes.{role}.podTemplateContainerName``); with ``job_input`` (the driver: its
+    application's name) the input ConfigMap, for the webhook or in the template (see the
+    module's invariants)."""
     pod: dict[str, object] = {"cores": resources.cores, "memory": resources.memory}
     if isinstance(resources, ExecutorSpec):
         pod["instances"] = resources.instances
     pod.update({"labels": role_labels, "serviceAccount": account,
                 "securityContext": _spark_container_security(), "podSecurityContext": _pod_security()})
     if config.spark_pod_templates:
-        pod["template"] = {"spec": {
-            "securityContext": _pod_security(),
-            "containers": [{"name": SPARK_CONTAINERS[role], "securityContext": _spark_container_security()}]}}
+        container: dict[str, object] = {"name": SPARK_CONTAINERS[role],
+                                        "securityContext": _spark_container_security()}
+        template: dict[str, object] = {"securityContext": _pod_security(), "containers": [container]}
+        if job_input is not None:
+            volume, mount = _input_volume(job_input)
+            template["volumes"], container["volumeMounts"] = [volume], [mount]
+        pod["template"] = {"spec": template}
+    elif job_input is not None:
+        pod["configMaps"] = [{"name": input_name(job_input), "path": JOB_INPUT_DIR}]
     return pod
 
 
@@ -317,8 +378,9 @@ def verify_job(ingestion: PostgresIngestion, uid: str, config: OperatorConfig,
         env.append({"name": CA_FILE_ENV, "value": CA_FILE})  # a path: the file is the Secret
     volumes, mounts = _source_ca(ingestion)
     name = verify_name(ingestion, token)
-    volumes.append({"name": "job-input", "secret": {"secretName": input_name(name)}})
-    mounts.append({"name": "job-input", "mountPath": JOB_INPUT_DIR, "readOnly": True})
+    volume, mount = _input_volume(name)
+    volumes.append(volume)
+    mounts.append(mount)
     metadata = _metadata(ingestion, uid, name, "verify")
     metadata["annotations"] = {VERIFY: token}
     container = {
@@ -400,9 +462,8 @@ def _spark_application(ingestion: PostgresIngestion, uid: str, config: OperatorC
         "sparkVersion": spark.spark_version,
         "restartPolicy": restart,
         "sparkConf": {**iceberg_conf(ingestion.spec.sink.catalog), **_secret_conf(ingestion),
-                      f"spark.kubernetes.driver.secrets.{input_name(name)}": JOB_INPUT_DIR,
                       **spark.spark_conf},
-        "driver": _spark_pod("driver", driver, role_labels, account, config),
+        "driver": _spark_pod("driver", driver, role_labels, account, config, job_input=name),
         "executor": _spark_pod("executor", executor, role_labels, account, config),
     }
     if config.image_pull_secrets:

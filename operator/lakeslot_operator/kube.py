@@ -15,9 +15,17 @@ Invariants:
   error: the next reconcile compares it like any live child.
 - Jobs (the verification's) are created once and never replaced (:meth:`Kube.create_job`): a
   Job's name says what it runs; deleting one deletes its pods too.
-- Secrets are read only to hand a value to libpq (the user's) or to compare a job document
-  (lakeslot's own input Secrets, :meth:`Kube.ensure_job_input`: the only Secrets it writes);
-  values are never logged or returned in errors.
+- **Only lakeslot's own objects are changed or deleted.** Before every replace, patch or delete
+  the live object is read and must be lakeslot's (:func:`lakeslot_operator.children.is_ours`: the
+  ingestion's labels and an owner reference to the ingestion, or for a job's input ConfigMap to
+  its child); the write then carries that object's ``resourceVersion`` (replace) or its ``uid``
+  (patch; a precondition of a delete), so an object swapped in meanwhile is refused by the API
+  server, not changed. An object of a child's name that is not lakeslot's is left untouched:
+  writing it raises :class:`NameTaken` (naming it and what lakeslot needs the name for), and a
+  delete or scale of it does nothing (lakeslot's child of that name does not exist). A Job found
+  under the name of one lakeslot creates is checked the same way.
+- Secrets are only read, to hand a value to libpq (the user's); values are never logged or
+  returned in errors. A job's input goes into a ConfigMap (:meth:`Kube.ensure_job_input`).
 """
 
 from __future__ import annotations
@@ -47,6 +55,25 @@ def desired_hash(obj: Mapping) -> str:
 
 def _absent(e: ApiException) -> bool:
     return e.status == 404
+
+
+class NameTaken(Exception):
+    """An object of the name lakeslot would write exists and is not lakeslot's; it is left
+    untouched. The message names it and what lakeslot needs the name for."""
+
+    def __init__(self, live: Mapping, wanted: Mapping):
+        meta, owner = wanted["metadata"], wanted["metadata"]["ownerReferences"][0]
+        super().__init__(
+            f"{wanted['kind']} {meta['namespace']}/{meta['name']} exists and is not lakeslot's "
+            f"(lakeslot's carries the label {children.INGESTION_LABEL}={meta['labels'][children.INGESTION_LABEL]} "
+            f"and an owner reference to {owner['kind']} {owner['name']}): lakeslot left it untouched "
+            f"and needs the name for {children.purpose(wanted)}; rename or delete that "
+            f"{live.get('kind') or wanted['kind']}, or give the PostgresIngestion another name")
+
+
+def _preconditions(live: Mapping) -> client.V1DeleteOptions:
+    """Delete exactly the object that was read (the API server refuses another of its name)."""
+    return client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=live["metadata"]["uid"]))
 
 
 def _deployment(obj: dict) -> client.V1Deployment:
@@ -148,6 +175,8 @@ class Kube:
                     raise
                 return False  # created meanwhile by a concurrent reconcile (the timer's): same name, same spec
             return True
+        if not children.is_ours(live, obj):
+            raise NameTaken(live, obj)
         if (live["metadata"].get("annotations") or {}).get(HASH_ANNOTATION) == digest:
             return False
         obj["metadata"]["resourceVersion"] = live["metadata"]["resourceVersion"]
@@ -157,76 +186,105 @@ class Kube:
             self.apps.replace_namespaced_deployment(name, namespace, _deployment(obj))
         return True
 
-    def scale_deployment(self, namespace: str, name: str, replicas: int) -> None:
-        """Set the replicas of an existing Deployment (absent: nothing to scale). The spec hash
-        is dropped so the next ensure restores the desired count."""
+    def scale_deployment(self, namespace: str, name: str, replicas: int, *, ingestion: str) -> None:
+        """Set the replicas of the ingestion's existing Deployment (absent or not lakeslot's:
+        nothing to scale). The spec hash is dropped so the next ensure restores the desired
+        count."""
+        live = self.get_deployment(namespace, name)
+        if live is None or not children.is_ours(live, children.owned_by_ingestion(ingestion)):
+            return
         try:
             self.apps.patch_namespaced_deployment(name, namespace, {
-                "metadata": {"annotations": {HASH_ANNOTATION: None}},
+                "metadata": {"annotations": {HASH_ANNOTATION: None}, "uid": live["metadata"]["uid"]},
                 "spec": {"replicas": replicas}})
         except ApiException as e:
             if not _absent(e):
                 raise
 
+    def get_config_map(self, namespace: str, name: str) -> dict | None:
+        try:
+            return self._plain(self.core.read_namespaced_config_map(name, namespace))
+        except ApiException as e:
+            if _absent(e):
+                return None
+            raise
+
     def ensure_job_input(self, child: dict, document: str) -> None:
-        """Create or replace the Secret holding ``child``'s job document
-        (:func:`lakeslot_operator.children.job_input_secret`), owned by the live child — which
-        must exist (it was just written) — unless it already holds that document for it."""
+        """Create or replace the ConfigMap holding ``child``'s job document
+        (:func:`lakeslot_operator.children.job_input_config_map`), owned by the live child — which
+        must exist (it was just written) — unless it already holds that document for it
+        (:class:`NameTaken` when a ConfigMap of its name is not lakeslot's)."""
         namespace, name = child["metadata"]["namespace"], child["metadata"]["name"]
         live = (self.get_spark_application(namespace, name) if child["kind"] == "SparkApplication"
                 else self.get_job(namespace, name))
         if live is None:
             return  # gone meanwhile (deleted, or its time to live ran out): nothing to feed
-        wanted = children.job_input_secret(child, document, live["metadata"]["uid"])
-        secret_name = wanted["metadata"]["name"]
-        try:
-            current = self.core.read_namespaced_secret(secret_name, namespace)
-        except ApiException as e:
-            if not _absent(e):
-                raise
-            self.core.create_namespaced_secret(namespace, client.V1Secret.model_validate(wanted))
+        wanted = children.job_input_config_map(child, document, live["metadata"]["uid"])
+        current = self.get_config_map(namespace, wanted["metadata"]["name"])
+        if current is None:
+            self.core.create_namespaced_config_map(namespace, client.V1ConfigMap.model_validate(wanted))
             return
-        owners = [o.uid for o in (current.metadata.owner_references or [])] if current.metadata else []
-        if current.data == wanted["data"] and owners == [live["metadata"]["uid"]]:
+        if not children.is_ours(current, wanted):
+            raise NameTaken(current, wanted)
+        owners = [o["uid"] for o in current["metadata"].get("ownerReferences") or []]
+        if current.get("data") == wanted["data"] and owners == [live["metadata"]["uid"]]:
             return
-        assert current.metadata is not None  # the API server returns every object's metadata
-        wanted["metadata"]["resourceVersion"] = current.metadata.resource_version
-        self.core.replace_namespaced_secret(secret_name, namespace,
-                                            client.V1Secret.model_validate(wanted))
+        wanted["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        self.core.replace_namespaced_config_map(wanted["metadata"]["name"], namespace,
+                                                client.V1ConfigMap.model_validate(wanted))
 
     def create_job(self, obj: dict) -> None:
-        """Create the Job ``obj`` unless a Job of its name exists: a Job is never rewritten (its
-        pod template is immutable, and its name says what it runs)."""
+        """Create the Job ``obj`` unless lakeslot's Job of its name exists: a Job is never
+        rewritten (its pod template is immutable, and its name says what it runs);
+        :class:`NameTaken` when a Job of its name is not lakeslot's."""
+        namespace, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
         try:
-            self.batch.create_namespaced_job(obj["metadata"]["namespace"], client.V1Job.model_validate(obj))
+            self.batch.create_namespaced_job(namespace, client.V1Job.model_validate(obj))
         except ApiException as e:
             if e.status != 409:
                 raise
+            live = self.get_job(namespace, name)
+            if live is not None and not children.is_ours(live, obj):
+                raise NameTaken(live, obj) from None
 
-    def delete_job(self, namespace: str, name: str) -> None:
-        """Delete a Job and, in the background, its pods (absent: nothing to delete)."""
+    def delete_job(self, namespace: str, name: str, *, ingestion: str) -> None:
+        """Delete the ingestion's Job and, in the background, its pods (absent or not
+        lakeslot's: nothing to delete)."""
+        live = self.get_job(namespace, name)
+        if live is None or not children.is_ours(live, children.owned_by_ingestion(ingestion)):
+            return
         try:
-            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background")
+            self.batch.delete_namespaced_job(name, namespace, propagation_policy="Background",
+                                             body=_preconditions(live))
         except ApiException as e:
             if not _absent(e):
                 raise
 
-    def delete_spark_application(self, namespace: str, name: str) -> None:
+    def delete_spark_application(self, namespace: str, name: str, *, ingestion: str) -> None:
+        """Delete the ingestion's SparkApplication (absent or not lakeslot's: nothing to delete)."""
+        live = self.get_spark_application(namespace, name)
+        if live is None or not children.is_ours(live, children.owned_by_ingestion(ingestion)):
+            return
         try:
-            self.custom.delete_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], name)
+            self.custom.delete_namespaced_custom_object(*SPARK[:2], namespace, SPARK[2], name,
+                                                        body=_preconditions(live))
         except ApiException as e:
             if not _absent(e):
                 raise
 
     def delete_children(self, namespace: str, labels: Mapping[str, str]) -> None:
-        """Delete every Deployment and SparkApplication carrying ``labels``."""
+        """Delete every Deployment and SparkApplication carrying ``labels`` (which name the
+        ingestion) that is lakeslot's child of that ingestion."""
         selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        ingestion = labels[children.INGESTION_LABEL]
+        owner = children.owned_by_ingestion(ingestion)
         for deployment in self.apps.list_namespaced_deployment(namespace, label_selector=selector).items:
-            metadata = deployment.metadata
-            assert metadata is not None and metadata.name is not None  # the API server names every object
-            self.apps.delete_namespaced_deployment(metadata.name, namespace)
+            live = self._plain(deployment)
+            if children.is_ours(live, owner):
+                self.apps.delete_namespaced_deployment(live["metadata"]["name"], namespace,
+                                                       body=_preconditions(live))
         # The custom objects API is untyped: it returns the list's JSON, a dict.
         apps = cast(dict[str, Any], self.custom.list_namespaced_custom_object(
             *SPARK[:2], namespace, SPARK[2], label_selector=selector))
         for app in apps.get("items", []):
-            self.delete_spark_application(namespace, app["metadata"]["name"])
+            self.delete_spark_application(namespace, app["metadata"]["name"], ingestion=ingestion)

@@ -50,7 +50,9 @@ A child the API server refuses to create or change (a 4xx but 409/429:
 :func:`lakeslot_operator.child_health.is_rejection`) becomes ``ChildRejected`` with the server's
 message on the condition the child serves (``Streaming`` for the reader and the apply job,
 ``SnapshotComplete`` for the snapshot) and so an event and ``Degraded``, in the same reconcile;
-the others go on. A reader that crash-loops or cannot pull its image and an apply job that
+the others go on. A child whose name (or its input ConfigMap's) is taken by an object that is not
+lakeslot's is reported the same way as ``NameTaken`` (:class:`lakeslot_operator.kube.NameTaken`);
+that object is left untouched. A reader that crash-loops or cannot pull its image and an apply job that
 failed for good are ``ReaderFailing`` / ``ApplyFailed`` (:mod:`lakeslot_operator.child_health`).
 Other Kubernetes API errors (409 conflicts, throttling, 5xx, connection errors) propagate to
 kopf, which retries with backoff.
@@ -87,7 +89,7 @@ from lakeslot.source import connection, slot
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
 from lakeslot_operator import child_health, children, reader_status, snapshot_lifecycle, verification
-from lakeslot_operator.kube import Kube
+from lakeslot_operator.kube import Kube, NameTaken
 
 OPERATOR_CONNECT_TIMEOUT_S = "10"
 
@@ -205,8 +207,9 @@ class _Reconciler:
 
     def _write(self, component: str, obj: dict,
                invocation: workloads.Invocation | None = None) -> bool:
-        """Create or update a child and (``invocation``: a job) the Secret with its job document;
-        a refusal for good is recorded under ``component`` (False)."""
+        """Create or update a child and (``invocation``: a job) the ConfigMap with its job document;
+        a refusal for good, or a name taken by an object that is not lakeslot's, is recorded under
+        ``component`` (False)."""
         try:
             self.ctx.kube.ensure(obj)
             if invocation is not None:
@@ -216,6 +219,9 @@ class _Reconciler:
                 raise
             self.rejected[component] = child_health.rejection(
                 obj["kind"], obj["metadata"]["name"], e)
+            return False
+        except NameTaken as e:
+            self.rejected[component] = child_health.name_taken(e)
             return False
         return True
 
@@ -285,7 +291,8 @@ class _Reconciler:
                 generation=plan.generation), invocation):
             self.r.tell("Normal", "SnapshotStarted", f"{name}: {len(plan.wanted)} table(s)")
         if step.delete:
-            self.ctx.kube.delete_spark_application(self.ns, name)  # resubmitted next time
+            self.ctx.kube.delete_spark_application(  # resubmitted next time
+                self.ns, name, ingestion=self.ing.metadata.name)
         self._record(step)
         if (refused := self.rejected.get("snapshot")) is not None:
             if status.snapshot is not None:  # not submitted: the application does not exist
@@ -337,8 +344,8 @@ class _Reconciler:
 
     def _suspend(self) -> None:
         kube = self.ctx.kube
-        kube.scale_deployment(self.ns, children.reader_name(self.ing), 0)
-        kube.delete_spark_application(self.ns, children.apply_name(self.ing))
+        kube.scale_deployment(self.ns, children.reader_name(self.ing), 0, ingestion=self.ing.metadata.name)
+        kube.delete_spark_application(self.ns, children.apply_name(self.ing), ingestion=self.ing.metadata.name)
         self.r.status.phase = "Suspended"
         self.r.condition("Streaming", False, "Suspended", "spec.suspend is true: the reader and "
                          "the apply job are stopped; the slot keeps retaining WAL")

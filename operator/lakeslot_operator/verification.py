@@ -34,8 +34,9 @@ Invariants:
 Failure modes: staging unreadable by the operator keeps the request ``Verifying`` with
 ``Verified: Unknown/ResultUnreadable`` saying so (retried every reconcile); a Job the API server
 refuses (:func:`lakeslot_operator.child_health.is_rejection`) is ``Verified: False/ChildRejected``
-with the server's message, the request stays ``Verifying`` and its Job is tried again on the next
-reconcile; other Kubernetes API errors propagate (kopf retries the reconcile).
+with the server's message (``NameTaken`` when a Job or ConfigMap of its name is not lakeslot's:
+:class:`lakeslot_operator.kube.NameTaken`), the request stays ``Verifying`` and its Job is tried
+again on the next reconcile; other Kubernetes API errors propagate (kopf retries the reconcile).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from lakeslot.staging.store import VERIFY_RESULTS, Staging
 from lakeslot.verify.report import key_text
 from lakeslot.verify.request import check_token, parse_table, parse_tables
 from lakeslot_operator import child_health, children
-from lakeslot_operator.kube import Kube
+from lakeslot_operator.kube import Kube, NameTaken
 
 LISTED_KEYS = 3  # keys per kind of difference in a table's status row
 MESSAGE_TABLES = 5  # tables named in the condition's message
@@ -263,7 +264,7 @@ def serve(ingestion: PostgresIngestion, uid: str, kube: Kube, config: children.O
     else:
         return
     if step.cancel is not None:
-        kube.delete_job(namespace, step.cancel)
+        kube.delete_job(namespace, step.cancel, ingestion=ingestion.metadata.name)
     refused = None
     if step.create is not None and step.verification is not None:
         token = step.verification.token
@@ -277,6 +278,8 @@ def serve(ingestion: PostgresIngestion, uid: str, kube: Kube, config: children.O
             if not child_health.is_rejection(e):
                 raise
             refused = child_health.rejection("Job", job["metadata"]["name"], e)
+        except NameTaken as e:
+            refused = child_health.name_taken(e)
     report.status.verification = step.verification
     if refused is not None:  # still Verifying: the next reconcile creates the Job again
         report.condition("Verified", False, refused.reason, refused.message)

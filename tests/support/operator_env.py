@@ -232,14 +232,14 @@ def job_arguments(application: dict) -> argparse.Namespace:
 
 
 def input_document(api_client, child: dict) -> str:
-    """The job document of ``child`` (a SparkApplication or a Job): its input Secret's, which
+    """The job document of ``child`` (a SparkApplication or a Job): its input ConfigMap's, which
     must be owned by the child and be the document its arguments name (``--input-sha256``)."""
     metadata = child["metadata"]
-    secret = api_client.sanitize_for_serialization(kubernetes.client.CoreV1Api(
-        api_client).read_namespaced_secret(children.input_name(metadata["name"]), metadata["namespace"]))
-    owners = secret["metadata"]["ownerReferences"]
+    config_map = api_client.sanitize_for_serialization(kubernetes.client.CoreV1Api(
+        api_client).read_namespaced_config_map(children.input_name(metadata["name"]), metadata["namespace"]))
+    owners = config_map["metadata"]["ownerReferences"]
     assert [(o["kind"], o["name"]) for o in owners] == [(child["kind"], metadata["name"])], owners
-    document = base64.b64decode(secret["data"][workloads.JOB_INPUT_KEY]).decode()
+    document = config_map["data"][workloads.JOB_INPUT_KEY]
     arguments = (child["spec"]["arguments"] if child["kind"] == "SparkApplication"
                  else child["spec"]["template"]["spec"]["containers"][0]["command"])
     assert arguments[arguments.index("--input-sha256") + 1] == workloads.digest(document)
@@ -253,7 +253,7 @@ def job_input(api_client, application: dict) -> workloads.JobInput:
 
 
 def mounted(api_client, child: dict, arguments: list[str], directory: Path) -> list[str]:
-    """``arguments`` (the child's) with its input Secret "mounted" in ``directory``: the kubelet
+    """``arguments`` (the child's) with its input ConfigMap "mounted" in ``directory``: the kubelet
     that would mount it does not run here, so the document is written there and ``--input``
     names it."""
     path = directory / workloads.JOB_INPUT_KEY

@@ -130,7 +130,8 @@ def _kube_clients() -> dict[str, str]:
 
 
 def _plural(group: str, kind: str) -> str:
-    (found,) = [rt.plural for rt in BUILTIN_RESOURCES if rt.group == group and rt.kind.lower() == kind]
+    (found,) = [rt.plural for rt in BUILTIN_RESOURCES
+                if rt.group == group and rt.kind.lower() == kind.replace("_", "")]
     return found
 
 

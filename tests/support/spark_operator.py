@@ -18,9 +18,12 @@ rules (neither can run here), for tests/test_spark_operator_contract.py.
   first container when none has that name), environment variables from
   ``spark.kubernetes.driverEnv.*`` / ``spark.executorEnv.*`` and ``secretKeyRef``s, a Secret named
   in ``spark.kubernetes.{driver,executor}.secrets.<name>=<path>`` mounted whole as the volume
-  ``<name>-volume`` (Spark's MountSecretsFeatureStep) with one file per key, and, with ``webhook``
-  (spark-operator's mutating webhook running), the role's ``securityContext`` (the container) and
-  ``podSecurityContext`` (the pod) set over whatever the template said.
+  ``<name>-volume`` (Spark's MountSecretsFeatureStep) with one file per key, the template's own
+  volumes and the mounts of its container (Spark keeps them), and, with ``webhook``
+  (spark-operator's mutating webhook running: internal/webhook/sparkpod_defaulter.go), the role's
+  ``securityContext`` (the container) and ``podSecurityContext`` (the pod) set over whatever the
+  template said, and each ConfigMap of the role's ``configMaps`` mounted at its path as the volume
+  ``<name>-vol`` cut to 63 characters (``addGeneralConfigMaps``), one file per key.
 - ``submit_command``, ``pod_environment`` and ``spark_home``: an application's driver run here as
   spark-operator submits it (tests/test_multi_executor.py) — its ``spark-submit`` command line, the
   pod's environment with the values of the Secrets it names, and a ``SPARK_HOME`` laid out like the
@@ -50,6 +53,7 @@ DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 UI_SERVICE_SUFFIX = "-ui-svc"
 SECRET_VOLUME_SUFFIX = "-volume"
+CONFIG_MAP_VOLUME_SUFFIX = "-vol"  # spark-operator's webhook, cut to 63 characters
 SECRET_REF = "secretKeyRef:"  # pod_view's form of an environment variable from a Secret
 IMAGE_ROOT = "local:///opt/lakeslot/"  # the Spark jobs' main files in the image (Dockerfile)
 
@@ -95,41 +99,58 @@ def webhook_problems(app: dict[str, Any]) -> list[str]:
 
 
 def pod_view(app: dict[str, Any], role: str, secrets: dict[str, dict[str, str]], *,
-             webhook: bool = True) -> dict[str, Any]:
+             webhook: bool = True, config_maps: Mapping[str, Mapping[str, str]] | None = None
+             ) -> dict[str, Any]:
     """The ``role`` ("driver"/"executor") pod: ``env`` (name → value, or ``secretKeyRef`` text),
-    ``files`` (path → content from mounted Secrets, given as ``secrets``: name → key → value),
-    ``volumes`` (names), ``pod`` (a pod spec with the security contexts the template and, with
-    ``webhook``, spark-operator's mutating webhook give it)."""
+    ``files`` (path → content from mounted Secrets and ConfigMaps, given as ``secrets`` and
+    ``config_maps``: name → key → value; a missing one is a KeyError), ``volumes`` (names),
+    ``mounts`` (the container's mount paths, in order), ``pod`` (a pod spec with the security
+    contexts, volumes and mounts the template and, with ``webhook``, spark-operator's mutating
+    webhook give it)."""
+    config_maps = config_maps or {}
     conf = app["spec"].get("sparkConf") or {}
     env_prefix = "spark.kubernetes.driverEnv." if role == "driver" else "spark.executorEnv."
     env = {key.removeprefix(env_prefix): value for key, value in conf.items() if key.startswith(env_prefix)}
     ref_prefix = f"spark.kubernetes.{role}.secretKeyRef."
     env.update({key.removeprefix(ref_prefix): f"{SECRET_REF}{value}"
                 for key, value in conf.items() if key.startswith(ref_prefix)})
-    files: dict[str, str] = {}
-    volumes = []
-    secret_prefix = f"spark.kubernetes.{role}.secrets."
-    for key, mount in conf.items():
-        if key.startswith(secret_prefix):
-            secret = key.removeprefix(secret_prefix)
-            volumes.append({"name": secret + SECRET_VOLUME_SUFFIX, "secret": {"secretName": secret}})
-            files.update({posixpath.join(mount, item): value for item, value in secrets[secret].items()})
     spec = app["spec"][role]
     name = f"spark-kubernetes-{role}"
     template = copy.deepcopy((spec.get("template") or {}).get("spec") or {})
     containers = template.get("containers") or [{}]
     base = next((c for c in containers if c.get("name") == name), containers[0])
     container = {**base, "name": name, "image": app["spec"]["image"]}
-    pod: dict[str, Any] = {**template, "containers": [container], "volumes": volumes,
-                           "serviceAccountName": spec.get("serviceAccount")}
+    volumes, mounts = list(template.get("volumes") or []), list(container.get("volumeMounts") or [])
+    secret_prefix = f"spark.kubernetes.{role}.secrets."
+    for key, path in conf.items():
+        if key.startswith(secret_prefix):
+            secret = key.removeprefix(secret_prefix)
+            volumes.append({"name": secret + SECRET_VOLUME_SUFFIX, "secret": {"secretName": secret}})
+            mounts.append({"name": secret + SECRET_VOLUME_SUFFIX, "mountPath": path})
+    pod: dict[str, Any] = {**template, "containers": [container], "serviceAccountName": spec.get("serviceAccount")}
     if webhook:
         if "securityContext" in spec:
             container["securityContext"] = spec["securityContext"]
         if "podSecurityContext" in spec:
             pod["securityContext"] = spec["podSecurityContext"]
+        for entry in spec.get("configMaps") or []:
+            volume = (entry["name"] + CONFIG_MAP_VOLUME_SUFFIX)[:63]
+            volumes.append({"name": volume, "configMap": {"name": entry["name"]}})
+            mounts.append({"name": volume, "mountPath": entry["path"], "readOnly": True})
+    by_name = {v["name"]: v for v in volumes}
+    files: dict[str, str] = {}
+    for mount in mounts:
+        volume = by_name[mount["name"]]
+        items = (secrets[volume["secret"]["secretName"]] if "secret" in volume
+                 else config_maps[volume["configMap"]["name"]])
+        files.update({posixpath.join(mount["mountPath"], key): value for key, value in items.items()})
+    if mounts:
+        container["volumeMounts"] = mounts
+    pod["volumes"] = volumes
     if app["spec"].get("imagePullSecrets"):
         pod["imagePullSecrets"] = [{"name": secret} for secret in app["spec"]["imagePullSecrets"]]
-    return {"env": env, "files": files, "volumes": [v["name"] for v in volumes], "pod": pod}
+    return {"env": env, "files": files, "volumes": [v["name"] for v in volumes],
+            "mounts": [m["mountPath"] for m in mounts], "pod": pod}
 
 
 def pod_environment(app: dict[str, Any], role: str, secrets: dict[str, dict[str, str]]) -> dict[str, str]:

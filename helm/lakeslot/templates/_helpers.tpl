@@ -96,9 +96,12 @@ compares these rules with the API calls in operator/lakeslot_operator/kube.py pl
   status, post events;
 - the children's ownerReferences (blockOwnerDeletion: true): update on postgresingestions/finalizers,
   which OwnerReferencesPermissionEnforcement (OpenShift) checks on every child create;
-- lakeslot: read the Secrets an ingestion references, list the reader pods (stale slot holders),
-  manage the reader Deployments and the SparkApplications, run the verification Jobs (create
-  one per request, read its state, delete one a newer request supersedes).
+- lakeslot: read the Secrets an ingestion references (read only: it writes no Secret), list the
+  reader pods (stale slot holders), manage the reader Deployments and the SparkApplications, run
+  the verification Jobs (create one per request, read its state, delete one a newer request
+  supersedes), and write each job's input document into a ConfigMap owned by the job (no
+  credential in it). Every object is read before it is changed or deleted: lakeslot changes only
+  its own (its labels and an owner reference).
 */}}
 {{- define "lakeslot.namespacedRules" -}}
 - apiGroups: [lakeslot.io]
@@ -115,6 +118,9 @@ compares these rules with the API calls in operator/lakeslot_operator/kube.py pl
   verbs: [create]
 - apiGroups: [""]
   resources: [secrets]
+  verbs: [get]
+- apiGroups: [""]
+  resources: [configmaps]
   verbs: [get, create, update]
 - apiGroups: [""]
   resources: [pods]
