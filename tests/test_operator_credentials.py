@@ -19,6 +19,7 @@ AWS SDK's default chain looks before the environment: that stands in for the pod
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -30,9 +31,11 @@ import yaml
 
 from lakeslot import lsn as lsnlib
 from lakeslot.api.annotations import VERIFY
-from lakeslot.api.models import GROUP, PLURAL, VERSION
+from lakeslot.api.models import GROUP, PLURAL, VERSION, CatalogSpec
+from lakeslot.filesystems import StorageError
 from lakeslot.local import config, reader_process
 from lakeslot.local.objectstore import STAGING_BUCKET, ObjectStore
+from lakeslot.mirror import catalog as catalogs
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.staging.store import Staging
 from tests.support import chart, fixtures_s3, promql
@@ -275,3 +278,30 @@ def test_an_operator_without_credentials_empties_s3_staging_when_a_lost_slot_is_
             assert slot_ready["reason"] != "StagingUnreachable", slot_ready
     finally:
         cluster.drop_database(db.name)
+
+
+def test_each_ingestions_storage_settings_are_its_own_in_one_process_without_any(object_store, monkeypatch):
+    """Fast, no operator: what the operator does per ingestion, two at once. With no AWS variable
+    in this process, staging opened with one ingestion's settings lists; with another's (wrong
+    keys, or a half pair) it is refused naming what to fix — the first still lists, nothing of
+    either leaks into the process or the other. Catalog FileIO properties follow the same
+    settings, below the catalog's own."""
+    store = object_store
+    for name in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    good = {k: store.environment()[k] for k in STORAGE_VARIABLES}
+    wrong = {**good, "AWS_SECRET_ACCESS_KEY": "wrong"}
+    Staging(f"s3://{STAGING_BUCKET}/mine", environ=good).write_apply_status({"mine": True})
+    with pytest.raises(StorageError, match=r"s3://stage/other: .*refused the credentials.*spec.secretEnv"):
+        Staging(f"s3://{STAGING_BUCKET}/other", environ=wrong).list()
+    assert Staging(f"s3://{STAGING_BUCKET}/mine", create=False, environ=good).read_apply_status() == {"mine": True}
+    with pytest.raises(StorageError, match="sets one of AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY without"):
+        Staging(f"s3://{STAGING_BUCKET}/half", environ={"AWS_ACCESS_KEY_ID": store.access_key})
+    assert not [k for k in os.environ if k.startswith("AWS_")]
+
+    spec = CatalogSpec.model_validate(store.catalog_document())
+    io = catalogs.pyiceberg_properties(spec, {}, good)
+    assert (io["s3.access-key-id"], io["s3.secret-access-key"], io["s3.region"]) == (
+        store.access_key, store.secret_key, good["AWS_REGION"])
+    assert io["s3.endpoint"] == store.s3_file_io()["s3.endpoint"]  # the catalog's own wins
+    assert "s3.access-key-id" not in catalogs.pyiceberg_properties(spec, {}, {})  # workload identity
