@@ -38,7 +38,6 @@ import functools
 import hashlib
 import json
 import os
-import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from pathlib import Path
 
 import pydantic
 
-from lakeslot.api.models import PostgresIngestion, TableSpec
+from lakeslot.api.models import PostgresIngestion, TableSpec, catalog_secret_env
 from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.api.validation import parse_resource, problems_of
 from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings, settings_from_spec
@@ -131,11 +130,6 @@ def verify_invocation(ingestion: PostgresIngestion, tables: Iterable[TableName],
 
 def verify_command(invocation: Invocation, path: str = JOB_INPUT_FILE) -> list[str]:
     return ["lakeslot", "verify", *invocation.arguments(path)]
-
-
-def catalog_secret_env(key: str) -> str:
-    """The environment variable carrying the Secret-backed catalog property ``key``."""
-    return "LAKESLOT_CATALOG_" + re.sub(r"[^A-Z0-9]", "_", key.upper())
 
 
 def catalog_secret_environment(secrets: Mapping[str, str]) -> dict[str, str]:

@@ -149,6 +149,25 @@ INVALID_CASES = [
                 "spec.spark.sparkConf"),
     InvalidCase("spark-conf-utc", (("spec.spark.sparkConf", {"spark.sql.session.timeZone": "CET"}),),
                 "spec.spark.sparkConf"),
+    InvalidCase("spark-conf-redaction", (("spec.spark.sparkConf", {"spark.redaction.regex": "nothing"}),),
+                "spec.spark.sparkConf"),
+    InvalidCase("spark-conf-slow-event-log",
+                (("spec.spark.sparkConf", {"spark.scheduler.listenerbus.logSlowEvent": "true"}),),
+                "spec.spark.sparkConf"),
+    # Secret references to names lakeslot gives the ingestion's objects (its children, their inputs)
+    *[InvalidCase(f"secret-ref-reserved-{case}", (edit,), "spec") for case, edit in (
+        ("password", ("spec.source.passwordSecretRef", {"name": "orders-apply-input", "key": "password"})),
+        ("ca", ("spec.source.caSecretRef", {"name": "orders-snapshot-g0-0123abcd-input", "key": "ca.crt"})),
+        ("env", ("spec.secretEnv", [{"name": "AWS_REGION",
+                                     "secretKeyRef": {"name": "orders-verify-0123456789-input", "key": "r"}}])),
+        ("catalog", ("spec.sink.catalog.secretProperties", {"token": {"name": "orders-reader", "key": "t"}})),
+        ("apply", ("spec.source.passwordSecretRef", {"name": "orders-apply", "key": "password"})),
+        ("cut-snapshot", ("spec.source.passwordSecretRef", {"name": "orders-snapsh-0123abcd", "key": "p"})))],
+    # credentials in plain catalog properties
+    *[InvalidCase(f"catalog-property-{key.replace('.', '-')}", (("spec.sink.catalog.properties", {key: "x"}),),
+                  "spec.sink.catalog.properties")
+      for key in ("s3.secret-access-key", "jdbc.password", "credential", "token", "s3.session-token",
+                  "Client.Secret", "JDBC.PASSWORD")],
     InvalidCase("secret-env-reserved",
                 (("spec.secretEnv", [{"name": "LAKESLOT_SOURCE_PASSWORD",
                                       "secretKeyRef": {"name": "s", "key": "k"}}]),),

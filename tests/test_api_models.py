@@ -417,3 +417,37 @@ def test_transition_rules_reject_the_update(case):
 def test_allowed_updates(edits):
     old = parse_resource(base_document())
     assert validate_update(old, parse_resource(apply_edits(base_document(), edits))) == ()
+
+
+# ---------------------------------------------------------------------------- secret hygiene
+
+
+def test_catalog_secret_keys_sharing_an_environment_variable_are_refused_offline():
+    """Checked offline and by the operator (InvalidSpec), not in CEL (every pair of keys: over
+    the API server's cost budget): the error names the keys and the variable they share."""
+    document = apply_edits(base_document(), (("spec.sink.catalog.secretProperties", {
+        "s3.secret-access-key": {"name": "s3", "key": "a"}, "S3_SECRET.ACCESS-KEY": {"name": "s3", "key": "b"},
+        "jdbc.password": {"name": "pg", "key": "p"}}),))
+    with pytest.raises(ValidationError) as raised:
+        parse_resource(document)
+    (problem,) = problems_of(raised.value)
+    assert problem.path == "spec.sink.catalog.secretProperties"
+    assert "S3_SECRET.ACCESS-KEY, s3.secret-access-key → LAKESLOT_CATALOG_S3_SECRET_ACCESS_KEY" in problem.problem
+    assert "keep one key of each" in problem.fix
+    one = apply_edits(document, (("spec.sink.catalog.secretProperties", {
+        "s3.secret-access-key": {"name": "s3", "key": "a"}, "jdbc.password": {"name": "pg", "key": "p"}}),))
+    assert parse_resource(one).spec.sink.catalog.secret_properties["jdbc.password"].key == "p"
+
+
+def test_plain_catalog_properties_that_are_no_credentials_are_accepted():
+    document = apply_edits(base_document(), (("spec.sink.catalog.properties", {
+        "token-refresh-enabled": "true", "s3.access-key-id": "AKIA", "oauth2-server-uri": "https://x",
+        "rest.auth.type": "oauth2"}),))
+    assert parse_resource(document).spec.sink.catalog.properties["token-refresh-enabled"] == "true"
+
+
+def test_secret_names_like_lakeslots_but_not_its_own_are_accepted():
+    for name in ("orders-pg", "orders-applications", "orders-readers", "other-apply-input", "orders"):
+        document = apply_edits(base_document(), (("spec.source.passwordSecretRef", {"name": name, "key": "p"}),))
+        ref = parse_resource(document).spec.source.password_secret_ref
+        assert ref is not None and ref.name == name

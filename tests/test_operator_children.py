@@ -10,8 +10,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from lakeslot.api import cluster
 from lakeslot.api.models import PostgresIngestion
 from lakeslot_operator import children
+from tests.api_cases import base_document
 
 UID = "0f1e2d3c-0000-4000-8000-000000000001"
 CONFIG = children.OperatorConfig(image="registry.example/lakeslot:test")
@@ -98,3 +100,16 @@ def test_no_child_contains_a_credential(ingestion):
         del app["spec"]["sparkConf"]["spark.redaction.regex"]
     text = json.dumps(built)
     assert "password" not in text.replace("shop-postgres:password", "").replace('"key": "password"', "")
+
+
+@pytest.mark.parametrize("length", [1, 20, 35, 36, cluster.INGESTION_NAME_MAX])
+def test_every_name_the_operator_gives_is_one_validation_reserves(length):
+    """A Secret reference may not name one of these (lakeslot.api.cluster.reserved_secret_names),
+    whatever the ingestion's name length (long ones are cut with a hash)."""
+    name = "o" * (length - 1) + "1" if length > 1 else "o"
+    ingestion = PostgresIngestion.model_validate({**base_document(), "metadata": {"name": name}})
+    names = [children.reader_name(ingestion), children.apply_name(ingestion),
+             children.snapshot_name(ingestion, "g4294967295-0123abcd"),
+             children.snapshot_name(ingestion, "g0-0123abcd"), children.verify_name(ingestion, "20250101T000000Z")]
+    for child in [*names, *map(children.input_name, names[1:])]:
+        assert cluster.is_reserved_name(child, name), child

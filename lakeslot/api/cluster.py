@@ -24,7 +24,15 @@ Invariants (each one a rule below):
   every application in its ingestion's namespace, so the key is refused whatever its value) nor a
   key lakeslot sets itself (:data:`RESERVED_SPARK_CONF`, :data:`RESERVED_SPARK_CONF_PREFIXES`, and
   ``spark.sql.catalog.<sink.catalog.name>`` with its sub-keys), which a user value would silently
-  replace: the catalog, the Secret wiring, the UTC settings.
+  replace: the catalog, the Secret wiring, the UTC settings, and what keeps Secret-backed values
+  out of Spark's logs (``spark.redaction.regex``, ``spark.scheduler.listenerbus.logSlowEvent``).
+- **Secret references** (``source.passwordSecretRef``, ``source.caSecretRef``, ``secretEnv``,
+  ``sink.catalog.secretProperties``) may not name an object lakeslot names after the ingestion
+  (:data:`RESERVED_NAME_SUFFIXES`, :data:`RESERVED_NAME_PREFIXES`: its children and their input
+  ConfigMaps, and the input Secrets lakeslot before 0.2 wrote and owned by a child, which
+  Kubernetes deletes with it). lakeslot writes no Secret; a name it uses is still no place for
+  a credential. The snapshot's names are cut with a hash for long ingestion names, after at
+  least ``<name>-snapsh``: that is the prefix reserved.
 
 Failure mode: a document breaking any of these is refused by the API server (HTTP 422, the message
 and fix below) and by ``lakeslot validate``; nothing reaches the operator.
@@ -72,7 +80,7 @@ TUNING = {
 }
 
 # Settings that keep the catalog's Secret-backed properties out of Spark's logs and event log
-# (lakeslot.spark.conf says why); like TUNING, a sparkConf value replaces them.
+# (lakeslot.spark.conf says why); unlike TUNING, reserved: a sparkConf may not set them.
 REDACTION_CONF = "spark.redaction.regex"  # this default, with those properties' session keys added
 SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]key"  # Spark 3.5's default
 QUIET_SLOW_EVENTS = {"spark.scheduler.listenerbus.logSlowEvent": "false"}
@@ -85,6 +93,8 @@ RESERVED_SPARK_CONF = (
     "spark.sql.caseSensitive",
     "spark.driver.extraJavaOptions",
     "spark.executor.extraJavaOptions",
+    REDACTION_CONF,
+    *QUIET_SLOW_EVENTS,
 )
 RESERVED_SPARK_CONF_PREFIXES = (
     "spark.kubernetes.driver.secretKeyRef.",
@@ -152,10 +162,55 @@ reserved_spark_conf = Rule(
     + " && " + " && ".join(f"!k.startsWith('{p}')" for p in RESERVED_SPARK_CONF_PREFIXES)
     + f" && k != {_OWN_CATALOG} && !k.startsWith({_OWN_CATALOG} + '.'))",
     message="sparkConf sets a key lakeslot sets itself (the Iceberg catalog, Secret wiring, "
-    "LAKESLOT_ variables, the UTC settings or case-sensitive names)",
+    "LAKESLOT_ variables, the UTC settings, case-sensitive names or the redaction of secrets "
+    "from Spark's logs)",
     fix=f"remove {', '.join(RESERVED_SPARK_CONF)}, the keys starting with "
     f"{', '.join(RESERVED_SPARK_CONF_PREFIXES)} and spark.sql.catalog.<sink.catalog.name>(.*); "
     "configure the catalog in sink.catalog and Secrets in secretEnv",
     check=lambda spec: not reserved_spark_conf_keys(spec.spark.spark_conf, spec.sink.catalog.name),
     field_path=".spark.sparkConf",
+)
+
+
+# Names lakeslot gives objects of an ingestion named <name>: <name><suffix>, <name><prefix>...
+RESERVED_NAME_SUFFIXES = ("-reader", "-apply")
+RESERVED_NAME_PREFIXES = ("-apply-", "-snapsh", "-verify-")
+
+
+def is_reserved_name(name: str, ingestion: str) -> bool:
+    """Whether ``name`` is one lakeslot gives an object of the ingestion named ``ingestion``."""
+    return name in {ingestion + suffix for suffix in RESERVED_NAME_SUFFIXES} or \
+        name.startswith(tuple(ingestion + prefix for prefix in RESERVED_NAME_PREFIXES))
+
+
+def _cel_reserved(name: str) -> str:
+    """CEL: ``name`` (an expression) is reserved for the ingestion ``self``."""
+    return "(" + " || ".join(
+        [f"{name} == self.metadata.name + '{suffix}'" for suffix in RESERVED_NAME_SUFFIXES]
+        + [f"{name}.startsWith(self.metadata.name + '{prefix}')" for prefix in RESERVED_NAME_PREFIXES]) + ")"
+
+
+def referenced_secret_names(ingestion) -> list[str]:
+    """The Secret names the spec of ``ingestion`` (a PostgresIngestion) references."""
+    spec = ingestion.spec
+    refs = [spec.source.password_secret_ref, spec.source.ca_secret_ref,
+            *(e.secret_key_ref for e in spec.secret_env), *spec.sink.catalog.secret_properties.values()]
+    return [ref.name for ref in refs if ref is not None]
+
+
+_PROPERTIES = "self.spec.sink.catalog.secretProperties"
+reserved_secret_names = Rule(
+    cel=" && ".join([
+        f"(!has(self.spec.source.{field}) || !{_cel_reserved(f'self.spec.source.{field}.name')})"
+        for field in ("passwordSecretRef", "caSecretRef")] + [
+        f"(!has(self.spec.secretEnv) || self.spec.secretEnv.all(e, !{_cel_reserved('e.secretKeyRef.name')}))",
+        f"(!has({_PROPERTIES}) || {_PROPERTIES}.all(k, !{_cel_reserved(f'{_PROPERTIES}[k].name')}))"]),
+    message="a Secret reference names an object lakeslot names after the ingestion: <name>"
+    + ", <name>".join(RESERVED_NAME_SUFFIXES) + " or a name starting with <name>"
+    + ", <name>".join(RESERVED_NAME_PREFIXES) + " (its children and their job inputs)",
+    fix="rename that Secret (and the reference): lakeslot may create or delete objects of those "
+    "names with the ingestion",
+    check=lambda ingestion: not any(is_reserved_name(name, ingestion.metadata.name)
+                                    for name in referenced_secret_names(ingestion)),
+    field_path=".spec",
 )

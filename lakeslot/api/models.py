@@ -26,7 +26,7 @@ from pydantic_core import PydanticCustomError
 
 from lakeslot.api import cluster
 from lakeslot.api.partitioning import PartitionField, PartitionSpecError, parse_all
-from lakeslot.api.rules import ApiModel, ListKeys, Rule
+from lakeslot.api.rules import ApiModel, ListKeys, Rule, violations_error
 from lakeslot.api.types import (
     Identifier,
     KubeLabel,
@@ -366,6 +366,47 @@ class SourceSpec(ApiModel):
 
 CatalogType = Literal["hadoop", "rest", "jdbc", "glue", "hive"]
 # Object-store URIs (S3 and its Hadoop names, GCS, ADLS/Azure Blob, OSS, COS), case-insensitively:
+CATALOG_SECRET_ENV_PREFIX = "LAKESLOT_CATALOG_"
+# A catalog property key that looks like a credential (case-insensitive; one expression for CEL's
+# RE2 and Python): it belongs in secretProperties, not in the resource for anyone to read.
+CREDENTIAL_KEY = r"(?i)(secret|password)|(credential|token)$"
+CATALOG_PROPERTIES_MAX = 256
+
+
+def catalog_secret_env(key: str) -> str:
+    """The environment variable carrying the Secret-backed catalog property ``key`` (in the Spark
+    pods and the verification Job; keys that differ only in case or punctuation would share one,
+    which :func:`_one_variable_per_key` refuses)."""
+    return CATALOG_SECRET_ENV_PREFIX + re.sub(r"[^A-Z0-9]", "_", key.upper())
+
+
+def _one_variable_per_key(properties: dict[str, SecretKeyRef]) -> dict[str, SecretKeyRef]:
+    """Refuses secretProperties keys that share an environment variable. Checked offline and by
+    the operator (InvalidSpec), not by the API server: comparing every pair of keys in CEL costs
+    more than its budget for a map of unbounded keys."""
+    keys: dict[str, list[str]] = {}
+    for key in properties:
+        keys.setdefault(catalog_secret_env(key), []).append(key)
+    clashes = [(variable, sorted(names)) for variable, names in sorted(keys.items()) if len(names) > 1]
+    if clashes:
+        raise violations_error("secretProperties", properties, [((), (
+            "keys that differ only in case or punctuation would share one environment variable: "
+            + "; ".join(f"{', '.join(names)} → {variable}" for variable, names in clashes)),
+            "keep one key of each (catalog property keys are case-sensitive: use the one the "
+            "catalog reads)")])
+    return properties
+
+
+credential_properties = Rule(
+    cel=f"self.all(k, !k.matches('{CREDENTIAL_KEY}'))",
+    message="a key that looks like a credential (credential, token, *secret*, *password*) is in "
+    "properties, where anyone who can read the resource sees its value",
+    fix="put its value in a Secret and reference it under sink.catalog.secretProperties "
+    "(key: {name: <Secret>, key: <key in it>}) instead",
+    check=lambda properties: not any(re.search(CREDENTIAL_KEY, key) for key in properties),
+)
+
+
 # where a hadoop catalog is refused. One expression for CEL (RE2) and Python.
 OBJECT_STORE_URI = r"(?i)^(s3|s3a|s3n|gs|abfs|abfss|wasb|wasbs|oss|cosn)://"
 SparkName = Annotated[str, StringConstraints(max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
@@ -382,10 +423,17 @@ class CatalogSpec(ApiModel):
     warehouse: Annotated[str, StringConstraints(min_length=1)] | None = optional(
         "Warehouse location, for example s3://bucket/warehouse. Required by hadoop and glue."
     )
-    properties: StringMap = mapping("Further catalog properties, passed through as spark.sql.catalog.<name>.<key>.")
-    secret_properties: dict[str, SecretKeyRef] = mapping(
+    properties: Annotated[StringMap, Field(max_length=CATALOG_PROPERTIES_MAX), credential_properties] = mapping(
+        "Further catalog properties, passed through as spark.sql.catalog.<name>.<key>. No "
+        "credentials: keys that look like one (credential, token, *secret*, *password*) are "
+        "refused; use secretProperties."
+    )
+    secret_properties: Annotated[dict[str, SecretKeyRef], Field(max_length=64),
+                                 AfterValidator(_one_variable_per_key)] = mapping(
         "Catalog properties whose values come from Secrets (for example jdbc.password or token), "
-        "passed like `properties`."
+        "passed like `properties`. Each reaches the jobs as the environment variable "
+        "LAKESLOT_CATALOG_<KEY> (upper case, other characters _), so two keys may not differ only "
+        "in case or punctuation."
     )
 
     rules = (
@@ -1001,4 +1049,4 @@ class PostgresIngestion(ApiModel):
     spec: PostgresIngestionSpec = Field(description="The desired ingestion.")
     status: PostgresIngestionStatus | None = optional("The observed state, written by the operator.")
 
-    rules = (cluster.ingestion_name,)
+    rules = (cluster.ingestion_name, cluster.reserved_secret_names)

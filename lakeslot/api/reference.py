@@ -220,8 +220,8 @@ def _spark_conf_section() -> str:
         "partition of them is at most 64 MB, instead of sorting the mirror: 2.0 s against "
         "3.3–4.0 s for 100k changes into a 5M-row table).",
         "",
-        "Also set, so that Spark's logs and event log do not show the catalog's Secret-backed "
-        f"properties, and replaced by a value of yours: `{REDACTION_CONF}` = `{SPARK_REDACTION_REGEX}` "
+        "The values of two of those, which keep the catalog's Secret-backed properties out of "
+        f"Spark's logs and event log: `{REDACTION_CONF}` = `{SPARK_REDACTION_REGEX}` "
         "(Spark's default) and the session keys of `sink.catalog.secretProperties` (Spark redacts "
         "keys or values that match it, and `credential` or `s3.access-key-id` match none of its "
         "words), "

@@ -18,7 +18,8 @@ slow event listener, redacting only keys or values that match that pattern, whic
 (a REST catalog's OAuth2 client credentials) and ``s3.access-key-id`` do not (seen in a job's
 output) — and slow events are not logged (``spark.scheduler.listenerbus.logSlowEvent``): that
 line shows a job's properties, every session setting among them, without any redaction (Spark
-3.5 redacts only an environment update there). A ``sparkConf`` value replaces either setting.
+3.5 redacts only an environment update there). A ``sparkConf`` may set neither (reserved,
+:mod:`lakeslot.api.cluster`).
 """
 
 from __future__ import annotations
