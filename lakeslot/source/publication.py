@@ -172,8 +172,8 @@ def sync(conn: psycopg.Connection, name: str, tables: Sequence[TableName], *, ow
         if manage is False:
             return SyncReport(name, managed=False, errors=[
                 f"publication {quote_ident(name)} does not exist and lakeslot does not manage it "
-                "(publicationManagement: External, or Auto and it existed before): a DBA or the "
-                "tables' owner creates it: " + _create_statement(conn, name, tables, options or {})])
+                "(publicationManagement: External): a DBA or the tables' owner creates it: "
+                + _create_statement(conn, name, tables, options or {})])
         report = SyncReport(name, managed=True, created=_create(conn, name, owner))
         publication = _lookup(conn, name)
         if publication is None:  # another session dropped it between our CREATE and this lookup
