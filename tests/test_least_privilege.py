@@ -17,22 +17,27 @@ lakeslot changed nothing."""
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime
 
 import pytest
 import yaml
 from psycopg import sql
 
 from lakeslot import workloads
-from lakeslot.api.models import PostgresIngestionStatus, SourceSpec
+from lakeslot.api.conditions import find_condition
+from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SourceSpec
 from lakeslot.api.naming import TableName
 from lakeslot.control import steps as control
 from lakeslot.local import config, observe, state
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.observability.status import Report
+from lakeslot.source import publication
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
 from tests.support import local_support as ls
 from tests.support.apply_support import normal
+from tests.support.operator_env import ingestion_document
 from tests.support.reader_support import current_lsn
 from tests.support.waiting import wait_for
 
@@ -125,6 +130,56 @@ def test_the_fingerprint_sees_what_an_external_publication_publishes(pgdb):
             assert after != before, change
             before = after
         assert control.selection_fingerprint(conn, source) != before  # (without the publication)
+
+
+def test_the_source_steps_say_who_manages_the_publication_and_fail_only_what_it_lacks(
+        pgdb, tmp_path):
+    """``check_source`` as every reconcile takes it: External with no publication stops with the
+    DBA's CREATE (each table's row still says its own findings); Auto over a publication someone
+    else created verifies it (``publicationManagedBy: External``), fails alone the table it lacks
+    and changes nothing; Lakeslot manages even that one."""
+    a, b = TableName("public", "a"), TableName("public", "b")
+    with pgdb.connect() as conn:
+        conn.execute("CREATE TABLE a (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE b (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE keyless (v int)")
+        generated = ", publish_generated_columns = stored" if conn.info.server_version >= 180000 else ""
+
+    def check(setting: str, tables: list[TableName]) -> tuple[list | None, Report]:
+        document = ingestion_document("lp", pgdb, tables, warehouse=str(tmp_path / "w"),
+                                      staging=(tmp_path / "s").as_uri())
+        document["spec"]["source"].update(publicationName=PUBLICATION,
+                                          publicationManagement=setting)
+        report = Report(PostgresIngestionStatus(), 1, datetime.now(UTC))
+        with pgdb.connect(autocommit=True) as conn:
+            return control.check_source(conn, PostgresIngestion.model_validate(document),
+                                        report), report
+
+    keyless = TableName("public", "keyless")
+    good, report = check("External", [a, keyless])
+    assert good is None and report.status.publication_managed_by == "External"
+    out_of_sync = find_condition(report.status.conditions, "SourceReady")
+    assert out_of_sync is not None and out_of_sync.reason == "PublicationOutOfSync"
+    assert out_of_sync.message.endswith(  # (never the keyless table: see preflight)
+        'CREATE PUBLICATION "lake_pub" FOR TABLE ONLY "public"."a" WITH '
+        f"(publish_via_partition_root = true{generated});")
+    assert {r.name: r.state for r in report.status.tables} == {"a": "Pending", "keyless": "Failed"}
+    with pgdb.connect() as conn:
+        assert conn.execute("SELECT count(*) FROM pg_publication").fetchone() == (0,)
+        conn.execute("CREATE PUBLICATION lake_pub FOR TABLE a")
+
+    good, report = check("Auto", [a, b])
+    assert good == [a] and report.status.publication_managed_by == "External"
+    rows = {r.name: r for r in report.status.tables}
+    assert rows["a"].state == "Pending" and rows["b"].state == "Failed"
+    assert rows["b"].message.endswith('ALTER PUBLICATION "lake_pub" ADD TABLE ONLY "public"."b";')
+    with pgdb.connect() as conn:
+        assert publication.members(conn, PUBLICATION) == {a}
+
+    good, report = check("Lakeslot", [a, b])
+    assert good == [a, b] and report.status.publication_managed_by == "Lakeslot"
+    with pgdb.connect() as conn:
+        assert publication.members(conn, PUBLICATION) == {a, b}
 
 
 @pytest.mark.slow

@@ -155,6 +155,7 @@ def check_source(conn: psycopg.Connection, ingestion: PostgresIngestion, report:
         sync = publication.sync(conn, names.publication, good, owner=names.owner,
                                 manage=plan.managed, options=column_options)
         if not sync.ok:
+            table_rows(report, tables, broken, noted, removed)  # (each table's own findings)
             report.condition("SourceReady", False, "PublicationOutOfSync", "\n".join(sync.errors))
             return None
         for table, why in sync.failed.items():

@@ -32,9 +32,9 @@ Invariants:
 - On PostgreSQL ≥ 18 a managed publication sets ``publish_generated_columns = stored`` (on
   creation, and on sync when an existing one of ours lacks it), so stored generated columns stream
   like any other column; :func:`lakeslot.source.columns.describe` mirrors them only there. A
-  publication we do not own that lacks it while a table has a stored generated column is
-  reported with the ``ALTER PUBLICATION`` to run (otherwise the snapshot would copy values the
-  stream then leaves out).
+  publication we do not own that does not send a table's stored generated column (neither that
+  option nor a column list naming it) fails that table with the ``ALTER PUBLICATION`` to run
+  (otherwise the snapshot would copy values the stream then leaves out).
 - Every table is added and dropped with ``ONLY``: a table's mirror holds the rows stored in that
   table itself, never its inheritance children's (see "Inheritance" below). The SQL suggested for
   a publication we do not own says ``ONLY`` too.
@@ -172,8 +172,8 @@ def sync(conn: psycopg.Connection, name: str, tables: Sequence[TableName], *, ow
         if manage is False:
             return SyncReport(name, managed=False, errors=[
                 f"publication {quote_ident(name)} does not exist and lakeslot does not manage it "
-                "(publicationManagement: External, or Auto and it existed before): a DBA or the "
-                "tables' owner creates it: " + _create_statement(conn, name, tables, options or {})])
+                "(publicationManagement: External): a DBA or the tables' owner creates it: "
+                + _create_statement(conn, name, tables, options or {})])
         report = SyncReport(name, managed=True, created=_create(conn, name, owner))
         publication = _lookup(conn, name)
         if publication is None:  # another session dropped it between our CREATE and this lookup
@@ -253,15 +253,6 @@ def _verify(conn: psycopg.Connection, name: str, publication: _Publication,
             + render_sql(conn, "ALTER PUBLICATION {} SET (publish = {});", ident,
                          sql.Literal(", ".join(PUBLISH))))
     oids = existing(conn, tables)
-    if _generated_option(conn) and publication.generated != "s":
-        with_generated = [t for t, oid in oids.items()
-                          if "s" in generated_columns(conn, oid).values()]
-        if with_generated:
-            report.errors.append(
-                f"publication {quote_ident(name)} {NOT_MANAGED} does not publish "
-                f"stored generated columns, which {', '.join(map(str, with_generated))} have: "
-                + render_sql(conn, "ALTER PUBLICATION {} SET (publish_generated_columns = "
-                             "stored);", ident))
     published = _published_columns(conn, name)
     for table in tables:
         oid = oids.get(table)
@@ -280,8 +271,15 @@ def _verify(conn: psycopg.Connection, name: str, publication: _Publication,
                 "are sent: " + render_sql(conn, "ALTER PUBLICATION {} ADD TABLE {};", ident,
                                           _with_columns(conn, table, oid, own)))
         else:
-            missing = _unpublished_columns(conn, oid, own, published[table], publication)
-            if missing:
+            missing = _unpublished_columns(conn, oid, own, published[table])
+            stored = {c for c, kind in generated_columns(conn, oid).items() if kind == "s"}
+            if missing and set(missing) <= stored:
+                report.failed[table] = (
+                    f"publication {quote_ident(name)} {NOT_MANAGED} does not publish its stored "
+                    f"generated columns {missing}, which the mirror holds: "
+                    + render_sql(conn, "ALTER PUBLICATION {} SET (publish_generated_columns = "
+                                 "stored);", ident) + " — or list them in excludeColumns")
+            elif missing:
                 report.failed[table] = (
                     f"publication {quote_ident(name)} {NOT_MANAGED} leaves out its columns "
                     f"{missing}, which the mirror holds: "
@@ -310,16 +308,14 @@ def _mirrored(conn: psycopg.Connection, oid: int, options: ColumnOptions) -> lis
 
 
 def _unpublished_columns(conn: psycopg.Connection, oid: int, options: ColumnOptions,
-                         sent: set[str] | None, publication: _Publication) -> list[str]:
-    """The mirror's columns the publication does not send; stored generated ones only when the
-    publication sends them at all (else that is reported once for the publication)."""
+                         sent: set[str] | None) -> list[str]:
+    """The mirror's columns the publication does not send (``attnames`` has a stored generated
+    column on PostgreSQL 18 when the column list names it or the publication sets
+    ``publish_generated_columns = stored``)."""
     mirrored = _mirrored(conn, oid, options)
     if sent is None or mirrored is None:
         return []
-    reported = set()
-    if _generated_option(conn) and publication.generated != "s":
-        reported = {c for c, kind in generated_columns(conn, oid).items() if kind == "s"}
-    return [c for c in mirrored if c not in sent and c not in reported]
+    return [c for c in mirrored if c not in sent]
 
 
 def _with_columns(conn: psycopg.Connection, table: TableName, oid: int,
