@@ -21,8 +21,10 @@ added with a default (the backfill).
 Invariants:
 
 - Never a silent divergence (DESIGN.md invariant 8): a type change, a default PostgreSQL wrote by
-  rewriting the table, a change of another table of the same name, or anything the mirror cannot
-  follow in place stops the table for a re-snapshot (automatic with ``onSchemaChange:
+  rewriting the table, a change of another table of the same name, a key that moved (a new
+  primary key, another replica identity index: :meth:`Evolution.check_key`; the copy keys the
+  mirror by the new one), or anything the mirror cannot follow in place stops the table for a
+  re-snapshot (automatic with ``onSchemaChange:
   Resnapshot``); ``onSchemaChange: Error`` stops it for any change of its definition.
 - Every commit here keeps the table's position (``lakeslot.lsn``); the facts committed with the
   schema are those of the last message replayed, so a pass that crashed after the schema commit
@@ -148,6 +150,24 @@ class Evolution:
                              f"{self._way_out()}", resnapshot=True)
         return plan
 
+    def check_key(self, table: TableName, state: TableState, relations: list[Relation],
+                  renames: tuple[tuple[int, int, str, str], ...]) -> None:
+        """Stop the table for a re-snapshot when its changes were described with another key
+        than the mirror's (:func:`moved_key`) — automatic with ``onSchemaChange: Resnapshot``,
+        refused with ``Error``: the copy keys the mirror by the source's key as it is then."""
+        options = self.spec.source.table_options(table.schema, table.name)
+        if options is not None and options.key_columns:  # keyed by the spec, not the source
+            return
+        moved = moved_key(state.key, relations, renames)
+        if moved is None:
+            return
+        what = (f"{table}: its key moved from ({', '.join(state.key)}) to ({', '.join(moved)}) "
+                "(a new primary key, or the replica identity set to another unique index): the "
+                "mirror's key (Iceberg identifier fields) follows the source's by a re-snapshot")
+        if self.spec.policies.on_schema_change == "Error":
+            raise TableError(f"{what}, and onSchemaChange is Error; {self._way_out()}", resnapshot=True)
+        raise TableError(f"{what}; {self._way_out()}", resnapshot=True, automatic=self._automatic())
+
     def apply_ddl(self, table: TableName, target: str, state: TableState,
                   plan: ddl.Plan) -> TableState:
         """One schema commit: renames, added columns (their existing rows' value recorded for
@@ -232,3 +252,21 @@ class Evolution:
             return "the table is copied again on its own (policies.onSchemaChange: Resnapshot)"
         return ("raise the table's resnapshotGeneration (spec.source.tables[]) to copy it again "
                 f"(policies.onSchemaChange: {policy})")
+
+
+def moved_key(key: list[str], relations: list[Relation],
+              renames: tuple[tuple[int, int, str, str], ...]) -> list[str] | None:
+    """The key the source's changes were described with when it is not the mirror's ``key``
+    (its identifier fields), else None: a description under ``REPLICA IDENTITY DEFAULT`` or
+    ``USING INDEX`` names its key columns (pgoutput's key flags), taken as the mirror names them
+    after the batch's renames (``renames``: :func:`lakeslot.apply.ddl.translations`). A
+    description with no key (the primary key dropped, none added yet) moves nothing: its updates
+    and deletes cannot happen, PostgreSQL refuses them."""
+    for relation in relations:
+        if relation.replica_identity not in ("default", "index"):
+            continue
+        views = ddl.translations(relation, renames)
+        keys = [[c.name for c in view.columns if c.key] for view in views]
+        if keys[0] and all(set(k) != set(key) for k in keys):
+            return keys[-1]
+    return None

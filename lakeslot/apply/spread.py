@@ -128,6 +128,7 @@ class TableScan:
     changes: int = 0
     truncates: tuple[int, ...] = ()  # commit LSNs of its TRUNCATEs
     oids: frozenset[int] = frozenset()  # the OIDs its changes were described with
+    described: frozenset[int] = frozenset()  # ... and the descriptions (Batch.relations ids)
     by_op: tuple[tuple[str, int], ...] = ()  # (op, changes): I insert, U update, D delete, T truncate
 
 
@@ -160,6 +161,7 @@ def scan(staging: Staging, names: list[SegmentName], positions: Mapping[TableNam
     counts: dict[TableName, dict[str, int]] = {t: {} for t in positions}
     truncates: dict[TableName, list[int]] = {t: [] for t in positions}
     oids: dict[TableName, set[int]] = {t: set() for t in positions}
+    described: dict[TableName, set[int]] = {t: set() for t in positions}
     floor = 0
     columns = ["commit_lsn", "seq", "op", "relation", "prefix", "content", "transactional"]
     for name in batch.segments:
@@ -185,13 +187,14 @@ def scan(staging: Staging, names: list[SegmentName], positions: Mapping[TableNam
                 table, ops = tables[gid.as_py()], counts[tables[gid.as_py()]]
                 ops[op.as_py()] = ops.get(op.as_py(), 0) + count.as_py()
                 oids[table].add(batch.relations[gid.as_py()].oid)
+                described[table].add(gid.as_py())
             truncated = pc.equal(rows["op"], "T")
             for gid, lsn in zip(relation.filter(truncated).to_pylist(),
                                 rows["commit_lsn"].filter(truncated).to_pylist(), strict=True):
                 truncates[tables[gid]].append(lsn)
         floor = name.end
     batch.tables = {t: TableScan(sum(counts[t].values()), tuple(truncates[t]), frozenset(oids[t]),
-                                 tuple(sorted(counts[t].items())))
+                                 frozenset(described[t]), tuple(sorted(counts[t].items())))
                     for t in positions}
     return batch
 

@@ -184,6 +184,8 @@ class TablePass:
         if plan is not None:
             state = self.evolution.apply_ddl(table, target, state, plan)
             renames = tuple(r for r in plan.facts.renames if r[0] > state.position)
+        self.evolution.check_key(table, state, [batch.relations[i] for i in sorted(scanned.described)],
+                                 renames)
         if scanned.truncates and self.spec.policies.on_truncate == "Error":
             raise TableError(f"{table} was truncated at {lsn_text.format(scanned.truncates[0])} "
                              "and onTruncate is Error; re-snapshot the table (or set onTruncate: "
