@@ -1,8 +1,7 @@
 """lakeslot: PostgreSQL change-data-capture into Apache Iceberg, driven by a Kubernetes operator.
 
-The package map, lowest layer first (the layout is the architecture: DESIGN.md "Layout
-constraints", checked by ``tests/test_layout.py``). Each room's own map is its ``__init__``
-docstring.
+The package map, lowest layer first. The layout is the architecture (DESIGN.md "Layout constraints",
+checked by ``tests/test_layout.py``); each room's own map is its ``__init__`` docstring.
 
 - Plain helpers with no lakeslot imports: :mod:`.lsn` (LSNs as integers, their text form),
   :mod:`.exits` (the exit codes of every process), :mod:`.errors` (definite or transient: one rule
