@@ -1,5 +1,5 @@
 """The PostgresIngestion API: the models, what is derived from them (the CRD, the reference page,
-offline validation) and every name derived from a resource. Spark-free, no I/O.
+offline validation) and every name derived from a resource. Spark-free.
 
 - :mod:`.models` — the resource (``lakeslot.io/v1alpha1``): the single source of every field,
   default, description and rule; built from :mod:`.types` (scalar field types with their

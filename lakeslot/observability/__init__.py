@@ -7,6 +7,6 @@ set of metrics for the operator and local mode alike. Spark-free.
   contract between the reader and those who read it.
 - :mod:`.freshness` — how many seconds each mirror table is behind its source.
 - :mod:`.metrics` — the gauges of an ingestion, computed from its status, shared by the
-  operator's ``/metrics`` and ``lakeslot run --metrics-port``; :mod:`.http` serves them (and a
-  health check) from a daemon thread.
+  operator's ``/metrics`` and ``lakeslot run --metrics-port``; :mod:`.http` — serving such an
+  endpoint (and a health check) from a daemon thread, for the reader, the operator and local mode.
 """
