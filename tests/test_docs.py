@@ -31,8 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DESIGN = ROOT / "DESIGN.md"
 README = ROOT / "README.md"
 CHANGELOG = ROOT / "CHANGELOG.md"
-# What the site is built from (mkdocs.yml includes DESIGN.md and CHANGELOG.md from the root).
-SITE_SOURCES = ("mkdocs.yml", "docs", "DESIGN.md", "CHANGELOG.md")
+# What the site is built from (mkdocs.yml includes DESIGN.md, CHANGELOG.md and the README's pitch
+# from the root).
+SITE_SOURCES = ("mkdocs.yml", "docs", "DESIGN.md", "CHANGELOG.md", "README.md")
 # Where DESIGN.md is cited: the code, its tests, the benchmarks, the chart.
 CITING = ("lakeslot", "operator", "spark_jobs", "tests", "bench", "helm")
 
@@ -71,6 +72,8 @@ def test_the_site_builds_strictly(site):
     for page in on_disk:
         built = site / (page.removesuffix(".md").removesuffix("index") + "/index.html").lstrip("/")
         assert built.exists(), page
+    overview = (site / "index.html").read_text()
+    assert 'class="mermaid"' in overview and "--8&lt;--" not in overview  # the README's pitch and picture
     architecture = (site / "architecture" / "index.html").read_text()
     assert 'class="mermaid"' in architecture and 'id="invariants"' in architecture
     assert "--8&lt;--" not in architecture and "--8<--" not in architecture  # the snippet was included
@@ -243,6 +246,38 @@ def test_the_readme_is_a_front_page():
     assert len(headline) == 5
     for command in headline:
         assert command in performance, command  # a headline figure is one of the page's
+
+
+CELL_MAX = 300  # characters of a table cell's source: a short paragraph; more goes below the table
+# Not held to it (yet): the generated reference, whose cells are the models' descriptions and CEL
+# rules, and the performance page, rewritten on its own.
+CELL_EXEMPT = ("docs/reference.md", "docs/performance.md")
+
+
+def table_cells(text: str) -> list[tuple[int, str]]:
+    """Every cell of the Markdown tables in ``text`` (line number, text), code blocks skipped."""
+    cells: list[tuple[int, str]] = []
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.lstrip().startswith("|"):
+            cells += [(number, cell.strip()) for cell in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
+    return cells
+
+
+def test_the_table_cell_reader_reads_cells():
+    text = "| a | b \\| c |\n| --- | --- |\n```\n| not | a table |\n```\n| `x` | y |\n"
+    assert table_cells(text) == [(1, "a"), (1, "b \\| c"), (2, "---"), (2, "---"), (6, "`x`"), (6, "y")]
+
+
+def test_no_table_cell_is_longer_than_a_short_paragraph():
+    pages = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+    read = [p for p in pages if str(p.relative_to(ROOT)) not in CELL_EXEMPT]
+    assert len(read) > 10
+    long = [f"{page.relative_to(ROOT)}:{number} ({len(cell)} characters)"
+            for page in read for number, cell in table_cells(page.read_text()) if len(cell) > CELL_MAX]
+    assert long == []
 
 
 def test_every_ingestion_the_docs_show_is_valid():

@@ -2,11 +2,13 @@
 architecture is the data below — the layers, lowest first, and the rooms in each — and the tests
 hold the tree to it: no import runs upward or sideways into a peer room, no import circle, a
 small package root, a Spark-free ``mirror`` and ``api``; a consumer never imports a producer's
-internals, and the library never imports an entry point."""
+internals, and the library never imports an entry point. Every room's map (its ``__init__``
+docstring) lists exactly the modules and subpackages the room holds."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ROOT / "lakeslot"
+OPERATOR = ROOT / "operator" / "lakeslot_operator"
 
 # The layers, lowest first. A module imports from its own room and from rooms of lower layers
 # only: never from a higher layer, never from another room of its own layer.
@@ -170,3 +173,29 @@ def test_the_default_namespace_is_decided_in_one_place():
     sources = [p for p in [*LIBRARY.rglob("*.py"), *(ROOT / "operator").rglob("*.py")]
                if 'or "default"' in p.read_text()]
     assert [str(p.relative_to(ROOT)) for p in sources] == ["lakeslot/api/naming.py"]
+
+
+# Every package of the library and the operator: a room, whose ``__init__`` docstring is its map.
+PACKAGES = sorted(p.parent for top in (LIBRARY, OPERATOR) for p in top.rglob("__init__.py"))
+
+
+def room_map(package: Path) -> set[str]:
+    """The names a room's map lists: the ``:mod:`.name``` references of its ``__init__`` docstring."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
+    return set(re.findall(r":mod:`\.(\w+)`", doc))
+
+
+def room_contents(package: Path) -> set[str]:
+    """The modules and subpackages a room holds."""
+    return ({p.stem for p in package.glob("*.py") if p.name != "__init__.py"}
+            | {p.parent.name for p in package.glob("*/__init__.py")})
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_module_is_on_its_rooms_map(package):
+    assert sorted(room_contents(package) - room_map(package)) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_name_on_a_rooms_map_is_a_module_of_it(package):
+    assert sorted(room_map(package) - room_contents(package)) == []

@@ -18,9 +18,9 @@ Steps:
    ingestion or source table owns (:func:`lakeslot.mirror.contract.ownership_problem`) →
    ``failed``; otherwise it
    is copied (created, or replaced in one commit). When nothing is left, no slot is created at all.
-2. The leader exports a snapshot (:mod:`.leader`); the tables are planned in a session importing it
-   (:mod:`.plan`); each table opens its Iceberg create/replace transaction
-   (:mod:`lakeslot.spark.tables`).
+2. The leader exports a snapshot (:mod:`lakeslot.source.exported_snapshot`); the tables are
+   planned in a session importing it (:mod:`.plan`); each table opens its Iceberg create/replace
+   transaction (:mod:`lakeslot.spark.tables`).
 3. Ranges run as Spark jobs of exactly one task each (``sc.parallelize([range], 1)``), at most
    ``parallelism`` at a time, from a pool of driver threads. A range that fails transiently is
    retried (after Spark's own task retries) up to ``max_attempts`` times, with backoff, inside the
