@@ -16,10 +16,8 @@ import pytest
 from psycopg import sql
 
 from lakeslot.api.naming import TableName
-from lakeslot.control import resnapshot
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.catalog import load_hadoop_table
-from lakeslot.snapshot import job as snapshot_job
 from lakeslot.source import ddl_capture, slot
 from lakeslot.staging.store import Staging
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source
@@ -197,13 +195,7 @@ def test_ddl_in_the_stream_is_applied_in_place_or_copied_again_and_then_equal(
                                pipeline.job_input().names.mirror_identifier(RENAMED))
     assert mirror is not None and mirror.schema().find_field("b").field_id == 2
 
-    decision = resnapshot.decide(progress, pipeline.ingestion.spec.policies)
-    assert set(decision.copy) == set(RESNAPSHOT)
-    job_input = pipeline.job_input()
-    copied = snapshot_job.run(spark, type(job_input)(job_input.ingestion,
-                                                     tuple(sorted(decision.copy))),
-                              min_snapshot_lsn=decision.min_snapshot_lsn)
-    assert {t.source: t.state for t in copied.tables} == dict.fromkeys(RESNAPSHOT, "committed")
+    assert pipeline.copy_again() == dict.fromkeys(RESNAPSHOT, "committed")
     with pgdb.connect(autocommit=True) as conn:  # the application goes on, DDL too
         for table in TABLES:
             conn.execute(sql.SQL("DELETE FROM {} WHERE id = 3").format(table.sql()))

@@ -84,6 +84,24 @@ class Pipeline:
         argv = self.arguments(workloads.snapshot_invocation(self.ingestion, self.tables))
         assert snapshot_entry.main(argv, spark=self.spark) == 0
 
+    def copy_again(self) -> dict[TableName, str]:
+        """What the control plane does next for the tables the apply job stopped for a
+        re-snapshot (:func:`lakeslot.control.resnapshot.decide` on the mirrors' progress): each
+        of them copied again, alone; each copied table's outcome."""
+        from lakeslot.control import resnapshot
+        from lakeslot.mirror import progress as mirror_progress
+        from lakeslot.snapshot import job as snapshot_job
+
+        decision = resnapshot.decide(mirror_progress.read(self.ingestion, self.tables),
+                                     self.ingestion.spec.policies)
+        if not decision.copy:
+            return {}
+        job_input = self.job_input()
+        copied = snapshot_job.run(self.spark, type(job_input)(job_input.ingestion,
+                                                              tuple(sorted(decision.copy))),
+                                  min_snapshot_lsn=decision.min_snapshot_lsn)
+        return {t.source: t.state for t in copied.tables}
+
     def seal(self) -> int:
         """Run the reader until everything committed so far is sealed; returns that LSN."""
         with self.pgdb.connect() as conn:
