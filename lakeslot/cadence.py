@@ -36,6 +36,9 @@ import math
 from collections import deque
 from collections.abc import Iterable
 
+# How long a segment stays open at most (``reader.segmentMaxSeconds``): by default half the apply
+# trigger interval, within these bounds (seconds); the reader on its own seals every SEAL_MAX_S.
+SEAL_MIN_S, SEAL_MAX_S = 0.5, 10.0
 LAG_DEFAULT_S = 0.05  # before any seal was seen: a local seal takes a few milliseconds
 LAG_MARGIN_S = 0.02  # added to the slowest recent seal
 EARLY_S = 0.02  # a file's time may read this much before its seal (Linux stamps files with a

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, ConfigDict, Field, StringConstraints
 from pydantic_core import PydanticCustomError
 
+from lakeslot import cadence
 from lakeslot.api import cluster
 from lakeslot.api.partitioning import PartitionField, PartitionSpecError, parse_all
 from lakeslot.api.rules import ApiModel, ListKeys, Rule, violations_error
@@ -49,8 +50,6 @@ SHORT_NAMES = ("pgi",)
 CATEGORIES = ("lakeslot",)
 
 MiB = 1 << 20
-# The reader's default seal age: half the apply trigger interval, within these bounds (seconds).
-DEFAULT_SEAL_MIN_S, DEFAULT_SEAL_MAX_S = 0.5, 10.0
 
 
 def section(model: type[ApiModel], description: str) -> Any:
@@ -789,7 +788,7 @@ class PostgresIngestionSpec(ApiModel):
         if self.reader.segment_max_seconds is not None:
             return self.reader.segment_max_seconds
         interval = self.apply.trigger_interval_seconds
-        return min(DEFAULT_SEAL_MAX_S, max(DEFAULT_SEAL_MIN_S, interval / 2))
+        return min(cadence.SEAL_MAX_S, max(cadence.SEAL_MIN_S, interval / 2))
 
 
 # ------------------------------------------------------------------------------------- status

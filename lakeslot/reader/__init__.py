@@ -17,7 +17,9 @@
 This package module only holds the defaults the command line shows without importing the rest.
 """
 
+from lakeslot.cadence import SEAL_MAX_S
+
 DEFAULT_SEGMENT_MAX_BYTES = 128 << 20
-DEFAULT_SEGMENT_MAX_SECONDS = 10.0
+DEFAULT_SEGMENT_MAX_SECONDS = SEAL_MAX_S
 DEFAULT_MAX_RETRY_SECONDS = 300.0
 DEFAULT_HEALTH_INTERVAL_S = 5.0

@@ -73,7 +73,6 @@ from lakeslot.source.exported_snapshot import import_statements
 from lakeslot.spark.tables import WriteOptions
 
 PASSWORD_VARIABLES = (PASSWORD_ENV, "PGPASSWORD")  # ours first, then libpq's
-MiB = 1 << 20
 
 
 def password_from_env(environ: Mapping[str, str] | None = None) -> str | None:

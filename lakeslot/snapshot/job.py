@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 
 from py4j.protocol import Py4JJavaError
 
+from lakeslot.api.models import MiB
 from lakeslot.api.naming import TableName
 from lakeslot.mirror import typemap
 from lakeslot.mirror.contract import (
@@ -88,7 +89,6 @@ from lakeslot.spark.tables import Catalog, MirrorState, MirrorWrite
 from lakeslot.workloads import JobInput
 
 log = logging.getLogger(__name__)
-MiB = 1 << 20
 BACKOFF_CAP_S = 30.0
 
 

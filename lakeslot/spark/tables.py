@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType
 
+from lakeslot.api.models import MiB
 from lakeslot.api.partitioning import PartitionField, PartitionSpecError, type_problems
 from lakeslot.mirror.contract import (
     BACKFILL_PROPERTY,
@@ -70,7 +71,6 @@ from lakeslot.spark import partitions
 from lakeslot.spark.jvm import java
 from lakeslot.spark.session import with_commit_properties
 
-MiB = 1 << 20
 CODECS = {"uncompressed": "none"}
 
 

@@ -68,7 +68,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lakeslot.api.annotations import VERIFY
-from lakeslot.api.models import API_VERSION, KIND, DriverSpec, ExecutorSpec, PostgresIngestion
+from lakeslot.api.models import API_VERSION, GROUP, KIND, DriverSpec, ExecutorSpec, PostgresIngestion
 from lakeslot.api.naming import namespace_of
 from lakeslot.spark.conf import iceberg_conf
 from lakeslot.workloads import (
@@ -81,7 +81,6 @@ from lakeslot.workloads import (
     catalog_secret_env,
 )
 
-GROUP = "lakeslot.io"
 INGESTION_LABEL = f"{GROUP}/ingestion"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
