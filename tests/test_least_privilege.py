@@ -207,6 +207,14 @@ def test_a_role_that_owns_nothing_mirrors_through_the_dbas_publication(
         return next((r.state for r in state.read_tables(state_dir)
                      if TableName(r.schema_name, r.name) == table), None)
 
+    def published_and_copied(statement: str, table: TableName) -> None:
+        """The owner publishes ``table`` (``statement``); lakeslot copies it from after that."""
+        with pgdb.connect() as conn:
+            before = current_lsn(conn)
+            conn.execute(statement)
+        wait_for(lambda: (mirror_progress.read(ingestion, [table])[table].snapshot_lsn or 0) > before,
+                 f"{table} to be copied after it was published", deadline=DEADLINE_S, interval=1)
+
     def during() -> PostgresIngestionStatus:
         wait_for(lambda: all(position(t) is not None for t in (PLAIN, PEOPLE)),
                  "the first snapshot", deadline=DEADLINE_S, interval=1)
@@ -223,12 +231,9 @@ def test_a_role_that_owns_nothing_mirrors_through_the_dbas_publication(
             conn.execute("ALTER TABLE app.plain ADD COLUMN extra text")
             conn.execute("UPDATE app.plain SET extra = 'e' || id WHERE id % 4 = 0")
             conn.execute("INSERT INTO app.plain (id, v, extra) VALUES (1000, 'after', 'ddl')")
-            # the owner adds a table to the publication while lakeslot streams
             conn.execute("INSERT INTO app.late SELECT g, 'before joining' FROM generate_series(201, 260) g")
-            joined = current_lsn(conn)
-            conn.execute("ALTER PUBLICATION lake_pub ADD TABLE app.late")
-        wait_for(lambda: (mirror_progress.read(ingestion, [LATE])[LATE].snapshot_lsn or 0) > joined,
-                 "app.late to be copied after it joined", deadline=DEADLINE_S, interval=1)
+        # the owner adds a table to the publication while lakeslot streams
+        published_and_copied("ALTER PUBLICATION lake_pub ADD TABLE app.late", LATE)
         with pgdb.connect() as conn:
             conn.execute("UPDATE app.late SET v = 'streamed' WHERE id <= 30")
             conn.execute("DELETE FROM app.late WHERE id BETWEEN 31 AND 40")
@@ -240,10 +245,7 @@ def test_a_role_that_owns_nothing_mirrors_through_the_dbas_publication(
                  deadline=DEADLINE_S, interval=0.5)
         with pgdb.connect() as conn:
             conn.execute("UPDATE app.people SET name = 'while out' WHERE id <= 20")
-            back = current_lsn(conn)
-            conn.execute("ALTER PUBLICATION lake_pub ADD TABLE app.people (id, name)")
-        wait_for(lambda: (mirror_progress.read(ingestion, [PEOPLE])[PEOPLE].snapshot_lsn or 0) > back,
-                 "app.people to be copied again", deadline=DEADLINE_S, interval=1)
+        published_and_copied("ALTER PUBLICATION lake_pub ADD TABLE app.people (id, name)", PEOPLE)
         with pgdb.connect() as conn:
             conn.execute("UPDATE app.people SET name = 'back' WHERE id BETWEEN 21 AND 25")
             target = current_lsn(conn)
