@@ -379,6 +379,42 @@ def test_a_jdbc_catalog_that_refuses_or_cannot_be_reached_names_the_setting_to_f
         assert cluster.password not in str(caught.value)
 
 
+def test_a_jdbc_catalog_whose_tables_java_creates_while_pyiceberg_starts_is_read(pgdb, monkeypatch):
+    """Iceberg's Java JdbcCatalog creates the catalog's tables without ``iceberg_type`` (its
+    default layout) after pyiceberg saw none and before it created them (simulated: its creation
+    is preceded by Java's statements): the SQL catalog lakeslot keeps for the process must not
+    go on filtering on a column that does not exist."""
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    with pgdb.cluster.connect() as conn:
+        conn.execute(f"CREATE DATABASE {pgdb.name}_race")
+    uri = f"jdbc:postgresql://{pgdb.cluster.address}:{pgdb.cluster.port}/{pgdb.name}_race"
+    spec = CatalogSpec.model_validate({
+        "name": f"race_{pgdb.name}", "type": "jdbc", "uri": uri, "properties": {"jdbc.user": pgdb.cluster.superuser},
+        "secretProperties": {"jdbc.password": {"name": "catalog", "key": "password"}}})
+    create_tables = SqlCatalog.create_tables
+
+    def java_first(self) -> None:
+        with self.engine.begin() as connection:  # Iceberg 1.10's JdbcCatalog, schema V0
+            connection.exec_driver_sql(
+                "CREATE TABLE iceberg_tables (catalog_name VARCHAR(255) NOT NULL, table_namespace "
+                "VARCHAR(255) NOT NULL, table_name VARCHAR(255) NOT NULL, metadata_location VARCHAR(1000), "
+                "previous_metadata_location VARCHAR(1000), PRIMARY KEY (catalog_name, table_namespace, table_name))")
+            connection.exec_driver_sql(
+                "CREATE TABLE iceberg_namespace_properties (catalog_name VARCHAR(255) NOT NULL, namespace "
+                "VARCHAR(255) NOT NULL, property_key VARCHAR(255), property_value VARCHAR(1000), "
+                "PRIMARY KEY (catalog_name, namespace, property_key))")
+        create_tables(self)
+
+    monkeypatch.setattr(SqlCatalog, "create_tables", java_first)
+    try:
+        assert catalogs.load_table(spec, ("nowhere", "nothing"), {"jdbc.password": pgdb.cluster.password}) is None
+    finally:
+        catalogs._sql_catalog.cache_clear()  # (its pool holds connections to the database)
+        with pgdb.cluster.connect() as conn:
+            conn.execute(f"DROP DATABASE {pgdb.name}_race WITH (FORCE)")
+
+
 def test_segments_on_s3_are_sealed_whole_without_a_rename_and_retention_deletes_them(object_store, monkeypatch):
     """Object stores have no rename: a segment is one upload of its final name, visible whole or
     not at all; an upload that fails half-way leaves no object under a sealed name; documents are

@@ -205,10 +205,26 @@ def sql_catalog_uri(jdbc_uri: str, properties: Mapping[str, str]) -> str:
 @functools.lru_cache(maxsize=16)
 def _sql_catalog(name: str, options: tuple[tuple[str, str], ...]) -> Catalog:
     """pyiceberg's SQL catalog, once per process for the same options: each holds a pool of
-    connections to the catalog's database (its operator polls every table every few seconds)."""
-    from pyiceberg.catalog import load_catalog
+    connections to the catalog's database (its operator polls every table every few seconds).
 
-    return load_catalog(name, **dict(options))
+    pyiceberg decides once, as it starts, which layout the catalog's tables have: it creates them
+    (with the ``iceberg_type`` column) when they are absent, else probes for that column. When
+    Iceberg's Java ``JdbcCatalog`` creates them (without it, its default layout) between
+    pyiceberg's check and its own creation, pyiceberg would filter on a column that does not
+    exist for as long as it is cached; so a new catalog's conclusion is checked once, and a
+    wrong one is drawn again."""
+    from pyiceberg.catalog import load_catalog
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    client = load_catalog(name, **dict(options))
+    if getattr(client, "_schema_version", None) == "v1":
+        try:
+            with client.engine.connect() as connection:  # type: ignore[attr-defined]
+                connection.execute(text("SELECT iceberg_type FROM iceberg_tables LIMIT 0"))
+        except DBAPIError:
+            client = load_catalog(name, **dict(options))
+    return client
 
 
 # Tables loaded at once by :func:`load_tables`: each load is one request (REST) or one or two file
