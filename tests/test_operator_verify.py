@@ -169,7 +169,7 @@ def test_a_running_request_is_followed_to_its_end():
 
     step = verification.follow(running, verification.Job(), None, "AWS Error ACCESS_DENIED", "s3://b/staging")
     assert step.verdict == verification.Verdict(None, "ResultUnreadable", step.verdict.message if step.verdict else "")
-    assert step.verification == running and "read access to staging" in step.verdict.message
+    assert step.verification == running and "keys that can read staging" in step.verdict.message
 
 
 def _result(*tables: TableResult, error: str | None = None, code: int = 0) -> dict:
