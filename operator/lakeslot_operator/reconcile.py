@@ -135,12 +135,12 @@ def _outcome(report: st.Report) -> Outcome:
 
 class _Reconciler:
     def __init__(self, ingestion: PostgresIngestion, uid: str, ctx: Context, report: st.Report):
-        self.ing = ingestion
+        self.ingestion = ingestion
         self.uid = uid
         self.ctx = ctx
-        self.r = report
+        self.report = report
         self.names = IngestionNames.of(ingestion)
-        self.ns = self.names.namespace
+        self.namespace = self.names.namespace
         report.status.publication_name = self.names.publication
         self.progress: dict[TableName, MirrorProgress] = {}
         self.snapshotting: set[TableName] = set()
@@ -154,44 +154,44 @@ class _Reconciler:
     def run(self) -> None:
         environ = self._storage_environ()
         if environ is not None:
-            verification.serve(self.ing, self.uid, self.ctx.kube, self.ctx.config, self.r, environ)
-        spec = self.ing.spec
+            verification.serve(self.ingestion, self.uid, self.ctx.kube, self.ctx.config, self.report, environ)
+        spec = self.ingestion.spec
         if spec.suspend:
             self._suspend()
             return
         settings = self._settings()
         if settings is None or environ is None:
-            self.r.summarize()
+            self.report.summarize()
             return
         self.environ = environ
-        source = control.take_control(settings, self.ing, self.r, component="operator",
+        source = control.take_control(settings, self.ingestion, self.report, component="operator",
                                       reader=self._reader_identity(), connect=self.ctx.connect,
                                       environ=environ)
         if source is not None:
             self._children(source.tables)
             self._progress(source.tables, source.health, source.current_lsn)
-        self.r.summarize()
+        self.report.summarize()
 
     def _settings(self) -> connection.ConnectionSettings | None:
         try:
-            return source_settings(self.ctx.kube, self.ns, self.ing.spec.source)
+            return source_settings(self.ctx.kube, self.namespace, self.ingestion.spec.source)
         except LookupError as e:
-            self.r.condition("SourceReady", False, "SecretNotFound", str(e))
+            self.report.condition("SourceReady", False, "SecretNotFound", str(e))
             return None
 
     def _storage_environ(self) -> dict[str, str] | None:
         """The ingestion's ``secretEnv``, resolved: what staging and the warehouse are reached
         with; None when a Secret is missing (``SourceReady`` names it: nothing can run)."""
         try:
-            return storage_environ(self.ctx.kube, self.ns, self.ing.spec.secret_env)
+            return storage_environ(self.ctx.kube, self.namespace, self.ingestion.spec.secret_env)
         except LookupError as e:
-            self.r.condition("SourceReady", False, "SecretNotFound", f"spec.secretEnv: {e}")
+            self.report.condition("SourceReady", False, "SecretNotFound", f"spec.secretEnv: {e}")
             return None
 
     # children ------------------------------------------------------------------------------
 
     def _live_reader_pod(self) -> dict | None:
-        pods = self.ctx.kube.list_pods(self.ns, {children.INGESTION_LABEL: self.ing.metadata.name,
+        pods = self.ctx.kube.list_pods(self.namespace, {children.INGESTION_LABEL: self.ingestion.metadata.name,
                                                  children.COMPONENT_LABEL: "reader"})
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")
                 and p.get("status", {}).get("phase") in ("Pending", "Running")]
@@ -226,7 +226,7 @@ class _Reconciler:
         return True
 
     def _children(self, tables: list[TableName]) -> None:
-        ing, config = self.ing, self.ctx.config
+        ing, config = self.ingestion, self.ctx.config
         self._write("reader", children.reader_deployment(
             ing, self.uid, config, workloads.reader_command(ing),
             replicas=1))
@@ -243,14 +243,14 @@ class _Reconciler:
         with contextlib.suppress(OSError):  # staging unreadable: the mirrors' own positions
             self.apply_pass = self._staging().read_apply_status()
         try:
-            catalog = self.ing.spec.sink.catalog
-            secrets = {key: self.ctx.kube.secret_value(self.ns, ref)
+            catalog = self.ingestion.spec.sink.catalog
+            secrets = {key: self.ctx.kube.secret_value(self.namespace, ref)
                        for key, ref in catalog.secret_properties.items()}
-            self.progress = mirror_progress.read(self.ing, tables, secrets=secrets,
+            self.progress = mirror_progress.read(self.ingestion, tables, secrets=secrets,
                                                  covered=apply_status.covered(self.apply_pass),
                                                  environ=self.environ)
         except Exception as e:  # noqa: BLE001 - any catalog failure is reported, then retried
-            self.r.condition("Streaming", False, "CatalogUnreachable", st.first_line(e))
+            self.report.condition("Streaming", False, "CatalogUnreachable", st.first_line(e))
             return None
         return self.progress
 
@@ -258,9 +258,9 @@ class _Reconciler:
         """Execute :mod:`lakeslot.control.scheduling`'s decision as
         :mod:`.snapshot_lifecycle` steps it: submit or delete the snapshot application, and record
         its state, the condition and the event."""
-        status = self.r.status
+        status = self.report.status
         plan = scheduling.plan(tables, {t: progress[t].lsn for t in tables},
-                               scheduling.Request.of(self.ing.spec.snapshot, status),
+                               scheduling.Request.of(self.ingestion.spec.snapshot, status),
                                self._again(tables, progress))
         if plan.clear_below:
             status.resnapshot_below_lsn = None
@@ -268,36 +268,36 @@ class _Reconciler:
         waiting: list[TableName] = []
         if held is not None and held.generation is not None:
             running = self.ctx.kube.get_spark_application(
-                self.ns, children.snapshot_name(self.ing, held.generation))
+                self.namespace, children.snapshot_name(self.ingestion, held.generation))
             if running is not None and snapshot_lifecycle.Application.of(running).state \
                     not in snapshot_lifecycle.TERMINAL_SPARK_STATES:
                 waiting = sorted(set(plan.wanted) - set(held.wanted))
                 plan = held
         if plan.generation is None:
-            self._record(snapshot_lifecycle.advance(status.snapshot, plan, None, None, self.r.now))
+            self._record(snapshot_lifecycle.advance(status.snapshot, plan, None, None, self.report.now))
             return
-        name = children.snapshot_name(self.ing, plan.generation)
-        app = self.ctx.kube.get_spark_application(self.ns, name)
+        name = children.snapshot_name(self.ingestion, plan.generation)
+        app = self.ctx.kube.get_spark_application(self.namespace, name)
         step = snapshot_lifecycle.advance(
             status.snapshot, plan, name,
-            None if app is None else snapshot_lifecycle.Application.of(app), self.r.now)
+            None if app is None else snapshot_lifecycle.Application.of(app), self.report.now)
         if waiting:
             step = dataclasses.replace(step, message=(
                 f"{step.message}; then {', '.join(map(str, waiting))} (waiting for it to finish)"))
-        invocation = workloads.snapshot_invocation(self.ing, plan.wanted,
+        invocation = workloads.snapshot_invocation(self.ingestion, plan.wanted,
                                                    min_snapshot_lsn=plan.min_snapshot_lsn)
         if step.submit and self._write("snapshot", children.snapshot_application(
-                self.ing, self.uid, self.ctx.config, invocation.arguments(),
+                self.ingestion, self.uid, self.ctx.config, invocation.arguments(),
                 generation=plan.generation), invocation):
-            self.r.tell("Normal", "SnapshotStarted", f"{name}: {len(plan.wanted)} table(s)")
+            self.report.tell("Normal", "SnapshotStarted", f"{name}: {len(plan.wanted)} table(s)")
         if step.delete:
             self.ctx.kube.delete_spark_application(  # resubmitted next time
-                self.ns, name, ingestion=self.ing.metadata.name)
+                self.namespace, name, ingestion=self.ingestion.metadata.name)
         self._record(step)
         if (refused := self.rejected.get("snapshot")) is not None:
             if status.snapshot is not None:  # not submitted: the application does not exist
                 status.snapshot.state, status.snapshot.message = None, refused.message
-            self.r.condition("SnapshotComplete", False, refused.reason, refused.message)
+            self.report.condition("SnapshotComplete", False, refused.reason, refused.message)
 
     def _again(self, tables: list[TableName], progress: dict[TableName, MirrorProgress]
                ) -> dict[TableName, int]:
@@ -306,19 +306,19 @@ class _Reconciler:
         request, or a table that joined the publication again with a mirror: see
         :func:`lakeslot.control.steps.check_source`), tell each re-snapshot once, and say in the
         table's row why the loop guard holds one back."""
-        rows = {TableName(r.schema_name, r.name): r for r in self.r.status.tables}
+        rows = {TableName(r.schema_name, r.name): r for r in self.report.status.tables}
         generations = {t: options.resnapshot_generation for t in tables
-                       if (options := self.ing.spec.source.table_options(t.schema, t.name)) is not None}
+                       if (options := self.ingestion.spec.source.table_options(t.schema, t.name)) is not None}
         served = resnapshot.serve_requests([rows[t] for t in tables if t in rows],
                                            {t: progress[t] for t in tables}, generations, self._copying)
         for table in sorted(served.new):
-            self.r.tell("Normal", "TableResnapshot", f"{table}: copying it again as requested "
+            self.report.tell("Normal", "TableResnapshot", f"{table}: copying it again as requested "
                         f"(resnapshotGeneration {generations[table]})")
-        decision = resnapshot.decide(progress, self.ing.spec.policies, served.below)
-        previous = set(self.r.old.snapshot.tables) if self.r.old.snapshot else set()
+        decision = resnapshot.decide(progress, self.ingestion.spec.policies, served.below)
+        previous = set(self.report.old.snapshot.tables) if self.report.old.snapshot else set()
         for table in decision.copy:
             if table not in decision.requested and str(table) not in previous:
-                self.r.tell("Warning", "TableResnapshot",
+                self.report.tell("Warning", "TableResnapshot",
                             f"{table}: copying it again, online: {progress[table].error}")
         for table, why in decision.held.items():
             if (row := rows.get(table)) is not None:
@@ -327,79 +327,79 @@ class _Reconciler:
 
     def _copying(self, table: TableName) -> bool:
         """Whether the recorded snapshot, still in flight, copies ``table``."""
-        running = self.r.status.snapshot
+        running = self.report.status.snapshot
         return running is not None and running.state not in snapshot_lifecycle.TERMINAL_SPARK_STATES \
             and str(table) in running.tables
 
     def _record(self, step: snapshot_lifecycle.Step) -> None:
-        status = self.r.status
+        status = self.report.status
         if step.observed_generation is not None:
             status.observed_resnapshot_generation = step.observed_generation
         status.snapshot = step.snapshot
         if step.complete:
-            st.snapshot_complete(self.r)
+            st.snapshot_complete(self.report)
         else:
-            self.r.condition("SnapshotComplete", False, step.reason, step.message)
+            self.report.condition("SnapshotComplete", False, step.reason, step.message)
         self.snapshotting = set(step.snapshotting)
 
     def _suspend(self) -> None:
-        kube = self.ctx.kube
-        kube.scale_deployment(self.ns, children.reader_name(self.ing), 0, ingestion=self.ing.metadata.name)
-        kube.delete_spark_application(self.ns, children.apply_name(self.ing), ingestion=self.ing.metadata.name)
-        self.r.status.phase = "Suspended"
-        self.r.condition("Streaming", False, "Suspended", "spec.suspend is true: the reader and "
+        kube, owner = self.ctx.kube, self.ingestion.metadata.name
+        kube.scale_deployment(self.namespace, children.reader_name(self.ingestion), 0, ingestion=owner)
+        kube.delete_spark_application(self.namespace, children.apply_name(self.ingestion), ingestion=owner)
+        self.report.status.phase = "Suspended"
+        self.report.condition("Streaming", False, "Suspended", "spec.suspend is true: the reader and "
                          "the apply job are stopped; the slot keeps retaining WAL")
-        self.r.condition("Ready", False, "Suspended", "spec.suspend is true")
+        self.report.condition("Ready", False, "Suspended", "spec.suspend is true")
         settings = self._settings()
         if settings is None:
-            self.r.summarize()
+            self.report.summarize()
             return
         try:
             with self.ctx.connect(settings, connection.application_name("operator",
                                                                        self.names.owner)) as conn:
                 health = slot.health(conn, self.names.slot)
         except psycopg.OperationalError as e:
-            self.r.condition("SourceReady", False, "ConnectionFailed", st.first_line(e))
+            self.report.condition("SourceReady", False, "ConnectionFailed", st.first_line(e))
             return
         if health is not None:
-            self.r.status.slot = st.slot_status(health)
+            self.report.status.slot = st.slot_status(health)
 
     # status --------------------------------------------------------------------------------
 
     def _progress(self, tables: list[TableName], health, current: int) -> None:
-        job = self.r.status.snapshot
+        job = self.report.status.snapshot
         # a failed snapshot application waiting out its backoff copies nothing: not a retry yet
         copying = set() if job is not None and job.state == "FAILED" else self.snapshotting
         with contextlib.suppress(OSError, ValueError):  # staging unreadable: none known now
-            st.snapshot_failures(self.r, snapshot_progress.failures(snapshot_progress.in_staging(
-                self.ing.spec.staging.uri), self.environ), self.progress, copying)
-        applied = st.record_progress(self.r, self.progress, self.snapshotting,
+            st.snapshot_failures(self.report, snapshot_progress.failures(snapshot_progress.in_staging(
+                self.ingestion.spec.staging.uri), self.environ), self.progress, copying)
+        applied = st.record_progress(self.report, self.progress, self.snapshotting,
                                      durable=health.confirmed_flush_lsn, current=current,
                                      reader=self._reader_pod())
         with contextlib.suppress(OSError):  # (S3Access's refusal of half a key pair)
-            freshness.record(self.r.status, self._staging(), self.r.now)
+            freshness.record(self.report.status, self._staging(), self.report.now)
         with contextlib.suppress(OSError, ValueError):  # none yet, or unreadable: no snapshot rows
-            self.snapshot = snapshot_progress.read(snapshot_progress.in_staging(self.ing.spec.staging.uri),
+            self.snapshot = snapshot_progress.read(snapshot_progress.in_staging(self.ingestion.spec.staging.uri),
                                                    self.environ)
         kube = self.ctx.kube
         reader = self.rejected.get("reader") or child_health.reader_problem(
-            kube.get_deployment(self.ns, children.reader_name(self.ing)),
-            kube.list_pods(self.ns, {children.INGESTION_LABEL: self.ing.metadata.name,
+            kube.get_deployment(self.namespace, children.reader_name(self.ingestion)),
+            kube.list_pods(self.namespace, {children.INGESTION_LABEL: self.ingestion.metadata.name,
                                      children.COMPONENT_LABEL: "reader"})) or self._reader_retrying()
         degraded = apply_status.degraded_message(self.apply_pass)
         apply = self.rejected.get("apply") or child_health.apply_problem(
-            kube.get_spark_application(self.ns, children.apply_name(self.ing))) or (
+            kube.get_spark_application(self.namespace, children.apply_name(self.ingestion))) or (
             child_health.Problem(st.APPLY_DEGRADED, degraded) if degraded else None)
-        st.streaming(self.r, applied,
+        st.streaming(self.report, applied,
                      reader_problem=reader.message if reader else None,
                      reader_reason=reader.reason if reader else "",
                      apply_problem=apply.message if apply else None,
                      apply_reason=apply.reason if apply else "",
-                     catching_up_after=st.catching_up_after_s(self.ing.spec))
+                     catching_up_after=st.catching_up_after_s(self.ingestion.spec))
 
     def _staging(self) -> Staging:
         """Staging, read with the ingestion's own settings (never this process's environment)."""
-        return Staging(self.ing.spec.staging.uri, create=False, environ=self.environ)
+        return Staging(self.ingestion.spec.staging.uri, create=False, environ=self.environ)
 
     def _reader_retrying(self) -> child_health.Problem | None:
         """A running reader's own problem (a transient error it retries), as it reports it."""
