@@ -20,6 +20,7 @@ from lakeslot.api.models import Condition, PostgresIngestion, PostgresIngestionS
 from lakeslot.api.naming import (
     IngestionNames,
     TableName,
+    collision_fix,
     default_replication_name,
     effective_publication_name,
     effective_slot_name,
@@ -248,6 +249,10 @@ def test_default_mirror_names_are_injective_or_refused(one, other):
     plain = [re.fullmatch(r"[a-z0-9_]+", part) is not None for part in (*first, *second)]
     assert all(plain), (first, second)  # a hash suffix tells the others apart
     assert set(names.collisions([first, second])) == {first, second}
+    # each refusal proposes a mirrorName that the other table does not take
+    proposed = {re.findall(r"for example '([^']+)'", collision_fix(t, names.table_template))[0]
+                for t in (first, second)}
+    assert len(proposed) == 2 and names.mirror_table(first) not in proposed
 
 
 def test_mirror_name_overrides_the_template_and_resolves_a_collision():

@@ -124,8 +124,16 @@ def iceberg_table_name(template: str, schema: str, table: str) -> str:
     readable = _UNSAFE.sub("_", filled.lower())
     if all(_UNSAFE.sub("_", part.lower()) == part for part in (schema, table)):
         return readable
+    return hashed_table_name(template, schema, table)
+
+
+def hashed_table_name(template: str, schema: str, table: str) -> str:
+    """The template's readable name with ``_`` + 8 hex digits of a hash of the exact names: what
+    :func:`iceberg_table_name` gives a name it changed, and the ``mirrorName`` a refused pair's
+    message proposes (:func:`collision_fix`)."""
+    filled = template.replace("{schema}", schema).replace("{table}", table)
     digest = hashlib.sha256(f"{schema}\x00{table}".encode()).hexdigest()[:HASH_DIGITS]
-    return f"{readable}_{digest}"
+    return f"{_UNSAFE.sub('_', filled.lower())}_{digest}"
 
 
 def namespace_of(namespace: str | None) -> str:
@@ -205,8 +213,10 @@ class IngestionNames:
         return refused
 
 
-def collision_fix(table: TableName) -> str:
-    """What to do about a refused mirror name (:meth:`IngestionNames.collisions`)."""
+def collision_fix(table: TableName, template: str) -> str:
+    """What to do about a refused mirror name (:meth:`IngestionNames.collisions`), with a name
+    that is free of the ambiguity (the template's ``template``, hashed as a changed name is)."""
     return (f"set mirrorName for {table} in spec.source.tables (an entry with schema "
-            f"{table.schema!r}, name {table.name!r} and mirrorName), or change "
+            f"{table.schema!r}, name {table.name!r} and mirrorName, for example "
+            f"{hashed_table_name(template, table.schema, table.name)!r}), or change "
             "sink.tableNameTemplate")

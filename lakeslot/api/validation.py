@@ -183,7 +183,7 @@ def mirror_name_problems(ingestion: PostgresIngestion) -> tuple[Problem, ...]:
     listed = [TableName(t.schema_name, t.name) for t in ingestion.spec.source.tables]
     refused = names.collisions(listed)
     return tuple(Problem(f"spec.source.tables[{i}]", f"{table}: {refused[table]}",
-                         collision_fix(table))
+                         collision_fix(table, names.table_template))
                  for i, table in enumerate(listed) if table in refused)
 
 

@@ -142,7 +142,7 @@ def check_source(conn: psycopg.Connection, ingestion: PostgresIngestion, report:
     established = {TableName(r.schema_name, r.name) for r in report.old.tables
                    if r.state not in ("Failed", "Removed")}
     for table, why in names.collisions(tables, established).items():
-        broken.setdefault(table, []).append(f"{table}: {why} — fix: {collision_fix(table)}")
+        broken.setdefault(table, []).append(f"{table}: {why} — fix: {collision_fix(table, names.table_template)}")
     good = [t for t in tables if t not in broken]
     noted: dict[TableName, list[str]] = {}
     for finding in preflight.notes(findings):
