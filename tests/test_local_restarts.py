@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from lakeslot.api.naming import TableName
-from lakeslot.local import run
+from lakeslot.local import apply_loop, outages, run
 from lakeslot.mirror.catalog import load_hadoop_table
 from tests.support import local_support as ls
 from tests.support.apply_support import assert_table_equals_source
@@ -90,3 +90,42 @@ def test_staging_unreachable_at_the_start_is_waited_for_and_the_run_goes_on(
     mirror = _mirror(local, table)
     assert mirror is not None
     assert_table_equals_source(pgdb, mirror, table)
+
+
+def test_staging_unreachable_while_streaming_is_waited_out_past_the_restart_limit(
+        pgdb, tmp_path, spark, spark_warehouse, monkeypatch):
+    """Staging made unreachable under a streaming run (its directory replaced by a file: every
+    listing fails with an OSError, as an unreachable store's does): the apply job's restarts are
+    announced as waiting for staging, more of them than a transient failure gets before the run
+    gives up, and once staging is back the run catches up, the mirror equal to its source. The
+    backoff is shortened for the test (``OUTAGE_BACKOFF_S``); its doubling is the production one."""
+    monkeypatch.setattr(outages, "OUTAGE_BACKOFF_S", 0.05)
+    local, table = _local(pgdb, tmp_path, spark_warehouse, apply={"triggerIntervalSeconds": 1})
+    staging = tmp_path / "staging"
+    assert local.ingestion.spec.staging.uri == staging.as_uri()
+    out = io.StringIO()
+
+    def outage() -> None:
+        wait_for(lambda: (staging / "apply-status.json").exists(), "the apply job's first pass")
+        staging.rename(tmp_path / "staging-away")
+        staging.write_text("not a directory")
+        with pgdb.connect() as conn:  # changes while staging is away: the reader holds them
+            conn.execute("UPDATE accounts SET balance = balance + 7 WHERE id <= 20")
+            conn.execute("DELETE FROM accounts WHERE id > 45")
+        wait_for(lambda: out.getvalue().count("waiting for staging") > apply_loop.APPLY_RESTARTS + 1,
+                 "more outage restarts than the transient limit")
+        staging.unlink()
+        (tmp_path / "staging-away").rename(staging)
+
+        def caught_up() -> bool:
+            try:
+                assert_table_equals_source(pgdb, _mirror(local, table), table)
+            except AssertionError:
+                return False
+            return True
+
+        wait_for(caught_up, "the mirror equal to its source after staging came back")
+
+    ls.run_in_process(local, spark, once=False, during=outage, out=out)
+    waiting = [line for line in out.getvalue().splitlines() if "waiting for staging" in line]
+    assert "spec.staging.uri" in waiting[0] and "NotADirectoryError" in waiting[0], waiting

@@ -9,6 +9,7 @@ status``, ``lakeslot demo``).
   threads), :mod:`.selection` (the selected tables, watched while streaming), :mod:`.schedule`
   (what the apply job handles and what is copied online: the operator's
   :mod:`lakeslot.control.scheduling`), :mod:`.apply_loop` (the apply job, restarted as needed),
+  :mod:`.outages` (staging or the catalog unreachable: waited out, each attempt announced),
   :mod:`.live_status` (the status each tick: shown, and served on ``/metrics``).
 - :mod:`.reader_process` / :mod:`.deathsig` — the reader child, which never outlives the run;
   :mod:`.tree` — the processes below a process (nothing left behind).

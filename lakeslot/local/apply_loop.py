@@ -6,9 +6,11 @@ Invariants:
 - Streaming, the job handles the tables the schedule says (:meth:`.schedule.Schedule.apply_list`)
   and is restarted whenever they change: the pass it is in finishes first, commits included.
 - A transient error that escapes the job's own retries (PostgreSQL restarted under its
-  connection, storage or catalog unreachable for a moment) restarts it after a backoff (1 s
-  doubling, at most 30 s) while the run keeps supervising; it resumes from each table's
-  ``lakeslot.lsn`` (DESIGN.md rule 3). Only failures in a row without a finished pass count.
+  connection, an executor lost) restarts it after a backoff (1 s doubling, at most 30 s) while
+  the run keeps supervising; it resumes from each table's ``lakeslot.lsn`` (DESIGN.md rule 3).
+  Only failures in a row without a finished pass count. Staging or the catalog unreachable
+  (:mod:`lakeslot.local.outages`) is waited out however long it lasts, each restart announced
+  with what the run waits for: it never counts towards giving up.
 - ``--once``: passes follow each other (:data:`ONCE_POLL_S` apart) until one starts after the
   reader sealed everything up to the target — that one as soon as supervision sees the reader
   done, without waiting out the pause; then, while a table is to be copied again
@@ -18,7 +20,7 @@ Invariants:
   the time.
 
 Failure modes (:class:`~.processes.RunFailed`, exit 1): :data:`APPLY_RESTARTS` transient failures
-in a row without a finished pass, any other error, the Spark JVM gone (a session cannot be
+(other than outages) in a row without a finished pass, any other error, the Spark JVM gone (a session cannot be
 revived in this process), or the streaming job ending by itself — a supervisor's restart of the
 run resumes it.
 """
@@ -33,7 +35,9 @@ from collections.abc import Callable
 
 from lakeslot.api.naming import TableName
 from lakeslot.exits import EXIT_FAILED
+from lakeslot.local import outages
 from lakeslot.local.config import Local
+from lakeslot.local.outages import OUTAGE_ERRORS, Outages
 from lakeslot.local.processes import FailureStreak, Processes, RunFailed, Worker
 from lakeslot.local.schedule import Schedule
 from lakeslot.observability import status as st
@@ -53,9 +57,10 @@ class ApplyLoop:
     """The apply job, supervised (see the module docstring)."""
 
     def __init__(self, local: Local, processes: Processes, schedule: Schedule,
-                 supervise: Supervise) -> None:
+                 supervise: Supervise, outages: Outages) -> None:
         self.local, self.processes, self.schedule = local, processes, schedule
-        self.supervise = supervise
+        self.supervise, self.outages = supervise, outages
+        self.outage_attempts = 0  # the streaming job's outage restarts since it last finished a pass
         self.stop = processes.stop  # the run's
         self.apply_stop = threading.Event()  # the running job's
         # --once: everything is sealed or the job is halted: its next pass starts at once
@@ -157,10 +162,14 @@ class ApplyLoop:
                             f"where the mirrors say when started again; last error: "
                             f"{type(error).__name__}: {st.first_line(error)}")
         what = f"{type(error).__name__}: {st.first_line(error)}"
-        if not isinstance(error, transient_in_spark()) or failures.add(what, progressed=progressed):
+        if isinstance(error, OUTAGE_ERRORS):
+            self.outage_attempts = 1 if progressed else self.outage_attempts + 1
+            delay = self.outages.announce(outages.kind(error), what, self.outage_attempts)
+        elif not isinstance(error, transient_in_spark()) or failures.add(what, progressed=progressed):
             worker.outcome()  # raises RunFailed with the error
-        delay = min(APPLY_BACKOFF_MAX_S, APPLY_BACKOFF_S * 2 ** (failures.count - 1))
-        log.warning("the apply job failed transiently (%s); restarting it in %.0f s (failure %d "
-                    "in a row without a finished pass)", what, delay, failures.count)
+        else:
+            delay = min(APPLY_BACKOFF_MAX_S, APPLY_BACKOFF_S * 2 ** (failures.count - 1))
+            log.warning("the apply job failed transiently (%s); restarting it in %.0f s (failure "
+                        "%d in a row without a finished pass)", what, delay, failures.count)
         until = time.monotonic() + delay
         self.supervise(lambda: time.monotonic() >= until)

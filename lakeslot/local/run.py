@@ -85,16 +85,15 @@ from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestionStatus
 from lakeslot.api.naming import TableName
 from lakeslot.control import steps as control
-from lakeslot.errors import TRANSIENT_IO
 from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
 from lakeslot.local import observe, state
 from lakeslot.local.apply_loop import ApplyLoop
 from lakeslot.local.config import Local
 from lakeslot.local.live_status import LiveStatus
+from lakeslot.local.outages import OUTAGE_REASONS, Outages
 from lakeslot.local.processes import Processes, RunFailed, Worker, stopper
 from lakeslot.local.schedule import Schedule
 from lakeslot.local.selection import Selection, log_events
-from lakeslot.mirror.catalog import CatalogAccessError
 from lakeslot.observability import status as st
 from lakeslot.source import connection
 
@@ -106,10 +105,6 @@ if TYPE_CHECKING:  # pyspark is imported only once a run needs Spark
 log = logging.getLogger("lakeslot.local")
 T = TypeVar("T")
 
-# Staging or the catalog unreachable: waited for (:class:`_Outages`), never the end of the run.
-OUTAGE_REASONS = frozenset({"StagingUnreachable"})  # take_control's conditions that mean it
-OUTAGE_ERRORS: tuple[type[Exception], ...] = (*TRANSIENT_IO, CatalogAccessError)
-OUTAGE_BACKOFF_S, OUTAGE_BACKOFF_MAX_S = 1.0, 60.0
 
 
 @dataclass
@@ -168,7 +163,7 @@ def run(local: Local, options: Options) -> Result:
     previous = (_on_signals(stop, woken) if threading.current_thread() is threading.main_thread()
                 else {})
     try:
-        staged = _Outages(local, options, stop).retrying(
+        staged = Outages(local, options.out, stop).retrying(
             "staging", lambda: observe.StagedCounter(local.ingestion.spec.staging.uri))
         if staged is None:
             return Result(EXIT_OK, "stopped")
@@ -199,13 +194,13 @@ class _Session:
     def __init__(self, local: Local, options: Options, stop: threading.Event,
                  woken: threading.Event, staged: observe.StagedCounter) -> None:
         self.local, self.options, self.stop = local, options, stop
-        self.outages = _Outages(local, options, stop)
+        self.outages = Outages(local, options.out, stop)
         self.processes = Processes(local, stop, woken, staged.staging, master=options.master,
                                    spark=options.spark)
         self.live = LiveStatus(local, staged, out=options.out, interactive=options.interactive)
         self.selection = Selection(local, options.selection_interval)
         self.schedule = Schedule(local, self.selection)
-        self.apply = ApplyLoop(local, self.processes, self.schedule, self._supervise)
+        self.apply = ApplyLoop(local, self.processes, self.schedule, self._supervise, self.outages)
         self.snapshot_failed: dict[TableName, SnapshotOutcome] = {}  # by the snapshot phase
         self.caught_up = False
         self.timings: dict[str, float] = {}
@@ -368,41 +363,6 @@ class _Session:
             self.live.refresh_final(self.processes.final_activity(), self.processes.target,
                                     self.apply.seconds)
         self.live.close()
-
-
-class _Outages:
-    """Staging or the catalog unreachable where the run cannot go on without them (its start,
-    the mirrors' progress after the snapshot): waited for with backoff (:data:`OUTAGE_BACKOFF_S`
-    doubling, at most :data:`OUTAGE_BACKOFF_MAX_S`), each attempt a line saying what the run waits
-    for and why, until it is back or the run is stopped. The reader and the apply job ride out
-    outages themselves once they run (their own retries)."""
-
-    def __init__(self, local: Local, options: Options, stop: threading.Event) -> None:
-        self.out, self.stop = options.out, stop
-        spec = local.ingestion.spec
-        self.named = {"staging": f"staging (spec.staging.uri {spec.staging.uri})",
-                      "catalog": f"the catalog (sink.catalog {spec.sink.catalog.name})"}
-
-    def wait(self, what: str, why: str, attempt: int) -> bool:
-        """Say what the run waits for (``what``: staging or catalog) and wait out attempt
-        ``attempt``'s backoff; False when the run was stopped meanwhile."""
-        delay = min(OUTAGE_BACKOFF_MAX_S, OUTAGE_BACKOFF_S * 2 ** (attempt - 1))
-        line = f"waiting for {self.named[what]}: {why}; retrying in {delay:.0f} s (attempt {attempt})"
-        log.warning("%s", line)
-        print(f"lakeslot run: {line}", file=self.out or sys.stderr, flush=True)
-        return not self.stop.wait(delay)
-
-    def retrying(self, what: str, action: Callable[[], T]) -> T | None:
-        """``action()``, tried again after each outage (:data:`OUTAGE_ERRORS`) of ``what``;
-        None when the run was stopped while waiting."""
-        attempt = 0
-        while True:
-            try:
-                return action()
-            except OUTAGE_ERRORS as e:
-                attempt += 1
-                if not self.wait(what, st.first_line(e), attempt):
-                    return None
 
 
 def _not_caught_up(what: str, *failures: list[tuple[TableName, str, bool]]) -> RunFailed:

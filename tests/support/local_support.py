@@ -110,7 +110,7 @@ def run_in_process(local: config.Local, spark, *, once: bool,
     ``during``: streaming while ``during`` runs in a thread, then stopped with SIGTERM as a user
     would stop it (a stand-in handler absorbs a signal that comes after the run ended) — unless
     the run ended by itself first. ``expect``: the run's exit code (asserted).
-    ``options``: further :class:`run.Options`."""
+    ``options``: further :class:`run.Options` (``out``: where the run writes its lines)."""
     outcome: dict[str, Any] = {}
     finished = threading.Event()  # run.run returned or raised: no signal may follow it
 
@@ -132,7 +132,7 @@ def run_in_process(local: config.Local, spark, *, once: bool,
     try:
         if thread is not None:
             thread.start()
-        result = run.run(local, run.Options(once=once, spark=spark, out=io.StringIO(),
+        result = run.run(local, run.Options(once=once, spark=spark, out=options.pop("out", None) or io.StringIO(),
                                             interactive=False, **options))
         if thread is not None:
             thread.join(RUN_DEADLINE_S)
