@@ -106,12 +106,15 @@ def _children(ingestion: PostgresIngestion, uid: str) -> dict[str, dict]:
             "Job": children.verify_job(ingestion, uid, CONFIG, ["lakeslot"], token="t1")}
 
 
+def _wanted(api, offline: tuple[PostgresIngestion, str], kind: str) -> tuple[Kube, dict, str]:
+    """The operator's Kube, its desired child of ``kind`` and that child's name."""
+    wanted = _children(*offline)[kind]
+    return Kube(api), wanted, wanted["metadata"]["name"]
+
+
 @pytest.mark.parametrize("kind", ["Deployment", "SparkApplication", "Job"])
 def test_a_users_object_of_a_childs_name_is_refused_and_left_untouched(api, offline, kind):
-    ingestion, uid = offline
-    kube = Kube(api)
-    wanted = _children(ingestion, uid)[kind]
-    name = wanted["metadata"]["name"]
+    kube, wanted, name = _wanted(api, offline, kind)
     # lakeslot's labels alone do not make an object lakeslot's: the owner reference is missing
     theirs = _create(api, _user_object(kind, name, **{children.INGESTION_LABEL: "orders",
                                                       children.MANAGED_BY_LABEL: children.MANAGED_BY}))
@@ -130,10 +133,7 @@ def test_a_users_object_of_a_childs_name_is_refused_and_left_untouched(api, offl
 
 @pytest.mark.parametrize("kind", ["Deployment", "SparkApplication", "Job"])
 def test_lakeslots_own_children_are_changed_and_deleted(api, offline, kind):
-    ingestion, uid = offline
-    kube = Kube(api)
-    wanted = _children(ingestion, uid)[kind]
-    name = wanted["metadata"]["name"]
+    kube, wanted, name = _wanted(api, offline, kind)
     if kind == "Job":
         kube.create_job(wanted)
         kube.create_job(wanted)  # exists, lakeslot's: nothing to do

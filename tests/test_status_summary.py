@@ -5,12 +5,14 @@ operator and local mode both write what it returns.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pytest
 
 from lakeslot.api.models import (
+    SPEC_MAX_BYTES,
     ApplyStatus,
     Condition,
     ConditionStatus,
@@ -232,3 +234,32 @@ def test_a_failed_snapshot_is_shown_until_the_table_is_copied():
         ("d", "Pending", ""),  # a mirror: an old failure record does not count
         ("e", "Failed", "no primary key; fix: …"),  # preflight's finding comes first
         ("f", "Pending", "snapshot failed: keys are not unique (copying it again)")]
+
+
+def test_the_stored_status_of_a_thousand_tables_stays_bounded():
+    """Every table keeps its row; beyond the first 100 (failed and pending first) only without
+    the details, counted in tableDetailsOmitted. With the largest spec lakeslot accepts twice
+    (the spec and kopf's copy in the status), the object stays under the API server's 1.5 MiB."""
+    def row(i: int, state: str) -> dict:
+        return TableStatus(
+            schema_name=f"s{i % 10:02d}".ljust(63, "s"), name=f"t{i:05d}".ljust(63, "t"), state=state,  # type: ignore[arg-type]
+            snapshot_lsn="1A2B/3C4D5E6F", applied_lsn="1A2B/3C4D5E6F", rows_known=123_456_789,
+            rows_staged=1234, lag_seconds=3, data_files=120, delete_files=4,
+            message="x" * 300 if state == "Failed" else "",
+            last_maintenance="2026-11-28T12:00:00Z: compacted 120 data files and 4 delete files into 3",
+            last_schema_change="ALTER TABLE … ADD COLUMN y int at 1A2B/3C4D5E6F").to_document()
+
+    tables = [row(i, "Failed" if i in (7, 500, 999) else "Streaming") for i in range(1000)]
+    document = PostgresIngestionStatus(last_handled_configuration="x" * SPEC_MAX_BYTES).to_document()
+    document["tables"] = tables
+    stored = st.stored(document)
+    assert [(r["schema"], r["name"]) for r in stored["tables"]] == [(r["schema"], r["name"]) for r in tables]
+    detailed = [r for r in stored["tables"] if "rowsKnown" in r]
+    assert len(detailed) == st.TABLE_DETAILS_MAX and stored["tableDetailsOmitted"] == 1000 - st.TABLE_DETAILS_MAX
+    assert {r["name"][:6] for r in detailed if r["state"] == "Failed"} == {"t00007", "t00500", "t00999"}
+    assert all(r["appliedLsn"] and r["lastSchemaChange"] for r in stored["tables"])  # kept: state
+    PostgresIngestionStatus.model_validate(stored)
+    size = SPEC_MAX_BYTES + len(json.dumps(stored, separators=(",", ":")).encode())
+    assert size < 1.5 * (1 << 20) - 64 * 1024, size  # room for metadata and kopf's annotations
+    small = st.stored({"tables": tables[:5]})
+    assert small["tables"] == tables[:5] and small["tableDetailsOmitted"] is None

@@ -160,3 +160,28 @@ def test_unreadable_file_fails(tmp_path):
 def test_crd_command_prints_the_generated_crd_and_reference():
     assert yaml.safe_load(run_cli("crd").stdout) == crd_manifest()
     assert run_cli("crd", "--reference").stdout == reference_markdown()
+
+
+def _tables(count: int, **options: object) -> list[dict[str, object]]:
+    """``count`` tables whose schema and table names are 63 bytes long (the most PostgreSQL allows)."""
+    return [{"schema": f"s{i % 10:02d}".ljust(63, "s"), "name": f"t{i:05d}".ljust(63, "t"), **options}
+            for i in range(count)]
+
+
+def test_size_limits_say_what_to_do():
+    # 1,000 listed tables at the longest names: valid, and small enough for a plain kubectl apply
+    largest = apply_edits(base_document(), (("spec.source.tables", _tables(1000)),))
+    (report,) = validation.validate_text(yaml.safe_dump(largest))
+    assert report.resource is not None and report.notes == ()
+    # with options of their own: still valid, but over what kubectl's last-applied annotation holds
+    keyed = apply_edits(base_document(), (("spec.source.tables", _tables(1000, keyColumns=[c * 63 for c in "ab"])),))
+    (report,) = validation.validate_text(yaml.safe_dump(keyed))
+    assert report.resource is not None and report.problems == ()
+    (note,) = report.notes
+    assert "kubectl apply --server-side" in note and "spec.source.schemas" in note and "KiB" in note
+    assert "note: the document is" in validation.render("x.yaml", [report])
+    # over what lakeslot accepts (the API server's 1.5 MiB per object, the status included)
+    huge = apply_edits(base_document(), (("spec.source.tables", _tables(1000, keyColumns=[c * 63 for c in "abcdef"])),))
+    (problem,) = problems(huge)
+    assert problem.path == "spec" and "over the 512 KiB lakeslot accepts" in problem.problem
+    assert "1.5 MiB" in problem.problem and "spec.source.schemas" in problem.fix

@@ -18,10 +18,11 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_core import PydanticCustomError
 
 from lakeslot import cadence
@@ -50,6 +51,14 @@ SHORT_NAMES = ("pgi",)
 CATEGORIES = ("lakeslot",)
 
 MiB = 1 << 20
+KiB = 1 << 10
+# The largest spec (metadata and spec as compact JSON) lakeslot accepts. The API server stores an
+# object of at most 1.5 MiB (etcd's default request limit) and the operator keeps a copy of the
+# spec in the status (lastHandledConfiguration, kopf's) next to a row per table: half a MiB for the
+# spec leaves the rest room. 1,000 listed tables with 63-byte names take about 150 KiB.
+SPEC_MAX_BYTES = 512 * KiB
+SPEC_SIZE_FIX = ("select whole schemas (spec.source.schemas) instead of listing every table, and "
+                 "list a table only where it needs options of its own")
 
 
 def section(model: type[ApiModel], description: str) -> Any:
@@ -999,6 +1008,11 @@ class PostgresIngestionStatus(ApiModel):
     )
     slot: SlotStatus | None = optional("The replication slot.")
     tables: Annotated[list[TableStatus], ListKeys(("schema", "name"))] = listing("Per-table progress.")
+    table_details_omitted: int | None = optional(
+        "Rows of tables without their details (rowsKnown, rowsStaged, lagSeconds, dataFiles, "
+        "deleteFiles, lastMaintenance): the resource keeps them for the first 100 rows only, "
+        "failed and pending tables first, so that its size stays bounded; `lakeslot status` and "
+        "the operator's metrics have every table's.", ge=0)
     table_count: int | None = optional("Number of tables replicated (printer column Tables).", ge=0)
     lag_bytes: int | None = optional(
         "End-to-end lag: bytes of WAL between the server's current position and apply.appliedLsn "
@@ -1049,3 +1063,21 @@ class PostgresIngestion(ApiModel):
     status: PostgresIngestionStatus | None = optional("The observed state, written by the operator.")
 
     rules = (cluster.ingestion_name, cluster.reserved_secret_names)
+
+    @model_validator(mode="after")
+    def bounded(self) -> PostgresIngestion:
+        """Refuses a spec over :data:`SPEC_MAX_BYTES` (offline and by the operator; the API server
+        refuses the whole object only at 1.5 MiB, status included)."""
+        size = spec_bytes(self)
+        if size > SPEC_MAX_BYTES:
+            raise violations_error("PostgresIngestion", self, [(("spec",), (
+                f"the spec is {size / KiB:,.0f} KiB as JSON, over the {SPEC_MAX_BYTES // KiB} KiB "
+                "lakeslot accepts: the API server stores at most 1.5 MiB per object, and the "
+                "status holds a copy of the spec and a row per table"), SPEC_SIZE_FIX)])
+        return self
+
+
+def spec_bytes(ingestion: PostgresIngestion) -> int:
+    """The size of ``ingestion``'s spec as compact JSON (UTF-8), as documents carry it."""
+    document = ingestion.model_dump(mode="json", by_alias=True, exclude_unset=True, include={"spec"})
+    return len(json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode())

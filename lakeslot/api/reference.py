@@ -147,7 +147,8 @@ def _field_table(node: Node, path: str) -> str:
 def _rules_table(node: Node, path: str, root: Node | None = None) -> str:
     grouped: dict[tuple[str, str], list[str]] = {}
     for rule in (root or {}).get("x-kubernetes-validations", ()):  # the resource's own: metadata.name
-        grouped.setdefault((rule["rule"], rule["message"]), []).append("`metadata.name`")
+        grouped.setdefault((rule["rule"], rule["message"]), []).append(
+            f"`{rule['fieldPath'].lstrip('.')}`" if "fieldPath" in rule else "`metadata.name`")
     for node_path, child, _ in walk_schema(node, path):
         for rule in child.get("x-kubernetes-validations", ()):
             field_path = node_path + rule.get("fieldPath", "")

@@ -18,6 +18,7 @@ so a misspelt version or kind is reported instead of skipped. Nothing here does 
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,7 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import ErrorDetails
 
 from lakeslot.api.crd import resource_schema
-from lakeslot.api.models import GROUP, KIND, PostgresIngestion
+from lakeslot.api.models import GROUP, KIND, SPEC_SIZE_FIX, PostgresIngestion
 from lakeslot.api.naming import (
     IngestionNames,
     TableName,
@@ -59,6 +60,7 @@ class DocumentReport:
     label: str
     problems: tuple[Problem, ...] = ()
     resource: PostgresIngestion | None = None
+    notes: tuple[str, ...] = ()  # what to know about a valid document (it stays valid)
 
     @property
     def skipped(self) -> bool:
@@ -173,7 +175,25 @@ def validate_document(position: int, document: Any) -> DocumentReport | None:
     except ValidationError as error:
         return DocumentReport(position, label, problems_of(error))
     problems = mirror_name_problems(resource)
-    return DocumentReport(position, label, problems, None if problems else resource)
+    return DocumentReport(position, label, problems, None if problems else resource,
+                          notes=apply_notes(document))
+
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+ANNOTATIONS_MAX_BYTES = 256 * 1024  # all of an object's annotations, keys included
+
+
+def apply_notes(document: dict[str, Any]) -> tuple[str, ...]:
+    """What a client-side ``kubectl apply`` does with ``document``: it copies the manifest into
+    the annotation :data:`LAST_APPLIED`, and the API server refuses an object whose annotations
+    exceed :data:`ANNOTATIONS_MAX_BYTES`."""
+    size = len(LAST_APPLIED) + len(json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode())
+    if size <= ANNOTATIONS_MAX_BYTES:
+        return ()
+    return (f"the document is {size / 1024:,.0f} KiB as JSON: a plain `kubectl apply` copies it into the "
+            f"{LAST_APPLIED} annotation, and the API server refuses annotations over "
+            f"{ANNOTATIONS_MAX_BYTES // 1024} KiB; apply it with `kubectl apply --server-side` (Argo CD: "
+            f"ServerSideApply=true), or {SPEC_SIZE_FIX}",)
 
 
 def mirror_name_problems(ingestion: PostgresIngestion) -> tuple[Problem, ...]:
@@ -228,6 +248,7 @@ def render(source: str, reports: list[DocumentReport]) -> str:
         where = f"document {report.position}: {report.label}" if report.position else report.label
         lines.append(f"{source}: {where}: {_summary(report)}")
         lines += [f"  {str(problem).replace(chr(10), chr(10) + '  ')}" for problem in report.problems]
+        lines += [f"  note: {note}" for note in report.notes]
     if not any(report.resource or report.problems for report in reports):
         lines.append(f"{source}: no PostgresIngestion document found")
     return "\n".join(lines)

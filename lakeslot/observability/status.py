@@ -12,6 +12,11 @@ wherever they are read (the operations page's conditions table, docs/operations.
 - ``Streaming`` says what keeps the data from flowing (:func:`streaming`).
 - The summary (:func:`summary`, pure): ``Degraded``, ``Ready`` (the first failing needed
   condition) and the phase, from the other conditions, the tables and the slot.
+- What the resource stores (:func:`stored`, pure): every table keeps its row, but only the first
+  :data:`TABLE_DETAILS_MAX` rows (failed, pending and snapshotting tables first) keep their
+  details (:data:`DETAIL_FIELDS`, recomputed every reconcile); ``tableDetailsOmitted`` counts the
+  others, so the status of 1,000+ tables stays far below the API server's 1.5 MiB per object.
+  ``lakeslot status`` and the metrics have every table's details.
 
 Invariants: conditions carry ``observedGeneration``; ``lastTransitionTime`` moves only when a
 condition's status flips; every condition change is also an event; messages are libpq's or
@@ -192,6 +197,23 @@ def slot_status(health: slot.SlotHealth) -> SlotStatus:
 
 
 NOTE_PREFIX = "note: "
+# Rows of status.tables the resource stores with their details, and the details the others lose.
+TABLE_DETAILS_MAX = 100
+DETAIL_FIELDS = ("rowsKnown", "rowsStaged", "lagSeconds", "dataFiles", "deleteFiles", "lastMaintenance")
+
+
+def stored(status: Mapping) -> dict:
+    """``status`` (a document) as the resource keeps it (see the module docstring)."""
+    tables = list(status.get("tables") or [])
+    keep = {id(row) for row in sorted(tables, key=lambda row: row.get("state") == "Streaming")[:TABLE_DETAILS_MAX]}
+    rows = [row if id(row) in keep else {k: v for k, v in row.items() if k not in DETAIL_FIELDS}
+            for row in tables]
+    omitted = sum(1 for row in tables if id(row) not in keep and any(k in row for k in DETAIL_FIELDS))
+    document = {**status, "tables": rows} if tables else dict(status)
+    document["tableDetailsOmitted"] = omitted or None
+    return document
+
+
 REMOVED_ROWS = 20  # rows of tables no longer selected (state Removed) kept, the latest
 
 

@@ -24,8 +24,9 @@ Invariants:
   writing it raises :class:`NameTaken` (naming it and what lakeslot needs the name for), and a
   delete or scale of it does nothing (lakeslot's child of that name does not exist). A Job found
   under the name of one lakeslot creates is checked the same way.
-- Secrets are only read, to hand a value to libpq (the user's); values are never logged or
-  returned in errors. A job's input goes into a ConfigMap (:meth:`Kube.ensure_job_input`).
+- Secrets are only read — the user's, whose values the operator hands to libpq and the catalog —
+  and never written; values are never logged or returned in errors. A job's input goes into a
+  ConfigMap (:meth:`Kube.ensure_job_input`).
 """
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def pod_view(app: dict[str, Any], role: str, secrets: dict[str, dict[str, str]],
              ) -> dict[str, Any]:
     """The ``role`` ("driver"/"executor") pod: ``env`` (name → value, or ``secretKeyRef`` text),
     ``files`` (path → content from mounted Secrets and ConfigMaps, given as ``secrets`` and
-    ``config_maps``: name → key → value; a missing one is a KeyError), ``volumes`` (names),
+    ``config_maps``: name → key → value; one not given adds no file), ``volumes`` (names),
     ``mounts`` (the container's mount paths, in order), ``pod`` (a pod spec with the security
     contexts, volumes and mounts the template and, with ``webhook``, spark-operator's mutating
     webhook give it)."""
@@ -141,8 +141,8 @@ def pod_view(app: dict[str, Any], role: str, secrets: dict[str, dict[str, str]],
     files: dict[str, str] = {}
     for mount in mounts:
         volume = by_name[mount["name"]]
-        items = (secrets[volume["secret"]["secretName"]] if "secret" in volume
-                 else config_maps[volume["configMap"]["name"]])
+        items = (secrets.get(volume["secret"]["secretName"]) if "secret" in volume
+                 else config_maps.get(volume["configMap"]["name"])) or {}
         files.update({posixpath.join(mount["mountPath"], key): value for key, value in items.items()})
     if mounts:
         container["volumeMounts"] = mounts
