@@ -118,15 +118,15 @@ def _run_container(api, child: dict, command: list[str], tmp_path: Path, pod: st
     return subprocess.Popen([ls.LAKESLOT, *command[1:]], env=environ, **popen)
 
 
-@pytest.mark.slow
-def test_an_operator_without_credentials_reads_s3_staging_and_a_rest_catalog_with_the_ingestions(
-        kube, api, pgdb, rest_spark, object_store, tmp_path, monkeypatch):
-    db, store = pgdb, object_store
-    with db.connect() as conn:
-        tables = ls.create_accounts_and_items(conn, 300, 50)
+def _rest_ingestion(api, db, store: ObjectStore, tables, tmp_path: Path, monkeypatch, name: str = "s3-rest",
+                    **spec: dict) -> tuple[dict, config.Local]:
+    """An S3 + REST ingestion of ``tables`` (``spec``: sections merged into its spec), its Secrets
+    on the emulator, and the pods' environment for the work done here: the document and the
+    local run of it."""
     document = fixtures_s3.ingestion_document(db, f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}", tables,
-                                              store.catalog_document())
-    name = document["metadata"]["name"]
+                                              store.catalog_document(), name=name)
+    for section, values in spec.items():
+        document["spec"][section] = {**document["spec"].get(section, {}), **values}
     _storage_in_secret_env(api, document, store)
     env.create_secret(api, "lake-credentials", {ref["key"]: store.catalog_secrets()[key] for key, ref
                                                 in document["spec"]["sink"]["catalog"]["secretProperties"].items()})
@@ -135,7 +135,17 @@ def test_an_operator_without_credentials_reads_s3_staging_and_a_rest_catalog_wit
     environment = fixtures_s3.run_environment(db, store, store.catalog_secrets())
     for key, value in environment.items():  # the pods' environment, for their work done here
         monkeypatch.setenv(key, value)
-    local = config.load(str(path), state_dir=str(tmp_path / "state"), environ=environment)
+    return document, config.load(str(path), state_dir=str(tmp_path / "state"), environ=environment)
+
+
+@pytest.mark.slow
+def test_an_operator_without_credentials_reads_s3_staging_and_a_rest_catalog_with_the_ingestions(
+        kube, api, pgdb, rest_spark, object_store, tmp_path, monkeypatch):
+    db, store = pgdb, object_store
+    with db.connect() as conn:
+        tables = ls.create_accounts_and_items(conn, 300, 50)
+    document, local = _rest_ingestion(api, db, store, tables, tmp_path, monkeypatch)
+    name = document["metadata"]["name"]
 
     with scrubbed_operator(kube.url, tmp_path / "operator.log") as metrics:
         env.create_ingestion(api, document, db.cluster.password)
@@ -239,20 +249,10 @@ def test_an_operator_without_credentials_empties_s3_staging_when_a_lost_slot_is_
     store = object_store
     with db.connect() as conn:
         tables = [ls.create_accounts(conn, 100)]
-    document = fixtures_s3.ingestion_document(db, f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}", tables,
-                                              store.catalog_document(), name="slot-lost")
-    document["spec"]["staging"]["retentionSeconds"] = 3600  # (applied segments stay: some to empty)
-    document["spec"]["policies"] = {"onSlotLost": "Resnapshot"}
+    document, local = _rest_ingestion(  # (applied segments stay in staging: some to empty)
+        api, db, store, tables, tmp_path, monkeypatch, name="slot-lost", staging={"retentionSeconds": 3600},
+        policies={"onSlotLost": "Resnapshot"})
     name = document["metadata"]["name"]
-    _storage_in_secret_env(api, document, store)
-    env.create_secret(api, "lake-credentials", {ref["key"]: store.catalog_secrets()[key] for key, ref
-                                                in document["spec"]["sink"]["catalog"]["secretProperties"].items()})
-    path = tmp_path / "ingestion.yaml"
-    path.write_text(yaml.safe_dump(document))
-    environment = fixtures_s3.run_environment(db, store, store.catalog_secrets())
-    for key, value in environment.items():
-        monkeypatch.setenv(key, value)
-    local = config.load(str(path), state_dir=str(tmp_path / "state"), environ=environment)
     staging = Staging(document["spec"]["staging"]["uri"], create=False, environ=store.environment())
     try:
         with scrubbed_operator(kube.url, tmp_path / "operator.log"):
