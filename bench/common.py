@@ -107,8 +107,10 @@ def mirror_equals_source(cluster: pgcluster.Cluster, warehouse: str) -> bool:
 @dataclass(frozen=True)
 class Network:
     """The production configuration on this machine: S3 staging and an Iceberg REST catalog
-    (``weed mini``), each behind a :class:`LatencyProxy` adding the same delay to every request.
-    lakeslot is given the proxies; a benchmark's independent reads go to ``store`` directly."""
+    (``weed mini``), each behind a :class:`LatencyProxy` adding the same delay to every request
+    (the catalog's answers name the S3 proxy as the tables' endpoint). lakeslot is given the
+    proxies; a benchmark's independent reads go to ``store`` directly. The catalog's own writes
+    of metadata files are not delayed."""
 
     store: objectstore.ObjectStore
     s3: LatencyProxy
@@ -157,7 +159,7 @@ def network(directory: Path, delay_s: float) -> Iterator[Network]:
     try:
         with objectstore.running(directory) as store, \
                 LatencyProxy(store.s3_endpoint, delay_s) as s3, \
-                LatencyProxy(store.rest_uri, delay_s) as rest:
+                LatencyProxy(store.rest_uri, delay_s, {store.s3_endpoint: s3.uri}) as rest:
             net = Network(store, s3, rest)
             saved = {k: os.environ.get(k) for k in net.environment()}
             os.environ.update(net.environment())

@@ -14,6 +14,9 @@ Guarantees:
   here. A request whose reused upstream connection turns out closed before it was sent is sent
   once more on a new one (what every HTTP client does); a request that reached the catalog is
   never resent.
+- ``rewrite`` replaces strings in the answers (not compressed ones): a REST catalog's
+  ``loadTable`` hands out its S3 endpoint in the table's ``config``, which overrides the client's
+  own ``s3.endpoint`` — rewritten to the S3 proxy's, the table's files are reached through it too.
 - While :attr:`LatencyProxy.recording` is set, each request is appended to
   :attr:`LatencyProxy.requests` as a :class:`Request` (monotonic start and end, method, path,
   status, and whether it is an apply commit: :func:`apply_commit_table`).
@@ -84,10 +87,12 @@ class LatencyProxy:
     """An HTTP proxy on 127.0.0.1 to ``upstream`` (``http://host:port``) adding ``delay_s`` to
     each request."""
 
-    def __init__(self, upstream: str, delay_s: float) -> None:
+    def __init__(self, upstream: str, delay_s: float, rewrite: dict[str, str] | None = None
+                 ) -> None:
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
         self.delay_s = delay_s
+        self.rewrite = [(old.encode(), new.encode()) for old, new in (rewrite or {}).items()]
         self.recording = threading.Event()
         self.requests: list[Request] = []
         self._lock = threading.Lock()
@@ -158,11 +163,16 @@ class LatencyProxy:
                 commit = apply_commit_table(self.command, self.path, body) is not None
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
                 headers["Content-Length"] = str(len(body))
+                if proxy.rewrite:  # (answers to rewrite must come uncompressed)
+                    headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
                 time.sleep(proxy.delay_s)
                 try:
                     response = self._send_upstream(body, headers)
                     status, reason = response.status, response.reason
                     answer = response.read()
+                    if not response.getheader("Content-Encoding"):
+                        for old, new in proxy.rewrite:
+                            answer = answer.replace(old, new)
                     answer_headers = [(k, v) for k, v in response.getheaders()
                                       if k.lower() not in HOP_BY_HOP]
                     length = response.getheader("Content-Length") if self.command == "HEAD" \

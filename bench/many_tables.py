@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -351,9 +352,6 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     records = receive.recv()
     process.join()
     writer_done = time.time()
-    if net is not None:
-        net.s3.recording.clear()
-        net.rest.recording.clear()
     mark.join()
     marks.append(_totals(staging))  # ... and when they end
     wanted = [0] * len(names)
@@ -361,6 +359,10 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
         wanted[t] = max(wanted[t], lsn)
     mine.send(wanted)
     drained = _expect(mine, "current") - writer_done
+    if net is not None:  # the requests of the passes that made the writes visible
+        net.s3.recording.clear()
+        net.rest.recording.clear()
+        ended = _totals(staging)
     seen = _expect(mine, "seen")
     watcher.join()
     time.sleep(3)  # the pass that made the last change visible writes its status after its commits
@@ -383,12 +385,22 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     duration = records[-1][2] - records[0][2]
     trips = None
     if net is not None:
-        trips = Trips(net.s3.delay_s, int(marks[-1].get("passes", 0)) - int(begun.get("passes", 0)),
+        _save_requests(net, Path(staging_dir := tempfile.mkdtemp(prefix="many-tables-requests-")))
+        print(f"  (the proxies' requests: {staging_dir}/{{s3,rest}}.jsonl)")
+        trips = Trips(net.s3.delay_s, int(ended.get("passes", 0)) - int(begun.get("passes", 0)),
                       len(net.s3.requests), len(net.rest.requests),
                       latency_proxy.commit_trips(net.s3.requests, net.rest.requests,
                                                  _warehouse_table, _mirror_table))
     return Round(len(names), rows, snapshot_s, latencies, early, len(records) / duration, drained,
                  wall, last, steps, touched, passes, equal, trips)
+
+
+def _save_requests(net: common.Network, directory: Path) -> None:
+    """Every recorded request of both proxies, one JSON object a line, for a closer look."""
+    for name, proxy in (("s3", net.s3), ("rest", net.rest)):
+        with open(directory / f"{name}.jsonl", "w") as out:
+            for r in proxy.requests:
+                out.write(json.dumps(dataclasses.asdict(r)) + "\n")
 
 
 MIRROR = re.compile(r"app__(t\d+)\b")
