@@ -220,44 +220,73 @@ def chain(requests: Iterable[Request]) -> int:
     return count
 
 
+# a table's requests further apart than this belong to different passes (or are not a commit's)
+BURST_GAP_S = 1.0
+
+
 @dataclass(frozen=True)
 class CommitTrips:
-    """The requests that led to apply commits, per commit (medians over the commits)."""
+    """The requests about one table around each of its apply commits (medians over the commits).
+    A commit's requests are that table's burst of requests (none further than :data:`BURST_GAP_S`
+    apart) up to its commit's answer; what the same burst asks after it is counted apart."""
 
     commits: int
-    s3: float  # requests to the table's files in S3
-    rest: float  # requests to the catalog for the table (the commit included)
+    s3: float  # S3 requests to the table's files, the commit's own burst up to the commit
+    rest: float  # catalog requests for the table, the commit included
     sequential: float  # the chain (:func:`chain`) of both together
-    seconds: float  # from the table's first request to its commit's answer
+    seconds: float  # from the table's first request in the burst to its commit's answer
+    s3_after: float  # requests of the burst after the commit's answer (reloads, reports)
+    rest_after: float
     other_s3: int  # S3 requests not to a table's files (staging, ...) in the window
     other_rest: int  # catalog requests not about a table (tokens, config, ...)
+    example: tuple[str, ...]  # one commit's burst, request by request
 
 
 def commit_trips(s3: list[Request], rest: list[Request], table_of_s3, table_of_rest
                  ) -> CommitTrips:
-    """Per apply commit seen in ``rest``: the requests about its table since that table's
-    previous commit answered (``table_of_*``: a request's path → its table, or None)."""
+    """:class:`CommitTrips` of the apply commits in ``rest`` (``table_of_*``: a request's path →
+    its table, or None)."""
     by_table: dict[str, list[tuple[Request, str]]] = {}
     for service, requests, table_of in (("s3", s3, table_of_s3), ("rest", rest, table_of_rest)):
         for r in requests:
             if (table := table_of(r.path)) is not None:
                 by_table.setdefault(table, []).append((r, service))
-    per_commit: list[tuple[int, int, int, float]] = []
+    before: list[tuple[int, int, int, float]] = []
+    after: list[tuple[int, int]] = []
+    example: tuple[str, ...] = ()
     for table_requests in by_table.values():
-        table_requests.sort(key=lambda rs: rs[0].end)
-        pending: list[tuple[Request, str]] = []
+        table_requests.sort(key=lambda rs: rs[0].start)
+        bursts: list[list[tuple[Request, str]]] = []
         for r, service in table_requests:
-            pending.append((r, service))
-            if r.commit and r.status == 200:
-                per_commit.append((sum(s == "s3" for _, s in pending),
+            if not bursts or r.start - max(q.end for q, _ in bursts[-1]) > BURST_GAP_S:
+                bursts.append([])
+            bursts[-1].append((r, service))
+        for burst in bursts:
+            pending: list[tuple[Request, str]] = []
+            for r, service in burst:
+                pending.append((r, service))
+                if r.commit and r.status == 200:
+                    before.append((sum(s == "s3" for _, s in pending),
                                    sum(s == "rest" for _, s in pending),
                                    chain(q for q, _ in pending),
-                                   r.end - min(q.start for q, _ in pending)))
-                pending = []
-    if not per_commit:
-        return CommitTrips(0, 0, 0, 0, 0, 0, 0)
-    s3_trips, rest_trips, sequential, seconds = (statistics.median(c[i] for c in per_commit)
+                                   r.end - pending[0][0].start))
+                    pending = []
+            if pending and len(pending) < len(burst):  # the tail after the burst's last commit
+                after.append((sum(s == "s3" for _, s in pending),
+                              sum(s == "rest" for _, s in pending)))
+                example = tuple(_line(q, s, burst[0][0].start) for q, s in burst)
+    if not before:
+        return CommitTrips(0, 0, 0, 0, 0, 0, 0, 0, 0, ())
+    s3_trips, rest_trips, sequential, seconds = (statistics.median(c[i] for c in before)
                                                  for i in range(4))
-    return CommitTrips(len(per_commit), s3_trips, rest_trips, sequential, seconds,
-                       sum(table_of_s3(r.path) is None for r in s3),
-                       sum(table_of_rest(r.path) is None for r in rest))
+    s3_after, rest_after = (statistics.median(c[i] for c in after) if after else 0
+                            for i in range(2))
+    return CommitTrips(len(before), s3_trips, rest_trips, sequential, seconds, s3_after,
+                       rest_after, sum(table_of_s3(r.path) is None for r in s3),
+                       sum(table_of_rest(r.path) is None for r in rest), example)
+
+
+def _line(r: Request, service: str, origin: float) -> str:
+    name = r.path.rsplit("/", 1)[-1] if service == "s3" else r.path.split("/tables/")[-1]
+    return (f"{r.start - origin:7.3f}–{r.end - origin:7.3f} s  {service:4} {r.method:4} {r.status}"
+            f"{'  (the commit)' if r.commit else ''}  {name[:70]}")

@@ -362,7 +362,6 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     if net is not None:  # the requests of the passes that made the writes visible
         net.s3.recording.clear()
         net.rest.recording.clear()
-        ended = _totals(staging)
     seen = _expect(mine, "seen")
     watcher.join()
     time.sleep(3)  # the pass that made the last change visible writes its status after its commits
@@ -387,7 +386,7 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     if net is not None:
         _save_requests(net, Path(staging_dir := tempfile.mkdtemp(prefix="many-tables-requests-")))
         print(f"  (the proxies' requests: {staging_dir}/{{s3,rest}}.jsonl)")
-        trips = Trips(net.s3.delay_s, int(ended.get("passes", 0)) - int(begun.get("passes", 0)),
+        trips = Trips(net.s3.delay_s, int(totals.get("passes", 0)) - int(begun.get("passes", 0)),
                       len(net.s3.requests), len(net.rest.requests),
                       latency_proxy.commit_trips(net.s3.requests, net.rest.requests,
                                                  _warehouse_table, _mirror_table))
@@ -491,10 +490,14 @@ def report_network(r: Round, n: Trips) -> None:
         per_pass = c.commits / passes
         floor = math.ceil(per_pass / parallelism) * MIN_COMMIT_TRIPS * n.delay_s
         print(f"  a table's commit ({c.commits} commits, medians): {c.s3:.0f} S3 requests to its "
-              f"files and {c.rest:.0f} to the catalog, of which {c.sequential:.0f} one after the "
-              f"other ({c.sequential * n.delay_s:.2f} s of added latency; {c.seconds:.2f} s from "
-              f"its first request to the commit's answer); besides the tables: {c.other_s3} S3 "
-              f"and {c.other_rest} catalog requests")
+              f"files and {c.rest:.0f} to the catalog up to the commit's answer, of which "
+              f"{c.sequential:.0f} one after the other ({c.sequential * n.delay_s:.2f} s of added "
+              f"latency; {c.seconds:.2f} s from its first request to the commit's answer); then "
+              f"{c.s3_after:.0f} S3 and {c.rest_after:.0f} catalog requests after it; besides the "
+              f"tables: {c.other_s3} S3 and {c.other_rest} catalog requests in all")
+        print("  one table's requests around its commit (offset from the first):")
+        for line in c.example:
+            print(f"    {line}")
         print(f"  the floor for this latency: {per_pass:.1f} table commits a pass, {parallelism} at "
               f"a time, × {MIN_COMMIT_TRIPS} round trips a commit cannot avoid × "
               f"{n.delay_s * 1000:.0f} ms = {floor:.2f} s a pass (the passes measured: "

@@ -10,6 +10,9 @@ table commit is in flight: the catalog, its 409s and the commits that land are t
   table's name; then the request goes on to the catalog — so an action that kills the client
   makes the commit land after the client died, and one that commits to the table first makes the
   catalog answer the client's commit with a real 409.
+- :meth:`CommitProxy.drop_answer` arms it to lose the catalog's answer to the next apply commit:
+  the commit is forwarded and lands (or not) as the catalog decides, then the client's connection
+  is closed without an answer — a commit that timed out on the client but landed on the server.
 - :attr:`CommitProxy.commits` records every apply commit forwarded: (table, the catalog's status).
 
 Failure modes: the upstream unreachable answers 502 (the client sees a catalog error); an action
@@ -68,6 +71,8 @@ class CommitProxy:
         self.commits: list[tuple[str, int]] = []
         self.errors: list[BaseException] = []
         self._armed: Action | None = None
+        self._drop = False
+        self.dropped: list[tuple[str, int]] = []  # the commits whose answer was lost: (table, status)
         self._lock = threading.Lock()
         self.fired = threading.Event()  # the armed action ran
         self._server = _Server(("127.0.0.1", 0), self._handler())
@@ -85,6 +90,12 @@ class CommitProxy:
             self.fired.clear()
             self._armed = action
 
+    def drop_answer(self) -> None:
+        """Lose the catalog's answer to the next apply commit (once)."""
+        with self._lock:
+            self.fired.clear()
+            self._drop = True
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
@@ -93,6 +104,11 @@ class CommitProxy:
         with self._lock:
             action, self._armed = self._armed, None
             return action
+
+    def _take_drop(self) -> bool:
+        with self._lock:
+            drop, self._drop = self._drop, False
+            return drop
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         proxy = self
@@ -140,6 +156,11 @@ class CommitProxy:
                     upstream.close()
                 if table is not None:
                     proxy.commits.append((table, status))
+                    if proxy._take_drop():
+                        proxy.dropped.append((table, status))
+                        proxy.fired.set()
+                        self.close_connection = True  # no answer: the client's read fails
+                        return
                 try:
                     self.send_response(status, reason)
                     for key, value in answer_headers:
