@@ -93,10 +93,12 @@ def source_table(cluster: pgcluster.Cluster, where: str = "", args: tuple = ()) 
     return pa.Table.from_pylist([dict(zip(COLUMNS, r, strict=True)) for r in rows])
 
 
-def mirror_equals_source(cluster: pgcluster.Cluster, warehouse: str) -> bool:
+def mirror_equals_source(cluster: pgcluster.Cluster, warehouse: str, catalog=None) -> bool:
     """Every column of every row of the mirror (read with pyiceberg, independently of the apply
-    code) equals the source."""
-    mirror = load_hadoop_table(Path(warehouse).as_uri(), ("bench", "public__bench"))
+    code: from ``catalog``, else the hadoop catalog at ``warehouse``) equals the source."""
+    identifier = ("bench", "public__bench")
+    mirror = catalog.load_table(identifier) if catalog is not None else \
+        load_hadoop_table(Path(warehouse).as_uri(), identifier)
     assert mirror is not None
     mirrored = mirror.scan(selected_fields=tuple(COLUMNS)).to_arrow().sort_by("id")
     source = source_table(cluster)

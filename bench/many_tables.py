@@ -471,13 +471,6 @@ def report(label: str, r: Round) -> None:
         report_network(r, r.network)
 
 
-# The round trips a table's commit cannot avoid: its data and delete files (written at once),
-# then the manifests that list them, then the manifest list, then the catalog's commit — each
-# needs the one before it, even with the table's metadata kept from its previous commit (the
-# commit's answer carries it) and everything of one step written concurrently.
-MIN_COMMIT_TRIPS = 4
-
-
 def report_network(r: Round, n: Trips) -> None:
     """Where a pass's time goes on the network: requests per pass and per table commit, and the
     floor of a pass for the proxies' delay."""
@@ -488,7 +481,7 @@ def report_network(r: Round, n: Trips) -> None:
           f"catalog requests ({n.rest / passes:.0f} a pass)")
     if c.commits:
         per_pass = c.commits / passes
-        floor = math.ceil(per_pass / parallelism) * MIN_COMMIT_TRIPS * n.delay_s
+        floor = math.ceil(per_pass / parallelism) * latency_proxy.MIN_COMMIT_TRIPS * n.delay_s
         print(f"  a table's commit ({c.commits} commits, medians): {c.s3:.0f} S3 requests to its "
               f"files and {c.rest:.0f} to the catalog up to the commit's answer, of which "
               f"{c.sequential:.0f} one after the other ({c.sequential * n.delay_s:.2f} s of added "
@@ -499,7 +492,7 @@ def report_network(r: Round, n: Trips) -> None:
         for line in c.example:
             print(f"    {line}")
         print(f"  the floor for this latency: {per_pass:.1f} table commits a pass, {parallelism} at "
-              f"a time, × {MIN_COMMIT_TRIPS} round trips a commit cannot avoid × "
+              f"a time, × {latency_proxy.MIN_COMMIT_TRIPS} round trips a commit cannot avoid × "
               f"{n.delay_s * 1000:.0f} ms = {floor:.2f} s a pass (the passes measured: "
               f"{r.pass_s:.2f} s, {r.pass_s / floor:.1f}× the floor; at today's "
               f"{c.sequential:.0f} sequential round trips a commit: "
