@@ -4,6 +4,7 @@ Iceberg, and what a pass costs per table it touches.
     .venv/bin/python -m bench.many_tables [--tables 200] [--rows 1000] [--rate 100]
                                           [--skew uniform|zipf] [--seconds 60] [--pg 15|18]
                                           [--table-parallelism N] [--no-reference] [--no-floor]
+                                          [--object-store [--latency-ms 30] [--no-local]]
 
 One round starts a throwaway PostgreSQL (``lakeslot.local.pgcluster``) with schema ``app`` holding
 ``--tables`` tables of ``--rows`` rows each (``id int PRIMARY KEY, v int, note text,
@@ -33,6 +34,19 @@ the ratios against it are the issue's targets (pass wall time for the changes of
 unless ``--no-floor``): Iceberg's own commit of the smallest row delta to as many tables as a
 pass touched, ``apply.tableParallelism`` at a time, in a warm JVM of its own. Numbers, not
 assertions.
+
+With ``--object-store`` the production configuration runs after the same round on local disk
+(``--no-local`` skips that one; no reference round): staging in S3 and the mirrors in an Iceberg
+REST catalog with ``S3FileIO`` (``weed mini``, :func:`bench.common.network`), each behind a
+:class:`bench.latency_proxy.LatencyProxy` adding ``--latency-ms`` to every HTTP request. The
+observer reads each table's metadata from the catalog's ``loadTable`` answer (the REST protocol,
+straight to the catalog, not through a proxy) and the mirrors are compared through the catalog
+with pyiceberg. Printed besides: the requests the passes made to S3 and to the catalog, a table
+commit's requests (how many, how many one after the other: :func:`bench.latency_proxy.commit_trips`;
+one commit's requests line by line), and the floor of a pass for that latency — the table
+commits of a pass, ``apply.tableParallelism`` at a time, × the round trips a commit cannot avoid
+(:data:`bench.latency_proxy.MIN_COMMIT_TRIPS`) × the latency. Every request of both proxies is
+saved as JSON lines (the path is printed).
 """
 
 from __future__ import annotations
@@ -266,6 +280,7 @@ class Trips:
     """What the passes during the writes asked of S3 and of the catalog (the proxies' counts)."""
 
     delay_s: float
+    parallelism: int  # apply.tableParallelism
     passes: int
     s3: int  # requests to S3 (staging and the warehouse)
     rest: int  # requests to the catalog
@@ -386,7 +401,8 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     if net is not None:
         _save_requests(net, Path(staging_dir := tempfile.mkdtemp(prefix="many-tables-requests-")))
         print(f"  (the proxies' requests: {staging_dir}/{{s3,rest}}.jsonl)")
-        trips = Trips(net.s3.delay_s, int(totals.get("passes", 0)) - int(begun.get("passes", 0)),
+        trips = Trips(net.s3.delay_s, args.table_parallelism or ApplySpec().table_parallelism,
+                      int(totals.get("passes", 0)) - int(begun.get("passes", 0)),
                       len(net.s3.requests), len(net.rest.requests),
                       latency_proxy.commit_trips(net.s3.requests, net.rest.requests,
                                                  _warehouse_table, _mirror_table))
@@ -474,8 +490,7 @@ def report(label: str, r: Round) -> None:
 def report_network(r: Round, n: Trips) -> None:
     """Where a pass's time goes on the network: requests per pass and per table commit, and the
     floor of a pass for the proxies' delay."""
-    c, passes = n.commits, max(n.passes, 1)
-    parallelism = ApplySpec().table_parallelism
+    c, passes, parallelism = n.commits, max(n.passes, 1), n.parallelism
     print(f"  on the network ({n.delay_s * 1000:.0f} ms added to each request): {n.passes} passes "
           f"during the writes made {n.s3} S3 requests ({n.s3 / passes:.0f} a pass) and {n.rest} "
           f"catalog requests ({n.rest / passes:.0f} a pass)")

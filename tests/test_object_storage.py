@@ -167,19 +167,23 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
 
 @pytest.mark.slow
 def test_an_apply_commit_whose_answer_is_lost_after_it_landed_is_not_applied_twice(
-        pgdb, rest_spark, object_store, tmp_path, monkeypatch):
+        pgdb, rest_spark, object_store, tmp_path, monkeypatch, caplog):
     """A commit that timed out on the client but landed on the catalog (the proxy forwards it,
-    then closes the connection without the answer): whatever the client retries — Iceberg's
-    commit retry (its requirements name the snapshot it built on: the catalog refuses it) or
-    the next pass (the LSN rule: the table's position already covers the batch) — each change
-    is in the mirror once, row by row."""
+    then closes the connection without the answer; Iceberg's REST client reports an error): the
+    apply job's retry finds the table's position already at the batch's end (the LSN rule) and
+    applies nothing again — no second commit of the batch (before, the retry re-applied it on
+    top of the landed one: harmless for a keyed mirror's rows, a doubled batch all the same) —
+    and each change is in the mirror once, row by row."""
     db, store = pgdb, object_store
     with db.connect() as conn:
         tables = ls.create_accounts_and_items(conn, 400, 200)
     proxy = CommitProxy(store.rest_uri)
     try:
+        # (a catalog of its own on the shared session: Spark keeps the one it loaded per name)
+        catalog = {**store.catalog_document(), "name": "lostanswer", "uri": proxy.uri}
+        define_catalog(rest_spark, catalog, store.catalog_secrets())
         document = fixtures_s3.ingestion_document(db, f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}", tables,
-                                                  {**store.catalog_document(), "uri": proxy.uri})
+                                                  catalog)
         path = tmp_path / "ingestion.yaml"
         path.write_text(yaml.safe_dump(document))
         environment = fixtures_s3.run_environment(db, store, store.catalog_secrets())
@@ -197,6 +201,8 @@ def test_an_apply_commit_whose_answer_is_lost_after_it_landed_is_not_applied_twi
         assert proxy.fired.is_set(), "no apply commit went through the proxy"
         [(table, status)] = proxy.dropped
         assert status == 200, f"the catalog refused the commit whose answer was dropped: {status}"
+        assert any("landed though the attempt failed" in r.getMessage() for r in caplog.records), \
+            "the retry did not look for the landed commit"
         ls.run_in_process(local, rest_spark, once=True)  # whatever the first run left to do
         _assert_equal(local, db, tables, secrets)
         after = mirror_progress.read(local.ingestion, tables, secrets=secrets)
@@ -208,7 +214,12 @@ def test_an_apply_commit_whose_answer_is_lost_after_it_landed_is_not_applied_twi
         assert mirror is not None
         lsns = [s.summary.additional_properties.get(LSN_PROPERTY) for s in mirror.snapshots()
                 if s.summary is not None and s.summary.operation.value != "replace"]
-        assert len([x for x in lsns if x is not None]) == len({x for x in lsns if x is not None}), lsns
+        summaries = "\n".join(
+            f"{s.snapshot_id} parent {s.parent_snapshot_id} {s.summary.operation.value} " + " ".join(
+                f"{k}={v}" for k, v in s.summary.additional_properties.items()
+                if k.startswith(("lakeslot", "added-records", "added-position", "deleted", "total-rec")))
+            for s in mirror.snapshots() if s.summary)
+        assert len([x for x in lsns if x is not None]) == len({x for x in lsns if x is not None}), summaries
     finally:
         proxy.close()
 
