@@ -200,6 +200,7 @@ def main() -> None:
             net.s3.requests, net.rest.requests,
             lambda path: "bench" if path.startswith("/lake/") and "public__bench" in path else None,
             lambda path: "bench" if "public__bench" in path else None)
+        staged = None if net is None else latency_proxy.reads(net.s3.requests, "/stage/")
         spark.stop()
         sealed = [t for _, t in Staging(staging).listing() if t is not None]
 
@@ -241,6 +242,7 @@ def main() -> None:
               f"{latency_proxy.MIN_COMMIT_TRIPS} × {args.latency_ms:.0f} ms = "
               f"{latency_proxy.MIN_COMMIT_TRIPS * args.latency_ms / 1000:.2f} s), then "
               f"{trips.s3_after:.0f} S3 and {trips.rest_after:.0f} catalog requests after it")
+        print(f"staging: {staged.line(args.latency_ms / 1000) if staged else '-'}")
     if args.rate <= 600:
         floor = q[49] <= 5 and q[98] <= 15 and equal
         target = q[49] <= 2 and q[98] <= 5 and equal

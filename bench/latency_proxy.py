@@ -296,3 +296,23 @@ def _line(r: Request, service: str, origin: float) -> str:
     name = r.path.rsplit("/", 1)[-1] if service == "s3" else r.path.split("/tables/")[-1]
     return (f"{r.start - origin:7.3f}–{r.end - origin:7.3f} s  {service:4} {r.method:4} {r.status}"
             f"{'  (the commit)' if r.commit else ''}  {name[:70]}")
+
+
+@dataclass(frozen=True)
+class Reads:
+    """Reads (``GET``/``HEAD``) of the objects under one prefix."""
+
+    requests: int
+    objects: int  # distinct objects read
+    sequential: int  # the chain (:func:`chain`) of them
+
+    def line(self, delay_s: float) -> str:
+        return (f"{self.requests} reads (GET, HEAD) of {self.objects} objects, "
+                f"{self.requests / max(self.objects, 1):.1f} an object, {self.sequential} of them "
+                f"one after the other ({self.sequential * delay_s:.1f} s of added latency)")
+
+
+def reads(requests: list[Request], prefix: str) -> Reads:
+    """:class:`Reads` of the objects whose path starts with ``prefix``."""
+    mine = [r for r in requests if r.method in ("GET", "HEAD") and r.path.startswith(prefix)]
+    return Reads(len(mine), len({r.path for r in mine}), chain(mine))

@@ -285,6 +285,7 @@ class Trips:
     s3: int  # requests to S3 (staging and the warehouse)
     rest: int  # requests to the catalog
     commits: latency_proxy.CommitTrips
+    staging: latency_proxy.Reads  # the reads of staging (segments, status documents)
 
 
 def one_round(args, tables: int, rows: int, object_store: bool = False) -> Round:
@@ -405,7 +406,8 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
                       int(totals.get("passes", 0)) - int(begun.get("passes", 0)),
                       len(net.s3.requests), len(net.rest.requests),
                       latency_proxy.commit_trips(net.s3.requests, net.rest.requests,
-                                                 _warehouse_table, _mirror_table))
+                                                 _warehouse_table, _mirror_table),
+                      latency_proxy.reads(net.s3.requests, f"/{objectstore.STAGING_BUCKET}/"))
     return Round(len(names), rows, snapshot_s, latencies, early, len(records) / duration, drained,
                  wall, last, steps, touched, passes, equal, trips)
 
@@ -494,6 +496,7 @@ def report_network(r: Round, n: Trips) -> None:
     print(f"  on the network ({n.delay_s * 1000:.0f} ms added to each request): {n.passes} passes "
           f"during the writes made {n.s3} S3 requests ({n.s3 / passes:.0f} a pass) and {n.rest} "
           f"catalog requests ({n.rest / passes:.0f} a pass)")
+    print(f"  staging: {n.staging.line(n.delay_s)}")
     if c.commits:
         per_pass = c.commits / passes
         floor = math.ceil(per_pass / parallelism) * latency_proxy.MIN_COMMIT_TRIPS * n.delay_s
