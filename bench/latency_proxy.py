@@ -42,7 +42,8 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
-LSN_PROPERTY = "lakeslot.lsn"
+from lakeslot.mirror.contract import LSN_PROPERTY
+
 TABLE_PATH = re.compile(r"/v1/(?:.+/)?namespaces/(?P<namespace>[^/]+)/tables/(?P<table>[^/?]+)$")
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
               "proxy-authorization", "proxy-authenticate", "content-length", "expect"}
@@ -74,13 +75,44 @@ def apply_commit_table(method: str, path: str, body: bytes) -> str | None:
     return None
 
 
-class _Server(ThreadingHTTPServer):
+class Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128
 
     def handle_error(self, request, client_address) -> None:
+        """A client killed mid-request resets its connection: expected here, not reported."""
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
+
+
+def send_answer(handler: BaseHTTPRequestHandler, status: int, reason: str,
+                headers: list[tuple[str, str]], answer: bytes, length: str | None) -> None:
+    """Answer the request (``length``: a ``HEAD``'s ``Content-Length``); a client that is gone
+    (killed mid-request) closes the connection."""
+    try:
+        handler.send_response(status, reason)
+        for key, value in headers:
+            handler.send_header(key, value)
+        handler.send_header("Content-Length", length or str(len(answer)))
+        handler.end_headers()
+        if handler.command != "HEAD":
+            handler.wfile.write(answer)
+        handler.wfile.flush()
+    except OSError:
+        handler.close_connection = True
+
+
+def read_body(handler: BaseHTTPRequestHandler) -> bytes:
+    """A request's body, whole: by its ``Content-Length`` or chunked (trailers skipped)."""
+    if handler.headers.get("Transfer-Encoding", "").lower() == "chunked":
+        chunks = []
+        while (size := int(handler.rfile.readline().split(b";")[0].strip() or b"0", 16)):
+            chunks.append(handler.rfile.read(size))
+            handler.rfile.readline()
+        while handler.rfile.readline() not in (b"\r\n", b"\n", b""):
+            pass  # trailers
+        return b"".join(chunks)
+    return handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
 
 
 class LatencyProxy:
@@ -96,7 +128,7 @@ class LatencyProxy:
         self.recording = threading.Event()
         self.requests: list[Request] = []
         self._lock = threading.Lock()
-        self._server = _Server(("127.0.0.1", 0), self._handler())
+        self._server = Server(("127.0.0.1", 0), self._handler())
         threading.Thread(target=self._server.serve_forever, name="latency-proxy",
                          daemon=True).start()
 
@@ -129,17 +161,6 @@ class LatencyProxy:
             def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base's name
                 pass  # (requests carry credentials in headers: nothing is logged)
 
-            def _body(self) -> bytes:
-                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    chunks = []
-                    while (size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)):
-                        chunks.append(self.rfile.read(size))
-                        self.rfile.readline()
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass  # trailers
-                    return b"".join(chunks)
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
             def _send_upstream(self, body: bytes, headers: dict[str, str]):
                 for attempt in (0, 1):
                     if self.upstream is None:
@@ -159,7 +180,7 @@ class LatencyProxy:
 
             def _forward(self) -> None:
                 started = time.monotonic()
-                body = self._body()
+                body = read_body(self)
                 commit = apply_commit_table(self.command, self.path, body) is not None
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
                 headers["Content-Length"] = str(len(body))
@@ -185,17 +206,7 @@ class LatencyProxy:
                         self.upstream.close()
                         self.upstream = None
                     status, reason, answer, answer_headers, length = 502, "Bad Gateway", b"", [], None
-                try:
-                    self.send_response(status, reason)
-                    for key, value in answer_headers:
-                        self.send_header(key, value)
-                    self.send_header("Content-Length", length or str(len(answer)))
-                    self.end_headers()
-                    if self.command != "HEAD":
-                        self.wfile.write(answer)
-                    self.wfile.flush()
-                except OSError:
-                    self.close_connection = True
+                send_answer(self, status, reason, answer_headers, answer, length)
                 proxy._record(Request(started, time.monotonic(), self.command,
                                       unquote(urlsplit(self.path).path), status, commit))
 

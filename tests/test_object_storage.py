@@ -184,13 +184,8 @@ def test_an_apply_commit_whose_answer_is_lost_after_it_landed_is_not_applied_twi
         define_catalog(rest_spark, catalog, store.catalog_secrets())
         document = fixtures_s3.ingestion_document(db, f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}", tables,
                                                   catalog)
-        path = tmp_path / "ingestion.yaml"
-        path.write_text(yaml.safe_dump(document))
-        environment = fixtures_s3.run_environment(db, store, store.catalog_secrets())
-        for name, value in environment.items():
-            monkeypatch.setenv(name, value)
-        local = config.load(str(path), state_dir=str(tmp_path / "state"), environ=environment)
-        secrets = local.job.catalog_secrets(environment)
+        local = fixtures_s3.local_config(db, store, document, tmp_path, monkeypatch)
+        secrets = local.job.catalog_secrets(local.environ)
         ls.run_in_process(local, rest_spark, once=True)  # the snapshot
         before = mirror_progress.read(local.ingestion, tables, secrets=secrets)
 
