@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.apply_bench [--rate 600] [--seconds 60] [--pg 15|18]
                                           [--segment-seconds 0.5] [--plot FILE.svg|FILE.png]
+                                          [--object-store [--latency-ms 30]]
 
 One run starts a throwaway PostgreSQL (``lakeslot.local.pgcluster``), a table ``bench`` (bigint key,
 int, numeric, text, timestamptz), a publication and the slot, then runs at the same time:
@@ -27,6 +28,10 @@ end (every column of every row, read with pyiceberg), where an apply pass spends
 seals (:mod:`lakeslot.cadence`: the median time after a point of the seal grid of the segment
 files' times and of the passes' starts). The apply job warms up before its first pass
 (:mod:`lakeslot.apply.warmup`); the writer starts once the mirror exists, i.e. after it.
+With ``--object-store`` staging is on S3 and the mirror in an Iceberg REST catalog (``weed mini``),
+each behind :mod:`bench.latency_proxy` adding ``--latency-ms`` to every request; the observer
+reads the table's metadata from the catalog directly (the Iceberg REST protocol), and the
+requests around each commit are counted (:func:`bench.latency_proxy.commit_trips`).
 Numbers, not assertions (targets: p50 ≤ 2 s, p99 ≤ 5 s, never above p50 5 s / p99 15 s; lag
 bounded). ``--plot`` also draws the latency distribution and the lag over time (:mod:`bench.plots`,
 needs the ``plots`` extra: matplotlib).
@@ -35,6 +40,7 @@ needs the ``plots`` extra: matplotlib).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import statistics
@@ -43,8 +49,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-from bench import common
+from bench import common, latency_proxy
+from bench.many_tables import RestReader, visible_lsn
 from lakeslot import cadence, workloads
 from lakeslot.apply import job as apply_job
 from lakeslot.mirror import progress as mirror_progress
@@ -84,6 +92,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--pg", choices=("15", "18"), default="15")
     parser.add_argument("--segment-seconds", type=float, default=0.5)
+    parser.add_argument("--object-store", action="store_true",
+                        help="S3 staging and an Iceberg REST catalog (weed mini), each behind a "
+                        "proxy adding --latency-ms to every request")
+    parser.add_argument("--latency-ms", type=float, default=30.0,
+                        help="with --object-store: milliseconds added to each request (default 30)")
     parser.add_argument("--plot", type=Path, metavar="FILE",
                         help="also write the latency distribution and the lag over time (.svg or .png; "
                              "needs matplotlib: pip install -e '.[plots]')")
@@ -91,9 +104,27 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="apply-bench-"))
     staging, warehouse = (work / "staging").as_uri(), str(work / "warehouse")
-    with common.cluster(args.pg) as cluster:
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(common.cluster(args.pg))
+        net = stack.enter_context(common.network(work / "object-store", args.latency_ms / 1000)) \
+            if args.object_store else None
         common.create_source(cluster)
-        ingestion = common.ingestion(cluster, staging, warehouse, snapshot={"mode": "never"})
+        network_spec: dict[str, Any] = {} if net is None else {
+            "sink": {"catalog": net.catalog_document()},
+            "secretEnv": net.secret_env()}
+        staging = staging if net is None else net.staging
+        ingestion = common.ingestion(cluster, staging, warehouse, snapshot={"mode": "never"},
+                                     **network_spec)
+        rest = None if net is None else RestReader(net.store.rest_uri, net.store.access_key,
+                                                   net.store.secret_key)
+
+        def visible() -> int | None:
+            """The mirror's ``lakeslot.lsn``: through lakeslot's progress reader on local disk,
+            from the REST catalog's own answer on object storage (not through the proxy)."""
+            if rest is None:
+                return mirror_progress.read(ingestion, [TABLE])[TABLE].lsn
+            loaded = rest.load("public__bench")
+            return None if loaded is None else visible_lsn(loaded[1])
         os.environ[workloads.PASSWORD_ENV] = cluster.password
         env = {**os.environ, "LAKESLOT_SOURCE_PASSWORD": cluster.password}
         with open(work / "reader.log", "wb") as reader_log:  # the reader keeps its own descriptor
@@ -119,15 +150,18 @@ def main() -> None:
 
         def observe() -> None:
             while not observing.is_set():
-                lsn = mirror_progress.read(ingestion, [TABLE])[TABLE].lsn
+                lsn = visible()
                 if lsn is not None and (not seen or lsn > seen[-1][1]):
                     seen.append((time.time(), lsn))
                 time.sleep(0.05)
 
         observer = threading.Thread(target=observe, daemon=True)
         observer.start()
-        while mirror_progress.read(ingestion, [TABLE])[TABLE].lsn is None:
+        while visible() is None:
             time.sleep(0.2)  # the mirror exists: the apply job is up
+        if net is not None:
+            net.s3.recording.set()
+            net.rest.recording.set()
         receive, send = multiprocessing.Pipe(duplex=False)
         process = multiprocessing.Process(target=writer, args=(cluster.dsn("bench"), args.rate,
                                                                args.seconds, send))
@@ -142,6 +176,9 @@ def main() -> None:
             time.sleep(0.05)
         drained = seen[-1][0] - writer_done
         observing.set()
+        if net is not None:
+            net.s3.recording.clear()
+            net.rest.recording.clear()
         stop.set()
         applier.join(120)
         reader.terminate()
@@ -153,10 +190,17 @@ def main() -> None:
             while seen[j][1] < bound - 1 and j < len(seen) - 1:
                 j += 1
             latencies.append(seen[j][0] - committed)
-        rows = spark.sql("SELECT count(*) FROM lakeslot.bench.public__bench").collect()[0][0]
+        rows = spark.sql(f"SELECT count(*) FROM {ingestion.spec.sink.catalog.name}.bench."
+                         "public__bench").collect()[0][0]
         with cluster.connect("bench") as conn:
             source = one_row(conn.execute("SELECT count(*) FROM bench"))[0]
-        equal = common.mirror_equals_source(cluster, warehouse)
+        equal = common.mirror_equals_source(cluster, warehouse,
+                                            None if net is None else net.pyiceberg_catalog())
+        trips = None if net is None else latency_proxy.commit_trips(
+            net.s3.requests, net.rest.requests,
+            lambda path: "bench" if path.startswith("/lake/") and "public__bench" in path else None,
+            lambda path: "bench" if "public__bench" in path else None)
+        staged = None if net is None else latency_proxy.reads(net.s3.requests, "/stage/")
         spark.stop()
         sealed = [t for _, t in Staging(staging).listing() if t is not None]
 
@@ -190,6 +234,15 @@ def main() -> None:
     print(f"alignment (lakeslot.cadence): seals' file times {median_after_grid(sealed)} after a grid "
           f"point of {args.segment_seconds} s (median), passes started "
           f"{median_after_grid([at - sum(steps.values()) for at, steps in during])} after one")
+    if trips is not None and trips.commits:
+        print(f"on the network ({args.latency_ms:.0f} ms added to each request): {trips.commits} "
+              f"commits, each (median) {trips.s3:.0f} S3 and {trips.rest:.0f} catalog requests up "
+              f"to its answer, {trips.sequential:.0f} of them one after the other "
+              f"({trips.sequential * args.latency_ms / 1000:.2f} s of added latency; the floor "
+              f"{latency_proxy.MIN_COMMIT_TRIPS} × {args.latency_ms:.0f} ms = "
+              f"{latency_proxy.MIN_COMMIT_TRIPS * args.latency_ms / 1000:.2f} s), then "
+              f"{trips.s3_after:.0f} S3 and {trips.rest_after:.0f} catalog requests after it")
+        print(f"staging: {staged.line(args.latency_ms / 1000) if staged else '-'}")
     if args.rate <= 600:
         floor = q[49] <= 5 and q[98] <= 15 and equal
         target = q[49] <= 2 and q[98] <= 5 and equal

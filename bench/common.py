@@ -4,16 +4,20 @@ reader's command line for it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 
+from bench.latency_proxy import LatencyProxy
 from lakeslot import workloads
 from lakeslot.api.models import GROUP, VERSION, PostgresIngestion
 from lakeslot.api.naming import TableName
-from lakeslot.local import pgcluster
+from lakeslot.local import objectstore, pgcluster
 from lakeslot.mirror.catalog import load_hadoop_table
 from lakeslot.source import slot
 from lakeslot.spark.session import job_session
@@ -89,12 +93,85 @@ def source_table(cluster: pgcluster.Cluster, where: str = "", args: tuple = ()) 
     return pa.Table.from_pylist([dict(zip(COLUMNS, r, strict=True)) for r in rows])
 
 
-def mirror_equals_source(cluster: pgcluster.Cluster, warehouse: str) -> bool:
+def mirror_equals_source(cluster: pgcluster.Cluster, warehouse: str, catalog=None) -> bool:
     """Every column of every row of the mirror (read with pyiceberg, independently of the apply
-    code) equals the source."""
-    mirror = load_hadoop_table(Path(warehouse).as_uri(), ("bench", "public__bench"))
+    code: from ``catalog``, else the hadoop catalog at ``warehouse``) equals the source."""
+    identifier = ("bench", "public__bench")
+    mirror = catalog.load_table(identifier) if catalog is not None else \
+        load_hadoop_table(Path(warehouse).as_uri(), identifier)
     assert mirror is not None
     mirrored = mirror.scan(selected_fields=tuple(COLUMNS)).to_arrow().sort_by("id")
     source = source_table(cluster)
     return mirrored.num_rows == source.num_rows and all(
         mirrored[c].cast(source[c].type).equals(source[c]) for c in COLUMNS)
+
+
+@dataclass(frozen=True)
+class Network:
+    """The production configuration on this machine: S3 staging and an Iceberg REST catalog
+    (``weed mini``), each behind a :class:`LatencyProxy` adding the same delay to every request
+    (the catalog's answers name the S3 proxy as the tables' endpoint). lakeslot is given the
+    proxies; a benchmark's independent reads go to ``store`` directly. The catalog's own writes
+    of metadata files are not delayed."""
+
+    store: objectstore.ObjectStore
+    s3: LatencyProxy
+    rest: LatencyProxy
+
+    @property
+    def staging(self) -> str:
+        return f"s3://{objectstore.STAGING_BUCKET}/bench"
+
+    def catalog_document(self) -> dict:
+        """``sink.catalog``: the REST catalog and ``S3FileIO``, both through the proxies."""
+        document = self.store.catalog_document()
+        document["uri"] = self.rest.uri
+        document["properties"] = {**document["properties"], "s3.endpoint": self.s3.uri,
+                                  "oauth2-server-uri": f"{self.rest.uri}/v1/oauth/tokens"}
+        return document
+
+    def environment(self) -> dict[str, str]:
+        """What the run reads from its environment: the keys, the S3 endpoint (the proxy's), the
+        catalog's secrets."""
+        return {**self.store.environment(), "AWS_ENDPOINT_URL": self.s3.uri,
+                **workloads.catalog_secret_environment(self.store.catalog_secrets())}
+
+    def secret_env(self) -> list[dict]:
+        """``spec.secretEnv`` for the keys (a run reads them from its environment)."""
+        return [{"name": key, "secretKeyRef": {"name": "bench-s3", "key": key}}
+                for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+
+    def pyiceberg_catalog(self):
+        """The REST catalog opened by pyiceberg with its own settings, not through the proxies:
+        the benchmark's reads cost lakeslot nothing and are not counted."""
+        from pyiceberg.catalog import load_catalog
+
+        document = self.store.catalog_document()
+        return load_catalog("bench-reader", **{**document["properties"],
+                                               **self.store.catalog_secrets(), "type": "rest",
+                                               "uri": self.store.rest_uri,
+                                               "warehouse": document["warehouse"]})
+
+
+@contextlib.contextmanager
+def network(directory: Path, delay_s: float) -> Iterator[Network]:
+    """A throwaway ``weed mini`` in ``directory`` and the two proxies, while inside; the
+    process environment holds :meth:`Network.environment` meanwhile (the Spark session and its
+    workers read it there, as a run's do)."""
+    try:
+        with objectstore.running(directory) as store, \
+                LatencyProxy(store.s3_endpoint, delay_s) as s3, \
+                LatencyProxy(store.rest_uri, delay_s, {store.s3_endpoint: s3.uri}) as rest:
+            net = Network(store, s3, rest)
+            saved = {k: os.environ.get(k) for k in net.environment()}
+            os.environ.update(net.environment())
+            try:
+                yield net
+            finally:
+                for key, value in saved.items():
+                    if value is None:
+                        os.environ.pop(key, None)
+                    else:
+                        os.environ[key] = value
+    except objectstore.ObjectStoreError as e:
+        raise SystemExit(str(e)) from e

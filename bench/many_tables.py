@@ -4,6 +4,7 @@ Iceberg, and what a pass costs per table it touches.
     .venv/bin/python -m bench.many_tables [--tables 200] [--rows 1000] [--rate 100]
                                           [--skew uniform|zipf] [--seconds 60] [--pg 15|18]
                                           [--table-parallelism N] [--no-reference] [--no-floor]
+                                          [--object-store [--latency-ms 30] [--no-local]]
 
 One round starts a throwaway PostgreSQL (``lakeslot.local.pgcluster``) with schema ``app`` holding
 ``--tables`` tables of ``--rows`` rows each (``id int PRIMARY KEY, v int, note text,
@@ -33,33 +34,53 @@ the ratios against it are the issue's targets (pass wall time for the changes of
 unless ``--no-floor``): Iceberg's own commit of the smallest row delta to as many tables as a
 pass touched, ``apply.tableParallelism`` at a time, in a warm JVM of its own. Numbers, not
 assertions.
+
+With ``--object-store`` the production configuration runs after the same round on local disk
+(``--no-local`` skips that one; no reference round): staging in S3 and the mirrors in an Iceberg
+REST catalog with ``S3FileIO`` (``weed mini``, :func:`bench.common.network`), each behind a
+:class:`bench.latency_proxy.LatencyProxy` adding ``--latency-ms`` to every HTTP request. The
+observer reads each table's metadata from the catalog's ``loadTable`` answer (the REST protocol,
+straight to the catalog, not through a proxy) and the mirrors are compared through the catalog
+with pyiceberg. Printed besides: the requests the passes made to S3 and to the catalog, a table
+commit's requests (how many, how many one after the other: :func:`bench.latency_proxy.commit_trips`;
+one commit's requests line by line), and the floor of a pass for that latency — the table
+commits of a pass, ``apply.tableParallelism`` at a time, × the round trips a commit cannot avoid
+(:data:`bench.latency_proxy.MIN_COMMIT_TRIPS`) × the latency. Every request of both proxies is
+saved as JSON lines (the path is printed).
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
+import dataclasses
 import io
 import json
+import math
 import multiprocessing
 import os
 import random
+import re
 import signal
 import statistics
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from bench import commit_floor, common
+from bench import commit_floor, common, latency_proxy
 from lakeslot import workloads
 from lakeslot.api.models import GROUP, VERSION, ApplySpec
 from lakeslot.api.naming import TableName
-from lakeslot.local import config
+from lakeslot.local import config, objectstore
 from lakeslot.local import run as local_run
 from lakeslot.mirror.catalog import load_hadoop_table
 from lakeslot.source.connection import one_row
@@ -123,28 +144,38 @@ def writer(dsn: str, tables: int, rows: int, skew: str, rate: float, seconds: fl
 
 @dataclass
 class Observer:
-    """Each table's ``lakeslot.lsn`` as pyiceberg reads it, with when it was first seen."""
+    """Each table's ``lakeslot.lsn`` as its metadata shows it, with when it was first seen:
+    ``warehouse`` a hadoop catalog's (``file://``), or a REST catalog (:class:`RestReader`)."""
 
     warehouse: str
     tables: list[TableName]
+    rest: RestReader | None = None
     seen: list[list[tuple[float, int]]] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         self.seen = [[] for _ in self.tables]
         self.wanted = [0] * len(self.tables)  # the highest LSN a transaction needs, per table
-        self.versions: dict[int, int] = {}  # the metadata version last read, per table
+        self.versions: dict[int, int | str] = {}  # the metadata version last read, per table
 
     def read(self, t: int) -> None:
-        metadata = Path(self.warehouse.removeprefix("file://")) / "bench" / \
-            f"app__{self.tables[t].name}" / "metadata"
-        try:
-            version = int((metadata / "version-hint.text").read_text())
-            if version == self.versions.get(t):
+        if self.rest is not None:
+            loaded = self.rest.load(f"app__{self.tables[t].name}")
+            if loaded is None or loaded[0] == self.versions.get(t):
                 return
-            lsn = visible_lsn(json.loads((metadata / f"v{version}.metadata.json").read_bytes()))
-        except (FileNotFoundError, ValueError):  # the hadoop catalog replaces version-hint.text
-            return  # while committing (delete, then write): looked at again in the next cycle
+            version: int | str = loaded[0]
+            lsn = visible_lsn(loaded[1])
+        else:
+            metadata = Path(self.warehouse.removeprefix("file://")) / "bench" / \
+                f"app__{self.tables[t].name}" / "metadata"
+            try:
+                version = int((metadata / "version-hint.text").read_text())
+                if version == self.versions.get(t):
+                    return
+                lsn = visible_lsn(json.loads((metadata / f"v{version}.metadata.json")
+                                             .read_bytes()))
+            except (FileNotFoundError, ValueError):  # the hadoop catalog replaces
+                return  # version-hint.text while committing: looked at in the next cycle
         self.versions[t] = version
         if lsn is not None and (not self.seen[t] or lsn > self.seen[t][-1][1]):
             self.seen[t].append((time.time(), lsn))
@@ -162,6 +193,39 @@ class Observer:
         return all(self.seen[t] and self.seen[t][-1][1] >= w for t, w in enumerate(self.wanted))
 
 
+@dataclass
+class RestReader:
+    """A table's metadata as an Iceberg REST catalog's ``loadTable`` answers it (the Iceberg REST
+    protocol, no lakeslot code; straight to the catalog, not through the latency proxy)."""
+
+    uri: str
+    client_id: str
+    client_secret: str
+
+    def __post_init__(self) -> None:
+        token = urllib.parse.urlencode({
+            "grant_type": "client_credentials", "client_id": self.client_id,
+            "client_secret": self.client_secret, "scope": "catalog"}).encode()
+        with urllib.request.urlopen(f"{self.uri}/v1/oauth/tokens", token) as r:
+            self.token = json.load(r)["access_token"]
+        with urllib.request.urlopen(f"{self.uri}/v1/config?warehouse={objectstore.WAREHOUSE}") as r:
+            prefix = json.load(r).get("overrides", {}).get("prefix", "")
+        self.base = f"{self.uri}/v1/{prefix + '/' if prefix else ''}namespaces/bench/tables/"
+
+    def load(self, table: str) -> tuple[str, dict] | None:
+        """(metadata location, metadata) of ``table``; None while it does not exist."""
+        request = urllib.request.Request(self.base + table,
+                                         headers={"Authorization": f"Bearer {self.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                answer = json.load(r)
+        except urllib.error.HTTPError as e:
+            if e.code == 404:
+                return None
+            raise
+        return answer["metadata-location"], answer["metadata"]
+
+
 def visible_lsn(metadata: dict) -> int | None:
     """The ``lakeslot.lsn`` an Iceberg table's metadata (its JSON) shows: its current snapshot's,
     or, through ``replace`` snapshots without one (compactions), their first ancestor's."""
@@ -174,12 +238,13 @@ def visible_lsn(metadata: dict) -> int | None:
         if snapshot is not None and "lakeslot.lsn" in snapshot["summary"] else None
 
 
-def observe(warehouse: str, tables: list[TableName], conn) -> None:
+def observe(warehouse: str, tables: list[TableName], conn, rest: RestReader | None = None
+            ) -> None:
     """The observer in its own process (its pyiceberg reads took the apply job's interpreter
     lock when it ran in a thread of the run's process). Over ``conn``: it sends ("snapshotted",
     when) once every mirror exists; receives the wanted LSNs per table; sends ("current", when)
     once every table reached them, then ("seen", every table's observations)."""
-    observer = Observer(warehouse, tables)
+    observer = Observer(warehouse, tables, rest)
     threading.Thread(target=observer.run, daemon=True).start()
     while not all(observer.seen):
         time.sleep(0.2)
@@ -207,30 +272,52 @@ class Round:
     touched: int  # tables that had changes applied (the apply job's totals)
     passes: int
     equal: bool
+    network: Trips | None = None  # on object storage: the requests of the writes' passes
 
 
-def one_round(args, tables: int, rows: int) -> Round:
+@dataclass(frozen=True)
+class Trips:
+    """What the passes during the writes asked of S3 and of the catalog (the proxies' counts)."""
+
+    delay_s: float
+    parallelism: int  # apply.tableParallelism
+    passes: int
+    s3: int  # requests to S3 (staging and the warehouse)
+    rest: int  # requests to the catalog
+    commits: latency_proxy.CommitTrips
+    staging: latency_proxy.Reads  # the reads of staging (segments, status documents)
+
+
+def one_round(args, tables: int, rows: int, object_store: bool = False) -> Round:
     """``lakeslot run`` in this thread (its signal handling needs the main thread); the writer,
-    the observer and the measures in another, which stops the run with SIGTERM as a user would."""
+    the observer and the measures in another, which stops the run with SIGTERM as a user would.
+    With ``object_store``: S3 staging and a REST catalog behind :mod:`bench.latency_proxy`."""
     work = Path(tempfile.mkdtemp(prefix="many-tables-"))
-    staging, warehouse = (work / "staging").as_uri(), (work / "warehouse").as_uri()
-    with common.cluster(args.pg) as cluster:
+    with contextlib.ExitStack() as stack:
+        cluster = stack.enter_context(common.cluster(args.pg))
+        net = stack.enter_context(common.network(work / "object-store", args.latency_ms / 1000)) \
+            if object_store else None
         create_source(cluster, tables, rows)
-        document = {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "PostgresIngestion",
-            "metadata": {"name": "bench", "namespace": "default"},
-            "spec": {"source": {"host": "127.0.0.1", "port": cluster.port, "database": "bench",
-                                "user": cluster.superuser, "schemas": [SCHEMA]},
-                     "sink": {"catalog": {"type": "hadoop", "warehouse": warehouse},
-                              "namespace": "bench"},
-                     "staging": {"uri": staging},
-                     "apply": {"triggerIntervalSeconds": 1,
-                               **({"tableParallelism": args.table_parallelism}
-                                  if args.table_parallelism else {})}}}
+        staging, warehouse = (work / "staging").as_uri(), (work / "warehouse").as_uri()
+        spec: dict = {"source": {"host": "127.0.0.1", "port": cluster.port, "database": "bench",
+                                 "user": cluster.superuser, "schemas": [SCHEMA]},
+                      "sink": {"catalog": {"type": "hadoop", "warehouse": warehouse},
+                               "namespace": "bench"},
+                      "staging": {"uri": staging},
+                      "apply": {"triggerIntervalSeconds": 1,
+                                **({"tableParallelism": args.table_parallelism}
+                                   if args.table_parallelism else {})}}
+        environ = {workloads.PASSWORD_ENV: cluster.password}
+        if net is not None:
+            staging = spec["staging"]["uri"] = net.staging
+            spec["sink"]["catalog"] = net.catalog_document()
+            spec["secretEnv"] = net.secret_env()
+            environ.update(net.environment())
+        document = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "PostgresIngestion",
+                    "metadata": {"name": "bench", "namespace": "default"}, "spec": spec}
         path = work / "ingestion.yaml"
         path.write_text(yaml.safe_dump(document))
-        local = config.load(str(path), state_dir=str(work / "state"),
-                            environ={workloads.PASSWORD_ENV: cluster.password})
+        local = config.load(str(path), state_dir=str(work / "state"), environ=environ)
         names = [TableName(SCHEMA, n) for n in table_names(tables)]
         measured: list[Round] = []
         failure: list[BaseException] = []
@@ -238,7 +325,8 @@ def one_round(args, tables: int, rows: int) -> Round:
 
         def measure() -> None:
             try:
-                measured.append(_measure(args, cluster, staging, warehouse, names, rows, started))
+                measured.append(_measure(args, cluster, staging, warehouse, names, rows, started,
+                                         net))
             except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
                 failure.append(e)
             finally:
@@ -257,16 +345,22 @@ def one_round(args, tables: int, rows: int) -> Round:
 
 
 def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName], rows: int,
-             started: float) -> Round:
+             started: float, net: common.Network | None) -> Round:
     # (spawned: this process runs a JVM and threads, which a fork would copy mid-flight)
     mine, theirs = multiprocessing.Pipe()
+    rest = None if net is None else RestReader(net.store.rest_uri, net.store.access_key,
+                                               net.store.secret_key)
     watcher = multiprocessing.get_context("spawn").Process(
-        target=observe, args=(warehouse, names, theirs), daemon=True)
+        target=observe, args=(warehouse, names, theirs, rest), daemon=True)
     watcher.start()
     snapshot_s = _expect(mine, "snapshotted") - started  # every mirror has its snapshot
     receive, send = multiprocessing.Pipe(duplex=False)
     process = multiprocessing.Process(target=writer, args=(
         cluster.dsn("bench"), len(names), rows, args.skew, args.rate, args.seconds, send))
+    begun = _totals(staging)
+    if net is not None:
+        net.s3.recording.set()
+        net.rest.recording.set()
     process.start()
     marks: list[dict] = []  # the apply job's totals when the last third of the writes begins
     mark = threading.Timer(args.seconds * 2 / 3, lambda: marks.append(_totals(staging)))
@@ -281,6 +375,9 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
         wanted[t] = max(wanted[t], lsn)
     mine.send(wanted)
     drained = _expect(mine, "current") - writer_done
+    if net is not None:  # the requests of the passes that made the writes visible
+        net.s3.recording.clear()
+        net.rest.recording.clear()
     seen = _expect(mine, "seen")
     watcher.join()
     time.sleep(3)  # the pass that made the last change visible writes its status after its commits
@@ -292,7 +389,8 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     last = (after.get("wallSeconds", 0.0) - before.get("wallSeconds", 0.0)) / max(
         1, int(after.get("passes", 0)) - int(before.get("passes", 0)))
     touched = sum(len(ops) > 0 for ops in totals.get("changes", {}).values())
-    equal = all(_equal(cluster, warehouse, t) for t in names)
+    reader = None if net is None else net.pyiceberg_catalog()
+    equal = all(_equal(cluster, warehouse, t, reader) for t in names)
     latencies, early = [], []
     for t, lsn, committed in records:
         visible = next(at for at, reached in seen[t] if reached >= lsn)
@@ -300,8 +398,41 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
         if committed - records[0][2] <= EARLY_S:
             early.append(visible - committed)
     duration = records[-1][2] - records[0][2]
+    trips = None
+    if net is not None:
+        _save_requests(net, Path(staging_dir := tempfile.mkdtemp(prefix="many-tables-requests-")))
+        print(f"  (the proxies' requests: {staging_dir}/{{s3,rest}}.jsonl)")
+        trips = Trips(net.s3.delay_s, args.table_parallelism or ApplySpec().table_parallelism,
+                      int(totals.get("passes", 0)) - int(begun.get("passes", 0)),
+                      len(net.s3.requests), len(net.rest.requests),
+                      latency_proxy.commit_trips(net.s3.requests, net.rest.requests,
+                                                 _warehouse_table, _mirror_table),
+                      latency_proxy.reads(net.s3.requests, f"/{objectstore.STAGING_BUCKET}/"))
     return Round(len(names), rows, snapshot_s, latencies, early, len(records) / duration, drained,
-                 wall, last, steps, touched, passes, equal)
+                 wall, last, steps, touched, passes, equal, trips)
+
+
+def _save_requests(net: common.Network, directory: Path) -> None:
+    """Every recorded request of both proxies, one JSON object a line, for a closer look."""
+    for name, proxy in (("s3", net.s3), ("rest", net.rest)):
+        with open(directory / f"{name}.jsonl", "w") as out:
+            for r in proxy.requests:
+                out.write(json.dumps(dataclasses.asdict(r)) + "\n")
+
+
+MIRROR = re.compile(r"app__(t\d+)\b")
+
+
+def _mirror_table(path: str) -> str | None:
+    """The mirror a catalog request is about (its path names it)."""
+    found = MIRROR.search(path)
+    return found[1] if found else None
+
+
+def _warehouse_table(path: str) -> str | None:
+    """The mirror an S3 request is about: its files are under the warehouse bucket, in a
+    directory named for it."""
+    return _mirror_table(path) if path.startswith(f"/{objectstore.WAREHOUSE}/") else None
 
 
 def _totals(staging: str) -> dict:
@@ -317,9 +448,12 @@ def _expect(conn, what: str):
     return value
 
 
-def _equal(cluster, warehouse: str, table: TableName) -> bool:
+def _equal(cluster, warehouse: str, table: TableName, catalog=None) -> bool:
+    """The mirror (from ``catalog``, pyiceberg's, else the hadoop ``warehouse``) equals the source."""
     columns = ["id", "v", "note", "at"]
-    mirror = load_hadoop_table(warehouse, ("bench", f"app__{table.name}"))
+    identifier = ("bench", f"app__{table.name}")
+    mirror = catalog.load_table(identifier) if catalog is not None else \
+        load_hadoop_table(warehouse, identifier)
     assert mirror is not None
     mirrored = mirror.scan(selected_fields=tuple(columns)).to_arrow().sort_by("id").to_pylist()
     with cluster.connect("bench") as conn:
@@ -351,6 +485,37 @@ def report(label: str, r: Round) -> None:
     print(f"  a pass of the last third of the writes: {r.pass_last_s:.3f} s on average")
     print(f"  drained {r.drained_s:.1f} s after the writer stopped; every mirror equal to its "
           f"source (pyiceberg, every column of every row): {r.equal}")
+    if r.network is not None:
+        report_network(r, r.network)
+
+
+def report_network(r: Round, n: Trips) -> None:
+    """Where a pass's time goes on the network: requests per pass and per table commit, and the
+    floor of a pass for the proxies' delay."""
+    c, passes, parallelism = n.commits, max(n.passes, 1), n.parallelism
+    print(f"  on the network ({n.delay_s * 1000:.0f} ms added to each request): {n.passes} passes "
+          f"during the writes made {n.s3} S3 requests ({n.s3 / passes:.0f} a pass) and {n.rest} "
+          f"catalog requests ({n.rest / passes:.0f} a pass)")
+    print(f"  staging: {n.staging.line(n.delay_s)}")
+    if c.commits:
+        per_pass = c.commits / passes
+        floor = math.ceil(per_pass / parallelism) * latency_proxy.MIN_COMMIT_TRIPS * n.delay_s
+        print(f"  a table's commit ({c.commits} commits, medians): {c.s3:.0f} S3 requests to its "
+              f"files and {c.rest:.0f} to the catalog up to the commit's answer, of which "
+              f"{c.sequential:.0f} one after the other ({c.sequential * n.delay_s:.2f} s of added "
+              f"latency; {c.seconds:.2f} s from its first request to the commit's answer); then "
+              f"{c.s3_after:.0f} S3 and {c.rest_after:.0f} catalog requests after it; besides the "
+              f"tables: {c.other_s3} S3 and {c.other_rest} catalog requests in all")
+        print("  one table's requests around its commit (offset from the first):")
+        for line in c.example:
+            print(f"    {line}")
+        print(f"  the floor for this latency: {per_pass:.1f} table commits a pass, {parallelism} at "
+              f"a time, × {latency_proxy.MIN_COMMIT_TRIPS} round trips a commit cannot avoid × "
+              f"{n.delay_s * 1000:.0f} ms = {floor:.2f} s a pass (the passes measured: "
+              f"{r.pass_s:.2f} s, {r.pass_s / floor:.1f}× the floor; at today's "
+              f"{c.sequential:.0f} sequential round trips a commit: "
+              f"{math.ceil(per_pass / parallelism) * c.sequential * n.delay_s:.2f} s)"
+              if floor else "  no floor: no delay added")
 
 
 def main() -> None:
@@ -365,12 +530,34 @@ def main() -> None:
     parser.add_argument("--table-parallelism", type=int, default=None,
                         help="apply.tableParallelism: tables applied at once in a pass "
                         "(default: the spec's default)")
+    parser.add_argument("--object-store", action="store_true",
+                        help="the production configuration: S3 staging and an Iceberg REST "
+                        "catalog (weed mini), each behind a proxy adding --latency-ms to every "
+                        "request; the local-disk round runs first (unless --no-local)")
+    parser.add_argument("--latency-ms", type=float, default=30.0,
+                        help="with --object-store: milliseconds added to each request to S3 "
+                        "and to the catalog (default 30; 0: none)")
+    parser.add_argument("--no-local", action="store_true",
+                        help="with --object-store: skip the local-disk round")
     parser.add_argument("--no-reference", action="store_true",
-                        help="skip the one-table round")
+                        help="skip the one-table round (never run with --object-store)")
     parser.add_argument("--no-floor", action="store_true",
                         help="skip the commit floor (bench.commit_floor) at the end")
     args = parser.parse_args()
     print(f"PostgreSQL {args.pg}, {args.skew} over the tables, {args.seconds:.0f} s of writes")
+    if args.object_store:
+        local = None if args.no_local else one_round(args, args.tables, args.rows)
+        remote = one_round(args, args.tables, args.rows, object_store=True)
+        if local is not None:
+            report("local disk (hadoop catalog)", local)
+        report(f"S3 + REST catalog, {args.latency_ms:.0f} ms a request", remote)
+        if local is not None:
+            p50, p99 = (lambda r: statistics.median(r.latencies),
+                        lambda r: statistics.quantiles(r.latencies, n=100)[98])
+            print(f"object storage ÷ local disk: snapshot {remote.snapshot_s / local.snapshot_s:.2f}"
+                  f" (target ≤ 1.5), p50 {p50(remote) / p50(local):.2f}, p99 "
+                  f"{p99(remote) / p99(local):.2f}, pass {remote.pass_s / max(local.pass_s, 1e-9):.2f}")
+        return
     reference = None if args.no_reference else one_round(args, 1, args.tables * args.rows)
     many = one_round(args, args.tables, args.rows)
     if reference is not None:

@@ -48,6 +48,7 @@ from lakeslot.local.pgcluster import free_port
 from lakeslot.mirror import catalog as catalogs
 from lakeslot.mirror import cuts
 from lakeslot.mirror import progress as mirror_progress
+from lakeslot.mirror.contract import LSN_PROPERTY
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.store import TEMP_PREFIX, Staging
 from lakeslot.verify import checksums
@@ -60,6 +61,7 @@ from tests.support import operator_env as env
 from tests.support.fixtures_kube import running_operator
 from tests.support.fixtures_pg import connection_settings
 from tests.support.fixtures_s3 import WAREHOUSE_BUCKET, define_catalog
+from tests.support.rest_proxy import CommitProxy
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
@@ -161,6 +163,60 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
     for text in (json.dumps(status), json.dumps(cut), verified, capsys.readouterr().err):
         assert store.secret_key not in text and db.cluster.password not in text
     assert os.environ["AWS_SECRET_ACCESS_KEY"] == store.secret_key  # (from the environment only)
+
+
+@pytest.mark.slow
+def test_an_apply_commit_whose_answer_is_lost_after_it_landed_is_not_applied_twice(
+        pgdb, rest_spark, object_store, tmp_path, monkeypatch, caplog):
+    """A commit that timed out on the client but landed on the catalog (the proxy forwards it,
+    then closes the connection without the answer; Iceberg's REST client reports an error): the
+    apply job's retry finds the table's position already at the batch's end (the LSN rule) and
+    applies nothing again — no second commit of the batch (before, the retry re-applied it on
+    top of the landed one: harmless for a keyed mirror's rows, a doubled batch all the same) —
+    and each change is in the mirror once, row by row."""
+    db, store = pgdb, object_store
+    with db.connect() as conn:
+        tables = ls.create_accounts_and_items(conn, 400, 200)
+    proxy = CommitProxy(store.rest_uri)
+    try:
+        # (a catalog of its own on the shared session: Spark keeps the one it loaded per name)
+        catalog = {**store.catalog_document(), "name": "lostanswer", "uri": proxy.uri}
+        define_catalog(rest_spark, catalog, store.catalog_secrets())
+        document = fixtures_s3.ingestion_document(db, f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}", tables,
+                                                  catalog)
+        local = fixtures_s3.local_config(db, store, document, tmp_path, monkeypatch)
+        secrets = local.job.catalog_secrets(local.environ)
+        ls.run_in_process(local, rest_spark, once=True)  # the snapshot
+        before = mirror_progress.read(local.ingestion, tables, secrets=secrets)
+
+        with db.connect() as conn:
+            ls.change_accounts_and_items(conn)
+        proxy.drop_answer()
+        ls.run_in_process(local, rest_spark, once=True)
+        assert proxy.fired.is_set(), "no apply commit went through the proxy"
+        [(table, status)] = proxy.dropped
+        assert status == 200, f"the catalog refused the commit whose answer was dropped: {status}"
+        assert any("landed though the attempt failed" in r.getMessage() for r in caplog.records), \
+            "the retry did not look for the landed commit"
+        ls.run_in_process(local, rest_spark, once=True)  # whatever the first run left to do
+        _assert_equal(local, db, tables, secrets)
+        after = mirror_progress.read(local.ingestion, tables, secrets=secrets)
+        assert all((after[t].lsn or 0) > (before[t].lsn or 0) for t in tables), (before, after)
+        # the landed commit's changes are in its table once: no later commit re-added them
+        mirror = catalogs.load_table(local.ingestion.spec.sink.catalog,
+                                     local.job.names.mirror_identifier(
+                                         next(t for t in tables if table.endswith(t.name))), secrets)
+        assert mirror is not None
+        lsns = [s.summary.additional_properties.get(LSN_PROPERTY) for s in mirror.snapshots()
+                if s.summary is not None and s.summary.operation.value != "replace"]
+        summaries = "\n".join(
+            f"{s.snapshot_id} parent {s.parent_snapshot_id} {s.summary.operation.value} " + " ".join(
+                f"{k}={v}" for k, v in s.summary.additional_properties.items()
+                if k.startswith(("lakeslot", "added-records", "added-position", "deleted", "total-rec")))
+            for s in mirror.snapshots() if s.summary)
+        assert len([x for x in lsns if x is not None]) == len({x for x in lsns if x is not None}), summaries
+    finally:
+        proxy.close()
 
 
 @pytest.mark.slow

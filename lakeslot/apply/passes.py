@@ -166,10 +166,18 @@ class Passes:
                reduced: dict[TableName, spread.Reduced], small: dict[TableName, pa.Table]
                ) -> dict[TableName, TableOutcome]:
         """Each planned table applied (:meth:`TablePass.apply`): each table's MERGE and commit
-        its own."""
-        plans = dict(todo)
-        return self._each(list(plans), lambda table: self.work.apply(
-            table, plans[table], batch, reduced.get(table), small.get(table)))
+        its own; a retry first asks whether the failed attempt's commit landed
+        (:meth:`TablePass.landed`)."""
+        plans, tried = dict(todo), set()
+
+        def apply(table: TableName) -> TableOutcome:
+            if table in tried and (landed := self.work.landed(table, plans[table], batch)):
+                return landed  # (a retry: the commit may have landed, its answer lost)
+            tried.add(table)
+            return self.work.apply(table, plans[table], batch, reduced.get(table),
+                                   small.get(table))
+
+        return self._each(list(plans), apply)
 
     def _each(self, tables: Sequence[TableName], work: Callable[[TableName], T]
               ) -> dict[TableName, T | TableOutcome]:

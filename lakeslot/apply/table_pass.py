@@ -247,6 +247,20 @@ class TablePass:
                                 error_summary(e))
         return rows
 
+    def landed(self, table: TableName, planned: Planned, batch: spread.Batch) -> TableOutcome | None:
+        """Before a retry of :meth:`apply`: the table's outcome when its commit of this batch
+        landed though the attempt failed (a catalog's answer lost on the network after it applied
+        the commit) — the table's position already reflects the batch, so the LSN rule leaves
+        nothing to apply again; None when it did not land."""
+        target = self.job.names.mirror_table(table)
+        assert batch.end is not None
+        position = self.tables.lsn(target)
+        if position is None or position < batch.end - 1:
+            return None
+        log.warning("%s: its commit landed though the attempt failed (its answer was lost): "
+                    "not applied again", table)
+        return TableOutcome(table, target, "applied", position, changes=planned.scan.changes)
+
     def apply(self, table: TableName, planned: Planned, batch: spread.Batch,
               reduced: spread.Reduced | None, small: pa.Table | None = None) -> TableOutcome:
         """The table's pass (``reduced``: its reduction; None: no change of it in the batch;

@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 import pytest
+import yaml
 
 from lakeslot import workloads
 from lakeslot.api.naming import TableName
+from lakeslot.local.config import Local, load
 from lakeslot.local.objectstore import PACKAGE, ObjectStore, ObjectStoreError, running, secret_refs, weed
 from tests.support import operator_env
 
@@ -76,6 +79,18 @@ def run_environment(db, store: ObjectStore, catalog_secrets: Mapping[str, str]) 
     source password, the object store's keys and endpoint, the catalog's secrets."""
     return {workloads.PASSWORD_ENV: db.cluster.password, **store.environment(),
             **workloads.catalog_secret_environment(catalog_secrets)}
+
+
+def local_config(db, store: ObjectStore, document: dict, directory: Path, monkeypatch) -> Local:
+    """``document`` written to ``directory``/ingestion.yaml and loaded for ``lakeslot run`` (its
+    state in ``directory``/state) with :func:`run_environment`, which the process environment
+    holds too for the test (a run exports it to its Spark session)."""
+    path = directory / "ingestion.yaml"
+    path.write_text(yaml.safe_dump(document))
+    environment = run_environment(db, store, store.catalog_secrets())
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    return load(str(path), state_dir=str(directory / "state"), environ=environment)
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,9 @@ table commit is in flight: the catalog, its 409s and the commits that land are t
   table's name; then the request goes on to the catalog — so an action that kills the client
   makes the commit land after the client died, and one that commits to the table first makes the
   catalog answer the client's commit with a real 409.
+- :meth:`CommitProxy.drop_answer` arms it to lose the catalog's answer to the next apply commit:
+  the commit is forwarded and lands (or not) as the catalog decides, then the client's connection
+  is closed without an answer — a commit that timed out on the client but landed on the server.
 - :attr:`CommitProxy.commits` records every apply commit forwarded: (table, the catalog's status).
 
 Failure modes: the upstream unreachable answers 502 (the client sees a catalog error); an action
@@ -19,46 +22,18 @@ that raises is recorded in :attr:`CommitProxy.errors` and the request is forward
 from __future__ import annotations
 
 import http.client
-import json
-import re
-import sys
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
-from lakeslot.mirror.contract import LSN_PROPERTY
+from bench.latency_proxy import Server, apply_commit_table, read_body, send_answer
 
-TABLE_PATH = re.compile(r"/v1/(?:.+/)?namespaces/(?P<namespace>[^/]+)/tables/(?P<table>[^/?]+)$")
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
               "proxy-authorization", "proxy-authenticate", "host", "content-length"}
 UPSTREAM_TIMEOUT_S = 120
 
 Action = Callable[[str], None]
-
-
-def apply_commit_table(method: str, path: str, body: bytes) -> str | None:
-    """The table an apply commit goes to (``namespace.table`` as in the path), else None."""
-    match = TABLE_PATH.match(urlsplit(path).path)
-    if method != "POST" or match is None or not body:
-        return None
-    try:
-        updates = json.loads(body).get("updates", [])
-    except ValueError:
-        return None
-    if any(u.get("action") == "add-snapshot"
-           and LSN_PROPERTY in (u.get("snapshot", {}).get("summary") or {}) for u in updates):
-        return f"{match['namespace']}.{match['table']}"
-    return None
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address) -> None:
-        """A client killed mid-request resets its connection: expected here, not reported."""
-        if not isinstance(sys.exc_info()[1], ConnectionError):
-            super().handle_error(request, client_address)
 
 
 class CommitProxy:
@@ -68,9 +43,11 @@ class CommitProxy:
         self.commits: list[tuple[str, int]] = []
         self.errors: list[BaseException] = []
         self._armed: Action | None = None
+        self._drop = False
+        self.dropped: list[tuple[str, int]] = []  # the commits whose answer was lost: (table, status)
         self._lock = threading.Lock()
         self.fired = threading.Event()  # the armed action ran
-        self._server = _Server(("127.0.0.1", 0), self._handler())
+        self._server = Server(("127.0.0.1", 0), self._handler())
         self._thread = threading.Thread(target=self._server.serve_forever, name="rest-proxy",
                                         daemon=True)
         self._thread.start()
@@ -85,6 +62,12 @@ class CommitProxy:
             self.fired.clear()
             self._armed = action
 
+    def drop_answer(self) -> None:
+        """Lose the catalog's answer to the next apply commit (once)."""
+        with self._lock:
+            self.fired.clear()
+            self._drop = True
+
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
@@ -93,6 +76,11 @@ class CommitProxy:
         with self._lock:
             action, self._armed = self._armed, None
             return action
+
+    def _take_drop(self) -> bool:
+        with self._lock:
+            drop, self._drop = self._drop, False
+            return drop
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         proxy = self
@@ -103,19 +91,8 @@ class CommitProxy:
             def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base's name
                 pass  # (requests carry bearer tokens in headers: nothing is logged)
 
-            def _body(self) -> bytes:
-                if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
-                    chunks = []
-                    while (size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)):
-                        chunks.append(self.rfile.read(size))
-                        self.rfile.readline()
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass  # trailers
-                    return b"".join(chunks)
-                return self.rfile.read(int(self.headers.get("Content-Length") or 0))
-
             def _forward(self) -> None:
-                body = self._body()
+                body = read_body(self)
                 table = apply_commit_table(self.command, self.path, body)
                 if table is not None and (action := proxy._take()) is not None:
                     try:
@@ -140,15 +117,12 @@ class CommitProxy:
                     upstream.close()
                 if table is not None:
                     proxy.commits.append((table, status))
-                try:
-                    self.send_response(status, reason)
-                    for key, value in answer_headers:
-                        self.send_header(key, value)
-                    self.send_header("Content-Length", length or str(len(answer)))
-                    self.end_headers()
-                    self.wfile.write(answer)
-                except OSError:
-                    self.close_connection = True  # the client is gone (killed while committing)
+                    if proxy._take_drop():
+                        proxy.dropped.append((table, status))
+                        proxy.fired.set()
+                        self.close_connection = True  # no answer: the client's read fails
+                        return
+                send_answer(self, status, reason, answer_headers, answer, length)
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward
 
