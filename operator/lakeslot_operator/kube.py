@@ -35,7 +35,7 @@ import base64
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -52,6 +52,9 @@ def desired_hash(obj: Mapping) -> str:
     relevant = {"spec": obj.get("spec"), "labels": obj["metadata"].get("labels"),
                 "ownerReferences": obj["metadata"].get("ownerReferences")}
     return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:20]
+
+
+K = TypeVar("K")
 
 
 def _absent(e: ApiException) -> bool:
@@ -97,18 +100,28 @@ class Kube:
     # reading ---------------------------------------------------------------------------------
 
     def secret_value(self, namespace: str, ref: SecretKeyRef) -> str:
-        try:
-            secret = self.core.read_namespaced_secret(ref.name, namespace)
-        except ApiException as e:
-            if _absent(e):
-                raise LookupError(f"Secret {namespace}/{ref.name} does not exist: create it with "
-                                  f"the key {ref.key!r}") from None
-            raise
-        data = secret.data or {}
-        if ref.key not in data:
-            raise LookupError(f"Secret {namespace}/{ref.name} has no key {ref.key!r} (keys: "
-                              f"{', '.join(sorted(data)) or 'none'})")
-        return base64.b64decode(data[ref.key]).decode()
+        return self.secret_values(namespace, {ref.key: ref})[ref.key]
+
+    def secret_values(self, namespace: str, refs: Mapping[K, SecretKeyRef]) -> dict[K, str]:
+        """The value of each of ``refs``, each Secret read once however many keys of it are named
+        (LookupError names a missing Secret or key)."""
+        read: dict[str, dict[str, Any]] = {}  # the Secrets read, their base64 data by key
+        values: dict[K, str] = {}
+        for name, ref in refs.items():
+            if ref.name not in read:
+                try:
+                    read[ref.name] = self.core.read_namespaced_secret(ref.name, namespace).data or {}
+                except ApiException as e:
+                    if _absent(e):
+                        raise LookupError(f"Secret {namespace}/{ref.name} does not exist: create it "
+                                          f"with the key {ref.key!r}") from None
+                    raise
+            data = read[ref.name]
+            if ref.key not in data:
+                raise LookupError(f"Secret {namespace}/{ref.name} has no key {ref.key!r} (keys: "
+                                  f"{', '.join(sorted(data)) or 'none'})")
+            values[name] = base64.b64decode(data[ref.key]).decode()
+        return values
 
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[dict]:
         selector = ",".join(f"{k}={v}" for k, v in labels.items())

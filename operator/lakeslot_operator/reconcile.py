@@ -192,7 +192,7 @@ class _Reconciler:
 
     def _live_reader_pod(self) -> dict | None:
         pods = self.ctx.kube.list_pods(self.namespace, {children.INGESTION_LABEL: self.ingestion.metadata.name,
-                                                 children.COMPONENT_LABEL: "reader"})
+                                                        children.COMPONENT_LABEL: "reader"})
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")
                 and p.get("status", {}).get("phase") in ("Pending", "Running")]
         return max(live, key=lambda p: p["metadata"]["creationTimestamp"]) if live else None
@@ -244,8 +244,7 @@ class _Reconciler:
             self.apply_pass = self._staging().read_apply_status()
         try:
             catalog = self.ingestion.spec.sink.catalog
-            secrets = {key: self.ctx.kube.secret_value(self.namespace, ref)
-                       for key, ref in catalog.secret_properties.items()}
+            secrets = self.ctx.kube.secret_values(self.namespace, catalog.secret_properties)
             self.progress = mirror_progress.read(self.ingestion, tables, secrets=secrets,
                                                  covered=apply_status.covered(self.apply_pass),
                                                  environ=self.environ)
@@ -313,13 +312,13 @@ class _Reconciler:
                                            {t: progress[t] for t in tables}, generations, self._copying)
         for table in sorted(served.new):
             self.report.tell("Normal", "TableResnapshot", f"{table}: copying it again as requested "
-                        f"(resnapshotGeneration {generations[table]})")
+                             f"(resnapshotGeneration {generations[table]})")
         decision = resnapshot.decide(progress, self.ingestion.spec.policies, served.below)
         previous = set(self.report.old.snapshot.tables) if self.report.old.snapshot else set()
         for table in decision.copy:
             if table not in decision.requested and str(table) not in previous:
                 self.report.tell("Warning", "TableResnapshot",
-                            f"{table}: copying it again, online: {progress[table].error}")
+                                 f"{table}: copying it again, online: {progress[table].error}")
         for table, why in decision.held.items():
             if (row := rows.get(table)) is not None:
                 row.state, row.message = "Failed", why
@@ -348,7 +347,7 @@ class _Reconciler:
         kube.delete_spark_application(self.namespace, children.apply_name(self.ingestion), ingestion=owner)
         self.report.status.phase = "Suspended"
         self.report.condition("Streaming", False, "Suspended", "spec.suspend is true: the reader and "
-                         "the apply job are stopped; the slot keeps retaining WAL")
+                              "the apply job are stopped; the slot keeps retaining WAL")
         self.report.condition("Ready", False, "Suspended", "spec.suspend is true")
         settings = self._settings()
         if settings is None:
@@ -385,7 +384,7 @@ class _Reconciler:
         reader = self.rejected.get("reader") or child_health.reader_problem(
             kube.get_deployment(self.namespace, children.reader_name(self.ingestion)),
             kube.list_pods(self.namespace, {children.INGESTION_LABEL: self.ingestion.metadata.name,
-                                     children.COMPONENT_LABEL: "reader"})) or self._reader_retrying()
+                                            children.COMPONENT_LABEL: "reader"})) or self._reader_retrying()
         degraded = apply_status.degraded_message(self.apply_pass)
         apply = self.rejected.get("apply") or child_health.apply_problem(
             kube.get_spark_application(self.namespace, children.apply_name(self.ingestion))) or (
@@ -423,7 +422,7 @@ def storage_environ(kube: Kube, namespace: str, secret_env: Iterable[SecretEnvVa
     """``spec.secretEnv`` with its Secrets resolved (LookupError names a missing one): the
     settings the operator reaches this ingestion's staging and warehouse with, as the jobs do
     from their environment (:mod:`lakeslot.filesystems`). Never exported to this process."""
-    return {variable.name: kube.secret_value(namespace, variable.secret_key_ref) for variable in secret_env}
+    return kube.secret_values(namespace, {variable.name: variable.secret_key_ref for variable in secret_env})
 
 
 def _write_temp(text: str) -> str:
