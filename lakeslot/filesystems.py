@@ -20,14 +20,20 @@ schemes (``gs://``, ``abfs://``, ``hdfs://``) are opened with the process's own 
 
 :func:`explain` turns an object store's error into one naming the setting to fix (refused
 credentials, a missing bucket, an unreachable endpoint); :class:`StorageError` carries it.
+:func:`write_document` and :func:`read_document` keep a small JSON document (a status, a
+progress record, a verification result) that is replaced whole: a reader sees the previous
+document or the next, never a mix (a torn read on an object store is read again).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
+import time
 import urllib.parse
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -99,6 +105,47 @@ def create_parent(fs: pafs.FileSystem, path: str) -> None:
 
 class StorageError(OSError):
     """An object store refused or could not be reached; the message names the setting to fix."""
+
+
+DOCUMENT_READS = 5  # a document that does not parse is read again (a torn read), this often
+
+
+def write_document(fs: pafs.FileSystem, path: str, document: dict) -> None:
+    """Replace the JSON document at ``path`` whole: written beside it and renamed into place on
+    a local filesystem, one PUT (atomic) on an object store."""
+    data = json.dumps(document, indent=1).encode()
+    if not isinstance(fs, pafs.LocalFileSystem):
+        with fs.open_output_stream(path) as f:
+            f.write(data)
+        return
+    create_parent(fs, path)
+    directory, _, name = path.rpartition("/")
+    temp = f"{directory}/.{name}-{uuid.uuid4().hex[:8]}.tmp"
+    with fs.open_output_stream(temp) as f:
+        f.write(data)
+    fs.move(temp, path)
+
+
+def read_document(fs: pafs.FileSystem, path: str) -> dict | None:
+    """The JSON document at ``path`` (:func:`write_document`), or None when there is none.
+
+    A read that races the PUT replacing the document on an object store can come back torn
+    (seen on SeaweedFS through pyarrow, which sizes its read by a HEAD before the GET: a whole
+    document followed by other bytes), so a document that does not parse is read again; one
+    that never parses is a :class:`StorageError` naming it."""
+    error: ValueError | None = None
+    for attempt in range(DOCUMENT_READS):
+        if fs.get_file_info(path).type == pafs.FileType.NotFound:
+            return None
+        with fs.open_input_stream(path) as f:
+            data = f.read()
+        try:
+            return json.loads(data)
+        except ValueError as e:
+            error = e
+            time.sleep(0.05 * (attempt + 1))
+    raise StorageError(f"{path} is not a JSON document after {DOCUMENT_READS} reads ({error}): "
+                       "was it written by something other than lakeslot?")
 
 
 # (pattern in pyarrow's message, what it means and what to fix) — S3 through pyarrow's AWS SDK

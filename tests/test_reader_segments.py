@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pyarrow as pa
 import pytest
 
 from lakeslot import cli, workloads
@@ -172,3 +173,33 @@ def test_retention_deletes_applied_old_segments_oldest_first_and_stops_at_the_fi
     assert staging.delete_applied(staging.list(), 69, now - 100) == 2
     assert staging.list() == names[5:]
     assert staging.delete_applied([], 69, now) == 0
+
+
+class _TornOnce:
+    """A filesystem whose first read of a file comes back torn, as a GET racing the PUT that
+    replaces a document on an object store can (a whole document followed by other bytes)."""
+
+    def __init__(self, fs):
+        self._fs, self.reads = fs, 0
+
+    def __getattr__(self, name):
+        return getattr(self._fs, name)
+
+    def open_input_stream(self, path):
+        self.reads += 1
+        stream = self._fs.open_input_stream(path)
+        if self.reads > 1:
+            return stream
+        with stream:
+            return pa.BufferReader(stream.read() + b'\n  "tail": 1}')
+
+
+def test_a_torn_read_of_a_document_is_read_again_and_garbage_is_named(tmp_path):
+    staging = Staging(str(tmp_path))
+    staging.write_apply_status({"tables": [], "pass": 7})
+    staging.fs = torn = _TornOnce(staging.fs)
+    assert staging.read_apply_status() == {"tables": [], "pass": 7}
+    assert torn.reads == 2
+    (tmp_path / "apply-status.json").write_text('{"tables": []}{"tables"')
+    with pytest.raises(OSError, match=r"apply-status.json is not a JSON document after 5 reads"):
+        staging.read_apply_status()

@@ -19,10 +19,10 @@ from tests.support.waiting import wait_for
 
 
 def test_changes_within_an_interval_are_written_once_at_its_end(tmp_path, monkeypatch):
-    written: list[bytes] = []
+    written: list[dict] = []
     real_write = report._write
 
-    def write(location: str, data: bytes) -> None:
+    def write(location: str, data: dict) -> None:
         real_write(location, data)
         written.append(data)
 

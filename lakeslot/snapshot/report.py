@@ -37,9 +37,9 @@ Invariants: the document is rewritten whole after a change, at most every
 :data:`WRITE_INTERVAL_S` and never later than that after it (a change within the interval is
 written by a timer at its end): rewritten on every change, the document of N tables cost O(N²)
 — at 200 tables a quarter of the snapshot driver's Python time. The first document and the
-job's end (:meth:`Progress.finish`) are written at once. Readers never see a torn file (a local
-file is written next to it and renamed; an object store PUT is atomic). Writes from the driver's
-threads are serialised. Every change is also logged at once.
+job's end (:meth:`Progress.finish`) are written at once. Readers never see a torn document
+(:func:`lakeslot.filesystems.write_document`, :func:`~lakeslot.filesystems.read_document`). Writes
+from the driver's threads are serialised. Every change is also logged at once.
 
 Failure mode: a progress location that cannot be written fails the job at start (checked by the
 first write), not silently at the end; a timer's write that fails is raised by the next change
@@ -49,10 +49,8 @@ first write), not silently at the end; a timer's write that fails is raised by t
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import math
-import os
 import threading
 import time
 import uuid
@@ -61,7 +59,7 @@ from dataclasses import dataclass
 
 from lakeslot import lsn as lsn_text
 from lakeslot.api.naming import TableName
-from lakeslot.filesystems import filesystem
+from lakeslot.filesystems import filesystem, read_document, write_document
 
 log = logging.getLogger(__name__)
 VERSION = 1
@@ -174,7 +172,7 @@ class Progress:
             self._timer = None
         self._written = time.monotonic()
         if self._location is not None:
-            _write(self._location, json.dumps(self.document(), indent=1).encode())
+            _write(self._location, self.document())
 
     def _write_failures_locked(self) -> None:
         if self._location is None:
@@ -182,22 +180,11 @@ class Progress:
         document = {"version": VERSION, "tables": [
             {"schema": t.schema, "name": t.name, **entry}
             for t, entry in sorted(self._failures.items())]}
-        _write(failures_location(self._location), json.dumps(document, indent=1).encode())
+        _write(failures_location(self._location), document)
 
 
-def _write(location: str, data: bytes) -> None:
-    """Atomically: a local file is written next to it and renamed; an object store PUT is
-    atomic."""
-    fs, path = filesystem(location)
-    if fs.type_name == "local":
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        staging = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-        with open(staging, "wb") as f:
-            f.write(data)
-        os.replace(staging, path)
-    else:
-        with fs.open_output_stream(path) as f:
-            f.write(data)
+def _write(location: str, document: dict) -> None:
+    write_document(*filesystem(location), document)
 
 
 def in_staging(staging_uri: str) -> str:
@@ -208,9 +195,10 @@ def in_staging(staging_uri: str) -> str:
 def read(location: str, environ: Mapping[str, str] | None = None) -> dict:
     """The progress document at ``location`` (for the operator and local mode), reached with the
     storage settings ``environ`` (:func:`lakeslot.filesystems.filesystem`)."""
-    fs, path = filesystem(location, environ)
-    with fs.open_input_stream(path) as f:
-        return json.loads(f.read())
+    document = read_document(*filesystem(location, environ))
+    if document is None:
+        raise FileNotFoundError(f"no snapshot progress document at {location}")
+    return document
 
 
 def failures_location(location: str) -> str:
@@ -221,10 +209,10 @@ def failures_location(location: str) -> str:
 
 def _read_failures(location: str, environ: Mapping[str, str] | None) -> dict[TableName, dict]:
     try:
-        fs, path = filesystem(location, environ)
-        with fs.open_input_stream(path) as f:
-            document = json.loads(f.read())
-    except (OSError, ValueError):  # none yet (or unreadable: the next failure rewrites it)
+        document = read_document(*filesystem(location, environ))
+    except OSError:  # unreadable: the next failure rewrites it
+        return {}
+    if document is None:  # none yet
         return {}
     return {TableName(e["schema"], e["name"]): {k: v for k, v in e.items()
                                                 if k not in ("schema", "name")}

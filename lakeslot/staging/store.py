@@ -18,8 +18,8 @@ Invariants:
   segment is simply replaced (DESIGN.md rule 5).
 - Sealed segments are immutable: a consumer may cache what it read of one by name.
 - Documents (the apply status, verification results) are written whole, never appended: a
-  reader sees the previous document or the new one (renamed into place on a local filesystem,
-  one PUT of the final name on an object store).
+  reader sees the previous document or the new one
+  (:func:`lakeslot.filesystems.write_document`, :func:`~lakeslot.filesystems.read_document`).
 - A reader that opens staging with ``create=False`` (the operator reading a verification result)
   writes nothing, not even the directory.
 - Staging is reached with the settings it is given (``environ``: the ingestion's ``secretEnv``,
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import json
 import os
 import tempfile
 import uuid
@@ -49,7 +48,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from lakeslot.filesystems import StorageError, explain, filesystem
+from lakeslot.filesystems import StorageError, explain, filesystem, read_document, write_document
 from lakeslot.staging.format import CHANGE_OPS, Segment, SegmentMetadata, SegmentName, parse_metadata
 
 TEMP_PREFIX = ".tmp-"
@@ -206,27 +205,10 @@ class Staging:
     # documents: the apply job's status, verification results ------------------------------
 
     def _write_document(self, filename: str, document: dict) -> None:
-        """Rewrite ``<staging>/<filename>`` whole (renamed into place on a local filesystem;
-        one PUT on an object store)."""
-        data = json.dumps(document, indent=1).encode()
-        directory, _, name = self._file(filename).rpartition("/")
-        if not self._local:  # no rename there; one PutObject is atomic
-            with self.fs.open_output_stream(self._file(filename)) as f:
-                f.write(data)
-            return
-        if directory != self.path:
-            self.fs.create_dir(directory, recursive=True)
-        temp = f"{directory}/.{name}-{uuid.uuid4().hex[:8]}.tmp"
-        with self.fs.open_output_stream(temp) as f:
-            f.write(data)
-        self.fs.move(temp, self._file(filename))
+        write_document(self.fs, self._file(filename), document)
 
     def _read_document(self, filename: str) -> dict | None:
-        path = self._file(filename)
-        if self.fs.get_file_info(path).type == pafs.FileType.NotFound:
-            return None
-        with self.fs.open_input_stream(path) as f:
-            return json.loads(f.read())
+        return read_document(self.fs, self._file(filename))
 
     def write_apply_status(self, document: dict) -> None:
         """Rewrite ``<staging>/apply-status.json`` whole."""
