@@ -20,7 +20,6 @@ from lakeslot.api.models import Condition, PostgresIngestion, PostgresIngestionS
 from lakeslot.api.naming import (
     IngestionNames,
     TableName,
-    collision_fix,
     default_replication_name,
     effective_publication_name,
     effective_slot_name,
@@ -180,6 +179,10 @@ def test_effective_names_prefer_the_spec():
         ("Sales", "Order Lines", "sales__order_lines_c2765b86"),
         ('Sales "EU"', "Order Lines", "sales__eu___order_lines_95436ecc"),
         ("s", 'a"b.c', "s__a_b_c_2b9aca81"),
+        # a schema ambiguous at the separator: a hash too, so a.b__c keeps the readable name
+        ("a__b", "c", "a__b__c_a92700ce"),
+        ("a", "b__c", "a__b__c"),
+        ("a_", "b", "a___b_a00766a3"),
     ],
 )
 def test_iceberg_table_name(schema, table, expected):
@@ -210,16 +213,24 @@ def _names(tables: list[dict], **sink) -> IngestionNames:
 
 
 def test_tables_that_still_map_to_one_mirror_are_refused_naming_each_other():
-    ab_c, a_bc, plain = TableName("a__b", "c"), TableName("a", "b__c"), TableName("a", "d")
-    names = _names([{"schema": "a", "name": "d"}])
+    """Under a template with a one-character separator (names left as they were)."""
+    ab_c, a_bc, plain = TableName("a_b", "c"), TableName("a", "b_c"), TableName("a", "d")
+    names = _names([{"schema": "a", "name": "d"}], tableNameTemplate="{schema}_{table}")
     refused = names.collisions([ab_c, a_bc, plain])
     assert set(refused) == {ab_c, a_bc}
     assert str(a_bc) in refused[ab_c] and str(ab_c) in refused[a_bc]
-    assert "mirror.a__b__c" in refused[ab_c]
+    assert "mirror.a_b_c" in refused[ab_c]
     # the one that was mirrored before keeps its mirror; the newcomer is refused
     assert set(names.collisions([ab_c, a_bc, plain], established={ab_c})) == {a_bc}
     # two established ones (they shared it: the bug this guards against) are both refused
     assert set(names.collisions([ab_c, a_bc], established={ab_c, a_bc})) == {ab_c, a_bc}
+
+
+def test_the_name_an_earlier_version_gave_is_known_where_it_differs():
+    names = _names([{"schema": "x__y", "name": "kept", "mirrorName": "x__y__kept"}])
+    assert names.earlier_mirror_table(TableName("a__b", "c")) == "a__b__c"
+    assert names.earlier_mirror_table(TableName("a", "b__c")) is None  # the same name
+    assert names.earlier_mirror_table(TableName("x__y", "kept")) is None  # its mirrorName rules
 
 
 _NAME_PARTS = st.lists(st.sampled_from(["a", "b", "_", "__", "A", "-", " ", '"', "é", "ж", "1"]),
@@ -232,34 +243,33 @@ def _default_names() -> IngestionNames:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.tuples(_NAME_PARTS, _NAME_PARTS), st.tuples(_NAME_PARTS, _NAME_PARTS))
-@example(("a__b", "c"), ("a", "b__c"))  # the separator's ambiguity: refused
-@example(("a_", "b"), ("a", "_b"))
-@example(("A", "b"), ("a", "b"))  # case: a hash suffix
-def test_default_mirror_names_are_injective_or_refused(one, other):
+@given(st.tuples(_NAME_PARTS, _NAME_PARTS), st.tuples(_NAME_PARTS, _NAME_PARTS),
+       st.sampled_from(["{schema}__{table}", "{table}__in__{schema}", "pre_{schema}.._{table}_post"]))
+@example(("a__b", "c"), ("a", "b__c"), "{schema}__{table}")  # the separator's ambiguity
+@example(("a_", "b"), ("a", "_b"), "{schema}__{table}")
+@example(("A", "b"), ("a", "b"), "{schema}__{table}")  # case
+@example(("b", "a__"), ("_b", "a"), "{table}__in__{schema}")
+def test_mirror_names_are_injective_under_a_template_that_separates_schema_and_table(
+        one, other, template):
     """Property over schema/table names with ``_``, ``__``, case, punctuation and unicode: two
-    different tables get different mirror names under the default template, except where both
-    names are plain and their readable forms meet at the separator (``a__b``.``c`` and
-    ``a``.``b__c``); such a pair is refused, naming each other — never one shared mirror."""
+    different tables get different mirror names under the default template (and others naming
+    schema and table apart by two characters or more), so none is refused for its name."""
     first, second = TableName(*one), TableName(*other)
     assume(first != second)
-    names = _default_names()
-    if names.mirror_table(first) != names.mirror_table(second):
-        return
-    plain = [re.fullmatch(r"[a-z0-9_]+", part) is not None for part in (*first, *second)]
-    assert all(plain), (first, second)  # a hash suffix tells the others apart
-    assert set(names.collisions([first, second])) == {first, second}
-    # each refusal proposes a mirrorName that the other table does not take
-    proposed = {re.findall(r"for example '([^']+)'", collision_fix(t, names.table_template))[0]
-                for t in (first, second)}
-    assert len(proposed) == 2 and names.mirror_table(first) not in proposed
+    names = _default_names() if template == "{schema}__{table}" else _names([], tableNameTemplate=template)
+    assert names.mirror_table(first) != names.mirror_table(second)
+    assert names.collisions([first, second]) == {}
 
 
 def test_mirror_name_overrides_the_template_and_resolves_a_collision():
-    names = _names([{"schema": "a__b", "name": "c", "mirrorName": "abc_mirror"}])
-    assert names.mirror_table(TableName("a__b", "c")) == "abc_mirror"
-    assert names.mirror_table(TableName("a", "b__c")) == "a__b__c"
-    assert names.collisions([TableName("a__b", "c"), TableName("a", "b__c")]) == {}
+    names = _names([{"schema": "a_b", "name": "c", "mirrorName": "abc_mirror"}],
+                   tableNameTemplate="{schema}_{table}")
+    assert names.mirror_table(TableName("a_b", "c")) == "abc_mirror"
+    assert names.mirror_table(TableName("a", "b_c")) == "a_b_c"
+    assert names.collisions([TableName("a_b", "c"), TableName("a", "b_c")]) == {}
+    taken = _names([{"schema": "a", "name": "x", "mirrorName": "a__b"}])  # another's mirror
+    assert set(taken.collisions([TableName("a", "x"), TableName("a", "b")])) == {
+        TableName("a", "x"), TableName("a", "b")}
 
 
 def test_a_template_without_the_schema_and_changelog_names_collide_too():
@@ -278,13 +288,16 @@ def test_validation_refuses_listed_tables_that_share_a_mirror():
         "apiVersion": "lakeslot.io/v1alpha1", "kind": "PostgresIngestion",
         "metadata": {"name": "shop"},
         "spec": {"source": {"host": "db", "database": "app", "user": "u",
-                            "tables": [{"schema": "a__b", "name": "c"}, {"schema": "a", "name": "b__c"}]},
-                 "sink": {"catalog": {"type": "hadoop", "warehouse": "file:///w"}, "namespace": "m"},
+                            "tables": [{"schema": "a_b", "name": "c"}, {"schema": "a", "name": "b_c"}]},
+                 "sink": {"catalog": {"type": "hadoop", "warehouse": "file:///w"}, "namespace": "m",
+                          "tableNameTemplate": "{schema}_{table}"},
                  "staging": {"uri": "file:///s"}}})
     [report] = validate_text(text)
     assert report.resource is None
     assert [p.path for p in report.problems] == ["spec.source.tables[0]", "spec.source.tables[1]"]
-    assert all("mirrorName" in p.fix for p in report.problems)
+    # each fix proposes a mirrorName of its own, not the shared one
+    proposed = [re.findall(r"for example '([^']+)'", p.fix)[0] for p in report.problems]
+    assert len(set(proposed)) == 2 and "a_b_c" not in proposed
 
 
 # ---------------------------------------------------------------------------- conditions

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from lakeslot.api.naming import TableName
+from lakeslot.api.naming import TableName, earlier_table_name, iceberg_table_name
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.snapshot import report as snapshot_progress
 from lakeslot.snapshot.plan import TableRequest
@@ -425,3 +425,30 @@ def test_write_properties_roll_row_groups_and_files(spark, spark_warehouse, iceb
     files = table.inspect.files()
     assert files.num_rows > 1 and sum(files.column("record_count").to_pylist()) == len(expected)
     assert without_lsn(mirror_rows(spark_warehouse, iceberg_namespace, ACCOUNTS)) == expected
+
+
+def test_a_mirror_named_before_ambiguous_names_were_hashed_is_kept_not_duplicated(
+        spark, spark_warehouse, iceberg_namespace, pgdb):
+    """``a__b``.``c`` mirrored as ``a__b__c`` by an earlier lakeslot is now named with a hash,
+    so that ``a``.``b__c`` can have ``a__b__c``. The earlier mirror is neither renamed nor
+    copied again beside itself: the table fails with the ``mirrorName`` that keeps it, and the
+    other table is refused the name its neighbour's mirror holds."""
+    template = "{schema}__{table}"
+    ab_c, a_bc = TableName("a__b", "c"), TableName("a", "b__c")
+    with pgdb.connect() as conn:
+        for table in (ab_c, a_bc):
+            conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(table.schema)))
+            conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY)").format(table.sql()))
+            conn.execute(sql.SQL("INSERT INTO {} VALUES (1)").format(table.sql()))
+    earlier, now = earlier_table_name(template, *ab_c), iceberg_table_name(template, *ab_c)
+    assert (earlier, iceberg_table_name(template, *a_bc)) == ("a__b__c", "a__b__c") and now != earlier
+    assert snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, [TableRequest(ab_c, earlier)])).ok
+
+    result = snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, [
+        TableRequest(ab_c, now, earlier_target=earlier), TableRequest(a_bc, "a__b__c")]))
+    errors = {t.source: t.error for t in result.tables if t.state == "failed"}
+    assert set(errors) == {ab_c, a_bc}, result.tables
+    assert f"set mirrorName: {earlier} for {ab_c}" in errors[ab_c]
+    assert f"is the mirror of source table {ab_c}" in errors[a_bc]
+    assert mirror_rows(spark_warehouse, iceberg_namespace, earlier)[0]["id"] == 1
+    assert now not in {r.tableName for r in spark.sql(f"SHOW TABLES IN {iceberg_namespace}").collect()}

@@ -543,11 +543,12 @@ class SinkSpec(ApiModel):
         "{schema}__{table}",
         description="Name of each mirror table, with {schema} and {table} replaced by the source "
         "names; the result is lower-cased and every character other than a-z, 0-9 and _ becomes _. "
-        "A name that this changed (upper case, spaces, punctuation, non-ASCII) gets _ and 8 hex "
-        "digits of a hash of the exact schema and table names appended, so Users and users, or "
-        "two Cyrillic names, never share a mirror. Tables that still map to one name (e.g. a__b.c "
-        "and a.b__c, or a template without {schema}) fail at validation or preflight, each naming "
-        "the other: give one a mirrorName (source.tables[]).",
+        "A name that this changed (upper case, spaces, punctuation, non-ASCII), or whose schema "
+        "contains the separator (a__b.c against a.b__c), gets _ and 8 hex digits of a hash of the "
+        "exact schema and table names appended, so two tables never share a mirror. Under a "
+        "template without {schema} or with a one-character separator, tables that still map to "
+        "one name fail at validation or preflight, each naming the other: give one a mirrorName "
+        "(source.tables[]).",
     )
     changelog: ChangelogSpec = section(ChangelogSpec, "Optional changelog (history) tables.")
     maintenance: MaintenanceSpec = section(

@@ -30,9 +30,12 @@ has none), owner (``namespace/name``, the ingestion's identity in ``application_
 the publication's ownership comment), slot, publication, and the mirror table of a source table.
 
 Mirror names (:func:`iceberg_table_name`, a table's ``mirrorName``) are injective or refused:
-:meth:`IngestionNames.collisions` finds the tables that would share a mirror (or a mirror and a
-changelog table); validation refuses them for listed tables, preflight for the tables a schema
-selection finds (each is ``Failed``, naming the other, and left out of the publication). A mirror
+under a template naming schema and table apart (the default ``{schema}__{table}``: see
+:func:`iceberg_table_name`) every table gets a name of its own;
+:meth:`IngestionNames.collisions` finds what remains — tables that would share a mirror under
+another template, a ``mirrorName`` equal to another table's mirror, a mirror and a changelog
+table —; validation refuses them for listed tables, preflight for the tables a schema selection
+finds (each is ``Failed``, naming the other, and left out of the publication). A mirror
 also records which ingestion and source table own it (:mod:`lakeslot.mirror.contract`), and the
 jobs refuse to write one owned by another.
 """
@@ -113,18 +116,49 @@ def iceberg_table_name(template: str, schema: str, table: str) -> str:
     """The mirror table name for a source table (see ``sink.tableNameTemplate``).
 
     Lower-cased, and every character outside ``[a-z0-9_]`` becomes ``_``, so the name is valid
-    in every catalog type (Glue accepts only lower case) without quoting. Where that changed the
-    schema or table name (upper case, spaces, punctuation, non-ASCII), ``_`` + 8 hex digits of a
-    hash of the exact ``schema`` and ``table`` are appended: ``"Users"`` and ``users`` (or two
-    Cyrillic names of one length) get different mirrors, and the names of plain lower-case
-    tables are what they always were. What remains ambiguous — ``a__b``.``c`` against
-    ``a``.``b__c``, or a template without ``{schema}`` — is found by :func:`collisions`.
+    in every catalog type (Glue accepts only lower case) without quoting. The readable name is
+    kept only when it tells the table apart: both names plain (the rewrite changed nothing) and
+    the schema unambiguous at the template's separator (:func:`_separable`). Otherwise ``_`` +
+    8 hex digits of a hash of the exact ``schema`` and ``table`` are appended: ``"Users"`` and
+    ``users`` (or two Cyrillic names of one length) get different mirrors, and so do ``a__b``.``c``
+    and ``a``.``b__c``. The names of plain tables in plain schemas are what they always were.
+    Under a template that names both the schema and the table with a separator of two or more
+    characters between them (the default's ``__``), two tables therefore never share a name
+    (short of a table named with another's hash); under one without ``{schema}`` or with a
+    one-character separator, they can, and :func:`collisions` refuses them.
     """
-    filled = template.replace("{schema}", schema).replace("{table}", table)
-    readable = _UNSAFE.sub("_", filled.lower())
-    if all(_UNSAFE.sub("_", part.lower()) == part for part in (schema, table)):
-        return readable
+    if _separable(template, schema):
+        return earlier_table_name(template, schema, table)
     return hashed_table_name(template, schema, table)
+
+
+def earlier_table_name(template: str, schema: str, table: str) -> str:
+    """The name :func:`iceberg_table_name` gave before names ambiguous at the separator were
+    hashed (the readable name of plain names, whatever the schema). A mirror created under it
+    keeps it: the snapshot job finds such a mirror and says how (``mirrorName``)."""
+    filled = template.replace("{schema}", schema).replace("{table}", table)
+    if all(_UNSAFE.sub("_", part.lower()) == part for part in (schema, table)):
+        return _UNSAFE.sub("_", filled.lower())
+    return hashed_table_name(template, schema, table)
+
+
+def _separable(template: str, schema: str) -> bool:
+    """Whether the schema can be read back from a filled template whatever the table: for
+    ``…{schema}SEP{table}…`` the first ``SEP`` after the prefix must end the schema (``a__b``
+    and ``a_`` are not separable by ``__``: ``a__b``.``c`` and ``a``.``b__c`` fill alike); for
+    ``…{table}SEP{schema}…`` the last one must begin it (``SEP`` as the name shows it: a ``.``
+    becomes ``_``). A template without both placeholders, with either twice, or with less than
+    two characters between them is left as it was (its collisions are refused)."""
+    if template.count("{schema}") != 1 or template.count("{table}") != 1:
+        return True
+    schema_at, table_at = template.index("{schema}"), template.index("{table}")
+    between = template[min(schema_at, table_at):max(schema_at, table_at)]
+    separator = _UNSAFE.sub("_", between.removeprefix("{schema}").removeprefix("{table}").lower())
+    if len(separator) < 2:  # hashing every schema with a "_" in it would rename most mirrors
+        return True
+    if schema_at < table_at:
+        return (schema + separator).find(separator) == len(schema)
+    return (separator + schema).rfind(separator) == 0
 
 
 def hashed_table_name(template: str, schema: str, table: str) -> str:
@@ -179,6 +213,14 @@ class IngestionNames:
             if (schema, name) == (table.schema, table.name):
                 return mirror
         return iceberg_table_name(self.table_template, table.schema, table.name)
+
+    def earlier_mirror_table(self, table: TableName) -> str | None:
+        """The name an earlier lakeslot gave the table's mirror when it differs from
+        :meth:`mirror_table` (:func:`earlier_table_name`; never with a ``mirrorName``)."""
+        earlier = earlier_table_name(self.table_template, table.schema, table.name)
+        return None if earlier == self.mirror_table(table) or any(
+            (schema, name) == (table.schema, table.name) for schema, name, _ in self.overrides) \
+            else earlier
 
     def mirror_identifier(self, table: TableName) -> tuple[str, ...]:
         """The mirror table's Iceberg identifier: namespace levels + table name."""

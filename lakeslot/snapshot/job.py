@@ -72,8 +72,10 @@ from lakeslot.api.naming import TableName
 from lakeslot.mirror import typemap
 from lakeslot.mirror.contract import (
     GENERATION_PROPERTY,
+    OWNER_PROPERTY,
     SNAPSHOT_LSN_PROPERTY,
     SOURCE_FACTS_PROPERTY,
+    SOURCE_TABLE_PROPERTY,
     ownership,
     ownership_problem,
     table_properties,
@@ -126,7 +128,8 @@ class SnapshotJob:
         def request(table: TableName) -> plan.TableRequest:
             options = job.table_spec(table)
             return plan.TableRequest(table, job.names.mirror_table(table), ColumnOptions.of(options),
-                                     options.partition_fields() if options else ())
+                                     options.partition_fields() if options else (),
+                                     job.names.earlier_mirror_table(table))
 
         return cls(
             source=job.source(environ), tables=tuple(request(t) for t in job.tables),
@@ -209,8 +212,9 @@ def _to_copy(catalog: Catalog, job: SnapshotJob,
         state = catalog.state(job.namespace, request.target)
         owned = ownership_problem(state.properties, f"{job.namespace}.{request.target}",
                                   job.ingestion, str(request.source))
-        if owned is not None:
-            progress.table(request.source, state="failed", error=owned)
+        earlier = _earlier_mirror(catalog, job, request) if not state.exists else None
+        if owned is not None or earlier is not None:
+            progress.table(request.source, state="failed", error=owned or earlier)
         elif (state.generation is not None and state.generation >= job.resnapshot_generation
                 and (state.snapshot_lsn or 0) >= job.min_snapshot_lsn):
             progress.table(request.source, state="skipped")
@@ -221,6 +225,23 @@ def _to_copy(catalog: Catalog, job: SnapshotJob,
         else:
             todo.append((request, state))
     return todo
+
+
+def _earlier_mirror(catalog: Catalog, job: SnapshotJob, request: plan.TableRequest) -> str | None:
+    """Why the table is not copied to its new name: its mirror exists under the name an earlier
+    lakeslot gave it (a schema ambiguous at the template's separator), and mirrors are never
+    renamed nor duplicated; or None."""
+    if request.earlier_target is None:
+        return None
+    earlier = catalog.state(job.namespace, request.earlier_target)
+    recorded = (earlier.properties.get(OWNER_PROPERTY), earlier.properties.get(SOURCE_TABLE_PROPERTY))
+    if not earlier.exists or recorded != (job.ingestion, str(request.source)):
+        return None
+    return (f"its mirror is {job.namespace}.{request.earlier_target}, named before lakeslot gave "
+            f"names ambiguous at the template's separator a hash ({job.namespace}.{request.target} "
+            f"now): to keep that mirror, set mirrorName: {request.earlier_target} for "
+            f"{request.source} in spec.source.tables; or drop it to copy the table again under "
+            "the new name")
 
 
 def _lay_out(spark, job: SnapshotJob, catalog: Catalog, copied: list[plan.TableRequest],

@@ -51,6 +51,7 @@ class TableRequest:
     target: str
     options: columns.ColumnOptions = columns.NO_OPTIONS  # keyColumns, excludeColumns, textColumns
     partition_by: tuple[PartitionField, ...] = ()  # the mirror's partition spec (partitionBy)
+    earlier_target: str | None = None  # the mirror's name before ambiguous names were hashed
 
 
 @dataclass(frozen=True)
