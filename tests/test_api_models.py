@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import re
 from datetime import UTC, datetime, timedelta, timezone
+from typing import get_args
 
 import pytest
 import yaml
@@ -14,9 +15,18 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from lakeslot import lsn
+from lakeslot.api.catalog_types import CATALOG_TYPES
 from lakeslot.api.conditions import find_condition, set_condition
 from lakeslot.api.crd import openapi_schema
-from lakeslot.api.models import Condition, PostgresIngestion, PostgresIngestionStatus, SourceSpec, TableSpec
+from lakeslot.api.models import (
+    CatalogSpec,
+    CatalogType,
+    Condition,
+    PostgresIngestion,
+    PostgresIngestionStatus,
+    SourceSpec,
+    TableSpec,
+)
 from lakeslot.api.naming import (
     IngestionNames,
     TableName,
@@ -27,6 +37,7 @@ from lakeslot.api.naming import (
 )
 from lakeslot.api.reference import walk_schema
 from lakeslot.api.validation import parse_resource, problems_of, validate_text, validate_update
+from lakeslot.mirror.catalog import folding, pyiceberg_properties, spark_conf
 from tests.api_cases import EXAMPLES, UPDATE_CASES, apply_edits, base_document
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -469,3 +480,27 @@ def test_secret_names_like_lakeslots_but_not_its_own_are_accepted():
         document = apply_edits(base_document(), (("spec.source.passwordSecretRef", {"name": name, "key": "p"}),))
         ref = parse_resource(document).spec.source.password_secret_ref
         assert ref is not None and ref.name == name
+
+
+# ---------------------------------------------------------------------------- catalog types
+
+
+@pytest.mark.parametrize("kind", sorted(CATALOG_TYPES))
+def test_every_catalog_type_has_its_rules_and_both_translations(kind):
+    """The registry (lakeslot.api.catalog_types) is the API's list of types, its rules follow
+    the registry, and each type is translated for Spark and for pyiceberg."""
+    assert set(get_args(CatalogType)) == set(CATALOG_TYPES)
+    entry = CATALOG_TYPES[kind]
+    with pytest.raises(ValidationError) as refused:  # every type needs a uri or a warehouse
+        CatalogSpec.model_validate({"type": kind})
+    assert ("catalogs need a uri" in str(refused.value)) == entry.needs_uri
+    assert ("catalogs need a warehouse" in str(refused.value)) == entry.needs_warehouse
+    catalog = CatalogSpec.model_validate({"type": kind, "uri": "jdbc:postgresql://db/iceberg" if kind == "jdbc"
+                                          else "http://catalog", "warehouse": "/tmp/w" if entry.warehouse_path
+                                          else "s3://bucket/w"})
+    spark = spark_conf(catalog)
+    assert {k.removeprefix(f"spark.sql.catalog.{catalog.name}."): v for k, v in spark.items()}.items() \
+        >= dict(entry.spark).items()
+    options = pyiceberg_properties(catalog, {})
+    assert options.get("type") == entry.pyiceberg
+    assert (folding(catalog) is not None) == entry.folds_case

@@ -446,7 +446,7 @@ def test_a_mirror_named_before_ambiguous_names_were_hashed_is_kept_not_duplicate
 
     result = snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, [
         TableRequest(ab_c, now, earlier_target=earlier), TableRequest(a_bc, "a__b__c")]))
-    errors = {t.source: t.error for t in result.tables if t.state == "failed"}
+    errors = {t.source: t.error or "" for t in result.tables if t.state == "failed"}
     assert set(errors) == {ab_c, a_bc}, result.tables
     assert f"set mirrorName: {earlier} for {ab_c}" in errors[ab_c]
     assert f"is the mirror of source table {ab_c}" in errors[a_bc]

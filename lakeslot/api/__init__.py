@@ -7,6 +7,8 @@ offline validation) and every name derived from a resource. Spark-free.
 - :mod:`.rules` — a validation rule declared once, enforced by Kubernetes (CEL) and offline
   (pydantic) alike; :mod:`.cluster` — the rules for what a real cluster would refuse later
   (names, volume names, Spark conf).
+- :mod:`.catalog_types` — the catalog types (``sink.catalog.type``): what each needs and how
+  Spark and pyiceberg open it, the one list the rules and both translations derive from.
 - :mod:`.naming` — source table names and the names derived from the resource (publication,
   slot, Iceberg tables: ``IngestionNames``).
 - :mod:`.validation` — ``lakeslot validate``: every problem with its field path, what is wrong and

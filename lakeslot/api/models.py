@@ -26,7 +26,8 @@ from pydantic import AfterValidator, ConfigDict, Field, StringConstraints, model
 from pydantic_core import PydanticCustomError
 
 from lakeslot import cadence
-from lakeslot.api import cluster
+from lakeslot.api import catalog_types, cluster
+from lakeslot.api.catalog_types import cel_type_in, listed
 from lakeslot.api.partitioning import PartitionField, PartitionSpecError, parse_all
 from lakeslot.api.rules import ApiModel, ListKeys, Rule, violations_error
 from lakeslot.api.types import (
@@ -372,7 +373,9 @@ class SourceSpec(ApiModel):
     )
 
 
-CatalogType = Literal["hadoop", "rest", "jdbc", "glue", "hive"]
+CatalogType = Literal["hadoop", "rest", "jdbc", "glue", "hive"]  # = catalog_types.CATALOG_TYPES
+_WAREHOUSE, _URI = catalog_types.needing("needs_warehouse"), catalog_types.needing("needs_uri")
+_RENAMING = catalog_types.needing("renames_metadata")
 # Object-store URIs (S3 and its Hadoop names, GCS, ADLS/Azure Blob, OSS, COS), case-insensitively:
 CATALOG_SECRET_ENV_PREFIX = "LAKESLOT_CATALOG_"
 # A catalog property key that looks like a credential (case-insensitive; one expression for CEL's
@@ -446,29 +449,30 @@ class CatalogSpec(ApiModel):
 
     rules = (
         Rule(
-            cel="!(self.type in ['hadoop', 'glue']) || has(self.warehouse)",
-            message="hadoop and glue catalogs need a warehouse",
+            cel=f"!({cel_type_in(_WAREHOUSE)}) || has(self.warehouse)",
+            message=f"{listed(_WAREHOUSE)} catalogs need a warehouse",
             fix="set sink.catalog.warehouse to the warehouse location, for example s3://bucket/warehouse",
-            check=lambda catalog: catalog.type not in ("hadoop", "glue") or catalog.warehouse is not None,
+            check=lambda catalog: catalog.type not in _WAREHOUSE or catalog.warehouse is not None,
             field_path=".warehouse",
         ),
         Rule(
-            cel=f"self.type != 'hadoop' || !has(self.warehouse) || !self.warehouse.matches('{OBJECT_STORE_URI}')",
-            message="a hadoop catalog cannot keep its warehouse on an object store: it commits by renaming "
-            "the metadata file, which no object store does atomically, so two writers or a crash can lose "
-            "a commit",
+            cel=f"!({cel_type_in(_RENAMING)}) || !has(self.warehouse) || "
+            f"!self.warehouse.matches('{OBJECT_STORE_URI}')",
+            message=f"a {listed(_RENAMING)} catalog cannot keep its warehouse on an object store: it "
+            "commits by renaming the metadata file, which no object store does atomically, so two "
+            "writers or a crash can lose a commit",
             fix="use a catalog that commits atomically (rest: Polaris, Nessie, Lakekeeper, Glue's or S3 "
             "Tables' REST endpoint; jdbc; glue; hive) with this warehouse, or a hadoop catalog on a "
             "filesystem (file://, hdfs://)",
-            check=lambda catalog: catalog.type != "hadoop" or catalog.warehouse is None
+            check=lambda catalog: catalog.type not in _RENAMING or catalog.warehouse is None
             or re.match(OBJECT_STORE_URI, catalog.warehouse) is None,
             field_path=".warehouse",
         ),
         Rule(
-            cel="!(self.type in ['rest', 'jdbc', 'hive']) || has(self.uri)",
-            message="rest, jdbc and hive catalogs need a uri",
+            cel=f"!({cel_type_in(_URI)}) || has(self.uri)",
+            message=f"{listed(_URI)} catalogs need a uri",
             fix="set sink.catalog.uri to the catalog endpoint",
-            check=lambda catalog: catalog.type not in ("rest", "jdbc", "hive") or catalog.uri is not None,
+            check=lambda catalog: catalog.type not in _URI or catalog.uri is not None,
             field_path=".uri",
         ),
     )

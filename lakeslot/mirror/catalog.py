@@ -59,31 +59,18 @@ from pyiceberg.exceptions import (
 from pyiceberg.io import load_file_io
 from pyiceberg.table import StaticTable, Table
 
+from lakeslot.api.catalog_types import CATALOG_TYPES
 from lakeslot.api.models import CatalogSpec
 from lakeslot.filesystems import S3Access, explain
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
-# How each sink.catalog.type is configured in Iceberg's SparkCatalog.
-CATALOG_IMPLEMENTATIONS: dict[str, dict[str, str]] = {
-    "hadoop": {"type": "hadoop"},
-    "hive": {"type": "hive"},
-    "rest": {"type": "rest"},
-    "jdbc": {"catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog"},
-    "glue": {"catalog-impl": "org.apache.iceberg.aws.glue.GlueCatalog",
-             "io-impl": "org.apache.iceberg.aws.s3.S3FileIO"},
-}
-
-
-# Catalog types whose metastore stores table and column names case-insensitively (lower-cased):
-# a table with columns that differ only in case cannot be mirrored there (preflight says so).
-FOLDING_CATALOGS = ("glue", "hive")
-
-
 def folding(catalog: CatalogSpec) -> str | None:
-    """``catalog``'s type when it folds the case of names (:data:`FOLDING_CATALOGS`), else None."""
-    return catalog.type if catalog.type in FOLDING_CATALOGS else None
+    """``catalog``'s type when its metastore stores table and column names case-insensitively
+    (lower-cased): a table with columns that differ only in case cannot be mirrored there
+    (preflight says so). None otherwise."""
+    return catalog.type if CATALOG_TYPES[catalog.type].folds_case else None
 
 
 def warehouse_uri(warehouse: str | Path) -> str:
@@ -104,12 +91,12 @@ def spark_conf(catalog: CatalogSpec) -> dict[str, str]:
     """``spark.sql.catalog.<name>.*`` for ``sink.catalog`` (without its Secret-backed properties)."""
     prefix = f"spark.sql.catalog.{catalog.name}"
     conf = {prefix: "org.apache.iceberg.spark.SparkCatalog"}
-    settings = {**CATALOG_IMPLEMENTATIONS[catalog.type], **catalog.properties}
+    kind = CATALOG_TYPES[catalog.type]
+    settings = {**kind.spark, **catalog.properties}
     if catalog.uri:
         settings["uri"] = catalog.uri
     if catalog.warehouse:
-        settings["warehouse"] = (warehouse_uri(catalog.warehouse) if catalog.type == "hadoop"
-                                 else catalog.warehouse)
+        settings["warehouse"] = warehouse_uri(catalog.warehouse) if kind.warehouse_path else catalog.warehouse
     conf.update({f"{prefix}.{key}": value for key, value in settings.items()})
     return conf
 
@@ -132,16 +119,17 @@ def pyiceberg_properties(catalog: CatalogSpec, secrets: Mapping[str, str],
     pyiceberg's SQL catalog for a jdbc one); ``environ``: the ingestion's storage settings (see
     the module docstring), None: this process's environment, as pyarrow reads it."""
     options = {**(file_io_properties(environ) if environ is not None else {}), **catalog.properties, **secrets}
-    if catalog.type == "hadoop":
+    kind = CATALOG_TYPES[catalog.type].pyiceberg
+    if kind is None:  # the table's files, read from the warehouse
         return options
-    if catalog.type == "jdbc":
+    if kind == "sql":
         assert catalog.uri is not None  # the API requires it for jdbc catalogs
         jdbc = {k: v for k, v in options.items() if k.startswith(JDBC_PREFIX)}
         options = {k: v for k, v in options.items() if not k.startswith(JDBC_PREFIX)}
         options.update({SQL_CATALOG_OPTIONS[k]: v.lower() for k, v in jdbc.items() if k in SQL_CATALOG_OPTIONS})
         options.update(type="sql", uri=sql_catalog_uri(catalog.uri, jdbc), pool_pre_ping="true")
     else:
-        options["type"] = catalog.type
+        options["type"] = kind
         if catalog.uri:
             options["uri"] = catalog.uri
     if catalog.warehouse:
@@ -247,15 +235,16 @@ def load_tables(catalog: CatalogSpec, idents: Sequence[tuple[str, ...]],
     one catalog client, :data:`LOAD_WORKERS` at a time; the first failure is raised (explained as
     :func:`load_table`'s); ``environ``: as :func:`pyiceberg_properties`'s."""
     options = pyiceberg_properties(catalog, secrets or {}, environ)
+    kind = CATALOG_TYPES[catalog.type].pyiceberg
     try:
-        if catalog.type == "hadoop":
+        if kind is None:
             assert catalog.warehouse is not None  # the API requires it for hadoop catalogs
             warehouse = catalog.warehouse
 
             def load(ident: tuple[str, ...]) -> Table | None:
                 return load_hadoop_table(warehouse, ident, options)
         else:
-            if catalog.type == "jdbc":
+            if kind == "sql":
                 client = _sql_catalog(catalog.name, tuple(sorted(options.items())))
             else:
                 from pyiceberg.catalog import load_catalog
@@ -284,7 +273,8 @@ def explain_error(catalog: CatalogSpec, error: BaseException,
     """What a failure to read ``catalog`` (with the storage settings ``environ``) means and which
     setting fixes it, or None."""
     uri, secret_keys = catalog.uri, ", ".join(sorted(catalog.secret_properties)) or "none set"
-    if catalog.type == "jdbc" and isinstance(cause := getattr(error, "orig", None), psycopg.OperationalError):
+    kind = CATALOG_TYPES[catalog.type].pyiceberg
+    if kind == "sql" and isinstance(cause := getattr(error, "orig", None), psycopg.OperationalError):
         return _explain_jdbc(catalog, cause)
     credentials = f"sink.catalog.secretProperties ({secret_keys}: credential, token)"
     if isinstance(error, OAuthError):
@@ -303,7 +293,7 @@ def explain_error(catalog: CatalogSpec, error: BaseException,
         return f"sink.catalog.uri {uri} cannot be reached ({type(error).__name__}): fix sink.catalog.uri"
     if isinstance(error, OSError):
         return explain(catalog.warehouse or "", error,
-                       "sink.catalog.warehouse" if catalog.type == "hadoop" else
+                       "sink.catalog.warehouse" if kind is None else
                        "the warehouse's object store (sink.catalog.properties s3.*, secretProperties, "
                        "spec.secretEnv)", environ)
     return None
