@@ -33,8 +33,7 @@ from pathlib import Path
 
 import pyspark
 
-from lakeslot.spark import helpers
-from lakeslot.spark import jars as cached_jars
+from lakeslot.spark import helpers, jars
 
 SOURCE = Path(__file__).parent / "java" / "CommitFloor.java"
 
@@ -54,7 +53,7 @@ def measure(tables: int, threads: int = 8, rounds: int = 40, history: int = 0) -
     if javac is None:
         raise SystemExit("the commit floor needs a JDK (javac): ./dev setup installs one")
     built = helpers.ensure_built()
-    class_path = [*map(str, cached_jars.ensure_jars()),
+    class_path = [*map(str, jars.ensure_jars()),
                   str(Path(pyspark.__file__).parent / "jars" / "*"),
                   *([str(built.hadoop)] if built else [])]
     with tempfile.TemporaryDirectory(prefix="commit-floor-") as work:

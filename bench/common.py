@@ -18,7 +18,7 @@ from lakeslot import workloads
 from lakeslot.api.models import GROUP, VERSION, PostgresIngestion
 from lakeslot.api.naming import TableName
 from lakeslot.local import objectstore, pgcluster
-from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.source import slot
 from lakeslot.spark.session import job_session
 

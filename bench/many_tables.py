@@ -82,7 +82,7 @@ from lakeslot.api.models import GROUP, VERSION, ApplySpec
 from lakeslot.api.naming import TableName
 from lakeslot.local import config, objectstore
 from lakeslot.local import run as local_run
-from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.source.connection import one_row
 from lakeslot.staging.store import Staging
 

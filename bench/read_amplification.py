@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench import common
 from lakeslot.apply import job as apply_job
-from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.source.connection import one_row
 from lakeslot.staging.store import Staging

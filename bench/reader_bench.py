@@ -49,7 +49,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from lakeslot import lsn as lsn_text
+from lakeslot import lsn_text
 from lakeslot.local import pgcluster
 from lakeslot.source.connection import PASSWORD_ENV, one_row
 

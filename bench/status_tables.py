@@ -7,7 +7,7 @@ A throwaway SeaweedFS (``lakeslot.local.objectstore``: S3 and an Iceberg REST ca
 loopback) gets ``--tables`` one-row tables (pyiceberg). Then, ``--repeat`` times each:
 
 - ``lakeslot.mirror.progress.read`` of every table (the status's and the reconcile's read: one
-  catalog client, ``lakeslot.mirror.catalog.LOAD_WORKERS`` loads at a time, each table's metadata
+  catalog client, ``lakeslot.mirror.catalogs.LOAD_WORKERS`` loads at a time, each table's metadata
   parsed);
 - the limit, same run: the catalog answering the same ``loadTable`` requests as raw HTTP GETs
   from as many threads, nothing parsed.
@@ -32,8 +32,7 @@ import pyarrow as pa
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import TableName
 from lakeslot.local import objectstore
-from lakeslot.mirror import catalog as catalogs
-from lakeslot.mirror import progress
+from lakeslot.mirror import catalogs, progress
 
 NAMESPACE = "bench"
 READY_S = 30

@@ -3,7 +3,7 @@
 The package map, lowest layer first. The layout is the architecture (DESIGN.md "Layout constraints",
 checked by ``tests/test_layout.py``); each room's own map is its ``__init__`` docstring.
 
-- Plain helpers with no lakeslot imports: :mod:`.lsn` (LSNs as integers, their text form),
+- Plain helpers with no lakeslot imports: :mod:`.lsn_text` (LSNs as integers, their text form),
   :mod:`.exits` (the exit codes of every process), :mod:`.errors` (definite or transient: one rule
   for every process), :mod:`.filesystems` (a pyarrow filesystem from a URI or a path) and
   :mod:`.cadence` (one wall-clock grid for the reader's seals and the apply job's passes).

@@ -2,9 +2,10 @@
 
 Each subcommand is a thin translation from arguments to a call into a plain module; nothing here
 holds domain logic. A command is its handler (``_x``) and, beside it, the declaration of its
-arguments (``_x_arguments``); :func:`build_parser` lists the declarations in the help's order. Credentials are never accepted as arguments (they would show in ``ps`` and
-shell history): they come from Secrets or the environment. Exit codes follow
-:mod:`lakeslot.exits` (2: bad arguments, from argparse).
+arguments (``_x_arguments``); :func:`build_parser` lists the declarations in the help's order.
+Credentials are never accepted as arguments (they would show in ``ps`` and shell history): they
+come from Secrets or the environment. Exit codes follow :mod:`lakeslot.exits` (2: bad arguments,
+from argparse).
 
 Light: this module imports only what every command needs; each subcommand imports its module
 when it runs. The reader's arguments and their translation live in :mod:`lakeslot.reader.command`,
@@ -18,19 +19,19 @@ import argparse
 import sys
 from pathlib import Path
 
-from lakeslot import __version__, lsn
+from lakeslot import __version__, lsn_text
 from lakeslot.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 def _provision_jars(args: argparse.Namespace) -> int:
-    from lakeslot.spark import jars as iceberg_jars
+    from lakeslot.spark import jars
 
     try:
-        iceberg_jars.ensure_jars(refresh=args.refresh)
-    except iceberg_jars.JarProvisioningError as e:
+        jars.ensure_jars(refresh=args.refresh)
+    except jars.JarProvisioningError as e:
         print(f"lakeslot provision-jars: {e}", file=sys.stderr)
         return EXIT_FAILED
-    for line in iceberg_jars.describe():
+    for line in jars.describe():
         print(line)
     return EXIT_OK
 
@@ -216,7 +217,7 @@ def _cut_arguments(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--table", dest="tables", action="append", default=[], metavar="SCHEMA.TABLE",
                    help="a table of the cut (repeatable; default: spec.source.tables)")
     point = p.add_mutually_exclusive_group()
-    point.add_argument("--at-lsn", type=lsn.parse, metavar="LSN", help="the latest cut at or below LSN (X/Y)")
+    point.add_argument("--at-lsn", type=lsn_text.parse, metavar="LSN", help="the latest cut at or below LSN (X/Y)")
     point.add_argument("--at-time", type=_utc_time, metavar="TIME",
                        help="the latest cut readable at TIME (ISO 8601; committed to Iceberg by then)")
     point.add_argument("--latest", action="store_true", help="the latest cut (the default)")

@@ -36,7 +36,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from lakeslot import lsn
+from lakeslot import lsn_text
 from lakeslot.apply import job as apply_job
 from lakeslot.control import jobs
 
@@ -53,7 +53,7 @@ def _run(spark, job, args: argparse.Namespace, stop) -> apply_job.ApplyResult:
 def summary(result: apply_job.ApplyResult) -> dict:
     end = result.last.end if result.last else None
     return {"ok": result.ok, "passes": result.passes,
-            "batchEnd": None if end is None else lsn.format(end),
+            "batchEnd": None if end is None else lsn_text.format(end),
             "tables": [t.document() for t in result.tables]}
 
 

@@ -30,7 +30,7 @@ Password and CA
     A table whose snapshot was taken below this LSN is copied again (the operator passes the
     creation LSN of a slot it recreated after the old one was lost).
 ``--progress PATH|URI``
-    Where the progress JSON is written (see ``lakeslot.snapshot.report``). Default:
+    Where the progress JSON is written (see ``lakeslot.snapshot.progress``). Default:
     ``snapshot-progress.json`` in staging, where the operator reads it (rows copied and estimated
     per table, exported as metrics).
 ``--max-attempts N`` (3, at least 1)
@@ -45,10 +45,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from lakeslot import lsn
+from lakeslot import lsn_text
 from lakeslot.control import jobs
 from lakeslot.snapshot import job as snapshot_job
-from lakeslot.snapshot import report as snapshot_progress
+from lakeslot.snapshot import progress as snapshot_progress
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +68,7 @@ def _run(spark, job, args: argparse.Namespace, stop) -> snapshot_job.JobResult:
 
 def summary(result: snapshot_job.JobResult) -> dict:
     return {"ok": result.ok,
-            "snapshotLsn": None if result.snapshot_lsn is None else lsn.format(result.snapshot_lsn),
+            "snapshotLsn": None if result.snapshot_lsn is None else lsn_text.format(result.snapshot_lsn),
             "tables": [{"schema": t.source.schema, "name": t.source.name, "target": t.target,
                         "state": t.state, "rows": t.rows, "error": t.error} for t in result.tables]}
 

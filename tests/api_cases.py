@@ -183,7 +183,7 @@ INVALID_CASES = [
                 (("spec.sink.catalog.type", "hadoop"), ("spec.sink.catalog.warehouse", DELETE)),
                 "spec.sink.catalog.warehouse"),
     *[InvalidCase(f"hadoop-on-{scheme}", (("spec.sink.catalog.type", "hadoop"),
-                                         ("spec.sink.catalog.warehouse", f"{scheme}://lake/warehouse")),
+                                          ("spec.sink.catalog.warehouse", f"{scheme}://lake/warehouse")),
                   "spec.sink.catalog.warehouse")
       for scheme in ("s3", "S3A", "gs", "abfss")],
     InvalidCase("rest-without-uri", (("spec.sink.catalog.uri", DELETE),), "spec.sink.catalog.uri"),

@@ -14,7 +14,7 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from lakeslot import lsn
+from lakeslot import lsn_text
 from lakeslot.api.catalog_types import CATALOG_TYPES
 from lakeslot.api.conditions import find_condition, set_condition
 from lakeslot.api.crd import openapi_schema
@@ -37,7 +37,7 @@ from lakeslot.api.naming import (
 )
 from lakeslot.api.reference import walk_schema
 from lakeslot.api.validation import parse_resource, problems_of, validate_text, validate_update
-from lakeslot.mirror.catalog import folding, pyiceberg_properties, spark_conf
+from lakeslot.mirror.catalogs import folding, pyiceberg_properties, spark_conf
 from tests.api_cases import EXAMPLES, UPDATE_CASES, apply_edits, base_document
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -357,15 +357,15 @@ def test_condition_reason_must_be_camel_case():
     [(0, "0/0"), (0x16B3748, "0/16B3748"), (0x1_0000_0000, "1/0"), ((1 << 64) - 1, "FFFFFFFF/FFFFFFFF")],
 )
 def test_lsn_text_form(value, text):
-    assert lsn.format(value) == text
-    assert lsn.parse(text) == value
-    assert lsn.parse(text.lower()) == value
+    assert lsn_text.format(value) == text
+    assert lsn_text.parse(text) == value
+    assert lsn_text.parse(text.lower()) == value
 
 
 @pytest.mark.parametrize("text", ["", "16B3748", "0/", "G/0", "0/123456789"])
 def test_not_an_lsn(text):
     with pytest.raises(ValueError, match="not a PostgreSQL LSN"):
-        lsn.parse(text)
+        lsn_text.parse(text)
 
 
 def test_times_are_utc_seconds_and_need_a_zone():

@@ -12,12 +12,12 @@ from lakeslot.api.naming import TableName
 from lakeslot.apply.changes import KEEP, Change, Reducer, TableError, reduce, start_position
 from lakeslot.apply.columns import parser, plan_schema
 from lakeslot.apply.spread import routes
-from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName
 from lakeslot.staging.relations import Column, Relation
+from lakeslot.staging.segments import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName
 
 T = TableName("public", "t")
 REL = Relation(1, "public", "t", "default", (Column("id", 23, -1, True), Column("v", 25, -1, False),
-                                              Column("big", 25, -1, False)))
+                                             Column("big", 25, -1, False)))
 
 
 def change(lsn, op, new=None, old=None, seq=0):
@@ -172,7 +172,7 @@ def test_the_reduction_spread_over_partitions_equals_the_serial_one_or_asks_for_
 def test_a_key_change_needing_an_image_from_earlier_in_the_batch_asks_for_one_partition():
     stream = [change(10, "U", row("1", "b", "NEW")),
               change(20, "U", row("2", "c", UNCHANGED_TOAST), {"id": "1", "v": NOT_IN_KEY,
-                                                              "big": NOT_IN_KEY})]
+                                                               "big": NOT_IN_KEY})]
     partitions = next(n for n in range(2, 50)
                       if len({i for i, _ in routes(0, "U", "1", "2", n)}) == 2)
     assert _spread(stream, partitions) is None

@@ -198,7 +198,7 @@ def test_idle_tables_advance_and_progress_sees_it(pipeline):
 
 
 def test_a_key_change_keeping_a_toast_value_set_earlier_in_the_batch_is_exact(pipeline, caplog,
-                                                                             monkeypatch):
+                                                                              monkeypatch):
     """The executors split a key change between the old and the new key's partition; when the
     new row needs the TOASTed value an earlier change of the batch set, the table is reduced
     again in one partition (lakeslot.apply.spread) — the mirror gets that value, not the old
@@ -520,8 +520,8 @@ def _threads_at(point: str) -> tuple[Hooks, set[str]]:
 
 @pytest.mark.slow
 def test_tables_applied_at_once_each_stay_exact_through_crashes(spark, spark_warehouse,
-                                                                 iceberg_namespace, pgdb, tmp_path,
-                                                                 monkeypatch):
+                                                                iceberg_namespace, pgdb, tmp_path,
+                                                                monkeypatch):
     """``apply.tableParallelism``: the tables' MERGEs and commits in flight together, each its
     own; a crash in one table's thread ends the pass once the others are done, and the restart
     takes exactly what each table lacks (its own position), the changelog included."""

@@ -22,8 +22,8 @@ from lakeslot.api.naming import TableName
 from lakeslot.apply import latest
 from lakeslot.apply.changes import Change, Reducer, TableError
 from lakeslot.apply.spread import REDUCED, TableConfig, _Output
-from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST
 from lakeslot.staging.relations import Column, Relation
+from lakeslot.staging.segments import NOT_IN_KEY, UNCHANGED_TOAST
 
 T = TableName("public", "t")
 COLUMNS = (Column("a", 25, -1, True), Column("b", 25, -1, True), Column("v", 25, -1, False),
@@ -136,7 +136,7 @@ def _latest(stream: list[Change], config: TableConfig, partitions: int):
         schema=latest.COMPACT)
     # a shuffle delivers a partition's rows in any order: Group must not depend on it
     shuffled = compact.take(pa.array(random.Random(len(stream)).sample(range(len(compact)),
-                                                                        len(compact))))
+                                                                       len(compact))))
     part = [zlib.crc32(k.encode()) % partitions for k in shuffled["key"].to_pylist()]
     decided = pa.Table.from_batches(
         [b for p in range(partitions) for b in latest.Group()(

@@ -18,7 +18,7 @@ from tests.support.operator_env import OfflineDatabase, ingestion_document
     ({"triggerIntervalSeconds": 60}, {"segmentMaxSeconds": 3}, 3.0),
 ])
 def test_passes_follow_the_seal_period_the_reader_is_given(spark, iceberg_namespace, apply, reader,
-                                                            period):
+                                                           period):
     catalog, namespace = iceberg_namespace.split(".", 1)
     document = ingestion_document("passes", OfflineDatabase(), [TableName("public", "t")],
                                   warehouse="/tmp/wh", staging="file:///tmp/staging",

@@ -27,8 +27,8 @@ from lakeslot import errors
 from lakeslot.api import validation
 from lakeslot.api.crd import crd_manifest
 from lakeslot.api.models import GROUP, KIND
-from lakeslot.control import steps as control
-from lakeslot.observability import status
+from lakeslot.control import steps
+from lakeslot.observability import status_report
 from tests.support import chart
 from tests.support.kube_emulator import prune, to_json_schema
 
@@ -49,7 +49,7 @@ def operator_reasons() -> set[str]:
     mode)."""
     modules = [importlib.import_module(m.name) for m in
                pkgutil.walk_packages(lakeslot_operator.__path__, "lakeslot_operator.")]
-    source = "".join(inspect.getsource(m) for m in [*modules, control, status])
+    source = "".join(inspect.getsource(m) for m in [*modules, steps, status_report])
     return set(re.findall(r'"([A-Z][A-Za-z]+)"', source))
 
 
@@ -82,7 +82,7 @@ def test_every_waiting_reason_is_one_the_operator_writes():
     waiting = set(re.findall(r"^\s*(\w+) = true", table, re.M))
     assert waiting and waiting <= operator_reasons()
     assert not waiting & set(errors.DEFINITE_REASONS), "a definite error is never waited out"
-    assert not waiting & set(status.CHILD_FAILURES), "a child that cannot work is never waited out"
+    assert not waiting & set(status_report.CHILD_FAILURES), "a child that cannot work is never waited out"
 
 
 @pytest.mark.parametrize("script", ['return {status = string.upper("healthy")}',

@@ -9,7 +9,7 @@ import os
 import pytest
 
 from lakeslot import cadence
-from lakeslot.staging.format import SegmentName
+from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import Staging
 
 

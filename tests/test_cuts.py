@@ -23,9 +23,8 @@ from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.apply import job as apply_job
 from lakeslot.local import observe
 from lakeslot.local.pgcluster import free_port
-from lakeslot.mirror import catalog as catalogs
-from lakeslot.mirror import cuts
-from tests.support import local_support as ls
+from lakeslot.mirror import catalogs, cuts
+from tests.support import local_support
 from tests.support.reader_support import current_lsn
 from tests.support.waiting import wait_for
 
@@ -81,9 +80,10 @@ def _stage(local, db, tmp_path) -> None:
     with db.connect() as conn:
         target = current_lsn(conn)
     command = workloads.reader_command(local.ingestion)
-    ran = subprocess.run([ls.LAKESLOT, *command[1:], "--metrics-port", str(free_port()),
+    ran = subprocess.run([local_support.LAKESLOT, *command[1:], "--metrics-port", str(free_port()),
                           "--stop-at-lsn", f"{target >> 32:X}/{target & 0xFFFFFFFF:X}"],
-                         env=ls.run_env(db), capture_output=True, text=True, timeout=ls.RUN_DEADLINE_S,
+                         env=local_support.run_env(db), capture_output=True, text=True,
+                         timeout=local_support.RUN_DEADLINE_S,
                          check=False)
     assert ran.returncode == 0, ran.stderr[-3000:]
 
@@ -97,11 +97,11 @@ def test_every_cut_keeps_the_cross_table_invariant_that_latest_reads_break(
             conn.execute(sql.SQL("INSERT INTO {} SELECT i, %s FROM generate_series(0, %s) AS i").format(table.sql()),
                          (START, ROWS - 1))
     path = tmp_path / "ingestion.yaml"
-    document = ls.write_ingestion(path, pgdb, [A, B], tmp_path, warehouse=spark_warehouse)
+    document = local_support.write_ingestion(path, pgdb, [A, B], tmp_path, warehouse=spark_warehouse)
     document["spec"]["apply"]["tableParallelism"] = 1  # A's commit, then B's: a read between is torn
     path.write_text(yaml.safe_dump(document, allow_unicode=True))
-    local = ls.local(path, pgdb, tmp_path / "state")
-    first, _ = ls.run_in_process(local, spark, once=True)  # the snapshot, then caught up
+    local = local_support.local(path, pgdb, tmp_path / "state")
+    first, _ = local_support.run_in_process(local, spark, once=True)  # the snapshot, then caught up
     assert first.caught_up
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)  # the apply job's, in process
 
@@ -129,8 +129,8 @@ def test_every_cut_keeps_the_cross_table_invariant_that_latest_reads_break(
     assert torn and all(total < TOTAL for total in torn), torn  # A already debited, B not credited yet
 
     # The command prints the latest cut, with what Spark reads.
-    ran = subprocess.run([ls.LAKESLOT, "cut", "-f", str(path), "--state-dir", str(tmp_path / "state"),
-                          "-o", "json"], env=ls.run_env(pgdb), capture_output=True, text=True, check=False,
+    ran = subprocess.run([local_support.LAKESLOT, "cut", "-f", str(path), "--state-dir", str(tmp_path / "state"),
+                          "-o", "json"], env=local_support.run_env(pgdb), capture_output=True, text=True, check=False,
                          timeout=120)
     assert ran.returncode == 0, ran.stderr
     printed = json.loads(ran.stdout)
@@ -138,7 +138,7 @@ def test_every_cut_keeps_the_cross_table_invariant_that_latest_reads_break(
     assert printed["lsn"] == f"{latest.lsn >> 32:X}/{latest.lsn & 0xFFFFFFFF:X}"
     assert {(t["schema"], t["name"]): t["snapshotId"] for t in printed["tables"]} == {
         (t.schema, t.name): s for t, s in latest.snapshots.items()}
-    earlier = subprocess.run([ls.LAKESLOT, "cut", "-f", str(path), "--state-dir", str(tmp_path / "state"),
-                              "--at-lsn", printed["lsn"].split("/")[0] + "/0"], env=ls.run_env(pgdb),
+    earlier = subprocess.run([local_support.LAKESLOT, "cut", "-f", str(path), "--state-dir", str(tmp_path / "state"),
+                              "--at-lsn", printed["lsn"].split("/")[0] + "/0"], env=local_support.run_env(pgdb),
                              capture_output=True, text=True, check=False, timeout=120)
     assert earlier.returncode == 1 and "no cut at or before" in earlier.stderr

@@ -17,7 +17,7 @@ from psycopg import sql
 
 from lakeslot.api.naming import TableName
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.source import ddl_capture, slot
 from lakeslot.staging.store import Staging
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source

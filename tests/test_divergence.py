@@ -18,7 +18,7 @@ from lakeslot.api.models import PoliciesSpec
 from lakeslot.api.naming import TableName
 from lakeslot.control import resnapshot
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.mirror.progress import MirrorProgress
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.source import facts, slot

@@ -18,8 +18,8 @@ from psycopg import sql
 
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus
 from lakeslot.api.naming import TableName
-from lakeslot.control import steps as control
-from lakeslot.observability.status import Report
+from lakeslot.control import steps
+from lakeslot.observability.status_report import Report
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.source import preflight, publication, slot
 from lakeslot.source.columns import ColumnOptions, DescribeError, describe
@@ -96,7 +96,7 @@ def test_the_note_is_the_tables_status_message_until_the_columns_are_gone(pgdb, 
     now = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     report = Report(PostgresIngestionStatus(), 1, now)
     with pgdb.connect(autocommit=True) as conn:
-        assert control.check_source(conn, ingestion, report) == [T]
+        assert steps.check_source(conn, ingestion, report) == [T]
         [row] = report.status.tables
         assert row.state == "Pending" and row.message.startswith("note: ")
         assert "left out of the mirror" in row.message
@@ -105,7 +105,7 @@ def test_the_note_is_the_tables_status_message_until_the_columns_are_gone(pgdb, 
         if _major(conn) >= 18:
             conn.execute(f"ALTER TABLE {T.name} DROP COLUMN v")
         again = Report(report.status, 1, now)
-        assert control.check_source(conn, ingestion, again) == [T]
+        assert steps.check_source(conn, ingestion, again) == [T]
         assert again.status.tables[0].message == ""
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion, SparkSpec
-from lakeslot.spark import jars as iceberg_jars
+from lakeslot.spark import jars
 from lakeslot_operator import children
 from tests.api_cases import base_document
 from tests.support import chart
@@ -61,22 +61,22 @@ def download(path: str) -> tuple[str, str, str]:
 
 def test_versions_are_the_ones_the_code_expects():
     assert arg_default("SPARK_VERSION") == SparkSpec().spark_version
-    assert arg_default("ICEBERG_VERSION") == iceberg_jars.ICEBERG_VERSION
+    assert arg_default("ICEBERG_VERSION") == jars.ICEBERG_VERSION
     run, jar_template, url_template = download("org/apache/iceberg")
     loop = re.search(r"for artifact in ([^;]+); do", run)
     assert loop, run
     # the runtime and Iceberg's aws, gcp and azure bundles, each of the runtime's version, each
     # from the URL lakeslot's Maven route uses, each checked against Maven's checksum
     artifacts = loop.group(1).split()
-    assert artifacts == [iceberg_jars.RUNTIME_ARTIFACT, *iceberg_jars.BUNDLE_ARTIFACTS]
-    assert set(iceberg_jars.LOCAL_MAVEN_ARTIFACTS) <= set(artifacts)
-    version = iceberg_jars.ICEBERG_VERSION
+    assert artifacts == [jars.RUNTIME_ARTIFACT, *jars.BUNDLE_ARTIFACTS]
+    assert set(jars.LOCAL_MAVEN_ARTIFACTS) <= set(artifacts)
+    version = jars.ICEBERG_VERSION
     for artifact in artifacts:
         jar = expand(jar_template, artifact=artifact, ICEBERG_VERSION=version)
         assert expand(url_template, jar=jar, artifact=artifact, ICEBERG_VERSION=version) == \
-            iceberg_jars.maven_url(artifact)
-    assert expand(jar_template, artifact=iceberg_jars.RUNTIME_ARTIFACT,
-                  ICEBERG_VERSION=version) == iceberg_jars.RUNTIME_JAR
+            jars.maven_url(artifact)
+    assert expand(jar_template, artifact=jars.RUNTIME_ARTIFACT,
+                  ICEBERG_VERSION=version) == jars.RUNTIME_JAR
     assert 'sha1sum -c -' in run and '"${url}.sha1"' in run
     assert "mv /tmp/jars/*.jar" in " ".join(instructions("RUN", FINAL_STAGE))  # all of them
     assert any('"pyspark==${SPARK_VERSION}"' in r for r in instructions("RUN", FINAL_STAGE))
@@ -93,12 +93,12 @@ def test_the_jdbc_driver_is_the_one_the_code_provisions():
     copy its PyPI route takes (the same bytes), into the jars the final stage puts on Spark's
     class path."""
     version = arg_default("POSTGRES_JDBC_VERSION")
-    assert version == iceberg_jars.POSTGRES_JDBC_VERSION
-    assert arg_default("POSTGRES_JDBC_SHA256") == iceberg_jars.POSTGRES_JDBC_SHA256
+    assert version == jars.POSTGRES_JDBC_VERSION
+    assert arg_default("POSTGRES_JDBC_SHA256") == jars.POSTGRES_JDBC_SHA256
     run, jar_template, url_template = download("org/postgresql/postgresql")
     jar = expand(jar_template, POSTGRES_JDBC_VERSION=version)
-    assert jar == iceberg_jars.POSTGRES_JDBC_JAR
-    assert expand(url_template, jar=jar, POSTGRES_JDBC_VERSION=version) == iceberg_jars.POSTGRES_JDBC_URL
+    assert jar == jars.POSTGRES_JDBC_JAR
+    assert expand(url_template, jar=jar, POSTGRES_JDBC_VERSION=version) == jars.POSTGRES_JDBC_URL
     assert 'sha1sum -c -' in run and '"${url}.sha1"' in run
     assert '"${POSTGRES_JDBC_SHA256}  ${jar}" | sha256sum -c -' in run
     (stage,) = [s for s in DOCKERFILE.split("\nFROM ") if "org/postgresql" in s]

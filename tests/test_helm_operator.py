@@ -33,8 +33,7 @@ import pytest
 import yaml
 
 from lakeslot.api.models import GROUP, PLURAL, VERSION
-from tests.support import chart
-from tests.support import operator_env as env
+from tests.support import chart, operator_env
 from tests.support.kube_emulator import KubeEmulator, write_kubeconfig
 from tests.support.prometheus import scrape
 from tests.support.rbac import RecordingProxy, allowed, grants, is_discovery, kopf_calls, request_attributes
@@ -96,7 +95,7 @@ def install(api, manifests: list[dict]) -> None:
     """The chart's CRDs (what Helm installs first), the spark-operator's CRD, and the peering
     objects the chart renders (the other rendered kinds do nothing on the emulator)."""
     extensions = kubernetes.client.ApiextensionsV1Api(api)
-    for crd in [*chart.chart_crds(), env.SPARK_CRD]:
+    for crd in [*chart.chart_crds(), operator_env.SPARK_CRD]:
         # The client's types ask for a V1CustomResourceDefinition; it sends a dict body as is.
         extensions.create_custom_resource_definition(crd)  # type: ignore[arg-type]
     custom = kubernetes.client.CustomObjectsApi(api)
@@ -116,9 +115,9 @@ def ingestion(api, name: str) -> dict | None:
 
 def reconciled(api, name: str) -> dict | None:
     resource = ingestion(api, name)
-    slot_ready = resource and env.condition(resource, "SlotReady")
+    slot_ready = resource and operator_env.condition(resource, "SlotReady")
     listing = kubernetes.client.CustomObjectsApi(api).list_namespaced_custom_object(
-        env.SPARK_GROUP, env.SPARK_VERSION, NAMESPACE, env.SPARK_PLURAL)
+        operator_env.SPARK_GROUP, operator_env.SPARK_VERSION, NAMESPACE, operator_env.SPARK_PLURAL)
     assert isinstance(listing, dict), listing
     apps = listing["items"]
     deployments = kubernetes.client.AppsV1Api(api).list_namespaced_deployment(NAMESPACE).items

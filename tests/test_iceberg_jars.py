@@ -12,14 +12,14 @@ import json
 import pytest
 
 from lakeslot import cli
-from lakeslot.spark import jars as iceberg_jars
+from lakeslot.spark import jars
 
 
 @pytest.fixture(scope="module")
 def provisioned() -> list:
     try:
-        return iceberg_jars.ensure_jars()
-    except iceberg_jars.JarProvisioningError as e:
+        return jars.ensure_jars()
+    except jars.JarProvisioningError as e:
         pytest.skip(f"Iceberg jars unavailable: {e}")
 
 
@@ -27,15 +27,15 @@ def test_a_cache_of_an_older_layout_is_provisioned_again(tmp_path, monkeypatch):
     """A cache of another layout (here none: from before the REST client and the SDK) is not
     trusted, although every jar it lists is there."""
     monkeypatch.setenv("LAKESLOT_CACHE", str(tmp_path))
-    jars = tmp_path / "jars"
-    jars.mkdir()
-    (jars / iceberg_jars.RUNTIME_JAR).write_bytes(b"x")
-    manifest = {"iceberg_version": iceberg_jars.ICEBERG_VERSION, "source": "pypi-wheels", "reason": "",
-                "jars": [{"name": iceberg_jars.RUNTIME_JAR, "size": 1}]}
-    (jars / iceberg_jars.MANIFEST).write_text(json.dumps(manifest))
-    assert iceberg_jars._cached(jars) is None
-    (jars / iceberg_jars.MANIFEST).write_text(json.dumps({**manifest, "layout": iceberg_jars.MANIFEST_LAYOUT}))
-    assert iceberg_jars._cached(jars) == [jars / iceberg_jars.RUNTIME_JAR]
+    jar_dir = tmp_path / "jars"
+    jar_dir.mkdir()
+    (jar_dir / jars.RUNTIME_JAR).write_bytes(b"x")
+    manifest = {"iceberg_version": jars.ICEBERG_VERSION, "source": "pypi-wheels", "reason": "",
+                "jars": [{"name": jars.RUNTIME_JAR, "size": 1}]}
+    (jar_dir / jars.MANIFEST).write_text(json.dumps(manifest))
+    assert jars._cached(jar_dir) is None
+    (jar_dir / jars.MANIFEST).write_text(json.dumps({**manifest, "layout": jars.MANIFEST_LAYOUT}))
+    assert jars._cached(jar_dir) == [jar_dir / jars.RUNTIME_JAR]
 
 
 def test_provision_jars_lists_the_route_and_what_each_jar_is_for(provisioned, capsys):
@@ -45,19 +45,19 @@ def test_provision_jars_lists_the_route_and_what_each_jar_is_for(provisioned, ca
     assert [line.split("\t")[0] for line in lines] == [str(p) for p in provisioned]
     assert all(len(line.split("\t")[1]) > 20 for line in lines)
     if route.startswith("# pypi-wheels"):
-        assert [p.name for p in provisioned] == [iceberg_jars.RUNTIME_JAR,
-                                                 *[b.name for b in iceberg_jars.BUILDS],
-                                                 iceberg_jars.POSTGRES_JDBC_JAR]
-    assert iceberg_jars.system_class_path(provisioned) == [p for p in provisioned
-                                                           if p.name == iceberg_jars.POSTGRES_JDBC_JAR]
+        assert [p.name for p in provisioned] == [jars.RUNTIME_JAR,
+                                                 *[b.name for b in jars.BUILDS],
+                                                 jars.POSTGRES_JDBC_JAR]
+    assert jars.system_class_path(provisioned) == [p for p in provisioned
+                                                   if p.name == jars.POSTGRES_JDBC_JAR]
 
 
 @pytest.mark.parametrize(("missing", "failure"), [
     # the jar of the AWS SDK v2 (either route's): S3FileIO's client, after the probes that pass
-    ((iceberg_jars.AWS_SDK_JAR, iceberg_jars.maven_url("iceberg-aws-bundle").rsplit("/", 1)[1]),
+    ((jars.AWS_SDK_JAR, jars.maven_url("iceberg-aws-bundle").rsplit("/", 1)[1]),
      r"probe of S3FileIO's S3 client \(AWS SDK v2\) failed .*missing class software[./]amazon[./]awssdk"),
     # the JDBC driver: the last probe, every other jar there
-    ((iceberg_jars.POSTGRES_JDBC_JAR,),
+    ((jars.POSTGRES_JDBC_JAR,),
      r"probe of the PostgreSQL JDBC driver .* failed .*missing class org\.postgresql\.Driver"),
 ])
 def test_the_probe_names_what_does_not_load(provisioned, missing, failure):
@@ -65,5 +65,5 @@ def test_the_probe_names_what_does_not_load(provisioned, missing, failure):
     class."""
     without = [p for p in provisioned if p.name not in missing]
     assert len(without) == len(provisioned) - 1
-    with pytest.raises(iceberg_jars.JarProvisioningError, match=failure):
-        iceberg_jars._probe(without)
+    with pytest.raises(jars.JarProvisioningError, match=failure):
+        jars._probe(without)

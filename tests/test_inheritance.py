@@ -13,9 +13,9 @@ from psycopg import sql
 
 from lakeslot import workloads
 from lakeslot.api.naming import TableName
-from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.verify import checksums
-from tests.support import local_support as ls
+from tests.support import local_support
 from tests.support.apply_support import normal
 from tests.support.fixtures_pg import connection_settings
 
@@ -44,7 +44,7 @@ def _assert_mirrors_equal(db, local, warehouse, tables) -> None:
         assert mirrored == expected, table
 
 
-class _Writer(ls.BackgroundWriter):
+class _Writer(local_support.BackgroundWriter):
     """The application, through the parent and through the child, while the run copies and
     streams: each statement through a parent reaches every descendant's rows too."""
 
@@ -75,16 +75,16 @@ def test_parent_and_children_are_each_mirrored_with_their_own_rows(
         conn.execute("INSERT INTO app.grandchild SELECT g, 'g' || g, 'y' "
                      "FROM generate_series(1, 30) g")
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
-    ls.write_ingestion(path, pgdb, [], tmp_path, {"tables": [], "schemas": [SCHEMA]},
-                       spark_warehouse)
-    local = ls.local(path, pgdb, state_dir)
+    local_support.write_ingestion(path, pgdb, [], tmp_path, {"tables": [], "schemas": [SCHEMA]},
+                                  spark_warehouse)
+    local = local_support.local(path, pgdb, state_dir)
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
     tables = [PARENT, CHILD, GRANDCHILD]
 
     writer = _Writer(pgdb)  # concurrent with the snapshot and the stream of the first run
-    ls.run_in_process(local, spark, once=True)
+    local_support.run_in_process(local, spark, once=True)
     assert writer.stop() > 0
-    ls.run_in_process(local, spark, once=True)  # catches up with what the writer did last
+    local_support.run_in_process(local, spark, once=True)  # catches up with what the writer did last
     _assert_mirrors_equal(pgdb, local, spark_warehouse, tables)
 
     with pgdb.connect() as conn:
@@ -100,7 +100,7 @@ def test_parent_and_children_are_each_mirrored_with_their_own_rows(
         conn.execute("UPDATE ONLY app.parent SET v = 'only parent' WHERE id BETWEEN 20 AND 22")
         conn.execute("DELETE FROM ONLY app.parent WHERE id = 23")
         conn.execute("UPDATE app.grandchild SET v = 'grand' WHERE id >= 25")
-    ls.run_in_process(local, spark, once=True)
+    local_support.run_in_process(local, spark, once=True)
     _assert_mirrors_equal(pgdb, local, spark_warehouse, tables)
     _assert_mirrors_equal(pgdb, local, spark_warehouse, tables)
 
@@ -112,7 +112,7 @@ def test_parent_and_children_are_each_mirrored_with_their_own_rows(
         conn.execute("ALTER TABLE app.parent ADD COLUMN n int DEFAULT 7")
         conn.execute("UPDATE app.parent SET w = 'after ddl' WHERE id IN (1, 9, 25)")
         conn.execute("INSERT INTO app.grandchild (id, w, extra, n) VALUES (200, 'g', 'e', 8)")
-    ls.run_in_process(local, spark, once=True)
+    local_support.run_in_process(local, spark, once=True)
     _assert_mirrors_equal(pgdb, local, spark_warehouse, tables)
     with pgdb.connect() as conn:
         # detached, the grandchild keeps its rows (and its mirror); the child's statements no
@@ -123,7 +123,7 @@ def test_parent_and_children_are_each_mirrored_with_their_own_rows(
         conn.execute("TRUNCATE app.parent")  # the parent and the child, not the grandchild
         conn.execute("INSERT INTO app.parent (id, w) VALUES (300, 'after truncate')")
         conn.execute("INSERT INTO app.child (id, w, extra) VALUES (300, 'after truncate', 'c')")
-    ls.run_in_process(local, spark, once=True)
+    local_support.run_in_process(local, spark, once=True)
     _assert_mirrors_equal(pgdb, local, spark_warehouse, tables)
 
     # lakeslot verify compares each table's own rows too (a parent's children are not missing)
@@ -146,14 +146,14 @@ def test_without_the_event_trigger_a_child_altered_through_its_parent_is_copied_
         conn.execute("INSERT INTO app.parent SELECT g, 'p' || g FROM generate_series(1, 20) g")
         conn.execute("INSERT INTO app.child SELECT g, 'c' || g, 'x' FROM generate_series(1, 20) g")
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
-    ls.write_ingestion(path, pgdb, [], tmp_path,
-                       {"tables": [], "schemas": [SCHEMA], "ddlCapture": "Catalog"},
+    local_support.write_ingestion(path, pgdb, [], tmp_path,
+                                  {"tables": [], "schemas": [SCHEMA], "ddlCapture": "Catalog"},
                        spark_warehouse)
-    local = ls.local(path, pgdb, state_dir)
+    local = local_support.local(path, pgdb, state_dir)
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
-    ls.run_in_process(local, spark, once=True)
+    local_support.run_in_process(local, spark, once=True)
     with pgdb.connect() as conn:
         conn.execute("ALTER TABLE app.parent RENAME COLUMN v TO w")
         conn.execute("UPDATE app.parent SET w = 'after' WHERE id <= 3")
-    ls.run_in_process(local, spark, once=True)
+    local_support.run_in_process(local, spark, once=True)
     _assert_mirrors_equal(pgdb, local, spark_warehouse, [PARENT, CHILD])

@@ -37,7 +37,7 @@ from lakeslot.mirror.contract import ERROR_PROPERTY, OWNER_PROPERTY, SOURCE_OID_
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
 from spark_jobs import snapshot as snapshot_entry
-from tests.support import local_support as ls
+from tests.support import local_support
 from tests.support.apply_support import assert_equal_to_source, assert_mirror_equals_source, workload_pipeline
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN, Workload
 
@@ -145,7 +145,7 @@ def test_one_table_failing_never_stalls_or_corrupts_the_others(
     # (the same pipeline, to share its set-up: the suite's time)
     _passes_failing_as_a_whole_are_counted_and_degraded(pipeline, monkeypatch)
     _a_mirror_owned_by_another_source_table_is_never_written(pipeline, spark, spark_warehouse,
-                                                            pgdb)
+                                                             pgdb)
 
 
 def _passes_failing_as_a_whole_are_counted_and_degraded(pipeline, monkeypatch) -> None:
@@ -174,7 +174,7 @@ def _passes_failing_as_a_whole_are_counted_and_degraded(pipeline, monkeypatch) -
 
 
 def _a_mirror_owned_by_another_source_table_is_never_written(pipeline, spark, warehouse,
-                                                            pgdb) -> None:
+                                                             pgdb) -> None:
     target = pipeline.target(IDLE)
 
     def properties() -> dict[str, str]:
@@ -254,11 +254,11 @@ def test_names_that_differ_in_case_or_script_get_their_own_mirrors_and_collision
                          (f"т{i}",))
         conn.execute(f'INSERT INTO {CASES} SELECT g, -g, \'v\' || g FROM generate_series(1, 30) g')
     path = tmp_path / "ingestion.yaml"
-    document = ls.write_ingestion(path, pgdb, [], tmp_path, warehouse=spark_warehouse,
-                                  source={"tables": [], "schemas": ["app", "app__x"]})
+    document = local_support.write_ingestion(path, pgdb, [], tmp_path, warehouse=spark_warehouse,
+                                             source={"tables": [], "schemas": ["app", "app__x"]})
     assert document["spec"]["source"]["schemas"] == ["app", "app__x"]
-    local = ls.local(path, pgdb, tmp_path / "state")
-    ls.run_in_process(local, spark, once=True)
+    local = local_support.local(path, pgdb, tmp_path / "state")
+    local_support.run_in_process(local, spark, once=True)
     with pgdb.connect() as conn:
         conn.execute('UPDATE app."Users" SET name = name || \'!\' WHERE id <= 10')
         conn.execute("DELETE FROM app.users WHERE id > 60")
@@ -268,15 +268,15 @@ def test_names_that_differ_in_case_or_script_get_their_own_mirrors_and_collision
         conn.execute(f"UPDATE {CYRILLIC[1]} SET name = 'ё' WHERE id < 5")
     # one table's MERGE fails in Iceberg's writer (a property it refuses): the run says so and
     # exits 1, the others are applied; after the fix the next run catches it up exactly
-    broken = ls.mirror_name(local, users)
+    broken = local_support.mirror_name(local, users)
     spark.sql(f"ALTER TABLE {broken} SET TBLPROPERTIES ('write.parquet.compression-codec'='bad')")
-    result, _ = ls.run_in_process(local, spark, once=True, expect=1)
+    result, _ = local_support.run_in_process(local, spark, once=True, expect=1)
     assert str(users) in result.message and "bad" in result.message, result.message
     for table in (USERS, CASES, *CYRILLIC):
         assert_equal_to_source(pgdb, spark_warehouse.as_uri(),
                                local.job.names.mirror_identifier(table), table)
     spark.sql(f"ALTER TABLE {broken} UNSET TBLPROPERTIES ('write.parquet.compression-codec')")
-    ls.run_in_process(local, spark, once=True)
+    local_support.run_in_process(local, spark, once=True)
     names = local.job.names
     mirrored = [USERS, users, CASES, *CYRILLIC]
     assert len({names.mirror_table(t) for t in mirrored}) == len(mirrored)

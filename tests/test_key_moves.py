@@ -15,7 +15,7 @@ from lakeslot.api.naming import TableName
 from lakeslot.apply.evolution import moved_key
 from lakeslot.control import resnapshot
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.staging.relations import Column, Relation
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source
 

@@ -23,7 +23,7 @@ OPERATOR = ROOT / "operator" / "lakeslot_operator"
 # only: never from a higher layer, never from another room of its own layer.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base: plain helpers with no lakeslot imports",
-     ("lakeslot", "lakeslot.lsn", "lakeslot.exits", "lakeslot.errors", "lakeslot.filesystems",
+     ("lakeslot", "lakeslot.lsn_text", "lakeslot.exits", "lakeslot.errors", "lakeslot.filesystems",
       "lakeslot.cadence")),
     ("the resource and every name derived from it", ("lakeslot.api",)),
     ("shared contracts: staging (reader → apply) and the mirror tables (jobs → readers)",
@@ -199,3 +199,31 @@ def test_every_module_is_on_its_rooms_map(package):
 @pytest.mark.parametrize("package", PACKAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_name_on_a_rooms_map_is_a_module_of_it(package):
     assert sorted(room_map(package) - room_contents(package)) == []
+
+
+def _aliased_module_imports() -> list[tuple[str, str, str]]:
+    """``(file, module, alias)`` of every ``from P import m as a`` of a module of ours."""
+    found = []
+    for path in [*ROOT.joinpath("lakeslot").rglob("*.py"), *ROOT.joinpath("operator").rglob("*.py"),
+                 *ROOT.joinpath("tests").rglob("*.py"), *ROOT.joinpath("bench").rglob("*.py"),
+                 *ROOT.joinpath("spark_jobs").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.module and not node.level
+                    and node.module.split(".")[0] in ("lakeslot", "lakeslot_operator", "tests", "bench")):
+                continue
+            base = ROOT / "operator" if node.module.startswith("lakeslot_operator") else ROOT
+            for alias in node.names:
+                target = base.joinpath(*node.module.split("."), alias.name)
+                if alias.asname and (target.with_suffix(".py").exists() or (target / "__init__.py").exists()):
+                    found.append((str(path.relative_to(ROOT)), f"{node.module}.{alias.name}", alias.asname))
+    return found
+
+
+def test_modules_are_imported_under_their_own_names():
+    """``from lakeslot.mirror import catalogs``, not ``… as cats``: a grep for a module's name
+    finds its callers. The one alias allowed tells two modules of one name apart by their room:
+    ``from lakeslot.snapshot import job as snapshot_job``."""
+    renamed = [(path, module, alias) for path, module, alias in _aliased_module_imports()
+               if alias != "_".join(module.split(".")[-2:])]
+    assert renamed == [], "import these under their own names (or <room>_<module>)"
+    assert _aliased_module_imports(), "the check finds the allowed aliases, so it reads imports"

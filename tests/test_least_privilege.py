@@ -27,15 +27,15 @@ from lakeslot import workloads
 from lakeslot.api.conditions import find_condition
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SourceSpec
 from lakeslot.api.naming import TableName
-from lakeslot.control import steps as control
+from lakeslot.control import steps
 from lakeslot.local import config, observe, state
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.mirror.catalog import load_hadoop_table
-from lakeslot.observability.status import Report
+from lakeslot.mirror.catalogs import load_hadoop_table
+from lakeslot.observability.status_report import Report
 from lakeslot.source import publication
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
-from tests.support import local_support as ls
+from tests.support import local_support
 from tests.support.apply_support import normal
 from tests.support.operator_env import ingestion_document
 from tests.support.reader_support import current_lsn
@@ -115,7 +115,7 @@ def test_the_fingerprint_sees_what_an_external_publication_publishes(pgdb):
         conn.execute("CREATE PUBLICATION lake_pub FOR TABLE app.a (id)")
 
         def fingerprint() -> tuple:
-            return control.selection_fingerprint(conn, source, PUBLICATION)
+            return steps.selection_fingerprint(conn, source, PUBLICATION)
 
         before = fingerprint()
         for unrelated in ("INSERT INTO app.a VALUES (1, 'x')", "ALTER TABLE app.b ADD COLUMN w text"):
@@ -129,7 +129,7 @@ def test_the_fingerprint_sees_what_an_external_publication_publishes(pgdb):
             after = fingerprint()
             assert after != before, change
             before = after
-        assert control.selection_fingerprint(conn, source) != before  # (without the publication)
+        assert steps.selection_fingerprint(conn, source) != before  # (without the publication)
 
 
 def test_the_source_steps_say_who_manages_the_publication_and_fail_only_what_it_lacks(
@@ -152,8 +152,8 @@ def test_the_source_steps_say_who_manages_the_publication_and_fail_only_what_it_
                                           publicationManagement=setting)
         report = Report(PostgresIngestionStatus(), 1, datetime.now(UTC))
         with pgdb.connect(autocommit=True) as conn:
-            return control.check_source(conn, PostgresIngestion.model_validate(document),
-                                        report), report
+            return steps.check_source(conn, PostgresIngestion.model_validate(document),
+                                      report), report
 
     keyless = TableName("public", "keyless")
     good, report = check("External", [a, keyless])
@@ -190,7 +190,7 @@ def test_a_role_that_owns_nothing_mirrors_through_the_dbas_publication(
         virtual = _setup(conn, role, password)
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
     tables = [PLAIN, PEOPLE, LATE, MISSING, SECRET]
-    document = ls.write_ingestion(path, pgdb, tables, tmp_path, warehouse=spark_warehouse, source={
+    document = local_support.write_ingestion(path, pgdb, tables, tmp_path, warehouse=spark_warehouse, source={
         "user": role, "publicationName": PUBLICATION, "publicationManagement": "External"})
     document["spec"]["source"]["tables"][1]["excludeColumns"] = ["ssn"]
     path.write_text(yaml.safe_dump(document))
@@ -253,8 +253,8 @@ def test_a_role_that_owns_nothing_mirrors_through_the_dbas_publication(
                  "the mirrors to catch up", deadline=DEADLINE_S, interval=1)
         return seen
 
-    _, first = ls.run_in_process(local, spark, once=False, during=during, interval=1.0,
-                                 selection_interval=1.0)
+    _, first = local_support.run_in_process(local, spark, once=False, during=during, interval=1.0,
+                                            selection_interval=1.0)
     assert first is not None
     assert first.publication_managed_by == "External" and first.ddl_capture == "Catalog"
     rows = {TableName(r.schema_name, r.name): r for r in first.tables}
@@ -287,7 +287,7 @@ def test_a_role_that_owns_nothing_mirrors_through_the_dbas_publication(
     # the publication is what its owner made it: lakeslot created, altered and dropped nothing
     published = _publication(pgdb)
     assert {(r[6], r[7]) for r in published} == {("app", "plain"), ("app", "people"),
-                                                  ("app", "late"), ("app", "secret")}
+                                                 ("app", "late"), ("app", "secret")}
     assert all(r[:6] == (True, True, True, True, True, None) for r in published)
     assert next(r[8] for r in published if r[7] == "people") == ["id", "name"]
     with pgdb.connect() as conn:

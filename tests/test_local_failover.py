@@ -25,7 +25,7 @@ import io
 import pytest
 import yaml
 
-from lakeslot import lsn as lsn_text
+from lakeslot import lsn_text
 from lakeslot.exits import EXIT_DEFINITE
 from lakeslot.local import observe, run, state
 from lakeslot.mirror import progress as mirror_progress
@@ -33,17 +33,17 @@ from lakeslot.reader import reader
 from lakeslot.reader.writer import SegmentWriter
 from lakeslot.source import failover, preflight
 from lakeslot.source.connection import ConnectionSettings
-from lakeslot.staging.format import SourceIdentity
+from lakeslot.staging.segments import SourceIdentity
 from lakeslot.staging.store import Staging
 from tests.chaos import harness
-from tests.support import local_support as ls
+from tests.support import local_support
 from tests.support.apply_support import assert_equal_to_source, lsn_now
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN
 from tests.support.failover_support import HaDatabase, SteadyWorkload, failover_ready, ha_pair
 from tests.support.waiting import wait_for
 from tests.test_reader_segments import _slot
 
-TABLES = [MAIN, KEYLESS, IDLE, ls.ACCOUNTS]
+TABLES = [MAIN, KEYLESS, IDLE, local_support.ACCOUNTS]
 DEADLINE_S = 300
 WRITES_AFTER_PROMOTION = 30  # units of work the workload commits on the promoted server
 
@@ -113,7 +113,7 @@ def _setup(ha, tmp_path, warehouse, **source):
     with db.connect() as conn:
         harness.create_tables(conn)
     path = tmp_path / "ingestion.yaml"
-    document = ls.write_ingestion(path, db, TABLES, tmp_path, warehouse=warehouse, source={
+    document = local_support.write_ingestion(path, db, TABLES, tmp_path, warehouse=warehouse, source={
         "host": db.hosts, **source, "tables": [
             {"schema": t.schema, "name": t.name, **({"keyColumns": ["a"]} if t == KEYLESS else {})}
             for t in TABLES]})
@@ -138,7 +138,7 @@ def _once(local, spark) -> run.Result:
 def test_a_failover_slot_survives_a_promotion_mid_stream_and_nothing_is_lost_or_doubled(
         ha, tmp_path, spark, spark_warehouse):
     db, path, _ = _setup(ha, tmp_path, spark_warehouse, failoverSlot=True)
-    local = ls.local(path, db, tmp_path / "state")
+    local = local_support.local(path, db, tmp_path / "state")
     slot = local.job.names.slot
     writer = harness.Writer(db, 18, SteadyWorkload)
     snapshots, promoted = {}, []
@@ -163,7 +163,7 @@ def test_a_failover_slot_survives_a_promotion_mid_stream_and_nothing_is_lost_or_
                  interval=1)
 
     try:
-        ls.run_in_process(local, spark, once=False, during=scenario)
+        local_support.run_in_process(local, spark, once=False, during=scenario)
     finally:
         writer.stop()
 
@@ -184,7 +184,7 @@ def test_a_failover_slot_survives_a_promotion_mid_stream_and_nothing_is_lost_or_
 def test_before_17_a_failover_loses_the_slot_and_on_slot_lost_decides(
         ha, tmp_path, spark, spark_warehouse):
     db, path, document = _setup(ha, tmp_path, spark_warehouse)
-    local = ls.local(path, db, tmp_path / "state")
+    local = local_support.local(path, db, tmp_path / "state")
     slot = local.job.names.slot
     writer = harness.Writer(db, 15, SteadyWorkload)
 
@@ -203,8 +203,8 @@ def test_before_17_a_failover_loses_the_slot_and_on_slot_lost_decides(
                  "the run to stop by itself", deadline=DEADLINE_S)
 
     try:
-        stopped, _ = ls.run_in_process(local, spark, once=False, during=scenario,
-                                       expect=EXIT_DEFINITE)
+        stopped, _ = local_support.run_in_process(local, spark, once=False, during=scenario,
+                                                  expect=EXIT_DEFINITE)
     finally:
         writer.stop()
     assert "(SlotLost)" in stopped.message and "a failover" in stopped.message, stopped.message
@@ -223,7 +223,7 @@ def test_before_17_a_failover_loses_the_slot_and_on_slot_lost_decides(
 
     document["spec"]["policies"] = {"onSlotLost": "Resnapshot"}
     path.write_text(yaml.safe_dump(document, allow_unicode=True))
-    local = ls.local(path, db, tmp_path / "state")
+    local = local_support.local(path, db, tmp_path / "state")
     recovered = _once(local, spark)
     assert recovered.code == 0, recovered.message
     for table in TABLES:

@@ -27,7 +27,7 @@ from lakeslot.local import apply_loop, observe, processes, reader_process, run, 
 from lakeslot.local.tree import alive
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.staging.store import Staging
-from tests.support import local_support as ls
+from tests.support import local_support
 from tests.support.apply_support import lsn_now
 from tests.support.waiting import wait_for
 
@@ -39,11 +39,11 @@ DEADLINE_S = 300
 
 def _ingestion(db, tmp_path, warehouse, *, keyless: bool = False):
     path = tmp_path / "ingestion.yaml"
-    tables = [ls.ACCOUNTS, *([KEYLESS] if keyless else [])]
+    tables = [local_support.ACCOUNTS, *([KEYLESS] if keyless else [])]
     source = {"tables": [{"schema": "public", "name": "accounts"}, *(
         [{"schema": "public", "name": "keyless", "keyColumns": ["k"]}] if keyless else [])]}
-    ls.write_ingestion(path, db, tables, tmp_path, source=source, warehouse=warehouse)
-    return ls.local(path, db, tmp_path / "state")
+    local_support.write_ingestion(path, db, tables, tmp_path, source=source, warehouse=warehouse)
+    return local_support.local(path, db, tmp_path / "state")
 
 
 def _run(local, spark, *, once: bool) -> run.Result:
@@ -60,7 +60,7 @@ def _sealed_end(local) -> int:
 def test_once_exits_3_and_status_says_why_when_a_snapshot_failed_definitely(
         pgdb, tmp_path, spark, spark_warehouse):
     with pgdb.connect() as conn:
-        ls.create_accounts(conn, 200)
+        local_support.create_accounts(conn, 200)
         conn.execute("CREATE TABLE keyless (k int NOT NULL, v text)")
         conn.execute("ALTER TABLE keyless REPLICA IDENTITY FULL")
         conn.execute("INSERT INTO keyless VALUES (1, 'a'), (1, 'b'), (2, 'c')")  # k not unique
@@ -75,7 +75,7 @@ def test_once_exits_3_and_status_says_why_when_a_snapshot_failed_definitely(
     rows = {TableName(r.schema_name, r.name): r for r in status.tables}
     assert rows[KEYLESS].state == "Failed"
     assert "snapshot failed" in rows[KEYLESS].message and "not unique" in rows[KEYLESS].message
-    assert rows[ls.ACCOUNTS].state == "Streaming"
+    assert rows[local_support.ACCOUNTS].state == "Streaming"
 
 
 def test_only_failures_without_progress_in_between_stop_the_reader():
@@ -99,9 +99,9 @@ def test_only_failures_without_progress_in_between_stop_the_reader():
 def test_a_reader_killed_more_often_than_the_restart_limit_streams_on(
         pgdb, tmp_path, spark, spark_warehouse):
     with pgdb.connect() as conn:
-        ls.create_accounts(conn, 200)
+        local_support.create_accounts(conn, 200)
     local = _ingestion(pgdb, tmp_path, spark_warehouse)
-    workload = ls.Workload(pgdb, [ls.ACCOUNTS], {ls.ACCOUNTS: "balance"})
+    workload = local_support.Workload(pgdb, [local_support.ACCOUNTS], {local_support.ACCOUNTS: "balance"})
     killed: list[int] = []
 
     def during() -> list[int]:
@@ -118,7 +118,7 @@ def test_a_reader_killed_more_often_than_the_restart_limit_streams_on(
                          deadline=DEADLINE_S)]
 
     try:
-        result, last = ls.run_in_process(local, spark, once=False, during=during)
+        result, last = local_support.run_in_process(local, spark, once=False, during=during)
     finally:
         workload.stop()
     assert result.code == 0 and last and last[0] not in killed
@@ -136,7 +136,7 @@ def _new_reader(local, killed: list[int]) -> int:
 @pytest.mark.parametrize("pg", ["pg18"], indirect=True)
 def test_the_next_run_stops_a_reader_that_outlived_its_run(pgdb, tmp_path, spark, spark_warehouse):
     with pgdb.connect() as conn:
-        ls.create_accounts(conn, 200)
+        local_support.create_accounts(conn, 200)
     local = _ingestion(pgdb, tmp_path, spark_warehouse)
     assert _run(local, spark, once=True).code == 0  # the slot, the mirror, staging
     # What a killed run leaves when its reader did not die with it: a reader process not armed
@@ -146,7 +146,7 @@ def test_the_next_run_stops_a_reader_that_outlived_its_run(pgdb, tmp_path, spark
                                       stop_at=None)
     with open(tmp_path / "orphan.log", "ab") as out:
         orphan = subprocess.Popen([sys.executable, "-m", "lakeslot.cli", "reader", *argv],
-                                  env=ls.run_env(pgdb), stdout=out, stderr=out,
+                                  env=local_support.run_env(pgdb), stdout=out, stderr=out,
                                   start_new_session=True)
     try:
         state.write_run(local.state_dir, readerPid=orphan.pid, pod=pod)
@@ -175,7 +175,7 @@ def _slot_holder(db) -> int | None:
 @pytest.mark.slow
 @pytest.mark.parametrize("restartable_pgdb", ["pg18"], indirect=True)
 def test_a_streaming_run_rides_out_a_postgresql_restart(restartable_pgdb, tmp_path, spark,
-                                                         spark_warehouse, monkeypatch):
+                                                        spark_warehouse, monkeypatch):
     """A fast restart between two apply passes breaks the apply job's source connection, which
     its next pass with changes uses first outside its per-table retries (found by the chaos suite:
     the run exited 1 with ``apply failed: AdminShutdown``); the run restarts its apply job and
@@ -183,7 +183,7 @@ def test_a_streaming_run_rides_out_a_postgresql_restart(restartable_pgdb, tmp_pa
     lands there every time."""
     db = restartable_pgdb
     with db.connect() as conn:
-        ls.create_accounts(conn, 200)
+        local_support.create_accounts(conn, 200)
     local = _ingestion(db, tmp_path, spark_warehouse)
     requested, restarted = threading.Event(), threading.Event()
     original = apply_loop.ApplyLoop.point
@@ -199,7 +199,7 @@ def test_a_streaming_run_rides_out_a_postgresql_restart(restartable_pgdb, tmp_pa
     def applied_past(position: int) -> bool:
         if not state.run_active(local.state_dir):
             pytest.fail("the run ended")
-        lsn = mirror_progress.read(local.ingestion, [ls.ACCOUNTS])[ls.ACCOUNTS].lsn
+        lsn = mirror_progress.read(local.ingestion, [local_support.ACCOUNTS])[local_support.ACCOUNTS].lsn
         return lsn is not None and lsn >= position
 
     def written() -> int:
@@ -216,4 +216,4 @@ def test_a_streaming_run_rides_out_a_postgresql_restart(restartable_pgdb, tmp_pa
         after = written()
         wait_for(lambda: applied_past(after), "streaming after the restart", deadline=DEADLINE_S)
 
-    ls.run_in_process(local, spark, once=False, during=during)
+    local_support.run_in_process(local, spark, once=False, during=during)

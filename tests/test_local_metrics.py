@@ -22,8 +22,7 @@ from lakeslot.local.pgcluster import free_port
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.observability.metrics import COUNTERS, GAUGES, PREFIX
 from lakeslot.staging.store import Staging
-from tests.support import chart, promql
-from tests.support import local_support as ls
+from tests.support import chart, local_support, promql
 from tests.support.prometheus import Scrape, scrape
 from tests.support.waiting import wait_for
 
@@ -46,16 +45,16 @@ def _wal(db, slot: str) -> tuple[int, int, int]:
 @pytest.mark.parametrize("pg", ["pg18"], indirect=True)
 def test_a_local_runs_metrics_agree_with_postgresql_and_fire_the_alerts(pgdb, spark, spark_warehouse, tmp_path):
     with pgdb.connect() as conn:
-        ls.create_accounts(conn, ROWS)
+        local_support.create_accounts(conn, ROWS)
         conn.execute("CREATE TABLE keyless (v int)")  # no replica identity: Failed, not replicated
     path = tmp_path / "ingestion.yaml"
-    ls.write_ingestion(path, pgdb, [ls.ACCOUNTS, KEYLESS], tmp_path, warehouse=spark_warehouse)
-    local = ls.local(path, pgdb, tmp_path / "state")
+    local_support.write_ingestion(path, pgdb, [local_support.ACCOUNTS, KEYLESS], tmp_path, warehouse=spark_warehouse)
+    local = local_support.local(path, pgdb, tmp_path / "state")
     names = local.job.names
     port = free_port()
     url = f"http://127.0.0.1:{port}/metrics"
     ingestion = frozenset({("namespace", names.namespace), ("ingestion", names.name)})
-    accounts, keyless = str(ls.ACCOUNTS), str(KEYLESS)
+    accounts, keyless = str(local_support.ACCOUNTS), str(KEYLESS)
     alerts = chart.alert_rules(chart.render({**chart.SERVED, "metrics": {"prometheusRule": {
         "enabled": True, "walRetainedBytes": 256 << 10, "walGrowingMinutes": 1}}}))
 
@@ -85,12 +84,12 @@ def test_a_local_runs_metrics_agree_with_postgresql_and_fire_the_alerts(pgdb, sp
         # 1. Caught up: every row in the mirror, freshness 0, the applied LSN the mirror's own.
         def caught_up() -> Scrape:
             result = scraped()
-            applied = mirror_progress.read(local.ingestion, [ls.ACCOUNTS])[ls.ACCOUNTS].lsn
+            applied = mirror_progress.read(local.ingestion, [local_support.ACCOUNTS])[local_support.ACCOUNTS].lsn
             return result if applied is not None and mine(result, "table_applied_lsn", table=accounts) == applied \
                 and mine(result, "table_rows", table=accounts) == ROWS \
                 and mine(result, "table_freshness_seconds", table=accounts) == 0 else Scrape()
 
-        result = wait_for(caught_up, "the mirror caught up, as a scrape says", deadline=ls.RUN_DEADLINE_S)
+        result = wait_for(caught_up, "the mirror caught up, as a scrape says", deadline=local_support.RUN_DEADLINE_S)
         # the operator's series, nothing else: its gauges, and its counters once the apply job's
         # status has totals (whether a pass wrote them before this scrape is a race)
         assert result.names() <= {PREFIX + g for g in GAUGES} | {f"{PREFIX}{c}_total" for c in COUNTERS}
@@ -109,7 +108,8 @@ def test_a_local_runs_metrics_agree_with_postgresql_and_fire_the_alerts(pgdb, sp
             ended = datetime.fromisoformat(document["updatedAt"].replace("Z", "+00:00")).timestamp()
             return mine(scraped(), "apply_last_pass_timestamp_seconds") == ended
 
-        wait_for(last_pass_as_staging_says, "the apply job's last pass in a scrape", deadline=ls.RUN_DEADLINE_S)
+        wait_for(last_pass_as_staging_says, "the apply job's last pass in a scrape",
+                 deadline=local_support.RUN_DEADLINE_S)
         assert firing("LakeslotTableFailed", result) == {ingestion | {("table", keyless)}: 1}
         assert firing("LakeslotSlotInactive", result) == {}
         assert firing("LakeslotDefiniteError", result) == {}
@@ -150,7 +150,7 @@ def test_a_local_runs_metrics_agree_with_postgresql_and_fire_the_alerts(pgdb, sp
         target = _wal(pgdb, names.slot)[2]
         wait_for(lambda: (mine(scraped(), "table_applied_lsn", table=accounts) or 0) >= target - 1
                  and mine(timeline[-1][1], "table_freshness_seconds", table=accounts) == 0,
-                 "the update applied and freshness 0", deadline=ls.RUN_DEADLINE_S)
+                 "the update applied and freshness 0", deadline=local_support.RUN_DEADLINE_S)
         falling = promql.Timeline([timeline[-1]])
 
         def released() -> bool:
@@ -163,4 +163,4 @@ def test_a_local_runs_metrics_agree_with_postgresql_and_fire_the_alerts(pgdb, sp
         assert firing("LakeslotWalRetainedGrowing", falling) == {}
         assert firing("LakeslotWalRetainedHigh", falling[-1][1]) == {}
 
-    ls.run_in_process(local, spark, once=False, during=during, interval=1.0, metrics_port=port)
+    local_support.run_in_process(local, spark, once=False, during=during, interval=1.0, metrics_port=port)

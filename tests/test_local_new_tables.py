@@ -22,16 +22,15 @@ from psycopg import sql
 from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestionStatus, SourceSpec, TableState, TableStatus
 from lakeslot.api.naming import TableName
-from lakeslot.control import steps as control
+from lakeslot.control import steps
 from lakeslot.local import config, observe, state
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.mirror.catalog import load_hadoop_table
-from lakeslot.observability import status as st
+from lakeslot.mirror.catalogs import load_hadoop_table
+from lakeslot.observability import status_report
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
-from tests.support import local_support as ls
-from tests.support import operator_env
+from tests.support import local_support, operator_env
 from tests.support.apply_support import normal
 from tests.support.reader_support import current_lsn
 from tests.support.waiting import wait_for
@@ -51,33 +50,33 @@ def _row(table: TableName, state_: TableState = "Streaming", **fields: Any) -> T
     return TableStatus(schema_name=table.schema, name=table.name, state=state_, **fields)
 
 
-def _report(*rows: TableStatus) -> st.Report:
-    return st.Report(PostgresIngestionStatus(tables=list(rows)), 1, datetime.now(UTC))
+def _report(*rows: TableStatus) -> status_report.Report:
+    return status_report.Report(PostgresIngestionStatus(tables=list(rows)), 1, datetime.now(UTC))
 
 
 def test_a_table_that_left_the_selection_stays_removed_until_it_comes_back():
     a, b, c = TableName("s", "a"), TableName("s", "b"), TableName("s", "c")
     report = _report(_row(a, applied_lsn="0/10"), _row(b, applied_lsn="0/20"))
-    st.table_rows(report, [a], {}, removed={b: "dropped"})
+    status_report.table_rows(report, [a], {}, removed={b: "dropped"})
     assert [(r.name, r.state, r.message, r.applied_lsn) for r in report.status.tables] == [
         ("a", "Streaming", "", "0/10"), ("b", "Removed", "dropped", "0/20")]
     assert report.status.table_count == 1
 
     kept = _report(*report.status.tables)  # the next reconcile: still removed, nothing new
-    st.table_rows(kept, [a], {})
+    status_report.table_rows(kept, [a], {})
     assert [(r.name, r.state) for r in kept.status.tables] == [("a", "Streaming"), ("b", "Removed")]
 
     back = _report(*kept.status.tables)  # selected again: it starts afresh
-    st.table_rows(back, [a, b, c], {})
+    status_report.table_rows(back, [a, b, c], {})
     assert [(r.name, r.state, r.applied_lsn) for r in back.status.tables] == [
         ("a", "Streaming", "0/10"), ("b", "Pending", None), ("c", "Pending", None)]
 
 
 def test_only_the_latest_removed_rows_are_kept():
-    many = [TableName("s", f"t{i:02}") for i in range(st.REMOVED_ROWS + 5)]
+    many = [TableName("s", f"t{i:02}") for i in range(status_report.REMOVED_ROWS + 5)]
     report = _report(*[_row(t) for t in many])
-    st.table_rows(report, [], {}, removed=dict.fromkeys(many, "gone"))
-    assert [r.name for r in report.status.tables] == [t.name for t in many[-st.REMOVED_ROWS:]]
+    status_report.table_rows(report, [], {}, removed=dict.fromkeys(many, "gone"))
+    assert [r.name for r in report.status.tables] == [t.name for t in many[-status_report.REMOVED_ROWS:]]
     assert {r.state for r in report.status.tables} == {"Removed"}
 
 
@@ -87,27 +86,27 @@ def test_the_fingerprint_changes_with_the_selection_and_identities_only(pgdb):
     with pgdb.connect() as conn:
         conn.execute("CREATE SCHEMA app; CREATE SCHEMA other")
         conn.execute("CREATE TABLE app.t (id int PRIMARY KEY)")
-        before = control.selection_fingerprint(conn, source)
+        before = steps.selection_fingerprint(conn, source)
         for unrelated in ("INSERT INTO app.t VALUES (1)", "ALTER TABLE app.t ADD COLUMN v text",
                           "CREATE TABLE other.t (id int)", "CREATE TABLE public.unlisted (id int)"):
             conn.execute(unrelated)  # row changes, columns, other schemas: not the selection
-            assert control.selection_fingerprint(conn, source) == before, unrelated
+            assert steps.selection_fingerprint(conn, source) == before, unrelated
         conn.execute("CREATE TABLE app.parts (id int) PARTITION BY RANGE (id)")
-        before = control.selection_fingerprint(conn, source)
+        before = steps.selection_fingerprint(conn, source)
         conn.execute("CREATE TABLE app.parts_1 PARTITION OF app.parts FOR VALUES FROM (0) TO (9)")
-        assert control.selection_fingerprint(conn, source) == before  # published via the root
+        assert steps.selection_fingerprint(conn, source) == before  # published via the root
         for change in ("CREATE TABLE app.n (a int)", "ALTER TABLE app.n REPLICA IDENTITY FULL",
                        "ALTER TABLE app.n ADD PRIMARY KEY (a)", "ALTER TABLE app.n RENAME TO m",
                        "CREATE TABLE public.listed (id int)", "DROP TABLE app.m"):
             conn.execute(change)
-            after = control.selection_fingerprint(conn, source)
+            after = steps.selection_fingerprint(conn, source)
             assert after != before, change
             before = after
 
 
 # lakeslot run, end to end --------------------------------------------------------------------
 
-class _SteadyWriter(ls.BackgroundWriter):
+class _SteadyWriter(local_support.BackgroundWriter):
     """The application on the existing table: inserts, updates and deletes, until stopped."""
 
     def __init__(self, db) -> None:
@@ -159,7 +158,7 @@ def test_a_table_created_while_the_run_streams_reaches_the_mirror_without_a_rest
         conn.execute("INSERT INTO app.moved SELECT g, 'm' || g FROM generate_series(1, 100) g")
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
     _write_ingestion(path, pgdb, tmp_path, spark_warehouse)
-    local = ls.local(path, pgdb, state_dir)
+    local = local_support.local(path, pgdb, state_dir)
     ingestion = config.load_ingestion(str(path))
     publication = local.job.names.publication
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)  # run.run exports it
@@ -256,8 +255,8 @@ def test_a_table_created_while_the_run_streams_reaches_the_mirror_without_a_rest
                  "the mirrors to catch up", deadline=DEADLINE_S, interval=1)
         return seen
 
-    _, status = ls.run_in_process(local, spark, once=False, during=during, interval=1.0,
-                                  selection_interval=1.0)
+    _, status = local_support.run_in_process(local, spark, once=False, during=during, interval=1.0,
+                                             selection_interval=1.0)
     assert [c for c in copies if LATE in c] == [(LATE,)]  # app.late was copied once, alone
     # The first copy is the initial one. app.moved's second copy starts with the table stopped at
     # its position by whichever came first: the apply job replaying the rename (SET SCHEMA), or

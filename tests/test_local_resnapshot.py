@@ -14,7 +14,7 @@ from lakeslot.api.naming import TableName
 from lakeslot.local import config, state
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.verify import checksums
-from tests.support import local_support as ls
+from tests.support import local_support
 from tests.support.fixtures_pg import connection_settings
 
 pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
@@ -24,7 +24,7 @@ RENAMED, STEADY = TableName("public", "renamed"), TableName("public", "steady")
 
 
 def _run_once(path, db, state_dir, log) -> str:
-    process = ls.spawn_run(path, db, state_dir, log, "--once")
+    process = local_support.spawn_run(path, db, state_dir, log, "--once")
     try:
         code = process.wait(RUN_DEADLINE_S)
     except subprocess.TimeoutExpired:
@@ -45,7 +45,7 @@ def test_a_renamed_column_is_copied_again_by_the_run_and_the_mirror_equals_the_s
     path, state_dir, log = tmp_path / "ingestion.yaml", tmp_path / "state", tmp_path / "run.log"
     # without lakeslot's event trigger (its mode: tests/test_ddl_capture.py), a rename is a
     # re-snapshot
-    ls.write_ingestion(path, pgdb, [RENAMED, STEADY], tmp_path, source={"ddlCapture": "Catalog"})
+    local_support.write_ingestion(path, pgdb, [RENAMED, STEADY], tmp_path, source={"ddlCapture": "Catalog"})
     _run_once(path, pgdb, state_dir, log)
 
     with pgdb.connect() as conn:

@@ -17,8 +17,8 @@ import yaml
 
 from lakeslot.api.naming import TableName
 from lakeslot.local import apply_loop, outages, run
-from lakeslot.mirror.catalog import load_hadoop_table
-from tests.support import local_support as ls
+from lakeslot.mirror.catalogs import load_hadoop_table
+from tests.support import local_support
 from tests.support.apply_support import assert_table_equals_source
 from tests.support.waiting import wait_for
 
@@ -28,12 +28,12 @@ pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version m
 def _local(db, tmp_path, warehouse, **spec):
     path = tmp_path / "ingestion.yaml"
     with db.connect() as conn:
-        table = ls.create_accounts(conn, 50)
-    document = ls.write_ingestion(path, db, [table], tmp_path, warehouse=warehouse)
+        table = local_support.create_accounts(conn, 50)
+    document = local_support.write_ingestion(path, db, [table], tmp_path, warehouse=warehouse)
     for section, values in spec.items():
         document["spec"][section] = {**document["spec"].get(section, {}), **values}
     path.write_text(yaml.safe_dump(document))
-    return ls.local(path, db, tmp_path / "state"), table
+    return local_support.local(path, db, tmp_path / "state"), table
 
 
 def _mirror(local, table):
@@ -45,7 +45,7 @@ def _mirror(local, table):
 def test_never_mode_starts_the_mirror_empty_and_streams_what_changed_after_the_slot(
         pgdb, tmp_path, spark, spark_warehouse):
     local, table = _local(pgdb, tmp_path, spark_warehouse, snapshot={"mode": "never"})
-    ls.run_in_process(local, spark, once=True)
+    local_support.run_in_process(local, spark, once=True)
     mirror = _mirror(local, table)
     assert mirror is not None and mirror.scan().to_arrow().num_rows == 0  # no copy of the 50 rows
     assert "lakeslot.snapshot-lsn" not in mirror.properties
@@ -57,7 +57,7 @@ def test_never_mode_starts_the_mirror_empty_and_streams_what_changed_after_the_s
         conn.execute("UPDATE accounts SET balance = -balance WHERE id > 1020")
         conn.execute("DELETE FROM accounts WHERE id BETWEEN 1001 AND 1005")
         conn.execute("INSERT INTO after_slot SELECT * FROM accounts WHERE id > 1000")
-    ls.run_in_process(local, spark, once=True)
+    local_support.run_in_process(local, spark, once=True)
     mirror = _mirror(local, table)
     assert mirror is not None
     expected = TableName("public", "after_slot")
@@ -126,6 +126,6 @@ def test_staging_unreachable_while_streaming_is_waited_out_past_the_restart_limi
 
         wait_for(caught_up, "the mirror equal to its source after staging came back")
 
-    ls.run_in_process(local, spark, once=False, during=outage, out=out)
+    local_support.run_in_process(local, spark, once=False, during=outage, out=out)
     waiting = [line for line in out.getvalue().splitlines() if "waiting for staging" in line]
     assert "spec.staging.uri" in waiting[0] and "NotADirectoryError" in waiting[0], waiting

@@ -14,9 +14,9 @@ import yaml
 from psycopg import sql
 
 from lakeslot.api.naming import TableName
-from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.verify import checksums
-from tests.support import local_support as ls
+from tests.support import local_support
 from tests.support.fixtures_pg import connection_settings
 from tests.support.odd_names import ODD_TABLES, create_odd_tables
 
@@ -29,7 +29,7 @@ ODD = [ODD_TABLES[0], ODD_TABLES[2]]  # a schema and a table name that need quot
 @pytest.fixture
 def source(pgdb):
     with pgdb.connect() as conn:
-        accounts = ls.create_accounts(conn, 20_000)
+        accounts = local_support.create_accounts(conn, 20_000)
         create_odd_tables(conn)
         for table in ODD:
             conn.execute(sql.SQL("INSERT INTO {} (id, \"user\", \"ñ\") SELECT i, 'u' || i, 'ñ' "
@@ -37,8 +37,8 @@ def source(pgdb):
     return pgdb, [accounts, *ODD]
 
 
-def _workload(db, tables: list[TableName]) -> ls.Workload:
-    return ls.Workload(db, tables, {t: "balance" if t == ls.ACCOUNTS else "user" for t in tables})
+def _workload(db, tables: list[TableName]) -> local_support.Workload:
+    return local_support.Workload(db, tables, {t: "balance" if t == local_support.ACCOUNTS else "user" for t in tables})
 
 
 def _finish(process: subprocess.Popen, log) -> int:
@@ -50,7 +50,7 @@ def _finish(process: subprocess.Popen, log) -> int:
 
 
 def _run_once(path, db, state_dir, log) -> None:
-    code = _finish(ls.spawn_run(path, db, state_dir, log, "--once"), log)
+    code = _finish(local_support.spawn_run(path, db, state_dir, log, "--once"), log)
     assert code == 0, log.read_text()[-3000:]
 
 
@@ -67,7 +67,7 @@ def _assert_codec(path, db, state_dir, tables, codec: str) -> None:
     """Every file Spark wrote into the mirrors — the apply job's data and delete files, not the
     snapshot's, which its workers write themselves (``lakeslot-…``) — is compressed with
     ``codec`` (read with pyiceberg and pyarrow)."""
-    local = ls.local(path, db, state_dir)
+    local = local_support.local(path, db, state_dir)
     warehouse = local.job.ingestion.spec.sink.catalog.warehouse
     assert warehouse is not None  # (a hadoop catalog)
     written = []
@@ -89,7 +89,7 @@ def _assert_codec(path, db, state_dir, tables, codec: str) -> None:
 def test_run_once_under_a_concurrent_workload_then_resume_equals_the_source(source, tmp_path):
     db, tables = source
     path, state_dir, log = tmp_path / "ingestion.yaml", tmp_path / "state", tmp_path / "run.log"
-    document = ls.write_ingestion(path, db, tables, tmp_path)
+    document = local_support.write_ingestion(path, db, tables, tmp_path)
     # spec.spark.sparkConf reaches the local Spark session too (seen in the files it writes)
     document["spec"]["spark"] = {"sparkConf": {"spark.sql.iceberg.compression-codec": "gzip"}}
     path.write_text(yaml.safe_dump(document, allow_unicode=True))
@@ -101,10 +101,10 @@ def test_run_once_under_a_concurrent_workload_then_resume_equals_the_source(sour
     _run_once(path, db, state_dir, log)  # a restart resumes exactly and catches up
     _assert_equal(path, db, tables)
     _assert_codec(path, db, state_dir, tables, "GZIP")
-    assert ls.temporary_slots(db) == []
+    assert local_support.temporary_slots(db) == []
     assert db.cluster.password not in log.read_text()
 
-    status = subprocess.run([ls.LAKESLOT, "status", "-f", str(path), "--state-dir",
+    status = subprocess.run([local_support.LAKESLOT, "status", "-f", str(path), "--state-dir",
                              str(state_dir), "-o", "json"], capture_output=True, text=True,
                             env={**os.environ, "LAKESLOT_SOURCE_PASSWORD": db.cluster.password},
                             check=False)

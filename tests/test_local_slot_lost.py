@@ -14,7 +14,7 @@ import yaml
 
 from lakeslot.exits import EXIT_DEFINITE
 from lakeslot.local import run
-from tests.support import local_support as ls
+from tests.support import local_support
 from tests.support.apply_support import assert_equal_to_source
 from tests.support.fixtures_pg import Database
 from tests.support.waiting import wait_for
@@ -56,10 +56,10 @@ def test_a_slot_invalidated_while_the_reader_is_down_follows_on_slot_lost(
         invalidating_db, tmp_path, spark, spark_warehouse):
     setting, db = invalidating_db
     with db.connect() as conn:
-        ls.create_accounts(conn, 500)
+        local_support.create_accounts(conn, 500)
     path = tmp_path / "ingestion.yaml"
-    document = ls.write_ingestion(path, db, [ls.ACCOUNTS], tmp_path, warehouse=spark_warehouse)
-    local = ls.local(path, db, tmp_path / "state")
+    document = local_support.write_ingestion(path, db, [local_support.ACCOUNTS], tmp_path, warehouse=spark_warehouse)
+    local = local_support.local(path, db, tmp_path / "state")
     options = run.Options(once=True, spark=spark, out=io.StringIO(), interactive=False)
     assert run.run(local, options).code == 0
     with db.connect() as conn:  # changes while no reader runs: they will be in no stream
@@ -77,8 +77,8 @@ def test_a_slot_invalidated_while_the_reader_is_down_follows_on_slot_lost(
 
     document["spec"]["policies"] = {"onSlotLost": "Resnapshot"}
     path.write_text(yaml.safe_dump(document, allow_unicode=True))
-    local = ls.local(path, db, tmp_path / "state")
+    local = local_support.local(path, db, tmp_path / "state")
     recovered = run.run(local, options)
     assert recovered.code == 0, recovered.message
     assert_equal_to_source(db, spark_warehouse.as_uri(),
-                           local.job.names.mirror_identifier(ls.ACCOUNTS), ls.ACCOUNTS)
+                           local.job.names.mirror_identifier(local_support.ACCOUNTS), local_support.ACCOUNTS)

@@ -11,12 +11,12 @@ import pytest
 import yaml
 
 from lakeslot.local import observe
-from tests.support import local_support as ls
+from tests.support import local_support
 
 
 def _status(path, db, state_dir, password=None) -> dict:
     env = {**os.environ, "LAKESLOT_SOURCE_PASSWORD": password or db.cluster.password}
-    result = subprocess.run([ls.LAKESLOT, "status", "-f", str(path), "--state-dir",
+    result = subprocess.run([local_support.LAKESLOT, "status", "-f", str(path), "--state-dir",
                              str(state_dir), "-o", "json"], capture_output=True, text=True,
                             env=env, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
@@ -30,9 +30,9 @@ def _conditions(document: dict) -> dict:
 
 def test_before_any_run_status_says_what_is_missing_and_changes_nothing(pgdb, tmp_path):
     with pgdb.connect() as conn:
-        table = ls.create_accounts(conn, 10)
+        table = local_support.create_accounts(conn, 10)
     path = tmp_path / "ingestion.yaml"
-    ls.write_ingestion(path, pgdb, [table], tmp_path)
+    local_support.write_ingestion(path, pgdb, [table], tmp_path)
     document = _status(path, pgdb, tmp_path / "state")
     conditions = _conditions(document)
     assert conditions["SourceReady"] == ("True", "PreflightPassed")
@@ -49,10 +49,10 @@ def test_before_any_run_status_says_what_is_missing_and_changes_nothing(pgdb, tm
 
 def test_a_table_without_a_key_is_failed_with_its_fix(pgdb, tmp_path):
     with pgdb.connect() as conn:
-        good = ls.create_accounts(conn, 10)
+        good = local_support.create_accounts(conn, 10)
         conn.execute("CREATE TABLE keyless (v int)")
     path = tmp_path / "ingestion.yaml"
-    document = ls.write_ingestion(path, pgdb, [good], tmp_path)
+    document = local_support.write_ingestion(path, pgdb, [good], tmp_path)
     document["spec"]["source"]["tables"].append({"name": "keyless"})
     path.write_text(yaml.safe_dump(document))
     status = _status(path, pgdb, tmp_path / "state")
@@ -65,9 +65,9 @@ def test_a_table_without_a_key_is_failed_with_its_fix(pgdb, tmp_path):
 @pytest.mark.parametrize("pg", ["pg15"], indirect=True)
 def test_a_wrong_password_is_a_condition_not_a_crash(pgdb, tmp_path):
     with pgdb.connect() as conn:
-        table = ls.create_accounts(conn, 10)
+        table = local_support.create_accounts(conn, 10)
     path = tmp_path / "ingestion.yaml"
-    ls.write_ingestion(path, pgdb, [table], tmp_path)
+    local_support.write_ingestion(path, pgdb, [table], tmp_path)
     status = _status(path, pgdb, tmp_path / "state", password="not-the-password")
     assert _conditions(status)["SourceReady"] == ("False", "ConnectionFailed")
     assert status["phase"] == "Pending"
@@ -75,10 +75,10 @@ def test_a_wrong_password_is_a_condition_not_a_crash(pgdb, tmp_path):
 
 def test_activity_without_a_run(pgdb, tmp_path):
     with pgdb.connect() as conn:
-        table = ls.create_accounts(conn, 10)
+        table = local_support.create_accounts(conn, 10)
     path = tmp_path / "ingestion.yaml"
-    ls.write_ingestion(path, pgdb, [table], tmp_path)
-    activity = observe.activity(ls.local(path, pgdb, tmp_path / "state"))
+    local_support.write_ingestion(path, pgdb, [table], tmp_path)
+    activity = observe.activity(local_support.local(path, pgdb, tmp_path / "state"))
     assert not activity.run_active and not activity.reader_running
 
 

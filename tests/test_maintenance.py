@@ -21,7 +21,7 @@ from lakeslot.apply import job as apply_job
 from lakeslot.apply import upkeep
 from lakeslot.mirror import maintenance
 from lakeslot.mirror import progress as mirror_progress
-from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.mirror.contract import (
     LSN_PROPERTY,
     MAINTENANCE_AT_PROPERTY,
@@ -431,7 +431,7 @@ def test_a_compaction_runs_from_a_thread_without_an_active_spark_session(spark, 
         spark._jvm.org.apache.spark.sql.SparkSession.clearActiveSession()
         try:
             outcome.append(Maintainer(spark, SPEC).maintain(java_table, table,
-                                                                        idle=True))
+                                                            idle=True))
         except BaseException as e:  # noqa: BLE001 - handed to the assertion below
             outcome.append(e)
 

@@ -48,11 +48,10 @@ from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.apply import small_batches
 from lakeslot.local.objectstore import STAGING_BUCKET, ObjectStore
-from lakeslot.spark import jars as iceberg_jars
+from lakeslot.spark import jars
 from lakeslot.verify import checksums
 from lakeslot_operator import children
-from tests.support import fixtures_s3, spark_operator
-from tests.support import local_support as ls
+from tests.support import fixtures_s3, local_support, spark_operator
 from tests.support.fixtures_pg import connection_settings
 from tests.support.reader_support import current_lsn, prepare, read_until
 
@@ -151,7 +150,7 @@ def _assert_ran_on_executors(events: Path, *, both: bool = True) -> None:
 def test_the_jobs_run_on_two_executors_of_their_own(pgdb, object_store, tmp_path, monkeypatch):
     db, store = pgdb, object_store
     with db.connect() as conn:
-        tables = ls.create_accounts_and_items(conn, 30_000, 400)  # accounts: 3-4 ranges of 1 MiB
+        tables = local_support.create_accounts_and_items(conn, 30_000, 400)  # accounts: 3-4 ranges of 1 MiB
     ingestion = _ingestion(db, store, tables)
     names = IngestionNames.of(ingestion)
     with db.connect() as conn:  # the operator's first steps: the publication, the slot (rule 2)
@@ -160,7 +159,7 @@ def test_the_jobs_run_on_two_executors_of_their_own(pgdb, object_store, tmp_path
     # (not the access key's ID, an identifier: Spark copies AWS_ACCESS_KEY_ID into Hadoop's
     # fs.s3.awsAccessKeyId, which its event log shows)
     credentials = [db.cluster.password, store.secret_key]
-    home = spark_operator.spark_home(tmp_path / "spark-home", iceberg_jars.ensure_jars())
+    home = spark_operator.spark_home(tmp_path / "spark-home", jars.ensure_jars())
     config = children.OperatorConfig()
 
     snapshot = workloads.snapshot_invocation(ingestion, tables)
@@ -171,7 +170,7 @@ def test_the_jobs_run_on_two_executors_of_their_own(pgdb, object_store, tmp_path
     _assert_ran_on_executors(tmp_path / "snapshot-events")
 
     with db.connect() as conn:  # changes, sealed on S3 by the reader
-        ls.change_accounts_and_items(conn)
+        local_support.change_accounts_and_items(conn)
         # every account changed once more: a batch too big for the driver's row delta, so the
         # accounts take the MERGE on the executors; the items' few changes the driver's path
         conn.execute("UPDATE accounts SET balance = balance - 1")

@@ -37,27 +37,23 @@ from psycopg import sql
 from pyarrow import fs as pafs
 from pyiceberg.exceptions import ForbiddenError
 
-from lakeslot import cli, workloads
-from lakeslot import lsn as lsnlib
+from lakeslot import cli, lsn_text, workloads
 from lakeslot.api.models import CatalogSpec
 from lakeslot.api.naming import TableName
 from lakeslot.filesystems import StorageError
 from lakeslot.local import config, reader_process
 from lakeslot.local.objectstore import STAGING_BUCKET, WAREHOUSE
 from lakeslot.local.pgcluster import free_port
-from lakeslot.mirror import catalog as catalogs
-from lakeslot.mirror import cuts
+from lakeslot.mirror import catalogs, cuts
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.contract import LSN_PROPERTY
-from lakeslot.staging.format import SegmentName
+from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import TEMP_PREFIX, Staging
 from lakeslot.verify import checksums
 from lakeslot_operator.handlers import build_registry
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context
-from tests.support import duckdb_reader, fixtures_s3
-from tests.support import local_support as ls
-from tests.support import operator_env as env
+from tests.support import duckdb_reader, fixtures_s3, local_support, operator_env
 from tests.support.fixtures_kube import running_operator
 from tests.support.fixtures_pg import connection_settings
 from tests.support.fixtures_s3 import WAREHOUSE_BUCKET, define_catalog
@@ -66,7 +62,7 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.one_version  # (tests/support/fixtures_pg.py: version matrix)
 
-ITEMS = ls.ITEMS
+ITEMS = local_support.ITEMS
 
 
 def _assert_equal(local: config.Local, db, tables: list[TableName], secrets: dict[str, str]) -> None:
@@ -80,7 +76,7 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
                                                   capsys):
     db, store = pgdb, object_store
     with db.connect() as conn:
-        tables = ls.create_accounts_and_items(conn, 3000, 800)
+        tables = local_support.create_accounts_and_items(conn, 3000, 800)
     accounts = tables[0]
     prefix = f"{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}"
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
@@ -95,13 +91,13 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
     local = config.load(str(path), state_dir=str(state_dir), environ=environment)
     secrets = local.job.catalog_secrets(environment)
 
-    ls.run_in_process(local, rest_spark, once=True)  # the snapshot
+    local_support.run_in_process(local, rest_spark, once=True)  # the snapshot
     _assert_equal(local, db, tables, secrets)
     snapshot_lsn = mirror_progress.read(local.ingestion, tables, secrets=secrets)[accounts].lsn
 
     with db.connect() as conn:  # streamed changes: updates, inserts, deletes
-        ls.change_accounts_and_items(conn)
-    ls.run_in_process(local, rest_spark, once=True)
+        local_support.change_accounts_and_items(conn)
+    local_support.run_in_process(local, rest_spark, once=True)
     _assert_equal(local, db, tables, secrets)
     progress = mirror_progress.read(local.ingestion, tables, secrets=secrets)  # what the operator reads
     applied = progress[accounts].lsn
@@ -119,14 +115,14 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
             conn.execute("UPDATE accounts SET memo = 'renamed' WHERE id <= 30")
         wait_for(lambda: mirror_progress.read(local.ingestion, [accounts], secrets=secrets)[accounts]
                  .resnapshots_last_hour == 1, "the re-snapshot of public.accounts", deadline=300, interval=1)
-        workload = ls.Workload(db, tables, {accounts: "balance", ITEMS: "v"})
+        workload = local_support.Workload(db, tables, {accounts: "balance", ITEMS: "v"})
         time.sleep(2)
         assert workload.stop() > 0
         assert cli.main(["verify", "-f", str(path), "--rounds", "2", "--timeout", "180", "-o", "json"]) == 0
         return capsys.readouterr().out
 
     capsys.readouterr()
-    _, verified = ls.run_in_process(local, rest_spark, once=False, during=migrate_then_verify)
+    _, verified = local_support.run_in_process(local, rest_spark, once=False, during=migrate_then_verify)
     assert verified is not None and json.loads(verified)["equal"] is True, verified
     _assert_equal(local, db, tables, secrets)  # (verify waited for every change: quiet now)
     progress = mirror_progress.read(local.ingestion, tables, secrets=secrets)
@@ -176,7 +172,7 @@ def test_an_apply_commit_whose_answer_is_lost_after_it_landed_is_not_applied_twi
     and each change is in the mirror once, row by row."""
     db, store = pgdb, object_store
     with db.connect() as conn:
-        tables = ls.create_accounts_and_items(conn, 400, 200)
+        tables = local_support.create_accounts_and_items(conn, 400, 200)
     proxy = CommitProxy(store.rest_uri)
     try:
         # (a catalog of its own on the shared session: Spark keeps the one it loaded per name)
@@ -186,19 +182,19 @@ def test_an_apply_commit_whose_answer_is_lost_after_it_landed_is_not_applied_twi
                                                   catalog)
         local = fixtures_s3.local_config(db, store, document, tmp_path, monkeypatch)
         secrets = local.job.catalog_secrets(local.environ)
-        ls.run_in_process(local, rest_spark, once=True)  # the snapshot
+        local_support.run_in_process(local, rest_spark, once=True)  # the snapshot
         before = mirror_progress.read(local.ingestion, tables, secrets=secrets)
 
         with db.connect() as conn:
-            ls.change_accounts_and_items(conn)
+            local_support.change_accounts_and_items(conn)
         proxy.drop_answer()
-        ls.run_in_process(local, rest_spark, once=True)
+        local_support.run_in_process(local, rest_spark, once=True)
         assert proxy.fired.is_set(), "no apply commit went through the proxy"
         [(table, status)] = proxy.dropped
         assert status == 200, f"the catalog refused the commit whose answer was dropped: {status}"
         assert any("landed though the attempt failed" in r.getMessage() for r in caplog.records), \
             "the retry did not look for the landed commit"
-        ls.run_in_process(local, rest_spark, once=True)  # whatever the first run left to do
+        local_support.run_in_process(local, rest_spark, once=True)  # whatever the first run left to do
         _assert_equal(local, db, tables, secrets)
         after = mirror_progress.read(local.ingestion, tables, secrets=secrets)
         assert all((after[t].lsn or 0) > (before[t].lsn or 0) for t in tables), (before, after)
@@ -221,7 +217,7 @@ def test_an_apply_commit_whose_answer_is_lost_after_it_landed_is_not_applied_twi
 
 @pytest.mark.slow
 def test_s3_staging_and_a_jdbc_catalog_on_postgresql_end_to_end(pgdb, rest_spark, object_store, tmp_path,
-                                                              monkeypatch, capsys, caplog):
+                                                                monkeypatch, capsys, caplog):
     db, store = pgdb, object_store
     suffix = uuid.uuid4().hex[:12]
     # the catalog's own database and role; a password that the SQLAlchemy URL must encode
@@ -232,7 +228,7 @@ def test_s3_staging_and_a_jdbc_catalog_on_postgresql_end_to_end(pgdb, rest_spark
         conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(catalog_db), sql.Identifier(role)))
     try:
         with db.connect() as conn:
-            tables = ls.create_accounts_and_items(conn, 500, 200)
+            tables = local_support.create_accounts_and_items(conn, 500, 200)
         accounts = tables[0]
         name = f"jdbc_{suffix}"  # (a catalog name keeps its first definition for the session)
         uri = f"jdbc:postgresql://{db.cluster.address}:{db.cluster.port}/{catalog_db}"
@@ -252,12 +248,12 @@ def test_s3_staging_and_a_jdbc_catalog_on_postgresql_end_to_end(pgdb, rest_spark
         secrets = local.job.catalog_secrets(environment)
         caplog.set_level(logging.INFO)
 
-        snapshot, _ = ls.run_in_process(local, rest_spark, once=True)
+        snapshot, _ = local_support.run_in_process(local, rest_spark, once=True)
         _assert_equal(local, db, tables, secrets)  # pyiceberg, through the SQL catalog
         snapshot_lsn = mirror_progress.read(local.ingestion, tables, secrets=secrets)[accounts].lsn
         with db.connect() as conn:
-            ls.change_accounts_and_items(conn)
-        streamed, _ = ls.run_in_process(local, rest_spark, once=True)
+            local_support.change_accounts_and_items(conn)
+        streamed, _ = local_support.run_in_process(local, rest_spark, once=True)
         _assert_equal(local, db, tables, secrets)
         applied = mirror_progress.read(local.ingestion, tables, secrets=secrets)[accounts].lsn
         assert applied is not None and snapshot_lsn is not None and applied > snapshot_lsn
@@ -311,7 +307,7 @@ def test_the_operator_reads_the_mirrors_through_the_rest_catalog_with_credential
     (its reader registered as the reader pod, so the operator leaves it the slot)."""
     db, store = pgdb, object_store
     with db.connect() as conn:
-        tables = ls.create_accounts_and_items(conn, 500, 100)
+        tables = local_support.create_accounts_and_items(conn, 500, 100)
     document = fixtures_s3.ingestion_document(db, f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}", tables,
                                               store.catalog_document())
     name = document["metadata"]["name"]
@@ -321,29 +317,31 @@ def test_the_operator_reads_the_mirrors_through_the_rest_catalog_with_credential
     for key, value in environment.items():  # (the apply job's, in this process)
         monkeypatch.setenv(key, value)
     local = config.load(str(path), state_dir=str(tmp_path / "state"), environ=environment)
-    env.create_secret(api, "lake-credentials", {ref["key"]: store.catalog_secrets()[key] for key, ref
-                                                in document["spec"]["sink"]["catalog"]["secretProperties"].items()})
-    env.create_secret(api, "s3", {k: store.environment()[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
+    references = document["spec"]["sink"]["catalog"]["secretProperties"]
+    operator_env.create_secret(api, "lake-credentials",
+                               {ref["key"]: store.catalog_secrets()[key] for key, ref in references.items()})
+    operator_env.create_secret(api, "s3", {
+        k: store.environment()[k] for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")})
     registry = build_registry(Context(kube=Kube(api)), timer_interval=1.0, login_via_client=False)
     with running_operator(kube, registry):
-        env.create_ingestion(api, document, db.cluster.password)
-        wait_for(lambda: f"{name}-reader" in env.deployments(api), "the reader Deployment")
-        env.reader_pod_running(api, name, reader_process.pod_identity())
-        ls.run_in_process(local, rest_spark, once=True)  # snapshot, stream, apply: caught up, stopped
+        operator_env.create_ingestion(api, document, db.cluster.password)
+        wait_for(lambda: f"{name}-reader" in operator_env.deployments(api), "the reader Deployment")
+        operator_env.reader_pod_running(api, name, reader_process.pod_identity())
+        local_support.run_in_process(local, rest_spark, once=True)  # snapshot, stream, apply: caught up, stopped
         progress = mirror_progress.read(local.ingestion, tables, secrets=local.job.catalog_secrets(environment))
-        applied = {str(t): lsnlib.format(p.lsn) for t, p in progress.items() if p.lsn is not None}
+        applied = {str(t): lsn_text.format(p.lsn) for t, p in progress.items() if p.lsn is not None}
         assert len(applied) == len(tables), progress
 
         def read_by_the_operator() -> dict | None:
-            resource = env.get_ingestion(api, name) or {}
+            resource = operator_env.get_ingestion(api, name) or {}
             shown = {f"{t['schema']}.{t['name']}": t.get("appliedLsn")
                      for t in resource.get("status", {}).get("tables", [])}
             return resource if shown == applied else None
 
         resource = wait_for(read_by_the_operator, "the operator to show each mirror's applied LSN")
-        children = {**env.spark_applications(api), **env.deployments(api)}
+        children = {**operator_env.spark_applications(api), **operator_env.deployments(api)}
         assert children, "the operator wrote its children"
-    events = kubernetes.client.CoreV1Api(api).list_namespaced_event(env.NAMESPACE)
+    events = kubernetes.client.CoreV1Api(api).list_namespaced_event(operator_env.NAMESPACE)
     written = json.dumps([resource, children, api.sanitize_for_serialization(events)])
     for secret in (store.secret_key, store.catalog_secrets()["credential"], db.cluster.password):
         assert secret not in written
@@ -389,7 +387,7 @@ def test_refused_or_unreachable_storage_and_catalog_name_the_setting_to_fix(obje
 
     # lakeslot status shows it as its Streaming condition
     with pgdb.connect() as conn:
-        table = ls.create_accounts(conn, 10)
+        table = local_support.create_accounts(conn, 10)
     path = tmp_path / "ingestion.yaml"
     path.write_text(yaml.safe_dump(fixtures_s3.ingestion_document(
         pgdb, f"s3://{STAGING_BUCKET}/status", [table], store.catalog_document())))

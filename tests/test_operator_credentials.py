@@ -29,18 +29,16 @@ import kubernetes.client
 import pytest
 import yaml
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.annotations import VERIFY
 from lakeslot.api.models import GROUP, PLURAL, VERSION, CatalogSpec
 from lakeslot.filesystems import StorageError
 from lakeslot.local import config, reader_process
 from lakeslot.local.objectstore import STAGING_BUCKET, ObjectStore
-from lakeslot.mirror import catalog as catalogs
+from lakeslot.mirror import catalogs
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.staging.store import Staging
-from tests.support import chart, fixtures_s3, promql
-from tests.support import local_support as ls
-from tests.support import operator_env as env
+from tests.support import chart, fixtures_s3, local_support, operator_env, promql
 from tests.support.fixtures_pg import Database
 from tests.support.operator_process import scrubbed_operator
 from tests.support.prometheus import scrape
@@ -53,7 +51,7 @@ STORAGE_VARIABLES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT
 
 def _storage_in_secret_env(api, document: dict, store: ObjectStore) -> None:
     """The object store's keys, endpoint and region in the Secret ``s3``, named by secretEnv."""
-    env.create_secret(api, "s3", {k: store.environment()[k] for k in STORAGE_VARIABLES})
+    operator_env.create_secret(api, "s3", {k: store.environment()[k] for k in STORAGE_VARIABLES})
     document["spec"]["secretEnv"] = [{"name": k, "secretKeyRef": {"name": "s3", "key": k}}
                                      for k in STORAGE_VARIABLES]
 
@@ -75,7 +73,7 @@ def jvm_keys(rest_spark, object_store: ObjectStore) -> Iterator[None]:
 
 
 def _status(api, name: str) -> dict:
-    return (env.get_ingestion(api, name) or {}).get("status") or {}
+    return (operator_env.get_ingestion(api, name) or {}).get("status") or {}
 
 
 def _ready_with_lag(api, name: str, applied: dict[str, str]) -> dict | None:
@@ -93,17 +91,17 @@ def _start_pipeline(api, name: str, local: config.Local, spark, tables) -> dict[
     """What the pods would do, run here: the snapshot, streaming and one apply pass (caught up);
     the snapshot application then COMPLETED and the apply one RUNNING, as the spark-operator
     reports them. The mirrors' LSNs by table."""
-    wait_for(lambda: f"{name}-reader" in env.deployments(api), "the reader Deployment")
-    env.reader_pod_running(api, name, reader_process.pod_identity())
-    first, _ = ls.run_in_process(local, spark, once=True)
+    wait_for(lambda: f"{name}-reader" in operator_env.deployments(api), "the reader Deployment")
+    operator_env.reader_pod_running(api, name, reader_process.pod_identity())
+    first, _ = local_support.run_in_process(local, spark, once=True)
     assert first.caught_up, first
-    wait_for(lambda: f"{name}-apply" in env.spark_applications(api), "the apply SparkApplication")
-    for application in env.spark_applications(api):
-        env.set_spark_state(api, application, "RUNNING" if application == f"{name}-apply" else "COMPLETED")
+    wait_for(lambda: f"{name}-apply" in operator_env.spark_applications(api), "the apply SparkApplication")
+    for application in operator_env.spark_applications(api):
+        operator_env.set_spark_state(api, application, "RUNNING" if application == f"{name}-apply" else "COMPLETED")
     progress = mirror_progress.read(local.ingestion, tables,
                                     secrets=local.job.catalog_secrets(local.environ))
     assert all(p.lsn is not None for p in progress.values()), progress
-    return {str(t): lsnlib.format(p.lsn) for t, p in progress.items() if p.lsn is not None}
+    return {str(t): lsn_text.format(p.lsn) for t, p in progress.items() if p.lsn is not None}
 
 
 def _run_container(api, child: dict, command: list[str], tmp_path: Path, pod: str = "",
@@ -112,10 +110,10 @@ def _run_container(api, child: dict, command: list[str], tmp_path: Path, pod: st
     container's environment exactly (Secret references resolved) and its job input mounted."""
     template = child["spec"]["template"]["spec"]
     (container,) = template["containers"]
-    environ = env.container_environment(api, container, home=tmp_path, pod=pod)
+    environ = operator_env.container_environment(api, container, home=tmp_path, pod=pod)
     if "--input" in command:
-        command = env.mounted(api, child, command, tmp_path)
-    return subprocess.Popen([ls.LAKESLOT, *command[1:]], env=environ, **popen)
+        command = operator_env.mounted(api, child, command, tmp_path)
+    return subprocess.Popen([local_support.LAKESLOT, *command[1:]], env=environ, **popen)
 
 
 def _rest_ingestion(api, db, store: ObjectStore, tables, tmp_path: Path, monkeypatch, name: str = "s3-rest",
@@ -128,8 +126,9 @@ def _rest_ingestion(api, db, store: ObjectStore, tables, tmp_path: Path, monkeyp
     for section, values in spec.items():
         document["spec"][section] = {**document["spec"].get(section, {}), **values}
     _storage_in_secret_env(api, document, store)
-    env.create_secret(api, "lake-credentials", {ref["key"]: store.catalog_secrets()[key] for key, ref
-                                                in document["spec"]["sink"]["catalog"]["secretProperties"].items()})
+    references = document["spec"]["sink"]["catalog"]["secretProperties"]
+    operator_env.create_secret(api, "lake-credentials",
+                               {ref["key"]: store.catalog_secrets()[key] for key, ref in references.items()})
     path = tmp_path / "ingestion.yaml"
     path.write_text(yaml.safe_dump(document))
     environment = fixtures_s3.run_environment(db, store, store.catalog_secrets())
@@ -143,12 +142,12 @@ def test_an_operator_without_credentials_reads_s3_staging_and_a_rest_catalog_wit
         kube, api, pgdb, rest_spark, object_store, tmp_path, monkeypatch):
     db, store = pgdb, object_store
     with db.connect() as conn:
-        tables = ls.create_accounts_and_items(conn, 300, 50)
+        tables = local_support.create_accounts_and_items(conn, 300, 50)
     document, local = _rest_ingestion(api, db, store, tables, tmp_path, monkeypatch)
     name = document["metadata"]["name"]
 
     with scrubbed_operator(kube.url, tmp_path / "operator.log") as metrics:
-        env.create_ingestion(api, document, db.cluster.password)
+        operator_env.create_ingestion(api, document, db.cluster.password)
         applied = _start_pipeline(api, name, local, rest_spark, tables)
         status = wait_for(lambda: _ready_with_lag(api, name, applied),
                           "Ready, each mirror's LSN and lagSeconds, read with the ingestion's credentials")
@@ -156,11 +155,11 @@ def test_an_operator_without_credentials_reads_s3_staging_and_a_rest_catalog_wit
 
         # A verification: its Job leaves the result in S3 staging, where the operator reads it.
         kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
-            GROUP, VERSION, env.NAMESPACE, PLURAL, name, {"metadata": {"annotations": {VERIFY: "v1"}}})
+            GROUP, VERSION, operator_env.NAMESPACE, PLURAL, name, {"metadata": {"annotations": {VERIFY: "v1"}}})
         job_name = wait_for(lambda: (_status(api, name).get("verification") or {}).get("job"), "the Job")
         assert isinstance(job_name, str)
         job = api.sanitize_for_serialization(kubernetes.client.BatchV1Api(api).read_namespaced_job(
-            job_name, env.NAMESPACE))
+            job_name, operator_env.NAMESPACE))
         (container,) = job["spec"]["template"]["spec"]["containers"]
 
         def verify() -> tuple[int, str]:  # (a verification needs the pipeline streaming)
@@ -169,7 +168,7 @@ def test_an_operator_without_credentials_reads_s3_staging_and_a_rest_catalog_wit
             output, _ = ran.communicate(timeout=300)
             return ran.returncode, output
 
-        _, verified_by_job = ls.run_in_process(local, rest_spark, once=False, during=verify)
+        _, verified_by_job = local_support.run_in_process(local, rest_spark, once=False, during=verify)
         assert verified_by_job is not None and verified_by_job[0] == 0, verified_by_job
         verified = wait_for(lambda: (v := _status(api, name).get("verification") or {}).get("state") != "Verifying"
                             and v, "the verification's result read from S3 staging")
@@ -179,9 +178,9 @@ def test_an_operator_without_credentials_reads_s3_staging_and_a_rest_catalog_wit
         # stages the change, no apply job runs: lagSeconds rises and the freshness alert fires.
         with db.connect() as conn:
             conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id = 1")
-        deployment = env.deployments(api)[f"{name}-reader"]
+        deployment = operator_env.deployments(api)[f"{name}-reader"]
         pod = f"{name}-reader-2"
-        env.reader_pod_running(api, name, pod)
+        operator_env.reader_pod_running(api, name, pod)
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         with (tmp_path / "reader.log").open("wb") as log:
             reader = _run_container(api, deployment, container["command"], tmp_path, pod=pod,
@@ -190,12 +189,12 @@ def test_an_operator_without_credentials_reads_s3_staging_and_a_rest_catalog_wit
             wait_for(lambda: any((t.get("lagSeconds") or 0) > 1 for t in _status(api, name).get("tables", [])),
                      "lagSeconds above 1 s once the change is staged and not applied")
             alerts = chart.alerts(freshnessSeconds=1)
-            labels = frozenset({("namespace", env.NAMESPACE), ("ingestion", name)})
+            labels = frozenset({("namespace", operator_env.NAMESPACE), ("ingestion", name)})
             wait_for(lambda: promql.firing(alerts, "LakeslotFreshnessHigh", scrape(metrics), labels),
                      "the freshness alert's expression true on a scrape of the operator")
         finally:
-            ls.interrupt(reader)
-        written = json.dumps([_status(api, name), env.spark_applications(api), env.deployments(api)])
+            local_support.interrupt(reader)
+        written = json.dumps([_status(api, name), operator_env.spark_applications(api), operator_env.deployments(api)])
     for secret in (store.secret_key, store.catalog_secrets()["credential"], db.cluster.password):
         assert secret not in written
 
@@ -207,7 +206,7 @@ def test_an_operator_without_credentials_reads_a_jdbc_catalog_whose_warehouse_is
     which Java's S3FileIO takes from its environment — and the operator from the Secrets."""
     db, store = pgdb, object_store
     with db.connect() as conn:
-        tables = ls.create_accounts_and_items(conn, 200, 30)
+        tables = local_support.create_accounts_and_items(conn, 200, 30)
     catalog_name = f"jdbc_{uuid.uuid4().hex[:8]}"  # (a catalog's own database, and a Spark name of its own)
     with db.cluster.connect() as conn:
         conn.execute(f"CREATE DATABASE {catalog_name}")
@@ -219,7 +218,7 @@ def test_an_operator_without_credentials_reads_a_jdbc_catalog_whose_warehouse_is
                                               catalog, name="s3-jdbc")
     name = document["metadata"]["name"]
     _storage_in_secret_env(api, document, store)
-    env.create_secret(api, "lake-credentials", {"jdbc-password": db.cluster.password})
+    operator_env.create_secret(api, "lake-credentials", {"jdbc-password": db.cluster.password})
     path = tmp_path / "ingestion.yaml"
     path.write_text(yaml.safe_dump(document))
     environment = fixtures_s3.run_environment(db, store, {"jdbc.password": db.cluster.password})
@@ -229,7 +228,7 @@ def test_an_operator_without_credentials_reads_a_jdbc_catalog_whose_warehouse_is
     fixtures_s3.define_catalog(rest_spark, catalog, {"jdbc.password": db.cluster.password})
 
     with scrubbed_operator(kube.url, tmp_path / "operator.log"):
-        env.create_ingestion(api, document, db.cluster.password)
+        operator_env.create_ingestion(api, document, db.cluster.password)
         applied = _start_pipeline(api, name, local, rest_spark, tables)
         status = wait_for(lambda: _ready_with_lag(api, name, applied),
                           "Ready, each mirror's LSN from the JDBC catalog and lagSeconds")
@@ -248,7 +247,7 @@ def test_an_operator_without_credentials_empties_s3_staging_when_a_lost_slot_is_
     cluster.create_database(db.name)
     store = object_store
     with db.connect() as conn:
-        tables = [ls.create_accounts(conn, 100)]
+        tables = [local_support.create_accounts(conn, 100)]
     document, local = _rest_ingestion(  # (applied segments stay in staging: some to empty)
         api, db, store, tables, tmp_path, monkeypatch, name="slot-lost", staging={"retentionSeconds": 3600},
         policies={"onSlotLost": "Resnapshot"})
@@ -256,11 +255,11 @@ def test_an_operator_without_credentials_empties_s3_staging_when_a_lost_slot_is_
     staging = Staging(document["spec"]["staging"]["uri"], create=False, environ=store.environment())
     try:
         with scrubbed_operator(kube.url, tmp_path / "operator.log"):
-            env.create_ingestion(api, document, db.cluster.password)
+            operator_env.create_ingestion(api, document, db.cluster.password)
             _start_pipeline(api, name, local, rest_spark, tables)
             with db.connect() as conn:
                 conn.execute("UPDATE accounts SET balance = balance + 1 WHERE id <= 10")
-            ls.run_in_process(local, rest_spark, once=True)  # streamed, applied, retained
+            local_support.run_in_process(local, rest_spark, once=True)  # streamed, applied, retained
             assert staging.list(), "segments in staging before the slot is lost"
 
             def recreated() -> str | None:
@@ -271,7 +270,7 @@ def test_an_operator_without_credentials_empties_s3_staging_when_a_lost_slot_is_
             below = wait_for(recreated, "the operator to recreate the invalidated slot", interval=1.5)
             assert below is not None
             assert staging.list() == [], "the operator emptied S3 staging before recreating the slot"
-            events = kubernetes.client.CoreV1Api(api).list_namespaced_event(env.NAMESPACE).items
+            events = kubernetes.client.CoreV1Api(api).list_namespaced_event(operator_env.NAMESPACE).items
             assert any(e.reason == "SlotRecreated" and below in (e.message or "") for e in events), \
                 [(e.reason, e.message) for e in events]
             slot_ready = next(c for c in _status(api, name)["conditions"] if c["type"] == "SlotReady")

@@ -22,13 +22,12 @@ from kubernetes.client.exceptions import ApiException
 from lakeslot.api.annotations import VERIFY
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import TableName
-from lakeslot.observability.status import CHILD_REJECTED, READER_FAILING
+from lakeslot.observability.status_report import CHILD_REJECTED, READER_FAILING
 from lakeslot_operator import child_health, children
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context, reconcile
 from tests.api_cases import apply_edits, base_document
-from tests.support import chart
-from tests.support import operator_env as env
+from tests.support import chart, operator_env
 from tests.support.rbac import (
     Grant,
     RecordingProxy,
@@ -43,7 +42,7 @@ QUOTA_DENIAL = ('admission webhook "validate-sparkapplication.sparkoperator.k8s.
 
 
 def _chart_grants(*, with_finalizers: bool) -> set[Grant]:
-    values = {"watchNamespaces": [env.NAMESPACE]}
+    values = {"watchNamespaces": [operator_env.NAMESPACE]}
     manifests = chart.render(values)
     granted = grants(manifests, chart.operator_account(manifests))
     if not with_finalizers:  # the chart before issue 17
@@ -63,20 +62,20 @@ def _reconcile_through(api, proxy_url: str, name: str):
     configuration = kubernetes.client.Configuration()
     configuration.host = proxy_url
     with kubernetes.client.ApiClient(configuration) as through:
-        outcome = reconcile(env.get_ingestion(api, name) or {}, Context(kube=Kube(through)))
+        outcome = reconcile(operator_env.get_ingestion(api, name) or {}, Context(kube=Kube(through)))
     kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-        *env.CUSTOM, name, {"status": outcome.status})
-    return env.get_ingestion(api, name), outcome.events
+        *operator_env.CUSTOM, name, {"status": outcome.status})
+    return operator_env.get_ingestion(api, name), outcome.events
 
 
 @pytest.fixture
 def ingestion(api, pgdb, tmp_path):
     with pgdb.connect() as conn:
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY, note text)")
-    document = env.ingestion_document("orders", pgdb, [TableName("public", "orders")],
-                                      warehouse=(tmp_path / "warehouse").as_uri(),
-                                      staging=(tmp_path / "staging").as_uri())
-    env.create_ingestion(api, document, pgdb.cluster.password)
+    document = operator_env.ingestion_document("orders", pgdb, [TableName("public", "orders")],
+                                               warehouse=(tmp_path / "warehouse").as_uri(),
+                                               staging=(tmp_path / "staging").as_uri())
+    operator_env.create_ingestion(api, document, pgdb.cluster.password)
     return "orders"
 
 
@@ -85,15 +84,15 @@ def test_a_refused_child_is_a_condition_an_event_and_degraded_in_one_reconcile(k
     # 403: the chart without update on postgresingestions/finalizers, on OpenShift.
     with RecordingProxy(kube.url, owner_references_enforcement(_chart_grants(with_finalizers=False))) as proxy:
         resource, events = _reconcile_through(api, proxy.url, ingestion)
-    assert env.deployments(api) == {} and env.spark_applications(api) == {}
-    streaming = env.required_condition(resource, "Streaming")
-    snapshot = env.required_condition(resource, "SnapshotComplete")
+    assert operator_env.deployments(api) == {} and operator_env.spark_applications(api) == {}
+    streaming = operator_env.required_condition(resource, "Streaming")
+    snapshot = operator_env.required_condition(resource, "SnapshotComplete")
     for condition, kind, name in ((streaming, "Deployment", "orders-reader"),
                                   (snapshot, "SparkApplication", "orders-snapshot-")):
         assert (condition["status"], condition["reason"]) == ("False", CHILD_REJECTED)
         assert f"the API server refused {kind} {name}" in condition["message"]
         assert "(403): " in condition["message"] and "cannot set blockOwnerDeletion" in condition["message"]
-    degraded = env.required_condition(resource, "Degraded")
+    degraded = operator_env.required_condition(resource, "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", CHILD_REJECTED)
     assert "state" not in resource["status"]["snapshot"] and resource["status"]["phase"] == "Pending"
     assert {(e.type, e.reason) for e in events} >= {("Warning", CHILD_REJECTED)}
@@ -109,50 +108,50 @@ def test_a_refused_child_is_a_condition_an_event_and_degraded_in_one_reconcile(k
 
     with RecordingProxy(kube.url, admit) as proxy:
         resource, events = _reconcile_through(api, proxy.url, ingestion)
-    assert set(env.deployments(api)) == {"orders-reader"} and env.spark_applications(api) == {}
-    snapshot = env.required_condition(resource, "SnapshotComplete")
+    assert set(operator_env.deployments(api)) == {"orders-reader"} and operator_env.spark_applications(api) == {}
+    snapshot = operator_env.required_condition(resource, "SnapshotComplete")
     assert (snapshot["reason"], snapshot["status"]) == (CHILD_REJECTED, "False")
     assert "(422): " + QUOTA_DENIAL in snapshot["message"]
-    assert env.required_condition(resource, "Streaming")["reason"] == "ReaderNotReady"  # waiting
+    assert operator_env.required_condition(resource, "Streaming")["reason"] == "ReaderNotReady"  # waiting
     assert chart.argocd_health(resource) == {
         "status": "Degraded", "message": f"{CHILD_REJECTED}: SnapshotComplete: {snapshot['message']}"}
 
     # Nothing refuses any more: the snapshot is submitted and Argo CD waits again.
     with RecordingProxy(kube.url) as proxy:
         resource, events = _reconcile_through(api, proxy.url, ingestion)
-    assert len(env.spark_applications(api)) == 1
-    assert env.required_condition(resource, "Degraded")["status"] == "False"
+    assert len(operator_env.spark_applications(api)) == 1
+    assert operator_env.required_condition(resource, "Degraded")["status"] == "False"
     assert chart.argocd_health(resource)["status"] == "Progressing"
 
 
 @pytest.mark.parametrize("pg", ["pg18"], indirect=True)
 def test_a_crash_looping_reader_is_degraded_not_waiting(kube, api, ingestion):
     resource, _ = _reconcile_through(api, kube.url, ingestion)
-    assert env.required_condition(resource, "Streaming")["reason"] == "ReaderNotReady"
+    assert operator_env.required_condition(resource, "Streaming")["reason"] == "ReaderNotReady"
     assert chart.argocd_health(resource)["status"] == "Progressing"
     core = kubernetes.client.CoreV1Api(api)
-    labels = env.deployments(api)["orders-reader"]["spec"]["template"]["metadata"]["labels"]
+    labels = operator_env.deployments(api)["orders-reader"]["spec"]["template"]["metadata"]["labels"]
     # The client's types ask for a V1Pod; it sends a dict body as is.
-    core.create_namespaced_pod(env.NAMESPACE, {  # type: ignore[arg-type]
+    core.create_namespaced_pod(operator_env.NAMESPACE, {  # type: ignore[arg-type]
         "metadata": {"name": "orders-reader-7f9-abcde", "labels": labels},
         "spec": {"containers": [{"name": "reader", "image": "registry.example/lakeslot:typo"}]}})
-    core.patch_namespaced_pod_status("orders-reader-7f9-abcde", env.NAMESPACE, {"status": {
+    core.patch_namespaced_pod_status("orders-reader-7f9-abcde", operator_env.NAMESPACE, {"status": {
         "phase": "Pending", "containerStatuses": [{
             "name": "reader", "ready": False, "restartCount": 0, "image": "registry.example/lakeslot:typo",
             "imageID": "", "state": {"waiting": {"reason": "ImagePullBackOff",
                                                  "message": "Back-off pulling image"}}}]}})
     resource, _ = _reconcile_through(api, kube.url, ingestion)
-    streaming = env.required_condition(resource, "Streaming")
+    streaming = operator_env.required_condition(resource, "Streaming")
     assert (streaming["reason"], streaming["message"]) == (
         READER_FAILING, "reader pod orders-reader-7f9-abcde is ImagePullBackOff: Back-off pulling image")
-    assert env.required_condition(resource, "Degraded")["reason"] == READER_FAILING
+    assert operator_env.required_condition(resource, "Degraded")["reason"] == READER_FAILING
     assert chart.argocd_health(resource)["status"] == "Degraded"
 
 
 @pytest.mark.parametrize("pg", ["pg18"], indirect=True)
 def test_a_refused_verification_job_is_reported_and_tried_again(kube, api, ingestion):
     kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
-        *env.CUSTOM, ingestion, {"metadata": {"annotations": {VERIFY: "20250101T000000Z"}}})
+        *operator_env.CUSTOM, ingestion, {"metadata": {"annotations": {VERIFY: "20250101T000000Z"}}})
     quota = ('jobs.batch "orders-verify" is forbidden: exceeded quota: compute, requested: '
              "count/jobs.batch=1, used: count/jobs.batch=10, limited: count/jobs.batch=10")
 
@@ -161,17 +160,17 @@ def test_a_refused_verification_job_is_reported_and_tried_again(kube, api, inges
 
     with RecordingProxy(kube.url, admit) as proxy:
         resource, _ = _reconcile_through(api, proxy.url, ingestion)
-    verified = env.required_condition(resource, "Verified")
+    verified = operator_env.required_condition(resource, "Verified")
     assert (verified["status"], verified["reason"]) == ("False", CHILD_REJECTED)
     assert "(403): " + quota in verified["message"]
     assert resource["status"]["verification"]["state"] == "Verifying"
-    assert env.required_condition(resource, "Degraded")["reason"] == CHILD_REJECTED
-    assert kubernetes.client.BatchV1Api(api).list_namespaced_job(env.NAMESPACE).items == []
+    assert operator_env.required_condition(resource, "Degraded")["reason"] == CHILD_REJECTED
+    assert kubernetes.client.BatchV1Api(api).list_namespaced_job(operator_env.NAMESPACE).items == []
 
     resource, _ = _reconcile_through(api, kube.url, ingestion)  # the quota freed: created now
-    (job,) = kubernetes.client.BatchV1Api(api).list_namespaced_job(env.NAMESPACE).items
+    (job,) = kubernetes.client.BatchV1Api(api).list_namespaced_job(operator_env.NAMESPACE).items
     assert job.metadata is not None and job.metadata.name == resource["status"]["verification"]["job"]
-    assert env.required_condition(resource, "Verified")["status"] == "Unknown"
+    assert operator_env.required_condition(resource, "Verified")["status"] == "Unknown"
 
 
 def test_a_child_a_concurrent_reconcile_created_first_is_not_an_error(api):
@@ -186,7 +185,7 @@ def test_a_child_a_concurrent_reconcile_created_first_is_not_an_error(api):
 
     assert Kube(api).ensure(app) is True
     assert ReadBeforeTheOtherCreated(api).ensure(app) is False
-    assert list(env.spark_applications(api)) == [app["metadata"]["name"]]
+    assert list(operator_env.spark_applications(api)) == [app["metadata"]["name"]]
 
 
 def test_a_replace_that_loses_a_race_with_a_status_write_is_retried_at_once(api):
@@ -204,12 +203,12 @@ def test_a_replace_that_loses_a_race_with_a_status_write_is_retried_at_once(api)
             live = super().get_spark_application(namespace, name)
             if not raced:
                 raced.append(name)
-                env.set_spark_state(api, name, "RUNNING")  # the spark-operator's write
+                operator_env.set_spark_state(api, name, "RUNNING")  # the spark-operator's write
             return live
 
     assert StatusWrittenAfterTheRead(api).ensure(changed) is True
     assert raced == [app["metadata"]["name"]]
-    live = env.spark_applications(api)[app["metadata"]["name"]]
+    live = operator_env.spark_applications(api)[app["metadata"]["name"]]
     assert live["spec"]["arguments"] == changed["spec"]["arguments"]
     assert live["status"]["applicationState"]["state"] == "RUNNING"
 
@@ -250,4 +249,4 @@ def test_apply_states(state, reason):
     problem = child_health.apply_problem({"status": {"applicationState": {"state": state, "errorMessage": "x"}}})
     assert (problem.reason if problem else None) == reason
     assert child_health.apply_problem(None) == child_health.Problem("ApplyNotRunning",
-                                                                   "the apply SparkApplication is absent")
+                                                                    "the apply SparkApplication is absent")

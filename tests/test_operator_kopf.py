@@ -21,11 +21,11 @@ from lakeslot.source import slot
 from lakeslot_operator.handlers import SKIP_CLEANUP_ANNOTATION, build_registry
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context
-from tests.support import operator_env as env
+from tests.support import operator_env
 from tests.support.fixtures_kube import running_operator
 from tests.support.waiting import wait_for
 
-CUSTOM = env.CUSTOM
+CUSTOM = operator_env.CUSTOM
 
 
 def _operator(kube, api, reconciles: list | None = None):
@@ -45,14 +45,14 @@ def _operator(kube, api, reconciles: list | None = None):
 def _document(name, pgdb, spark_warehouse, tmp_path, **spec):
     with pgdb.connect() as conn:
         conn.execute('CREATE TABLE IF NOT EXISTS "Orders" (id int PRIMARY KEY)')
-    return env.ingestion_document(name, pgdb, [TableName("public", "Orders")],
-                                  warehouse=spark_warehouse.as_uri(),
-                                  staging=(tmp_path / name).as_uri(), **spec)
+    return operator_env.ingestion_document(name, pgdb, [TableName("public", "Orders")],
+                                           warehouse=spark_warehouse.as_uri(),
+                                           staging=(tmp_path / name).as_uri(), **spec)
 
 
 def _status_ready(api, name, condition="SlotReady"):
-    resource = env.get_ingestion(api, name)
-    found = resource and env.condition(resource, condition)
+    resource = operator_env.get_ingestion(api, name)
+    found = resource and operator_env.condition(resource, condition)
     return resource if found and found["status"] == "True" else None
 
 
@@ -66,19 +66,19 @@ def test_create_reconciles_and_delete_follows_the_policy(kube, api, pgdb, spark_
     document = _document("orders", pgdb, spark_warehouse, tmp_path,
                          policies={"deletionPolicy": policy})
     with _operator(kube, api):
-        env.create_ingestion(api, document, pgdb.cluster.password)
+        operator_env.create_ingestion(api, document, pgdb.cluster.password)
         resource = wait_for(lambda: _status_ready(api, "orders"), "SlotReady")
         assert "lakeslot.io/finalizer" in resource["metadata"]["finalizers"]
         slot_name = resource["status"]["slot"]["name"]
         assert _slot_exists(pgdb, slot_name)
-        assert set(env.deployments(api)) == {"orders-reader"}
+        assert set(operator_env.deployments(api)) == {"orders-reader"}
         wait_for(lambda: {e.reason for e in kubernetes.client.CoreV1Api(api).list_namespaced_event(
-            env.NAMESPACE).items} >= {"SlotCreated", "SnapshotStarted"},
+            operator_env.NAMESPACE).items} >= {"SlotCreated", "SnapshotStarted"},
             "Kubernetes events about the slot and the snapshot")
 
         kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object(*CUSTOM, "orders")
-        wait_for(lambda: env.get_ingestion(api, "orders") is None, "the ingestion to be gone")
-    assert env.deployments(api) == {} and env.spark_applications(api) == {}
+        wait_for(lambda: operator_env.get_ingestion(api, "orders") is None, "the ingestion to be gone")
+    assert operator_env.deployments(api) == {} and operator_env.spark_applications(api) == {}
     assert _slot_exists(pgdb, slot_name) == (policy == "Retain")
     with pgdb.connect() as conn:
         publications = conn.execute("SELECT count(*) FROM pg_publication").fetchone()[0]
@@ -88,41 +88,41 @@ def test_create_reconciles_and_delete_follows_the_policy(kube, api, pgdb, spark_
 def test_unreachable_source_blocks_cleanup_until_the_skip_annotation(kube, api, pgdb, spark_warehouse, tmp_path):
     document = _document("orders", pgdb, spark_warehouse, tmp_path, policies={"deletionPolicy": "Delete"})
     with _operator(kube, api):
-        env.create_ingestion(api, document, pgdb.cluster.password)
+        operator_env.create_ingestion(api, document, pgdb.cluster.password)
         wait_for(lambda: _status_ready(api, "orders"), "SlotReady")
         # The password changes under us: PostgreSQL now refuses the operator.
         kubernetes.client.CoreV1Api(api).patch_namespaced_secret(
-            "orders-pg", env.NAMESPACE, {"stringData": {"password": "rotated-wrongly"}})
+            "orders-pg", operator_env.NAMESPACE, {"stringData": {"password": "rotated-wrongly"}})
         kubernetes.client.CustomObjectsApi(api).delete_namespaced_custom_object(*CUSTOM, "orders")
 
         def blocked():
-            resource = env.get_ingestion(api, "orders")
-            ready = resource and env.condition(resource, "Ready")
+            resource = operator_env.get_ingestion(api, "orders")
+            ready = resource and operator_env.condition(resource, "Ready")
             return resource if ready and ready["reason"] == "CleanupBlocked" else None
 
         resource = wait_for(blocked, "the CleanupBlocked condition")
         assert resource is not None  # wait_for returns only a truthy value
         assert resource["status"]["phase"] == "Deleting"
-        ready = env.condition(resource, "Ready")
+        ready = operator_env.condition(resource, "Ready")
         assert ready is not None
         assert SKIP_CLEANUP_ANNOTATION in ready["message"]
         assert "rotated-wrongly" not in str(resource)
         kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
             *CUSTOM, "orders", {"metadata": {"annotations": {SKIP_CLEANUP_ANNOTATION: "true"}}})
-        wait_for(lambda: env.get_ingestion(api, "orders") is None, "the forced deletion")
+        wait_for(lambda: operator_env.get_ingestion(api, "orders") is None, "the forced deletion")
     assert _slot_exists(pgdb, "lakeslot_default_orders")  # left as documented
 
 
 def test_an_operator_restart_converges_without_duplicate_children(kube, api, pgdb, spark_warehouse, tmp_path):
     document = _document("orders", pgdb, spark_warehouse, tmp_path)
     with _operator(kube, api):
-        env.create_ingestion(api, document, pgdb.cluster.password)
-        wait_for(lambda: env.spark_applications(api), "the snapshot application")
-    before = {**env.deployments(api), **env.spark_applications(api)}
+        operator_env.create_ingestion(api, document, pgdb.cluster.password)
+        wait_for(lambda: operator_env.spark_applications(api), "the snapshot application")
+    before = {**operator_env.deployments(api), **operator_env.spark_applications(api)}
     reconciles: list[int] = []
     with _operator(kube, api, reconciles):
         wait_for(lambda: len(reconciles) >= 3, "three reconciles of the new operator")
-        after = {**env.deployments(api), **env.spark_applications(api)}
+        after = {**operator_env.deployments(api), **operator_env.spark_applications(api)}
     assert set(after) == set(before) and len(after) == 2
     assert {n: o["metadata"]["uid"] for n, o in after.items()} == \
         {n: o["metadata"]["uid"] for n, o in before.items()}
@@ -139,14 +139,14 @@ def test_fifty_ingestions_reconcile(kube, api, pg_cluster_factory, spark_warehou
         names = [f"ingestion-{i:02d}" for i in range(50)]
         with _operator(kube, api):
             for name in names:
-                env.create_ingestion(api, _document(name, db, spark_warehouse, tmp_path),
-                                     cluster.password)
+                operator_env.create_ingestion(api, _document(name, db, spark_warehouse, tmp_path),
+                                              cluster.password)
             wait_for(lambda: all(_status_ready(api, n) for n in names), "50 ingestions", 180)
         with db.connect() as conn:
             slots = conn.execute("SELECT count(*) FROM pg_replication_slots WHERE database = 'fifty'"
                                  ).fetchone()
         assert slots is not None and slots[0] == 50
-        assert len(env.deployments(api)) == 50
+        assert len(operator_env.deployments(api)) == 50
     finally:
         cluster.drop_database("fifty")
 
@@ -163,24 +163,24 @@ def test_a_spec_listing_a_thousand_tables_is_handled(kube, api, pgdb, spark_ware
         conn.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
         for t in tables:
             conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (id int PRIMARY KEY)").format(t.sql()))
-    document = env.ingestion_document("many", pgdb, tables, warehouse=spark_warehouse.as_uri(),
-                                      staging=(tmp_path / "many").as_uri())
+    document = operator_env.ingestion_document("many", pgdb, tables, warehouse=spark_warehouse.as_uri(),
+                                               staging=(tmp_path / "many").as_uri())
     for i, entry in enumerate(document["spec"]["source"]["tables"]):
         entry["mirrorName"] = f"mirror_{i:04d}_" + "m" * 240
     assert len(json.dumps(document["spec"])) > 256 * 1024
     with _operator(kube, api):
-        env.create_ingestion(api, document, pgdb.cluster.password)
+        operator_env.create_ingestion(api, document, pgdb.cluster.password)
         def submitted() -> dict | None:
-            found = env.get_ingestion(api, "many")
+            found = operator_env.get_ingestion(api, "many")
             status = (found or {}).get("status") or {}
             handled = "lastHandledConfiguration" in status  # (kopf stores it after the handler)
             return found if handled and status.get("snapshot", {}).get("application") else None
 
         resource = wait_for(submitted, "the snapshot application", deadline=300, interval=1)
         assert resource is not None  # (wait_for returns only a truthy result)
-    app = env.spark_applications(api)[resource["status"]["snapshot"]["application"]]
+    app = operator_env.spark_applications(api)[resource["status"]["snapshot"]["application"]]
     assert len(json.dumps(app["spec"]["arguments"])) < 512
-    assert sorted(env.job_input(api, app).tables) == sorted(tables)
+    assert sorted(operator_env.job_input(api, app).tables) == sorted(tables)
     handled = json.loads(resource["status"]["lastHandledConfiguration"])["spec"]["source"]["tables"]
     assert [(t["name"], t["mirrorName"]) for t in handled] == [
         (t["name"], t["mirrorName"]) for t in document["spec"]["source"]["tables"]]

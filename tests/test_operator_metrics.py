@@ -32,16 +32,14 @@ from lakeslot_operator.kube import Kube
 from lakeslot_operator.metrics import OperatorMetrics
 from lakeslot_operator.reconcile import Context, Outcome, reconcile
 from spark_jobs import snapshot as snapshot_entry
-from tests.support import chart, promql
-from tests.support import local_support as ls
-from tests.support import operator_env as env
+from tests.support import chart, local_support, operator_env, promql
 from tests.support.fixtures_kube import running_operator
 from tests.support.prometheus import Scrape, scrape
 from tests.support.waiting import wait_for
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 NAME = "shop"
-TABLE = str(ls.ACCOUNTS)
+TABLE = str(local_support.ACCOUNTS)
 RETRY_DEADLINE_S = 180.0  # kopf retries a handler that raised after 60 s
 
 
@@ -101,7 +99,7 @@ def test_the_apply_jobs_last_pass_in_numbers():
     assert got[("apply_pass_changes", ("public.a",))] == 12 and got[("apply_pass_changes", ("public.b",))] == 0
     assert not any(m.startswith("apply_") for m, _ in
                    {(s.metric, s.labels) for s in samples(PostgresIngestionStatus(), owner="shop/orders",
-                                                         suspended=False)})  # no document: no series
+                                                          suspended=False)})  # no document: no series
 
 
 def test_the_apply_jobs_totals_are_counters_from_its_start():
@@ -174,11 +172,11 @@ def test_the_snapshots_progress_in_numbers():
 def _reconciled(api, metrics: OperatorMetrics) -> Outcome:
     """One reconcile of the ingestion, its status written back and its outcome observed, as the
     kopf handler does (lakeslot_operator.handlers.change)."""
-    body = env.get_ingestion(api, NAME) or {}
+    body = operator_env.get_ingestion(api, NAME) or {}
     outcome = reconcile(body, Context(kube=Kube(api)))
     kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-        *env.CUSTOM, NAME, {"status": outcome.status})
-    metrics.observe(env.NAMESPACE, NAME, outcome.status, events=outcome.events,
+        *operator_env.CUSTOM, NAME, {"status": outcome.status})
+    metrics.observe(operator_env.NAMESPACE, NAME, outcome.status, events=outcome.events,
                     suspended=bool(body.get("spec", {}).get("suspend")), apply_pass=outcome.apply_pass,
                     snapshot=outcome.snapshot)
     return outcome
@@ -190,10 +188,11 @@ def test_slot_inactive_and_not_ready_fire_unless_the_ingestion_is_suspended(api,
     fire, and both hold their fire once it is suspended (then nothing streams by design); retained
     WAL still alerts while suspended."""
     with pgdb.connect() as conn:
-        ls.create_accounts(conn, 10)
-    document = env.ingestion_document(NAME, pgdb, [ls.ACCOUNTS], warehouse=(tmp_path / "warehouse").as_uri(),
-                                      staging=(tmp_path / "staging").as_uri())
-    env.create_ingestion(api, document, pgdb.cluster.password)
+        local_support.create_accounts(conn, 10)
+    document = operator_env.ingestion_document(NAME, pgdb, [local_support.ACCOUNTS],
+                                               warehouse=(tmp_path / "warehouse").as_uri(),
+                                               staging=(tmp_path / "staging").as_uri())
+    operator_env.create_ingestion(api, document, pgdb.cluster.password)
     metrics = OperatorMetrics()
     server = metrics.serve(0, "127.0.0.1")
     url = f"http://127.0.0.1:{server.server_port}/metrics"
@@ -206,7 +205,7 @@ def test_slot_inactive_and_not_ready_fire_unless_the_ingestion_is_suspended(api,
         assert _firing(alerts, "LakeslotNotReady", result) == {INGESTION: 0}
 
         kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
-            *env.CUSTOM, NAME, {"spec": {"suspend": True}})
+            *operator_env.CUSTOM, NAME, {"spec": {"suspend": True}})
         with pgdb.connect() as conn:
             conn.execute("INSERT INTO accounts (id, balance, note) SELECT i, 0, repeat(md5(i::text), 10)"
                          " FROM generate_series(1000, 5000) AS i")  # retained while suspended
@@ -229,26 +228,26 @@ def test_the_snapshot_jobs_rows_reach_the_operators_metrics(api, pgdb, spark, sp
     """The snapshot SparkApplication's job, run here from its own arguments (simulated
     spark-operator), writes its progress where the next reconcile reads it."""
     with pgdb.connect() as conn:
-        ls.create_accounts(conn, 3_000)
+        local_support.create_accounts(conn, 3_000)
         estimated = conn.execute("SELECT reltuples::int8 FROM pg_class WHERE oid = 'accounts'::regclass").fetchone()
-    document = env.ingestion_document(NAME, pgdb, [ls.ACCOUNTS], warehouse=spark_warehouse.as_uri(),
-                                      staging=(tmp_path / "staging").as_uri(),
-                                      snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20})
-    env.create_ingestion(api, document, pgdb.cluster.password)
+    document = operator_env.ingestion_document(NAME, pgdb, [local_support.ACCOUNTS], warehouse=spark_warehouse.as_uri(),
+                                               staging=(tmp_path / "staging").as_uri(),
+                                               snapshot={"parallelism": 2, "targetRangeBytes": 1 << 20})
+    operator_env.create_ingestion(api, document, pgdb.cluster.password)
 
     metrics = OperatorMetrics()
     assert _reconciled(api, metrics).snapshot is None  # no snapshot ran yet
-    (application,) = env.spark_applications(api).values()
+    (application,) = operator_env.spark_applications(api).values()
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
-    arguments = env.mounted(api, application, application["spec"]["arguments"], tmp_path)
+    arguments = operator_env.mounted(api, application, application["spec"]["arguments"], tmp_path)
     assert snapshot_entry.main(arguments, spark=spark) == 0
     assert _reconciled(api, metrics).snapshot is not None
-    labels = {"namespace": env.NAMESPACE, "ingestion": NAME, "table": TABLE}
+    labels = {"namespace": operator_env.NAMESPACE, "ingestion": NAME, "table": TABLE}
     assert metrics.registry.get_sample_value("lakeslot_table_snapshot_rows", labels) == 3_000
     assert estimated is not None and estimated[0] == 3_000
     assert metrics.registry.get_sample_value("lakeslot_table_snapshot_rows_estimated", labels) == 3_000
 
-INGESTION = frozenset({("namespace", env.NAMESPACE), ("ingestion", NAME)})
+INGESTION = frozenset({("namespace", operator_env.NAMESPACE), ("ingestion", NAME)})
 
 
 def _alerts(**thresholds: int) -> dict[str, dict]:
@@ -284,11 +283,11 @@ def _keep_slot_wal(db, size: str | None) -> None:
 
 
 def _mine(result: Scrape, name: str, **labels: str) -> float | None:
-    return result.value(name, namespace=env.NAMESPACE, ingestion=NAME, **labels)
+    return result.value(name, namespace=operator_env.NAMESPACE, ingestion=NAME, **labels)
 
 
 def _status_table(api) -> dict:
-    resource = env.get_ingestion(api, NAME) or {}
+    resource = operator_env.get_ingestion(api, NAME) or {}
     return next((t for t in resource.get("status", {}).get("tables", []) if t["name"] == "accounts"), {})
 
 
@@ -296,8 +295,9 @@ def _status_table(api) -> dict:
 def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
         kube, api, pgdb, spark, spark_warehouse, tmp_path, monkeypatch):
     with pgdb.connect() as conn:
-        ls.create_accounts(conn, 2_000)
-    document, local = env.operator_and_local(NAME, pgdb, [ls.ACCOUNTS], tmp_path, warehouse=spark_warehouse)
+        local_support.create_accounts(conn, 2_000)
+    document, local = operator_env.operator_and_local(NAME, pgdb, [local_support.ACCOUNTS], tmp_path,
+                                                      warehouse=spark_warehouse)
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)  # the apply job's, in process
     metrics = OperatorMetrics()
     server = metrics.serve(0, "127.0.0.1")
@@ -308,13 +308,13 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
     _keep_slot_wal(pgdb, "10GB")  # so that the slot has a safe_wal_size (a reload, for this test)
     try:
         with running_operator(kube, registry):
-            env.create_ingestion(api, document, pgdb.cluster.password)
-            wait_for(lambda: f"{NAME}-reader" in env.deployments(api), "the reader Deployment")
-            env.reader_pod_running(api, NAME, reader_process.pod_identity())
-            ls.run_in_process(local, spark, once=True)  # snapshot, stream, apply: caught up, stopped
-            snapshot = (env.get_ingestion(api, NAME) or {})["status"].get("snapshot") or {}
-            if snapshot.get("application") in env.spark_applications(api):
-                env.set_spark_state(api, snapshot["application"], "COMPLETED")
+            operator_env.create_ingestion(api, document, pgdb.cluster.password)
+            wait_for(lambda: f"{NAME}-reader" in operator_env.deployments(api), "the reader Deployment")
+            operator_env.reader_pod_running(api, NAME, reader_process.pod_identity())
+            local_support.run_in_process(local, spark, once=True)  # snapshot, stream, apply: caught up, stopped
+            snapshot = (operator_env.get_ingestion(api, NAME) or {})["status"].get("snapshot") or {}
+            if snapshot.get("application") in operator_env.spark_applications(api):
+                operator_env.set_spark_state(api, snapshot["application"], "COMPLETED")
 
             # 1. Caught up, nothing running: freshness 0, the table where its mirror is, no holder.
             def caught_up() -> Scrape:
@@ -366,15 +366,15 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
 
             # 3. The reader (the Deployment's container, as the kubelet would run it) stages the
             #    changes while the apply job is stopped: freshness rises.
-            deployment = env.deployments(api)[f"{NAME}-reader"]
+            deployment = operator_env.deployments(api)[f"{NAME}-reader"]
             (container,) = deployment["spec"]["template"]["spec"]["containers"]
             pod = f"{NAME}-reader-2"
-            env.reader_pod_running(api, NAME, pod)
+            operator_env.reader_pod_running(api, NAME, pod)
             reader_port = free_port()
             with open(tmp_path / "reader.log", "wb") as log:
                 reader = subprocess.Popen(
-                    [ls.LAKESLOT, *container["command"][1:], "--metrics-port", str(reader_port)],
-                    env=env.container_environment(api, container, home=tmp_path, pod=pod),
+                    [local_support.LAKESLOT, *container["command"][1:], "--metrics-port", str(reader_port)],
+                    env=operator_env.container_environment(api, container, home=tmp_path, pod=pod),
                     stdout=log, stderr=subprocess.STDOUT)
             first = wait_for(lambda: (_mine(scrape(url), "lakeslot_table_freshness_seconds", table=TABLE) or 0),
                              "freshness above 0 once the update is staged")
@@ -397,8 +397,8 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
             wait_for(retained_as_postgresql_says, "retained WAL released by the reader, as PostgreSQL says")
 
             # 4. The apply job catches up: freshness falls back to 0.
-            application = env.spark_applications(api)[f"{NAME}-apply"]
-            passed = apply_job.run(spark, env.job_input(api, application), once=True)
+            application = operator_env.spark_applications(api)[f"{NAME}-apply"]
+            passed = apply_job.run(spark, operator_env.job_input(api, application), once=True)
             assert passed.ok, passed
             last_pass = Staging(local.ingestion.spec.staging.uri).read_apply_status()
             assert last_pass is not None
@@ -417,11 +417,11 @@ def test_a_scrape_agrees_with_postgresql_while_an_ingestion_streams(
             # 5. Ready, then the apply application fails (simulated spark-operator): not Ready. (A
             #    status write racing the operator's update of the application is a 409, after which
             #    kopf retries the timer a minute later: hence the longer deadlines.)
-            env.set_spark_state(api, f"{NAME}-apply", "RUNNING")
+            operator_env.set_spark_state(api, f"{NAME}-apply", "RUNNING")
             wait_for(lambda: _firing(alerts, "LakeslotNotReady", scrape(url)) == {} and
                      _mine(scrape(url), "lakeslot_condition", type="Ready", status="True") == 1, "Ready",
                      deadline=RETRY_DEADLINE_S)
-            env.set_spark_state(api, f"{NAME}-apply", "FAILED", "driver OOMKilled")
+            operator_env.set_spark_state(api, f"{NAME}-apply", "FAILED", "driver OOMKilled")
             wait_for(lambda: _firing(alerts, "LakeslotNotReady", scrape(url)) == {INGESTION: 0},
                      "the not-Ready alert's expression true once the apply job failed", deadline=RETRY_DEADLINE_S)
             assert reader.poll() is None, (tmp_path / "reader.log").read_text()[-3000:]

@@ -24,12 +24,11 @@ from lakeslot.api.annotations import VERIFY
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import TableName
 from lakeslot.api.validation import parse_resource
-from lakeslot.observability.status import NAME_TAKEN
+from lakeslot.observability.status_report import NAME_TAKEN
 from lakeslot_operator import children
 from lakeslot_operator.kube import Kube, NameTaken
 from lakeslot_operator.reconcile import Context, reconcile
-from tests.support import chart
-from tests.support import operator_env as env
+from tests.support import chart, operator_env
 
 CONFIG = children.OperatorConfig()
 THEIRS = {"app": "theirs"}
@@ -39,20 +38,21 @@ JOB_DOCUMENT = '{"ingestion": {}, "tables": []}'
 def _created(api, document: dict) -> tuple[PostgresIngestion, str]:
     """The ingestion ``document`` stored on the emulator (offline: never connects): the model and
     its uid."""
-    created = env.create_ingestion(api, document, "unused")
+    created = operator_env.create_ingestion(api, document, "unused")
     return parse_resource({k: v for k, v in created.items() if k != "status"}), created["metadata"]["uid"]
 
 
 @pytest.fixture
 def offline(api) -> tuple[PostgresIngestion, str]:
-    document = env.ingestion_document("orders", env.OfflineDatabase(), [TableName("public", "orders")],
-                                      warehouse="file:///tmp/w", staging="file:///tmp/s")
+    document = operator_env.ingestion_document("orders", operator_env.OfflineDatabase(),
+                                               [TableName("public", "orders")],
+                                               warehouse="file:///tmp/w", staging="file:///tmp/s")
     return _created(api, document)
 
 
 def _user_object(kind: str, name: str, **labels: str) -> dict[str, Any]:
     """A user's object of ``kind`` named ``name`` (no owner reference)."""
-    metadata = {"name": name, "namespace": env.NAMESPACE, "labels": {**THEIRS, **labels}}
+    metadata = {"name": name, "namespace": operator_env.NAMESPACE, "labels": {**THEIRS, **labels}}
     containers = [{"name": "c", "image": "theirs:1"}]
     pod = {"metadata": {"labels": THEIRS}, "spec": {"restartPolicy": "Never", "containers": containers}}
     return {
@@ -72,12 +72,13 @@ def _create(api, obj: dict) -> dict:
     core, apps = kubernetes.client.CoreV1Api(api), kubernetes.client.AppsV1Api(api)
     batch, custom = kubernetes.client.BatchV1Api(api), kubernetes.client.CustomObjectsApi(api)
     # The client's types ask for its models; it sends a dict body as is.
-    create = {"ConfigMap": lambda: core.create_namespaced_config_map(env.NAMESPACE, obj),  # type: ignore[arg-type]
-              "Secret": lambda: core.create_namespaced_secret(env.NAMESPACE, obj),  # type: ignore[arg-type]
-              "Deployment": lambda: apps.create_namespaced_deployment(env.NAMESPACE, obj),  # type: ignore[arg-type]
-              "Job": lambda: batch.create_namespaced_job(env.NAMESPACE, obj),  # type: ignore[arg-type]
+    create = {"ConfigMap": lambda: core.create_namespaced_config_map(operator_env.NAMESPACE, obj),  # type: ignore[arg-type]
+              "Secret": lambda: core.create_namespaced_secret(operator_env.NAMESPACE, obj),  # type: ignore[arg-type]
+              "Deployment": lambda: apps.create_namespaced_deployment(operator_env.NAMESPACE, obj),  # type: ignore[arg-type]
+              "Job": lambda: batch.create_namespaced_job(operator_env.NAMESPACE, obj),  # type: ignore[arg-type]
               "SparkApplication": lambda: custom.create_namespaced_custom_object(
-                  env.SPARK_GROUP, env.SPARK_VERSION, env.NAMESPACE, env.SPARK_PLURAL, obj)}[obj["kind"]]
+                  operator_env.SPARK_GROUP, operator_env.SPARK_VERSION, operator_env.NAMESPACE,
+                  operator_env.SPARK_PLURAL, obj)}[obj["kind"]]
     create()
     return _read(api, obj["kind"], obj["metadata"]["name"])
 
@@ -86,12 +87,13 @@ def _read(api, kind: str, name: str) -> dict:
     core, apps = kubernetes.client.CoreV1Api(api), kubernetes.client.AppsV1Api(api)
     batch, custom = kubernetes.client.BatchV1Api(api), kubernetes.client.CustomObjectsApi(api)
     try:
-        read = {"ConfigMap": lambda: core.read_namespaced_config_map(name, env.NAMESPACE),
-                "Secret": lambda: core.read_namespaced_secret(name, env.NAMESPACE),
-                "Deployment": lambda: apps.read_namespaced_deployment(name, env.NAMESPACE),
-                "Job": lambda: batch.read_namespaced_job(name, env.NAMESPACE),
+        read = {"ConfigMap": lambda: core.read_namespaced_config_map(name, operator_env.NAMESPACE),
+                "Secret": lambda: core.read_namespaced_secret(name, operator_env.NAMESPACE),
+                "Deployment": lambda: apps.read_namespaced_deployment(name, operator_env.NAMESPACE),
+                "Job": lambda: batch.read_namespaced_job(name, operator_env.NAMESPACE),
                 "SparkApplication": lambda: custom.get_namespaced_custom_object(
-                    env.SPARK_GROUP, env.SPARK_VERSION, env.NAMESPACE, env.SPARK_PLURAL, name)}[kind]()
+                    operator_env.SPARK_GROUP, operator_env.SPARK_VERSION, operator_env.NAMESPACE,
+                    operator_env.SPARK_PLURAL, name)}[kind]()
     except kubernetes.client.ApiException as e:
         if e.status != 404:
             raise
@@ -123,11 +125,12 @@ def test_a_users_object_of_a_childs_name_is_refused_and_left_untouched(api, offl
     message = str(raised.value)
     assert f"{kind} default/{name} exists and is not lakeslot's" in message
     assert "PostgresIngestion orders" in message and "rename or delete" in message
-    delete = {"Deployment": lambda: kube.scale_deployment(env.NAMESPACE, name, 0, ingestion="orders"),
-              "SparkApplication": lambda: kube.delete_spark_application(env.NAMESPACE, name, ingestion="orders"),
-              "Job": lambda: kube.delete_job(env.NAMESPACE, name, ingestion="orders")}[kind]
+    delete = {"Deployment": lambda: kube.scale_deployment(operator_env.NAMESPACE, name, 0, ingestion="orders"),
+              "SparkApplication": lambda: kube.delete_spark_application(operator_env.NAMESPACE, name,
+                                                                        ingestion="orders"),
+              "Job": lambda: kube.delete_job(operator_env.NAMESPACE, name, ingestion="orders")}[kind]
     delete()
-    kube.delete_children(env.NAMESPACE, {children.INGESTION_LABEL: "orders"})
+    kube.delete_children(operator_env.NAMESPACE, {children.INGESTION_LABEL: "orders"})
     assert _read(api, kind, name) == theirs  # not a field changed, not a new resourceVersion
 
 
@@ -137,19 +140,19 @@ def test_lakeslots_own_children_are_changed_and_deleted(api, offline, kind):
     if kind == "Job":
         kube.create_job(wanted)
         kube.create_job(wanted)  # exists, lakeslot's: nothing to do
-        kube.delete_job(env.NAMESPACE, name, ingestion="orders")
+        kube.delete_job(operator_env.NAMESPACE, name, ingestion="orders")
     elif kind == "Deployment":
         assert kube.ensure(wanted)
-        kube.scale_deployment(env.NAMESPACE, name, 0, ingestion="orders")
+        kube.scale_deployment(operator_env.NAMESPACE, name, 0, ingestion="orders")
         assert _read(api, kind, name)["spec"]["replicas"] == 0
         assert kube.ensure(wanted) and _read(api, kind, name)["spec"]["replicas"] == 1
-        kube.delete_children(env.NAMESPACE, {children.INGESTION_LABEL: "orders"})
+        kube.delete_children(operator_env.NAMESPACE, {children.INGESTION_LABEL: "orders"})
     else:
         assert kube.ensure(wanted)
         changed = copy.deepcopy(wanted)
         changed["spec"]["arguments"] = ["--other"]
         assert kube.ensure(changed) and _read(api, kind, name)["spec"]["arguments"] == ["--other"]
-        kube.delete_spark_application(env.NAMESPACE, name, ingestion="orders")
+        kube.delete_spark_application(operator_env.NAMESPACE, name, ingestion="orders")
     assert _read(api, kind, name) == {}
 
 
@@ -166,14 +169,14 @@ def test_a_childs_input_config_map_is_written_only_when_it_is_lakeslots(api, off
     assert "the job input of SparkApplication orders-apply" in str(raised.value)
     assert _read(api, "ConfigMap", input_name) == theirs
 
-    kubernetes.client.CoreV1Api(api).delete_namespaced_config_map(input_name, env.NAMESPACE)
+    kubernetes.client.CoreV1Api(api).delete_namespaced_config_map(input_name, operator_env.NAMESPACE)
     kube.ensure_job_input(app, JOB_DOCUMENT)
     ours = _read(api, "ConfigMap", input_name)
     assert ours["data"] == {workloads.JOB_INPUT_KEY: JOB_DOCUMENT}
     live_app = _read(api, "SparkApplication", app["metadata"]["name"])
     assert [o["uid"] for o in ours["metadata"]["ownerReferences"]] == [live_app["metadata"]["uid"]]
     # the child re-created under its name: its predecessor's input is lakeslot's, taken over
-    kube.delete_spark_application(env.NAMESPACE, app["metadata"]["name"], ingestion="orders")
+    kube.delete_spark_application(operator_env.NAMESPACE, app["metadata"]["name"], ingestion="orders")
     assert _read(api, "ConfigMap", input_name) == {}  # (deleted with its owner)
     _create(api, {**ours, "metadata": {k: v for k, v in ours["metadata"].items()
                                        if k in ("name", "namespace", "labels", "ownerReferences")}})
@@ -200,11 +203,11 @@ def test_a_re_created_ingestion_takes_its_predecessors_children_over(api, offlin
 def test_the_reconcile_reports_a_taken_name_and_leaves_the_users_objects_alone(api, pgdb, tmp_path):
     with pgdb.connect() as conn:
         conn.execute("CREATE TABLE orders (id int PRIMARY KEY, note text)")
-    document = env.ingestion_document("orders", pgdb, [TableName("public", "orders")],
-                                      warehouse=(tmp_path / "warehouse").as_uri(),
-                                      staging=(tmp_path / "staging").as_uri())
+    document = operator_env.ingestion_document("orders", pgdb, [TableName("public", "orders")],
+                                               warehouse=(tmp_path / "warehouse").as_uri(),
+                                               staging=(tmp_path / "staging").as_uri())
     document["metadata"]["annotations"] = {VERIFY: "20250101T000000Z"}
-    env.create_ingestion(api, document, pgdb.cluster.password)
+    operator_env.create_ingestion(api, document, pgdb.cluster.password)
     ingestion = PostgresIngestion.model_validate(document)
     users = [_create(api, _user_object("Deployment", children.reader_name(ingestion))),
              _create(api, _user_object("Job", children.verify_name(ingestion, "20250101T000000Z"))),
@@ -213,30 +216,30 @@ def test_the_reconcile_reports_a_taken_name_and_leaves_the_users_objects_alone(a
              _create(api, _user_object("Secret", children.input_name(children.apply_name(ingestion))))]
 
     def reconciled() -> dict:
-        outcome = reconcile(env.get_ingestion(api, "orders") or {}, Context(kube=Kube(api)))
+        outcome = reconcile(operator_env.get_ingestion(api, "orders") or {}, Context(kube=Kube(api)))
         kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-            *env.CUSTOM, "orders", {"status": outcome.status})
-        resource = env.get_ingestion(api, "orders")
+            *operator_env.CUSTOM, "orders", {"status": outcome.status})
+        resource = operator_env.get_ingestion(api, "orders")
         assert resource is not None
         return resource
 
     resource = reconciled()
-    streaming = env.required_condition(resource, "Streaming")
-    verified = env.required_condition(resource, "Verified")
+    streaming = operator_env.required_condition(resource, "Streaming")
+    verified = operator_env.required_condition(resource, "Verified")
     for condition, kind, name in ((streaming, "Deployment", "orders-reader"),
                                   (verified, "Job", children.verify_name(ingestion, "20250101T000000Z"))):
         assert (condition["status"], condition["reason"]) == ("False", NAME_TAKEN)
         assert f"{kind} default/{name} exists and is not lakeslot's" in condition["message"]
         assert "PostgresIngestion orders" in condition["message"]
-    degraded = env.required_condition(resource, "Degraded")
+    degraded = operator_env.required_condition(resource, "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", NAME_TAKEN)
     assert chart.argocd_health(resource)["status"] == "Degraded"
-    assert len(env.spark_applications(api)) == 2  # the others go on: the snapshot was submitted
-    snapshot = next(a for n, a in env.spark_applications(api).items() if n != children.apply_name(ingestion))
-    assert env.job_input(api, snapshot).ingestion.metadata.name == "orders"
+    assert len(operator_env.spark_applications(api)) == 2  # the others go on: the snapshot was submitted
+    snapshot = next(a for n, a in operator_env.spark_applications(api).items() if n != children.apply_name(ingestion))
+    assert operator_env.job_input(api, snapshot).ingestion.metadata.name == "orders"
 
     # suspended: the reader is scaled to 0 and the apply job deleted — lakeslot's, not these
     kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
-        *env.CUSTOM, "orders", {"spec": {"suspend": True}})
+        *operator_env.CUSTOM, "orders", {"spec": {"suspend": True}})
     assert reconciled()["status"]["phase"] == "Suspended"
     assert [_read(api, u["kind"], u["metadata"]["name"]) for u in users] == users

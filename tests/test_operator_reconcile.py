@@ -17,20 +17,20 @@ import time
 import kubernetes.client
 import pytest
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.api.validation import parse_resource
 from lakeslot.mirror.contract import ERROR_LSN_PROPERTY, ERROR_PROPERTY, RESNAPSHOT_AUTOMATIC, RESNAPSHOT_PROPERTY
-from lakeslot.snapshot import report as snapshot_progress
+from lakeslot.snapshot import progress as snapshot_progress
 from lakeslot.source import connection, slot
 from lakeslot.source.slot import SlotHealth
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context, reconcile
-from tests.support import operator_env as env
+from tests.support import operator_env
 from tests.support.fixtures_pg import Database, connection_settings
 from tests.support.odd_names import create_odd_tables
 
-CUSTOM = env.CUSTOM
+CUSTOM = operator_env.CUSTOM
 
 
 @pytest.fixture
@@ -42,18 +42,18 @@ def source(pgdb):
 
 def _document(name, source, spark_warehouse, tmp_path, **spec):
     db, tables = source
-    return env.ingestion_document(name, db, tables, warehouse=spark_warehouse.as_uri(),
-                                  staging=(tmp_path / "staging").as_uri(), **spec)
+    return operator_env.ingestion_document(name, db, tables, warehouse=spark_warehouse.as_uri(),
+                                           staging=(tmp_path / "staging").as_uri(), **spec)
 
 
 def _reconcile(api, name):
     """One reconcile, with its status written back like the kopf handler does."""
-    body = env.get_ingestion(api, name)
+    body = operator_env.get_ingestion(api, name)
     assert body is not None, f"ingestion {name} does not exist"
     outcome = reconcile(body, Context(kube=Kube(api)))
     kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
         *CUSTOM, name, {"status": outcome.status})
-    return env.get_ingestion(api, name), outcome.events
+    return operator_env.get_ingestion(api, name), outcome.events
 
 
 def _source_conn(db):
@@ -69,14 +69,14 @@ def _health(conn, name: str) -> SlotHealth:
 def test_create_then_snapshot_then_stream(api, source, spark, spark_warehouse, tmp_path):
     db, tables = source
     document = _document("orders", source, spark_warehouse, tmp_path)
-    env.create_ingestion(api, document, db.cluster.password)
+    operator_env.create_ingestion(api, document, db.cluster.password)
 
     resource, events = _reconcile(api, "orders")
     status = resource["status"]
-    assert env.required_condition(resource, "SourceReady")["status"] == "True"
-    assert env.required_condition(resource, "SlotReady")["status"] == "True"
-    assert env.required_condition(resource, "SnapshotComplete")["reason"] == "Snapshotting"
-    assert env.required_condition(resource, "Ready")["status"] == "False"
+    assert operator_env.required_condition(resource, "SourceReady")["status"] == "True"
+    assert operator_env.required_condition(resource, "SlotReady")["status"] == "True"
+    assert operator_env.required_condition(resource, "SnapshotComplete")["reason"] == "Snapshotting"
+    assert operator_env.required_condition(resource, "Ready")["status"] == "False"
     assert status["phase"] == "Snapshotting"
     assert status["observedGeneration"] == resource["metadata"]["generation"]
     slot_name = status["slot"]["name"]
@@ -90,43 +90,43 @@ def test_create_then_snapshot_then_stream(api, source, spark, spark_warehouse, t
             (slot_name,))}
     assert published == set(tables)
 
-    deployments = env.deployments(api)
+    deployments = operator_env.deployments(api)
     assert list(deployments) == ["orders-reader"]
     command = deployments["orders-reader"]["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[:2] == ["lakeslot", "reader"] and "--slot" in command
-    apps = env.spark_applications(api)
+    apps = operator_env.spark_applications(api)
     [snapshot_name] = apps
     assert snapshot_name == status["snapshot"]["application"]
-    job = env.job_input(api, apps[snapshot_name])
+    job = operator_env.job_input(api, apps[snapshot_name])
     assert sorted(job.tables) == sorted(tables) and job.ingestion.metadata.name == "orders"
     assert job.ingestion.spec.snapshot.resnapshot_generation == 0
 
     # Reconciling again changes nothing: same children, same resourceVersions.
-    versions = {n: a["metadata"]["resourceVersion"] for n, a in env.spark_applications(api).items()}
+    versions = {n: a["metadata"]["resourceVersion"] for n, a in operator_env.spark_applications(api).items()}
     resource, events = _reconcile(api, "orders")
-    assert {n: a["metadata"]["resourceVersion"] for n, a in env.spark_applications(api).items()} == versions
+    assert {n: a["metadata"]["resourceVersion"] for n, a in operator_env.spark_applications(api).items()} == versions
     assert [e for e in events if e.reason in ("SnapshotStarted", "SlotCreated")] == []
 
     # The (simulated) snapshot job commits every table and the spark-operator reports success.
     with db.connect() as conn:
         snapshot_lsn = _health(conn, slot_name).confirmed_flush_lsn
     assert snapshot_lsn is not None
-    env.commit_snapshot(spark, document, tables, snapshot_lsn)
-    env.set_spark_state(api, snapshot_name, "COMPLETED")
+    operator_env.commit_snapshot(spark, document, tables, snapshot_lsn)
+    operator_env.set_spark_state(api, snapshot_name, "COMPLETED")
     resource, _ = _reconcile(api, "orders")
-    assert env.required_condition(resource, "SnapshotComplete")["status"] == "True"
+    assert operator_env.required_condition(resource, "SnapshotComplete")["status"] == "True"
     assert {t["state"] for t in resource["status"]["tables"]} == {"Streaming"}
-    assert {t["appliedLsn"] for t in resource["status"]["tables"]} == {lsnlib.format(snapshot_lsn)}
-    apply_app = env.spark_applications(api)["orders-apply"]
-    assert sorted(env.job_input(api, apply_app).tables) == sorted(tables)
-    assert not env.job_arguments(apply_app).once  # long-running
-    assert env.required_condition(resource, "Streaming")["reason"] == "ReaderNotReady"
+    assert {t["appliedLsn"] for t in resource["status"]["tables"]} == {lsn_text.format(snapshot_lsn)}
+    apply_app = operator_env.spark_applications(api)["orders-apply"]
+    assert sorted(operator_env.job_input(api, apply_app).tables) == sorted(tables)
+    assert not operator_env.job_arguments(apply_app).once  # long-running
+    assert operator_env.required_condition(resource, "Streaming")["reason"] == "ReaderNotReady"
 
     # Reader pod and apply job running (simulated controllers) → Ready.
-    env.reader_pod_running(api, "orders", "orders-reader-7d9f-x1")
-    env.set_spark_state(api, "orders-apply", "RUNNING")
+    operator_env.reader_pod_running(api, "orders", "orders-reader-7d9f-x1")
+    operator_env.set_spark_state(api, "orders-apply", "RUNNING")
     resource, events = _reconcile(api, "orders")
-    assert env.required_condition(resource, "Ready")["status"] == "True", resource["status"]["conditions"]
+    assert operator_env.required_condition(resource, "Ready")["status"] == "True", resource["status"]["conditions"]
     assert resource["status"]["phase"] == "Streaming"
     assert resource["status"]["reader"]["pod"] == "orders-reader-7d9f-x1"
     assert resource["status"]["tableCount"] == len(tables)
@@ -138,37 +138,37 @@ def test_a_broken_table_fails_alone_and_a_missing_secret_is_a_condition(api, pgd
         conn.execute("CREATE TABLE good (id int PRIMARY KEY)")
         conn.execute("CREATE TABLE keyless (a int)")
     tables = [TableName("public", "good"), TableName("public", "keyless")]
-    document = env.ingestion_document("mixed", pgdb, tables, warehouse=spark_warehouse.as_uri(),
-                                      staging=(tmp_path / "s").as_uri())
+    document = operator_env.ingestion_document("mixed", pgdb, tables, warehouse=spark_warehouse.as_uri(),
+                                               staging=(tmp_path / "s").as_uri())
     kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(*CUSTOM[:3], CUSTOM[3], document)
     resource, _ = _reconcile(api, "mixed")
-    ready = env.required_condition(resource, "SourceReady")
+    ready = operator_env.required_condition(resource, "SourceReady")
     assert (ready["status"], ready["reason"]) == ("False", "SecretNotFound")
     assert "Secret default/mixed-pg does not exist" in ready["message"]
-    assert env.deployments(api) == {}
+    assert operator_env.deployments(api) == {}
 
-    env.create_secret(api, "mixed-pg", {"password": pgdb.cluster.password})
+    operator_env.create_secret(api, "mixed-pg", {"password": pgdb.cluster.password})
     resource, _ = _reconcile(api, "mixed")
     rows = {t["name"]: t for t in resource["status"]["tables"]}
     assert rows["keyless"]["state"] == "Failed"
     assert 'ALTER TABLE "public"."keyless" ADD PRIMARY KEY' in rows["keyless"]["message"]
     assert rows["good"]["state"] == "Snapshotting"
-    assert env.required_condition(resource, "Degraded")["reason"] == "TablesFailed"
+    assert operator_env.required_condition(resource, "Degraded")["reason"] == "TablesFailed"
     with pgdb.connect() as conn:  # the keyless table stayed out of the publication
         assert conn.execute("SELECT tablename FROM pg_publication_tables").fetchall() == [("good",)]
 
 
 def test_an_unreachable_source_and_an_invalid_spec_are_conditions(api, pgdb, spark_warehouse, tmp_path):
-    document = env.ingestion_document("far", pgdb, [TableName("public", "t")],
-                                      warehouse=spark_warehouse.as_uri(), staging=(tmp_path / "s").as_uri())
+    document = operator_env.ingestion_document("far", pgdb, [TableName("public", "t")],
+                                               warehouse=spark_warehouse.as_uri(), staging=(tmp_path / "s").as_uri())
     document["spec"]["source"]["port"] = 1  # nothing listens there
-    env.create_ingestion(api, document, "whatever")
+    operator_env.create_ingestion(api, document, "whatever")
     resource, _ = _reconcile(api, "far")
-    failed = env.required_condition(resource, "SourceReady")
+    failed = operator_env.required_condition(resource, "SourceReady")
     assert (failed["status"], failed["reason"]) == ("False", "ConnectionFailed")
     assert "127.0.0.1" in failed["message"] and "whatever" not in json.dumps(resource)
 
-    body = env.get_ingestion(api, "far")
+    body = operator_env.get_ingestion(api, "far")
     assert body is not None
     body["spec"]["source"]["sslMode"] = "sometimes"  # as if stored before validation was tightened
     outcome = reconcile(body, Context(kube=Kube(api)))
@@ -179,10 +179,10 @@ def test_an_unreachable_source_and_an_invalid_spec_are_conditions(api, pgdb, spa
 
 def test_a_stale_slot_holder_is_evicted(api, source, spark_warehouse, tmp_path):
     db, _ = source
-    env.create_ingestion(api, _document("orders", source, spark_warehouse, tmp_path), db.cluster.password)
+    operator_env.create_ingestion(api, _document("orders", source, spark_warehouse, tmp_path), db.cluster.password)
     resource, _ = _reconcile(api, "orders")
     slot_name = resource["status"]["slot"]["name"]
-    env.reader_pod_running(api, "orders", "orders-reader-abc")
+    operator_env.reader_pod_running(api, "orders", "orders-reader-abc")
     dsn = (f"host=127.0.0.1 port={db.cluster.port} dbname={db.name} user=postgres"
            " application_name='lakeslot-reader default/orders orders-reader-OLD'")
     zombie = subprocess.Popen(
@@ -208,17 +208,18 @@ def test_a_stale_slot_holder_is_evicted(api, source, spark_warehouse, tmp_path):
 
 def test_suspend_keeps_the_slot_and_reports_retained_wal(api, source, spark_warehouse, tmp_path):
     db, tables = source
-    env.create_ingestion(api, _document("orders", source, spark_warehouse, tmp_path), db.cluster.password)
+    operator_env.create_ingestion(api, _document("orders", source, spark_warehouse, tmp_path), db.cluster.password)
     _reconcile(api, "orders")
-    env.set_spark_state(api, "orders-apply", "RUNNING") if "orders-apply" in env.spark_applications(api) else None
+    if "orders-apply" in operator_env.spark_applications(api):
+        operator_env.set_spark_state(api, "orders-apply", "RUNNING")
     kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
         *CUSTOM, "orders", {"spec": {"suspend": True}})
     with db.connect() as conn:
         conn.execute(f"INSERT INTO {tables[0]} (id) SELECT g FROM generate_series(1, 2000) g")
     resource, _ = _reconcile(api, "orders")
     assert resource["status"]["phase"] == "Suspended"
-    assert env.deployments(api)["orders-reader"]["spec"]["replicas"] == 0
-    assert "orders-apply" not in env.spark_applications(api)
+    assert operator_env.deployments(api)["orders-reader"]["spec"]["replicas"] == 0
+    assert "orders-apply" not in operator_env.spark_applications(api)
     assert resource["status"]["slot"]["retainedBytes"] > 0
     with db.connect() as conn:
         assert slot.health(conn, resource["status"]["slot"]["name"]) is not None
@@ -226,17 +227,17 @@ def test_suspend_keeps_the_slot_and_reports_retained_wal(api, source, spark_ware
     kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
         *CUSTOM, "orders", {"spec": {"suspend": False}})
     _reconcile(api, "orders")
-    assert env.deployments(api)["orders-reader"]["spec"]["replicas"] == 1
+    assert operator_env.deployments(api)["orders-reader"]["spec"]["replicas"] == 1
 
 
 def test_adding_a_table_snapshots_only_it_and_resnapshot_takes_all(api, source, spark, spark_warehouse, tmp_path):
     db, tables = source
     document = _document("orders", source, spark_warehouse, tmp_path)
-    env.create_ingestion(api, document, db.cluster.password)
+    operator_env.create_ingestion(api, document, db.cluster.password)
     resource, _ = _reconcile(api, "orders")
     first = resource["status"]["snapshot"]["application"]
-    env.commit_snapshot(spark, document, tables, 100)
-    env.set_spark_state(api, first, "COMPLETED")
+    operator_env.commit_snapshot(spark, document, tables, 100)
+    operator_env.set_spark_state(api, first, "COMPLETED")
     _reconcile(api, "orders")
 
     with db.connect() as conn:
@@ -248,7 +249,7 @@ def test_adding_a_table_snapshots_only_it_and_resnapshot_takes_all(api, source, 
     resource, events = _reconcile(api, "orders")
     second = resource["status"]["snapshot"]["application"]
     assert second != first
-    assert env.job_input(api, env.spark_applications(api)[second]).tables == (new,)
+    assert operator_env.job_input(api, operator_env.spark_applications(api)[second]).tables == (new,)
     assert any(e.reason == "TableAdded" and "New Table" in e.message for e in events)
 
     # Remove a table: out of the publication, its mirror kept (nothing drops Iceberg tables); its
@@ -267,31 +268,31 @@ def test_adding_a_table_snapshots_only_it_and_resnapshot_takes_all(api, source, 
         *CUSTOM, "orders", {"spec": {"snapshot": {"resnapshotGeneration": 1}}})
     resource, _ = _reconcile(api, "orders")
     assert resource["status"]["snapshot"]["application"] == second
-    assert "waiting for it to finish" in env.required_condition(resource, "SnapshotComplete")["message"]
-    assert not [n for n in env.spark_applications(api) if n.startswith("orders-snapshot-g1-")]
-    env.set_spark_state(api, second, "COMPLETED")
+    assert "waiting for it to finish" in operator_env.required_condition(resource, "SnapshotComplete")["message"]
+    assert not [n for n in operator_env.spark_applications(api) if n.startswith("orders-snapshot-g1-")]
+    operator_env.set_spark_state(api, second, "COMPLETED")
     resource, _ = _reconcile(api, "orders")
     third = resource["status"]["snapshot"]["application"]
     assert third.startswith("orders-snapshot-g1-")
-    job = env.job_input(api, env.spark_applications(api)[third])
+    job = operator_env.job_input(api, operator_env.spark_applications(api)[third])
     assert job.ingestion.spec.snapshot.resnapshot_generation == 1
     assert len(job.tables) == len(spec_tables) - 1
-    env.set_spark_state(api, third, "COMPLETED")
+    operator_env.set_spark_state(api, third, "COMPLETED")
     resource, _ = _reconcile(api, "orders")
     assert resource["status"]["observedResnapshotGeneration"] == 1
 
 
 def test_a_failed_snapshot_is_reported_and_retried_after_backoff(api, source, spark_warehouse, tmp_path):
     db, _ = source
-    env.create_ingestion(api, _document("orders", source, spark_warehouse, tmp_path), db.cluster.password)
+    operator_env.create_ingestion(api, _document("orders", source, spark_warehouse, tmp_path), db.cluster.password)
     resource, _ = _reconcile(api, "orders")
     name = resource["status"]["snapshot"]["application"]
-    env.set_spark_state(api, name, "FAILED", "driver OOM")
+    operator_env.set_spark_state(api, name, "FAILED", "driver OOM")
     resource, _ = _reconcile(api, "orders")
-    failed = env.required_condition(resource, "SnapshotComplete")
+    failed = operator_env.required_condition(resource, "SnapshotComplete")
     assert (failed["reason"], resource["status"]["snapshot"]["attempts"]) == ("SnapshotFailed", 1)
     assert "driver OOM" in failed["message"]
-    assert name in env.spark_applications(api)  # kept until the backoff is over
+    assert name in operator_env.spark_applications(api)  # kept until the backoff is over
 
 
 def test_a_table_whose_snapshot_failed_stays_failed_with_its_reason_in_the_cr(
@@ -303,7 +304,7 @@ def test_a_table_whose_snapshot_failed_stays_failed_with_its_reason_in_the_cr(
     db, tables = source
     broken, fine = tables[0], tables[1:]
     document = _document("orders", source, spark_warehouse, tmp_path)
-    env.create_ingestion(api, document, db.cluster.password)
+    operator_env.create_ingestion(api, document, db.cluster.password)
     resource, _ = _reconcile(api, "orders")
     location = snapshot_progress.in_staging(document["spec"]["staging"]["uri"])
     with db.connect() as conn:
@@ -319,8 +320,8 @@ def test_a_table_whose_snapshot_failed_stays_failed_with_its_reason_in_the_cr(
             job.table(table, **{"state": "failed", "error": why} if table == broken
                       else {"state": "committed"})
         job.finish()
-        env.commit_snapshot(spark, document, [t for t in copied if t != broken], lsn)
-        env.set_spark_state(api, application, "FAILED", "1 table failed")
+        operator_env.commit_snapshot(spark, document, [t for t in copied if t != broken], lsn)
+        operator_env.set_spark_state(api, application, "FAILED", "1 table failed")
 
     def rows() -> dict[TableName, dict]:
         resource, _ = _reconcile(api, "orders")
@@ -331,7 +332,7 @@ def test_a_table_whose_snapshot_failed_stays_failed_with_its_reason_in_the_cr(
     assert seen[broken]["state"] == "Snapshotting"
     assert seen[broken]["message"] == f"snapshot failed: {why} (copying it again)"
     assert {seen[t]["state"] for t in fine} == {"Streaming"}
-    current = env.get_ingestion(api, "orders")
+    current = operator_env.get_ingestion(api, "orders")
     assert current is not None
     retry = current["status"]["snapshot"]
     assert retry["tables"] == [str(broken)]
@@ -345,7 +346,7 @@ def test_a_table_whose_snapshot_failed_stays_failed_with_its_reason_in_the_cr(
     fixed = snapshot_progress.Progress(location, [(broken, str(broken))])  # a copy that passes
     fixed.table(broken, state="committed")
     fixed.finish()
-    env.commit_snapshot(spark, document, [broken], lsn)
+    operator_env.commit_snapshot(spark, document, [broken], lsn)
     seen = rows()
     assert seen[broken]["state"] == "Streaming" and not seen[broken].get("message")
 
@@ -363,15 +364,15 @@ def test_a_lost_slot_is_recreated_staging_emptied_and_every_table_snapshotted_ag
             conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
             conn.execute("CREATE TABLE filler (v text)")
         tables = [TableName("public", "orders")]
-        document = env.ingestion_document(
+        document = operator_env.ingestion_document(
             "lost", db, tables, warehouse=spark_warehouse.as_uri(),
             staging=(tmp_path / "staging").as_uri(), policies={"onSlotLost": "Resnapshot"})
-        env.create_ingestion(api, document, cluster.password)
+        operator_env.create_ingestion(api, document, cluster.password)
         resource, _ = _reconcile(api, "lost")
-        env.commit_snapshot(spark, document, tables, 100)
-        env.set_spark_state(api, resource["status"]["snapshot"]["application"], "COMPLETED")
+        operator_env.commit_snapshot(spark, document, tables, 100)
+        operator_env.set_spark_state(api, resource["status"]["snapshot"]["application"], "COMPLETED")
         resource, _ = _reconcile(api, "lost")
-        assert env.required_condition(resource, "SnapshotComplete")["status"] == "True"
+        assert operator_env.required_condition(resource, "SnapshotComplete")["status"] == "True"
         staged = tmp_path / "staging" / "0000000000000064-00000000000000C8.parquet"
         staged.parent.mkdir()
         staged.write_bytes(b"changes of the slot that is about to be lost")
@@ -388,7 +389,7 @@ def test_a_lost_slot_is_recreated_staging_emptied_and_every_table_snapshotted_ag
         kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
             *CUSTOM, "lost", {"spec": {"staging": {"uri": (blocked / "staging").as_uri()}}})
         resource, events = _reconcile(api, "lost")
-        unreachable = env.required_condition(resource, "SlotReady")
+        unreachable = operator_env.required_condition(resource, "SlotReady")
         assert (unreachable["status"], unreachable["reason"]) == ("False", "StagingUnreachable")
         assert "delete the segments there by hand" in unreachable["message"]
         assert staged.exists() and not any(e.reason == "SlotRecreated" for e in events)
@@ -399,17 +400,17 @@ def test_a_lost_slot_is_recreated_staging_emptied_and_every_table_snapshotted_ag
         below = resource["status"]["resnapshotBelowLsn"]
         assert any(e.reason == "SlotRecreated" and below in e.message for e in events)
         assert not staged.exists()
-        assert env.required_condition(resource, "SlotReady")["status"] == "True"
+        assert operator_env.required_condition(resource, "SlotReady")["status"] == "True"
         application = resource["status"]["snapshot"]["application"]
-        arguments = env.job_arguments(env.spark_applications(api)[application])
-        assert env.job_input(api, env.spark_applications(api)[application]).tables == tuple(tables)
-        assert arguments.min_snapshot_lsn == lsnlib.parse(below)
-        assert env.required_condition(resource, "SnapshotComplete")["reason"] == "Snapshotting"
+        arguments = operator_env.job_arguments(operator_env.spark_applications(api)[application])
+        assert operator_env.job_input(api, operator_env.spark_applications(api)[application]).tables == tuple(tables)
+        assert arguments.min_snapshot_lsn == lsn_text.parse(below)
+        assert operator_env.required_condition(resource, "SnapshotComplete")["reason"] == "Snapshotting"
 
-        env.commit_snapshot(spark, document, tables, lsnlib.parse(below) + 10)
-        env.set_spark_state(api, application, "COMPLETED")
+        operator_env.commit_snapshot(spark, document, tables, lsn_text.parse(below) + 10)
+        operator_env.set_spark_state(api, application, "COMPLETED")
         resource, _ = _reconcile(api, "lost")
-        assert env.required_condition(resource, "SnapshotComplete")["status"] == "True"
+        assert operator_env.required_condition(resource, "SnapshotComplete")["status"] == "True"
         assert "resnapshotBelowLsn" not in resource["status"]
     finally:
         with connection.connect(connection_settings(db), "lakeslot-test") as conn:
@@ -431,12 +432,12 @@ def test_a_table_is_copied_again_alone_automatically_on_request_and_within_the_g
         api, source, spark, spark_warehouse, tmp_path):
     db, tables = source
     document = _document("again", source, spark_warehouse, tmp_path)
-    env.create_ingestion(api, document, db.cluster.password)
+    operator_env.create_ingestion(api, document, db.cluster.password)
     resource, _ = _reconcile(api, "again")
-    env.commit_snapshot(spark, document, tables, 100)
-    env.set_spark_state(api, resource["status"]["snapshot"]["application"], "COMPLETED")
+    operator_env.commit_snapshot(spark, document, tables, 100)
+    operator_env.set_spark_state(api, resource["status"]["snapshot"]["application"], "COMPLETED")
     resource, _ = _reconcile(api, "again")
-    assert env.required_condition(resource, "SnapshotComplete")["status"] == "True"
+    assert operator_env.required_condition(resource, "SnapshotComplete")["status"] == "True"
     first, second = tables[0], tables[1]
 
     # the apply job stopped one table for an automatic re-snapshot: it alone is copied again,
@@ -444,8 +445,8 @@ def test_a_table_is_copied_again_alone_automatically_on_request_and_within_the_g
     _stop_table(spark, document, first, 100, automatic=True)
     resource, events = _reconcile(api, "again")
     name = resource["status"]["snapshot"]["application"]
-    arguments = env.job_arguments(env.spark_applications(api)[name])
-    assert env.job_input(api, env.spark_applications(api)[name]).tables == (first,)
+    arguments = operator_env.job_arguments(operator_env.spark_applications(api)[name])
+    assert operator_env.job_input(api, operator_env.spark_applications(api)[name]).tables == (first,)
     assert arguments.min_snapshot_lsn == 101
     assert any(e.reason == "TableResnapshot" and "renamed" in e.message and str(first) in e.message
                for e in events)
@@ -459,7 +460,7 @@ def test_a_table_is_copied_again_alone_automatically_on_request_and_within_the_g
     resource, _ = _reconcile(api, "again")
     row = {(r["schema"], r["name"]): r for r in resource["status"]["tables"]}[(first.schema, first.name)]
     assert row["state"] == "Failed" and "maxResnapshotsPerHour" in row["message"]
-    assert env.required_condition(resource, "Degraded")["reason"] == "TablesFailed"
+    assert operator_env.required_condition(resource, "Degraded")["reason"] == "TablesFailed"
 
     # an error that needs a human (not automatic) is shown, never retried by itself
     _stop_table(spark, document, second, 100, automatic=False)
@@ -474,9 +475,9 @@ def test_a_table_is_copied_again_alone_automatically_on_request_and_within_the_g
         *CUSTOM, "again", {"spec": {"source": {"tables": spec_tables}}})
     resource, events = _reconcile(api, "again")
     row = {(r["schema"], r["name"]): r for r in resource["status"]["tables"]}[(second.schema, second.name)]
-    assert row["observedResnapshotGeneration"] == 1 and row["resnapshotBelowLsn"] == lsnlib.format(101)
+    assert row["observedResnapshotGeneration"] == 1 and row["resnapshotBelowLsn"] == lsn_text.format(101)
     name = resource["status"]["snapshot"]["application"]
-    assert second in env.job_input(api, env.spark_applications(api)[name]).tables
+    assert second in operator_env.job_input(api, operator_env.spark_applications(api)[name]).tables
     assert any(e.reason == "TableResnapshot" and "as requested" in e.message for e in events)
     resource, events = _reconcile(api, "again")  # asked once: not again
     assert not any(e.reason == "TableResnapshot" and "as requested" in e.message for e in events)
@@ -489,14 +490,14 @@ def test_schemas_a_table_created_joins_a_keyless_one_fails_alone_a_dropped_one_i
     with pgdb.connect() as conn:
         conn.execute("CREATE SCHEMA app")
         conn.execute("CREATE TABLE app.orders (id int PRIMARY KEY)")
-    document = env.ingestion_document("shop", pgdb, [], warehouse=spark_warehouse.as_uri(),
-                                      staging=(tmp_path / "staging").as_uri())
+    document = operator_env.ingestion_document("shop", pgdb, [], warehouse=spark_warehouse.as_uri(),
+                                               staging=(tmp_path / "staging").as_uri())
     document["spec"]["source"]["schemas"] = ["app"]
-    env.create_ingestion(api, document, pgdb.cluster.password)
+    operator_env.create_ingestion(api, document, pgdb.cluster.password)
     resource, _ = _reconcile(api, "shop")
     first = resource["status"]["snapshot"]["application"]
-    env.commit_snapshot(spark, document, [orders], 100)
-    env.set_spark_state(api, first, "COMPLETED")
+    operator_env.commit_snapshot(spark, document, [orders], 100)
+    operator_env.set_spark_state(api, first, "COMPLETED")
     _reconcile(api, "shop")
 
     def published() -> set[TableName]:
@@ -520,15 +521,16 @@ def test_schemas_a_table_created_joins_a_keyless_one_fails_alone_a_dropped_one_i
     assert rows(resource)[keyless]["state"] == "Failed"
     assert "no primary key" in rows(resource)[keyless]["message"]
     assert rows(resource)[orders]["state"] == "Streaming"
-    assert "1 failed" in env.required_condition(resource, "SourceReady")["message"]
+    assert "1 failed" in operator_env.required_condition(resource, "SourceReady")["message"]
     second = resource["status"]["snapshot"]["application"]
-    assert env.job_input(api, env.spark_applications(api)[second]).tables == (fresh,)
-    assert sorted(env.job_input(api, env.spark_applications(api)["shop-apply"]).tables) == [fresh, orders]
+    assert operator_env.job_input(api, operator_env.spark_applications(api)[second]).tables == (fresh,)
+    applied = operator_env.job_input(api, operator_env.spark_applications(api)["shop-apply"])
+    assert sorted(applied.tables) == [fresh, orders]
     with pgdb.connect() as conn:
         conn.execute("UPDATE app.keyless SET a = 1")  # the application is not broken
 
-    env.commit_snapshot(spark, document, [fresh], 200)
-    env.set_spark_state(api, second, "COMPLETED")
+    operator_env.commit_snapshot(spark, document, [fresh], 200)
+    operator_env.set_spark_state(api, second, "COMPLETED")
     resource, _ = _reconcile(api, "shop")
     assert rows(resource)[fresh]["state"] == "Streaming"
     assert rows(resource)[fresh].get("resnapshotBelowLsn") is None
@@ -540,7 +542,7 @@ def test_schemas_a_table_created_joins_a_keyless_one_fails_alone_a_dropped_one_i
     assert rows(resource)[fresh]["state"] == "Removed"
     assert "no longer in schema app" in rows(resource)[fresh]["message"]
     assert any(e.reason == "TableRemoved" and "app.fresh" in e.message for e in events)
-    assert env.job_input(api, env.spark_applications(api)["shop-apply"]).tables == (orders,)
+    assert operator_env.job_input(api, operator_env.spark_applications(api)["shop-apply"]).tables == (orders,)
     assert resource["status"]["tableCount"] == 2  # orders, keyless
     assert published() == {orders}
 
@@ -553,6 +555,6 @@ def test_schemas_a_table_created_joins_a_keyless_one_fails_alone_a_dropped_one_i
     below = rows(resource)[fresh]["resnapshotBelowLsn"]
     third = resource["status"]["snapshot"]["application"]
     assert third not in (first, second)
-    arguments = env.job_arguments(env.spark_applications(api)[third])
-    assert env.job_input(api, env.spark_applications(api)[third]).tables == (fresh,)
-    assert arguments.min_snapshot_lsn == lsnlib.parse(below)
+    arguments = operator_env.job_arguments(operator_env.spark_applications(api)[third])
+    assert operator_env.job_input(api, operator_env.spark_applications(api)[third]).tables == (fresh,)
+    assert arguments.min_snapshot_lsn == lsn_text.parse(below)

@@ -151,7 +151,7 @@ def test_the_condition_message(previous, app, message):
 
 def test_a_long_error_is_cut():
     step = snapshot_lifecycle.advance(record(state="RUNNING"), FIRST, NAME,
-                              Application("FAILED", "x" * 10_000), NOW)
+                                      Application("FAILED", "x" * 10_000), NOW)
     assert step.snapshot is not None
     assert step.snapshot.message == "x" * snapshot_lifecycle.MESSAGE_MAX
 

@@ -35,8 +35,7 @@ from lakeslot_operator import children, verification
 from lakeslot_operator.handlers import build_registry
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context
-from tests.support import local_support as ls
-from tests.support import operator_env as env
+from tests.support import local_support, operator_env
 from tests.support.fixtures_kube import running_operator
 from tests.support.odd_names import ODD_TABLES, create_odd_tables
 from tests.support.pod_security import assert_restricted
@@ -215,7 +214,7 @@ def test_verdicts_name_tables_counts_and_keys_but_no_values():
 @pytest.fixture
 def source(pgdb):
     with pgdb.connect() as conn:
-        accounts = ls.create_accounts(conn, 2_000)
+        accounts = local_support.create_accounts(conn, 2_000)
         create_odd_tables(conn)
         conn.execute(sql.SQL("INSERT INTO {} (id, \"user\", \"ñ\") SELECT i, 'u' || i, 'ñ' "
                              "FROM generate_series(1, 500) AS i").format(ODD.sql()))
@@ -226,12 +225,12 @@ def source(pgdb):
 
 def _annotate(api, name: str, annotations: dict[str, str | None]) -> None:
     kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object(
-        *env.CUSTOM, name, {"metadata": {"annotations": annotations}})
+        *operator_env.CUSTOM, name, {"metadata": {"annotations": annotations}})
 
 
 def _verification(api, name: str, token: str, state: str | None = None) -> dict | None:
     """The ingestion once status.verification answers ``token`` (in ``state``, else finished)."""
-    resource = env.get_ingestion(api, name)
+    resource = operator_env.get_ingestion(api, name)
     found = (resource or {}).get("status", {}).get("verification") or {}
     if found.get("token") != token:
         return None
@@ -240,7 +239,7 @@ def _verification(api, name: str, token: str, state: str | None = None) -> dict 
 
 
 def _jobs(api) -> dict[str, dict]:
-    jobs = kubernetes.client.BatchV1Api(api).list_namespaced_job(env.NAMESPACE).items
+    jobs = kubernetes.client.BatchV1Api(api).list_namespaced_job(operator_env.NAMESPACE).items
     return {j.metadata.name: api.sanitize_for_serialization(j) for j in jobs if j.metadata and j.metadata.name}
 
 
@@ -248,9 +247,9 @@ def _run_job(api, job: dict, tmp_path: Path) -> subprocess.CompletedProcess:
     """Simulated Job controller and kubelet: the container's command, as a process whose
     environment holds exactly the container's variables (Secret references resolved)."""
     (container,) = job["spec"]["template"]["spec"]["containers"]
-    environ = env.container_environment(api, container, home=tmp_path)
-    command = env.mounted(api, job, container["command"], tmp_path)
-    return subprocess.run([ls.LAKESLOT, *command[1:]], env=environ, capture_output=True,
+    environ = operator_env.container_environment(api, container, home=tmp_path)
+    command = operator_env.mounted(api, job, container["command"], tmp_path)
+    return subprocess.run([local_support.LAKESLOT, *command[1:]], env=environ, capture_output=True,
                           text=True, timeout=JOB_DEADLINE_S, check=False)
 
 
@@ -259,24 +258,24 @@ def test_verified_by_the_operator_for_an_equal_mirror_then_diverged_then_refused
         kube, api, source, spark, spark_warehouse, tmp_path, monkeypatch):
     db, tables = source
     name = "shop"
-    document, local = env.operator_and_local(name, db, tables, tmp_path, warehouse=spark_warehouse)
+    document, local = operator_env.operator_and_local(name, db, tables, tmp_path, warehouse=spark_warehouse)
     monkeypatch.setenv(workloads.PASSWORD_ENV, db.cluster.password)  # run.run exports it
     pod = reader_process.pod_identity()  # the reader of lakeslot run in this process
     registry = build_registry(Context(kube=Kube(api)), timer_interval=1.0, login_via_client=False)
     with running_operator(kube, registry):
-        env.create_ingestion(api, document, db.cluster.password)
-        wait_for(lambda: f"{name}-reader" in env.deployments(api), "the reader Deployment")
-        env.reader_pod_running(api, name, pod)  # so the operator takes that reader for its own
-        first, _ = ls.run_in_process(local, spark, once=True)
+        operator_env.create_ingestion(api, document, db.cluster.password)
+        wait_for(lambda: f"{name}-reader" in operator_env.deployments(api), "the reader Deployment")
+        operator_env.reader_pod_running(api, name, pod)  # so the operator takes that reader for its own
+        first, _ = local_support.run_in_process(local, spark, once=True)
         assert first.caught_up
-        ls.commit_as_pipeline(spark, local, LEDGER,
-                              f"DELETE FROM {ls.mirror_name(local, LEDGER)} WHERE id = {DELETED}")
+        local_support.commit_as_pipeline(spark, local, LEDGER,
+                                         f"DELETE FROM {local_support.mirror_name(local, LEDGER)} WHERE id = {DELETED}")
 
         def checks() -> None:
             # 1. Two tables, one named with quotes: equal.
             _annotate(api, name, {VERIFY: "t1", VERIFY_TABLES: f"public.accounts, {ODD}"})
             resource = wait_for(lambda: _verification(api, name, "t1", "Verifying"), "the request t1")
-            assert resource is not None and env.required_condition(resource, "Verified")["status"] == "Unknown"
+            assert resource is not None and operator_env.required_condition(resource, "Verified")["status"] == "Unknown"
             job = _jobs(api)[resource["status"]["verification"]["job"]]
             assert db.cluster.password not in json.dumps(job)
             assert_restricted(job["spec"]["template"]["spec"])
@@ -284,7 +283,7 @@ def test_verified_by_the_operator_for_an_equal_mirror_then_diverged_then_refused
             assert ran.returncode == 0, ran.stderr[-3000:] + ran.stdout
             resource = wait_for(lambda: _verification(api, name, "t1"), "the result of t1")
             assert resource is not None
-            verified = env.required_condition(resource, "Verified")
+            verified = operator_env.required_condition(resource, "Verified")
             status = resource["status"]["verification"]
             assert (verified["status"], verified["reason"], status["state"]) == ("True", "Equal", "Equal"), verified
             assert f"at {status['lsn']}: 2 table(s)" in verified["message"]
@@ -300,7 +299,7 @@ def test_verified_by_the_operator_for_an_equal_mirror_then_diverged_then_refused
             assert ran.returncode == 1, ran.stderr[-3000:] + ran.stdout
             resource = wait_for(lambda: _verification(api, name, "t2"), "the result of t2")
             assert resource is not None
-            verified = env.required_condition(resource, "Verified")
+            verified = operator_env.required_condition(resource, "Verified")
             assert (verified["status"], verified["reason"]) == ("False", "Diverged"), verified
             assert f"public.ledger: 1 missing (first: missing id={DELETED})" in verified["message"]
             results = {r["name"]: r for r in resource["status"]["verification"]["results"]}
@@ -315,7 +314,7 @@ def test_verified_by_the_operator_for_an_equal_mirror_then_diverged_then_refused
             assert ran.returncode == 2, ran.stderr[-3000:]
             resource = wait_for(lambda: _verification(api, name, "t3"), "the result of t3")
             assert resource is not None
-            verified = env.required_condition(resource, "Verified")
+            verified = operator_env.required_condition(resource, "Verified")
             assert verified["reason"] == "InvalidRequest" and "public.nope" in verified["message"], verified
 
             # 4. Malformed requests: refused without a Job.
@@ -327,7 +326,8 @@ def test_verified_by_the_operator_for_an_equal_mirror_then_diverged_then_refused
             resource = wait_for(lambda: _verification(api, name, "t4", "InvalidRequest"),
                                 "the malformed table list refused")
             assert resource is not None
-            assert env.required_condition(resource, "Verified")["message"].startswith(f"{VERIFY_TABLES}: 'ledger'")
+            verified = operator_env.required_condition(resource, "Verified")
+            assert verified["message"].startswith(f"{VERIFY_TABLES}: 'ledger'")
             assert set(_jobs(api)) == jobs
 
             # 5. A newer token cancels the running verification's Job.
@@ -339,8 +339,8 @@ def test_verified_by_the_operator_for_an_equal_mirror_then_diverged_then_refused
             wait_for(lambda: _verification(api, name, "t6", "Verifying"), "the request t6")
             assert superseded not in _jobs(api)
 
-            events = kubernetes.client.CoreV1Api(api).list_namespaced_event(env.NAMESPACE).items
+            events = kubernetes.client.CoreV1Api(api).list_namespaced_event(operator_env.NAMESPACE).items
             assert {"VerificationStarted", "Equal", "Diverged", "InvalidRequest"} <= {e.reason for e in events}
             assert not any(db.cluster.password in (e.message or "") for e in events)
 
-        ls.run_in_process(local, spark, once=False, during=checks)
+        local_support.run_in_process(local, spark, once=False, during=checks)

@@ -16,10 +16,10 @@ from psycopg import sql
 
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus
 from lakeslot.api.naming import TableName
-from lakeslot.control import steps as control
-from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.control import steps
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.mirror.contract import PARTITION_PROPERTY
-from lakeslot.observability.status import Report
+from lakeslot.observability.status_report import Report
 from lakeslot.snapshot import job as snapshot_job
 from tests.support.apply_support import Pipeline, assert_mirror_equals_source
 from tests.support.operator_env import ingestion_document
@@ -162,7 +162,7 @@ def _check(pgdb, tmp_path, partition_by: list[str]) -> Report:
     ingestion = PostgresIngestion.model_validate(document)
     report = Report(PostgresIngestionStatus(), 1, dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
     with pgdb.connect(autocommit=True) as conn:
-        assert control.check_source(conn, ingestion, report) is None  # no usable table
+        assert steps.check_source(conn, ingestion, report) is None  # no usable table
         published = conn.execute("SELECT count(*) FROM pg_publication_tables").fetchone()
         assert published == (0,)  # nothing was added to a publication
     return report

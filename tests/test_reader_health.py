@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import psycopg
 
 from lakeslot.local import observe, reader_process
-from lakeslot.observability import reader_status as ss
+from lakeslot.observability import reader_status
 from lakeslot.reader.health import Health, classify
 
 URI = "s3://AKIA:secret@bucket/prefix?secret_key=x"
@@ -38,13 +38,13 @@ def _file(tmp_path) -> dict:
 
 def test_a_transient_error_is_classified_by_what_failed_and_never_shows_a_credential():
     reason, message = classify(OSError(errno.EACCES, f"cannot write {URI}/x.parquet"), URI)
-    assert reason == ss.STAGING_UNWRITABLE
+    assert reason == reader_status.STAGING_UNWRITABLE
     assert "secret" not in message and "AKIA" not in message and "s3://bucket/prefix" in message
-    assert classify(FULL)[0] == ss.STAGING_UNWRITABLE and "No space left on device" in classify(FULL)[1]
-    assert classify(psycopg.OperationalError("connection refused\nmore"))[0] == ss.SOURCE_UNREACHABLE
+    assert classify(FULL)[0] == reader_status.STAGING_UNWRITABLE and "No space left on device" in classify(FULL)[1]
+    assert classify(psycopg.OperationalError("connection refused\nmore"))[0] == reader_status.SOURCE_UNREACHABLE
     assert "more" not in classify(psycopg.OperationalError("connection refused\nmore"))[1]
     assert classify(psycopg.errors.ObjectInUse("slot is active")) == (
-        ss.RETRYING_ERROR, "ObjectInUse: slot is active")
+        reader_status.RETRYING_ERROR, "ObjectInUse: slot is active")
 
 
 def test_a_problem_lasts_through_sessions_that_fail_again_and_clears_on_a_seal(tmp_path):
@@ -56,7 +56,7 @@ def test_a_problem_lasts_through_sessions_that_fail_again_and_clears_on_a_seal(t
     assert health.document()["state"] == "retrying"  # served at once
     clock.now += 2
     health.tick()  # written once two seconds passed since the last write
-    assert _file(tmp_path)["reason"] == ss.STAGING_UNWRITABLE
+    assert _file(tmp_path)["reason"] == reader_status.STAGING_UNWRITABLE
     since = health.document()["since"]
     for _ in range(5):  # the reader reconnects about once a second and fails at its first write
         clock.now += 1
@@ -64,7 +64,7 @@ def test_a_problem_lasts_through_sessions_that_fail_again_and_clears_on_a_seal(t
         health.progress(0x100, sealed=False)
         clock.now += 0.2
         health.failed(FULL)
-    assert health.document()["reason"] == ss.STAGING_UNWRITABLE
+    assert health.document()["reason"] == reader_status.STAGING_UNWRITABLE
     assert health.document()["since"] == since  # the trouble began once
     health.started()
     health.progress(0x200, sealed=True)
@@ -114,29 +114,30 @@ def test_the_status_file_is_written_on_a_change_and_at_most_every_two_seconds(tm
 
 def test_the_document_maps_to_the_streaming_reason_and_message():
     now = datetime(2026, 11, 25, tzinfo=UTC)
-    doc = ss.document("retrying", reason=ss.STAGING_UNWRITABLE, message="cannot write", since=now,
-                      now=now)
-    reason, message = ss.problem(doc) or ("", "")
-    assert reason == ss.STAGING_UNWRITABLE
+    doc = reader_status.document("retrying", reason=reader_status.STAGING_UNWRITABLE, message="cannot write", since=now,
+                                 now=now)
+    reason, message = reader_status.problem(doc) or ("", "")
+    assert reason == reader_status.STAGING_UNWRITABLE
     assert "since 2026-11-25T00:00:00+00:00" in message and "cannot write" in message
-    assert ss.problem(ss.document("running", reason=ss.STREAMING, now=now)) is None
-    assert ss.problem({}) is None and ss.problem(None) is None
-    assert ss.problem({"state": "failed", "reason": "Crashed"}) is None  # an outcome, not a state
-    assert (ss.problem({"state": "retrying", "reason": "Whatever"}) or ("",))[0] == ss.RETRYING_ERROR
-    assert ss.is_final({"state": "stopped", "reason": "Stopped"})
-    assert ss.is_final({"reason": "RetriesExhausted"})
-    assert not ss.is_final(doc) and not ss.is_final({})
+    assert reader_status.problem(reader_status.document("running", reason=reader_status.STREAMING, now=now)) is None
+    assert reader_status.problem({}) is None and reader_status.problem(None) is None
+    assert reader_status.problem({"state": "failed", "reason": "Crashed"}) is None  # an outcome, not a state
+    retrying = reader_status.problem({"state": "retrying", "reason": "Whatever"})
+    assert (retrying or ("",))[0] == reader_status.RETRYING_ERROR
+    assert reader_status.is_final({"state": "stopped", "reason": "Stopped"})
+    assert reader_status.is_final({"reason": "RetriesExhausted"})
+    assert not reader_status.is_final(doc) and not reader_status.is_final({})
 
 
 def test_local_mode_reports_a_running_readers_problem_and_its_end_apart():
-    doc = {"state": "retrying", "reason": ss.STAGING_UNWRITABLE, "message": "disk full",
+    doc = {"state": "retrying", "reason": reader_status.STAGING_UNWRITABLE, "message": "disk full",
            "since": None}
     running = observe.Activity(run_active=True, reader_running=True, reader_outcome=doc)
-    assert observe.reader_state(running) == (ss.STAGING_UNWRITABLE, "the reader retries: disk full")
+    assert observe.reader_state(running) == (reader_status.STAGING_UNWRITABLE, "the reader retries: disk full")
     assert observe.reader_state(observe.Activity(run_active=True, reader_running=True)) is None
     gone = observe.Activity(run_active=True, reader_running=False, reader_outcome=doc)
     reason, message = observe.reader_state(gone) or ("", "")
     assert reason == "ReaderNotReady" and message == "the reader process is not running"
     # a reader killed while retrying left its running state: the exit says what it was doing
     assert reader_process.describe_exit(-9, doc) == (
-        f"killed by SIGKILL; it was retrying: {ss.STAGING_UNWRITABLE}: the reader retries: disk full")
+        f"killed by SIGKILL; it was retrying: {reader_status.STAGING_UNWRITABLE}: the reader retries: disk full")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from lakeslot import lsn as lsn_text
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
 from lakeslot.local.pgcluster import free_port
@@ -22,8 +22,8 @@ from lakeslot.reader import reader
 from lakeslot.reader.metrics import Metrics
 from lakeslot.reader.writer import SegmentWriter
 from lakeslot.source import slot
-from lakeslot.staging import format as segments
-from lakeslot.staging.format import SourceIdentity
+from lakeslot.staging import segments
+from lakeslot.staging.segments import SourceIdentity
 from lakeslot.staging.store import TEMP_PREFIX, Staging
 from tests.support.fixtures_pg import Database
 from tests.support.reader_support import (

@@ -31,14 +31,13 @@ from lakeslot.api.models import PostgresIngestionStatus
 from lakeslot.exits import EXIT_OK
 from lakeslot.local import display, observe
 from lakeslot.local.pgcluster import free_port
-from lakeslot.observability import reader_status as ss
+from lakeslot.observability import reader_status as observability_reader_status
 from lakeslot.staging.store import Staging
 from lakeslot_operator import reader_status
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context, reconcile
 from tests.chaos import harness
-from tests.support import local_support as ls
-from tests.support import operator_env as env
+from tests.support import local_support, operator_env
 from tests.support.reader_support import current_lsn
 from tests.support.waiting import wait_for
 
@@ -65,13 +64,13 @@ def _sealed_end(staging) -> int:
 
 def test_a_run_shows_the_reader_retrying_on_a_full_staging_and_clears_after(pgdb, tmp_path):
     with pgdb.connect() as conn:
-        ls.create_accounts(conn, 100)
+        local_support.create_accounts(conn, 100)
     path, staging, state_dir = tmp_path / "ingestion.yaml", tmp_path / "staging", tmp_path / "state"
     log = tmp_path / "run.log"
     with harness.staging_on_tmpfs(staging), pgdb.connect(autocommit=True) as conn:
-        ls.write_ingestion(path, pgdb, [ls.ACCOUNTS], tmp_path)
-        local = ls.local(path, pgdb, state_dir)
-        run = ls.spawn_run(path, pgdb, state_dir, log)
+        local_support.write_ingestion(path, pgdb, [local_support.ACCOUNTS], tmp_path)
+        local = local_support.local(path, pgdb, state_dir)
+        run = local_support.spawn_run(path, pgdb, state_dir, log)
         try:
             def status() -> PostgresIngestionStatus:
                 return observe.observe(local, observe.activity(local))  # as lakeslot status does
@@ -91,7 +90,7 @@ def test_a_run_shows_the_reader_retrying_on_a_full_staging_and_clears_after(pgdb
                 _change(conn)
                 now = status()
                 condition = _streaming(now)
-                return now if condition and condition.reason == ss.STAGING_UNWRITABLE else None
+                return now if condition and condition.reason == observability_reader_status.STAGING_UNWRITABLE else None
 
             full = wait_for(reported, f"Streaming: StagingUnwritable while staging is full "
                             f"({used} bytes used)", deadline=120, interval=0.5)
@@ -100,7 +99,7 @@ def test_a_run_shows_the_reader_retrying_on_a_full_staging_and_clears_after(pgdb
             assert condition is not None and condition.status == "False"
             assert "No space left on device" in condition.message, condition.message
             ready = next(c for c in full.conditions if c.type == "Ready")
-            assert (ready.status, ready.reason) == ("False", ss.STAGING_UNWRITABLE)
+            assert (ready.status, ready.reason) == ("False", observability_reader_status.STAGING_UNWRITABLE)
             frame = display.frame(local, full, 0.0, None)
             assert any(line.startswith("Streaming: StagingUnwritable: the reader retries")
                        for line in frame), frame
@@ -120,12 +119,12 @@ def test_a_run_shows_the_reader_retrying_on_a_full_staging_and_clears_after(pgdb
             wait_for(streaming_again, "Streaming True again once staging has room",
                      deadline=120, interval=0.5)
             document = json.loads((state_dir / "reader-status.json").read_text())
-            assert document["state"] == ss.RUNNING, document
-            wait_for(lambda: harness.applied_past(local, [ls.ACCOUNTS], last),
+            assert document["state"] == observability_reader_status.RUNNING, document
+            wait_for(lambda: harness.applied_past(local, [local_support.ACCOUNTS], last),
                      "every change written while staging was full applied", deadline=120)
         finally:
             if run.poll() is None:
-                ls.interrupt(run)
+                local_support.interrupt(run)
             code = run.wait(harness.STOP_DEADLINE_S)
     assert code == EXIT_OK, log.read_text()[-4000:]
 
@@ -134,33 +133,33 @@ def test_the_operator_reports_the_reader_retrying_on_an_unwritable_staging(
         api, pgdb, spark_warehouse, tmp_path):
     name = "retrying"
     with pgdb.connect() as conn:
-        ls.create_accounts(conn, 10)
+        local_support.create_accounts(conn, 10)
     staging = tmp_path / "staging"
-    document = env.ingestion_document(name, pgdb, [ls.ACCOUNTS], warehouse=spark_warehouse.as_uri(),
-                                      staging=staging.as_uri(), reader={"segmentMaxSeconds": 1})
-    env.create_ingestion(api, document, pgdb.cluster.password)
+    document = operator_env.ingestion_document(name, pgdb, [local_support.ACCOUNTS], warehouse=spark_warehouse.as_uri(),
+                                               staging=staging.as_uri(), reader={"segmentMaxSeconds": 1})
+    operator_env.create_ingestion(api, document, pgdb.cluster.password)
     reader_port = free_port()
     context = Context(kube=Kube(api),
                       reader_status=functools.partial(reader_status.fetch, port=reader_port))
 
     def streaming() -> dict:
-        body = env.get_ingestion(api, name)
+        body = operator_env.get_ingestion(api, name)
         assert body is not None
         outcome = reconcile(body, context)  # as the kopf handler: the status written back
         kubernetes.client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
-            *env.CUSTOM, name, {"status": outcome.status})
-        return env.required_condition(env.get_ingestion(api, name) or {}, "Streaming")
+            *operator_env.CUSTOM, name, {"status": outcome.status})
+        return operator_env.required_condition(operator_env.get_ingestion(api, name) or {}, "Streaming")
 
     streaming()  # the slot, the publication and the reader Deployment
-    (container,) = env.deployments(api)[f"{name}-reader"]["spec"]["template"]["spec"]["containers"]
+    (container,) = operator_env.deployments(api)[f"{name}-reader"]["spec"]["template"]["spec"]["containers"]
     pod = f"{name}-reader-0"
-    env.reader_pod_running(api, name, pod)
+    operator_env.reader_pod_running(api, name, pod)
     kubernetes.client.CoreV1Api(api).patch_namespaced_pod_status(
-        pod, env.NAMESPACE, {"status": {"podIP": "127.0.0.1"}})
-    argv = [ls.LAKESLOT, *container["command"][1:], "--metrics-port", str(reader_port)]
+        pod, operator_env.NAMESPACE, {"status": {"podIP": "127.0.0.1"}})
+    argv = [local_support.LAKESLOT, *container["command"][1:], "--metrics-port", str(reader_port)]
     with open(tmp_path / "reader.log", "wb") as log:
-        reader = subprocess.Popen(argv, env=env.container_environment(api, container, home=tmp_path,
-                                                                      pod=pod),
+        reader = subprocess.Popen(argv, env=operator_env.container_environment(api, container, home=tmp_path,
+                                                                               pod=pod),
                                   stdout=log, stderr=subprocess.STDOUT)
     try:
         with pgdb.connect(autocommit=True) as conn:
@@ -171,7 +170,7 @@ def test_the_operator_reports_the_reader_retrying_on_an_unwritable_staging(
                 def reported() -> dict | None:
                     _change(conn)
                     condition = streaming()
-                    return condition if condition["reason"] == ss.STAGING_UNWRITABLE else None
+                    return condition if condition["reason"] == observability_reader_status.STAGING_UNWRITABLE else None
 
                 condition = wait_for(reported, "Streaming: StagingUnwritable from the reader pod",
                                      deadline=120, interval=0.5)

@@ -17,8 +17,8 @@ from lakeslot.reader import DEFAULT_SEGMENT_MAX_BYTES, reader
 from lakeslot.reader import command as reader_command
 from lakeslot.reader.writer import SegmentWriter
 from lakeslot.source.slot import SlotHealth
-from lakeslot.staging import format as segments
-from lakeslot.staging.format import SegmentName, SourceIdentity
+from lakeslot.staging import segments
+from lakeslot.staging.segments import SegmentName, SourceIdentity
 from lakeslot.staging.store import Staging
 from tests.support.operator_env import OfflineDatabase, ingestion_document
 

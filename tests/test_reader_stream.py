@@ -16,7 +16,7 @@ from psycopg import sql
 from lakeslot.api.naming import TableName
 from lakeslot.reader import stream
 from lakeslot.reader.metrics import Metrics
-from lakeslot.staging import format as segments
+from lakeslot.staging import segments
 from lakeslot.staging.store import Staging
 from tests.support.odd_names import ODD_COLUMNS, create_odd_tables
 from tests.support.reader_support import (

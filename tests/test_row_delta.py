@@ -12,7 +12,7 @@ import random
 
 import pyarrow as pa
 
-from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.spark import row_delta
 from lakeslot.spark.tables import Tables
 

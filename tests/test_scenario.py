@@ -19,7 +19,7 @@ import pytest
 from lakeslot import workloads
 from lakeslot.api.naming import TableName
 from lakeslot.mirror import progress as mirror_progress
-from tests.support import local_support as ls
+from tests.support import local_support
 from tests.support.apply_support import assert_equal_to_source
 from tests.support.waiting import wait_for
 
@@ -97,7 +97,7 @@ MIGRATIONS_AND_WORK = [
 ]
 
 
-class Writer(ls.BackgroundWriter):
+class Writer(local_support.BackgroundWriter):
     """The application's steady traffic meanwhile: orders placed, paid and cancelled."""
 
     def __init__(self, db) -> None:
@@ -114,9 +114,10 @@ class Writer(ls.BackgroundWriter):
 
 
 def _verify(path, db) -> dict:
-    process = subprocess.run([ls.LAKESLOT, "verify", "-f", str(path), "-o", "json",
+    process = subprocess.run([local_support.LAKESLOT, "verify", "-f", str(path), "-o", "json",
                               "--rounds", "3", "--timeout", str(VERIFY_DEADLINE_S)],
-                             env=ls.run_env(db), capture_output=True, text=True, timeout=VERIFY_DEADLINE_S + 60,
+                             env=local_support.run_env(db), capture_output=True, text=True,
+                             timeout=VERIFY_DEADLINE_S + 60,
                              check=False)
     assert process.stdout, process.stderr[-3000:]
     return json.loads(process.stdout)
@@ -129,10 +130,10 @@ def test_an_application_lives_while_streaming_and_the_mirror_equals_it(pgdb, tmp
     with pgdb.connect() as conn:
         conn.execute(SCHEMA)
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
-    ls.write_ingestion(path, pgdb, TABLES, tmp_path, warehouse=spark_warehouse)
-    local = ls.local(path, pgdb, state_dir)
+    local_support.write_ingestion(path, pgdb, TABLES, tmp_path, warehouse=spark_warehouse)
+    local = local_support.local(path, pgdb, state_dir)
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
-    first, _ = ls.run_in_process(local, spark, once=True)
+    first, _ = local_support.run_in_process(local, spark, once=True)
     assert first.caught_up
 
     def copied_again() -> bool:
@@ -151,14 +152,14 @@ def test_an_application_lives_while_streaming_and_the_mirror_equals_it(pgdb, tmp
         wait_for(copied_again, "the automatic re-snapshots", deadline=VERIFY_DEADLINE_S)
         return _verify(path, pgdb)
 
-    _, verification = ls.run_in_process(local, spark, once=False, during=live)
+    _, verification = local_support.run_in_process(local, spark, once=False, during=live)
     assert verification is not None
     results = {t["table"]: t for t in verification["tables"]}
     assert verification["equal"] is True, json.dumps(verification, indent=1)[:4000]
     assert set(results) == {str(t) for t in TABLES}
     assert all(r["result"] == "equal" for r in results.values())
 
-    last, _ = ls.run_in_process(local, spark, once=True)  # the source is quiet now
+    last, _ = local_support.run_in_process(local, spark, once=True)  # the source is quiet now
     assert last.caught_up
     warehouse = spark_warehouse.as_uri()
     for table in TABLES:

@@ -24,7 +24,7 @@ from psycopg import sql
 
 from lakeslot.api.naming import TableName, earlier_table_name, iceberg_table_name
 from lakeslot.snapshot import job as snapshot_job
-from lakeslot.snapshot import report as snapshot_progress
+from lakeslot.snapshot import progress as snapshot_progress
 from lakeslot.snapshot.plan import TableRequest
 from tests.support.odd_names import ODD_COLUMNS, create_odd_tables
 from tests.support.snapshot_helpers import (
@@ -170,7 +170,7 @@ def test_stale_relpages_lose_no_rows(spark, spark_warehouse, iceberg_namespace, 
     assert real_pages > 10 * planned_pages
     table = TableName("public", "grown")
     result = snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, [table], target_range_bytes=8192,
-                                              progress=str(tmp_path / "p.json")))
+                                               progress=str(tmp_path / "p.json")))
     assert result.ok
     assert snapshot_progress.read(str(tmp_path / "p.json"))["tables"][0]["rangesTotal"] == planned_pages
     assert [r["id"] for r in mirror_rows(spark_warehouse, iceberg_namespace, table)] == list(range(1, 5001))
@@ -331,7 +331,7 @@ def test_skip_resnapshot_and_resume_after_a_failed_table(spark, spark_warehouse,
     # A recreated slot invalidates snapshots taken below its creation LSN, whatever their generation.
     assert resnapshot.snapshot_lsn is not None
     cut = snapshot_job.copy(spark, make_job(pgdb, iceberg_namespace, [good, bad], resnapshot_generation=1,
-                                           min_snapshot_lsn=resnapshot.snapshot_lsn + 1))
+                                            min_snapshot_lsn=resnapshot.snapshot_lsn + 1))
     assert cut.snapshot_lsn is not None
     assert {t.state for t in cut.tables} == {"committed"} and cut.snapshot_lsn > resnapshot.snapshot_lsn
 

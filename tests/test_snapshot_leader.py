@@ -14,7 +14,7 @@ import textwrap
 import psycopg
 import pytest
 
-from lakeslot.source import exported_snapshot as leader
+from lakeslot.source import exported_snapshot
 from tests.support.fixtures_pg import connection_settings
 from tests.support.snapshot_helpers import snapshot_slots
 from tests.support.waiting import wait_for
@@ -24,20 +24,20 @@ def test_snapshot_shows_exactly_what_committed_up_to_its_lsn(pgdb):
     with pgdb.connect() as conn:
         conn.execute("CREATE TABLE t (id int PRIMARY KEY, v text)")
         conn.execute("INSERT INTO t VALUES (1, 'before')")
-        with leader.exported_snapshot(connection_settings(pgdb), "lakeslot-test") as snapshot:
+        with exported_snapshot.exported_snapshot(connection_settings(pgdb), "lakeslot-test") as snapshot:
             assert snapshot_slots(pgdb) == [snapshot.slot]
             before = conn.execute("SELECT pg_current_wal_lsn() - '0/0'").fetchone()[0]
             conn.execute("UPDATE t SET v = 'after' WHERE id = 1")
             conn.execute("INSERT INTO t VALUES (2, 'after')")
             assert snapshot.lsn < before  # every later commit is above s
             with pgdb.connect() as follower:
-                for statement in leader.import_statements(snapshot.name):
+                for statement in exported_snapshot.import_statements(snapshot.name):
                     follower.execute(statement)
                 assert follower.execute("SELECT id, v FROM t ORDER BY id").fetchall() == [(1, "before")]
                 assert follower.execute("SELECT current_setting('transaction_isolation')").fetchone() == (
                     "repeatable read",)
         assert snapshot_slots(pgdb) == []
-        begin, import_snapshot = leader.import_statements(snapshot.name)
+        begin, import_snapshot = exported_snapshot.import_statements(snapshot.name)
         with pgdb.connect() as late:
             late.execute(begin)
             with pytest.raises(psycopg.Error, match="snapshot"):
@@ -45,8 +45,8 @@ def test_snapshot_shows_exactly_what_committed_up_to_its_lsn(pgdb):
 
 
 def test_slot_is_gone_after_an_exception(pgdb):
-    with pytest.raises(RuntimeError, match="boom"), leader.exported_snapshot(connection_settings(pgdb),
-                                                                           "lakeslot-test"):
+    with pytest.raises(RuntimeError, match="boom"), exported_snapshot.exported_snapshot(connection_settings(pgdb),
+                                                                                        "lakeslot-test"):
         raise RuntimeError("boom")
     assert snapshot_slots(pgdb) == []
 
@@ -79,6 +79,7 @@ def test_slot_is_gone_after_the_leader_process_is_killed(pgdb, tmp_path):
 
 
 def test_import_statements_refuse_anything_but_a_snapshot_id():
-    assert leader.import_statements("00000003-0000001A-1")[1] == "SET TRANSACTION SNAPSHOT '00000003-0000001A-1'"
+    statements = exported_snapshot.import_statements("00000003-0000001A-1")
+    assert statements[1] == "SET TRANSACTION SNAPSHOT '00000003-0000001A-1'"
     with pytest.raises(ValueError, match="not an exported snapshot identifier"):
-        leader.import_statements("x'; DROP TABLE t; --")
+        exported_snapshot.import_statements("x'; DROP TABLE t; --")

@@ -8,7 +8,7 @@ from lakeslot.api.naming import TableName
 from lakeslot.mirror import typemap
 from lakeslot.snapshot import plan
 from lakeslot.snapshot.plan import PageRange, TableRequest
-from lakeslot.source import exported_snapshot as leader
+from lakeslot.source import exported_snapshot
 from lakeslot.source.columns import ColumnOptions
 from tests.support.fixtures_pg import connection_settings
 
@@ -35,8 +35,8 @@ def test_range_predicates():
 
 def _inspect(pgdb, requests, target_range_bytes=1 << 30):
     settings = connection_settings(pgdb)
-    with leader.exported_snapshot(settings, "lakeslot-test") as snapshot, pgdb.connect() as conn:
-        for statement in leader.import_statements(snapshot.name):
+    with exported_snapshot.exported_snapshot(settings, "lakeslot-test") as snapshot, pgdb.connect() as conn:
+        for statement in exported_snapshot.import_statements(snapshot.name):
             conn.execute(statement)
         return plan.inspect(conn, requests, target_range_bytes=target_range_bytes)
 

@@ -1,4 +1,4 @@
-"""The snapshot job's progress document (lakeslot.snapshot.report), on local disk as the
+"""The snapshot job's progress document (lakeslot.snapshot.progress), on local disk as the
 operator and local mode read it: rewritten at most every ``WRITE_INTERVAL_S`` — a change within
 the interval is written at its end by a timer, with no further change —, the first document and
 the job's end at once, and a timer's write that fails raised by the next change. The module's
@@ -14,24 +14,24 @@ from pathlib import Path
 import pytest
 
 from lakeslot.api.naming import TableName
-from lakeslot.snapshot import report
+from lakeslot.snapshot import progress as snapshot_progress
 from tests.support.waiting import wait_for
 
 
 def test_changes_within_an_interval_are_written_once_at_its_end(tmp_path, monkeypatch):
     written: list[dict] = []
-    real_write = report._write
+    real_write = snapshot_progress._write
 
     def write(location: str, data: dict) -> None:
         real_write(location, data)
         written.append(data)
 
     clock = [1000.0]
-    monkeypatch.setattr(report, "_write", write)
-    monkeypatch.setattr(report, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    monkeypatch.setattr(snapshot_progress, "_write", write)
+    monkeypatch.setattr(snapshot_progress, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
     tables = [TableName("public", f"t{i}") for i in range(50)]
-    location = tmp_path / report.STAGING_FILE
-    progress = report.Progress(str(location), [(t, f"ns.{t.name}") for t in tables])
+    location = tmp_path / snapshot_progress.STAGING_FILE
+    progress = snapshot_progress.Progress(str(location), [(t, f"ns.{t.name}") for t in tables])
     assert len(written) == 1  # the first document: at once
 
     def document() -> dict:
@@ -44,7 +44,7 @@ def test_changes_within_an_interval_are_written_once_at_its_end(tmp_path, monkey
     wait_for(lambda: len(written) == 2, "the changes written at the interval's end")
     assert {t["state"] for t in document()["tables"]} == {"committed"}
 
-    clock[0] += report.WRITE_INTERVAL_S  # a change an interval after the last write: at once
+    clock[0] += snapshot_progress.WRITE_INTERVAL_S  # a change an interval after the last write: at once
     progress.table(tables[0], rows_staged=5)
     assert len(written) == 3 and document()["tables"][0]["rowsStaged"] == 5
     progress.table(tables[1], rows_staged=6)  # (within the interval: pending)
@@ -58,7 +58,7 @@ def test_changes_within_an_interval_are_written_once_at_its_end(tmp_path, monkey
         refused.append(location)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(report, "_write", full)
+    monkeypatch.setattr(snapshot_progress, "_write", full)
     progress.table(tables[2], rows_staged=7)  # within the interval: the timer's write fails...
     wait_for(lambda: refused, "the timer's write")
     with pytest.raises(OSError, match="No space left"):  # ... and the next change says so

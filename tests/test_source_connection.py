@@ -84,7 +84,7 @@ def test_tables_are_resolved_by_exact_name(pgdb):
             sql.Identifier(ODD_SCHEMA, "Parted")))
         conn.execute(sql.SQL("CREATE TABLE {} PARTITION OF {} FOR VALUES FROM ('2024-01-01')"
                              " TO ('2025-01-01')").format(sql.Identifier(ODD_SCHEMA, "Parted 2024"),
-                                                           sql.Identifier(ODD_SCHEMA, "Parted")))
+                                                          sql.Identifier(ODD_SCHEMA, "Parted")))
         conn.execute("CREATE VIEW a_view AS SELECT 1 AS x")
         found = tables.existing(conn, [*ODD_TABLES, TableName("public", "a_view"),
                                        TableName("public", "order"), TableName("PUBLIC", "SELECT")])

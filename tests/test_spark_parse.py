@@ -201,7 +201,7 @@ def test_a_column_without_a_spark_cast_parses_the_table_in_python_with_the_same_
 @pytest.mark.parametrize("value", ["NaN", "-Infinity"])
 @pytest.mark.parametrize("jvm", [True, False], ids=["jvm", "python"])
 def test_a_value_no_mirror_type_holds_is_the_python_parsers_definite_error(spark, spark_types,
-                                                                            jvm, value):
+                                                                           jvm, value):
     types = TYPES if jvm else [*TYPES[:3], BinaryType(), TYPES[4]]
     bad = [(["4", value, None, None, None], "vvnnn", None, "I", 13)]
     with pytest.raises(typemap.UnmappableValue) as python:

@@ -1,4 +1,4 @@
-"""The status summary (lakeslot.observability.status.summary), table-driven: ``Degraded``, ``Ready`` and the
+"""The status summary (lakeslot.observability.status_report.summary), table-driven: ``Degraded``, ``Ready`` and the
 phase from the other conditions, the tables, the slot and the snapshot. Pure, no I/O; the
 operator and local mode both write what it returns.
 """
@@ -24,7 +24,7 @@ from lakeslot.api.models import (
     TableStatus,
 )
 from lakeslot.api.naming import TableName
-from lakeslot.observability import status as st
+from lakeslot.observability import status_report
 from tests.support.operator_env import OfflineDatabase, ingestion_document
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -157,7 +157,7 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.id)
 def test_summary(case):
     before = case.status.model_copy(deep=True)
-    result = st.summary(case.status)
+    result = status_report.summary(case.status)
     degraded, ready = result.conditions
     assert (degraded.type, ready.type) == ("Degraded", "Ready")
     assert (ready.ok, ready.reason, ready.message) == case.ready
@@ -169,7 +169,7 @@ def test_summary(case):
 
 
 def test_summarize_writes_the_summary_into_the_report():
-    report = st.Report(PostgresIngestionStatus(conditions=ALL_TRUE), 7, T0)
+    report = status_report.Report(PostgresIngestionStatus(conditions=ALL_TRUE), 7, T0)
     report.summarize()
     written = {cond.type: cond for cond in report.status.conditions}
     assert (written["Ready"].status, written["Ready"].reason) == ("True", "Streaming")
@@ -183,9 +183,9 @@ def test_summarize_writes_the_summary_into_the_report():
 def test_streaming_says_when_the_mirrors_are_catching_up(behind, reason):
     """Streaming stays True (the data flows, Ready holds) but a mirror far behind — a backlog,
     or a new apply job's first passes — is reported as catching up, not as current."""
-    report = st.Report(PostgresIngestionStatus(conditions=ALL_TRUE, lag_bytes=4096,
-                                               apply=ApplyStatus(lag_seconds=behind)), 7, T0)
-    st.streaming(report, [100], reader_problem=None, apply_problem=None, catching_up_after=12)
+    report = status_report.Report(PostgresIngestionStatus(conditions=ALL_TRUE, lag_bytes=4096,
+                                                          apply=ApplyStatus(lag_seconds=behind)), 7, T0)
+    status_report.streaming(report, [100], reader_problem=None, apply_problem=None, catching_up_after=12)
     report.summarize()
     written = {cond.type: cond for cond in report.status.conditions}
     assert (written["Streaming"].status, written["Streaming"].reason) == ("True", reason)
@@ -204,16 +204,16 @@ def test_catching_up_is_relative_to_what_a_change_waits(apply, reader, after):
     document = ingestion_document("orders", OfflineDatabase(), [TableName("public", "t")],
                                   warehouse="/tmp/wh", staging="file:///tmp/staging")
     document["spec"]["apply"], document["spec"]["reader"] = apply, reader
-    assert st.catching_up_after_s(PostgresIngestion.model_validate(document).spec) == after
+    assert status_report.catching_up_after_s(PostgresIngestion.model_validate(document).spec) == after
 
 
 def test_a_failed_snapshot_is_shown_until_the_table_is_copied():
-    """lakeslot.observability.status.snapshot_failures over a reconcile's rows (as table_rows left them)."""
+    """lakeslot.observability.status_report.snapshot_failures over a reconcile's rows (as table_rows left them)."""
     from lakeslot.mirror.progress import MirrorProgress
 
     a, b, d, e, f = (TableName("s", n) for n in "abdef")
     failures: dict[TableName, dict] = {a: {"error": "keys are not unique"}, b: {"error": "timeout", "transient": True},
-                d: {"error": "old"}, e: {"error": "keys are not unique"},
+                                       d: {"error": "old"}, e: {"error": "keys are not unique"},
                 f: {"error": "keys are not unique"}}
     none, mirrored = MirrorProgress(None, None, None), MirrorProgress(5, 1, 1)
     old = PostgresIngestionStatus(tables=[
@@ -224,9 +224,9 @@ def test_a_failed_snapshot_is_shown_until_the_table_is_copied():
         TableStatus(schema_name="s", name="d", state="Pending"),
         TableStatus(schema_name="s", name="e", state="Failed", message="no primary key; fix: …"),
         TableStatus(schema_name="s", name="f", state="Pending")])
-    report = st.Report(old, 1, T0)
+    report = status_report.Report(old, 1, T0)
     progress = {a: none, b: none, TableName("s", "c"): mirrored, d: mirrored, e: none, f: none}
-    st.snapshot_failures(report, failures, progress, snapshotting={f})
+    status_report.snapshot_failures(report, failures, progress, snapshotting={f})
     assert [(r.name, r.state, r.message) for r in report.status.tables] == [
         ("a", "Failed", "snapshot failed: keys are not unique"),  # definite: a human acts
         ("b", "Pending", "snapshot failed: timeout"),  # transient: the next attempt may pass
@@ -252,14 +252,15 @@ def test_the_stored_status_of_a_thousand_tables_stays_bounded():
     tables = [row(i, "Failed" if i in (7, 500, 999) else "Streaming") for i in range(1000)]
     document = PostgresIngestionStatus(last_handled_configuration="x" * SPEC_MAX_BYTES).to_document()
     document["tables"] = tables
-    stored = st.stored(document)
+    stored = status_report.stored(document)
     assert [(r["schema"], r["name"]) for r in stored["tables"]] == [(r["schema"], r["name"]) for r in tables]
     detailed = [r for r in stored["tables"] if "rowsKnown" in r]
-    assert len(detailed) == st.TABLE_DETAILS_MAX and stored["tableDetailsOmitted"] == 1000 - st.TABLE_DETAILS_MAX
+    assert len(detailed) == status_report.TABLE_DETAILS_MAX
+    assert stored["tableDetailsOmitted"] == 1000 - status_report.TABLE_DETAILS_MAX
     assert {r["name"][:6] for r in detailed if r["state"] == "Failed"} == {"t00007", "t00500", "t00999"}
     assert all(r["appliedLsn"] and r["lastSchemaChange"] for r in stored["tables"])  # kept: state
     PostgresIngestionStatus.model_validate(stored)
     size = SPEC_MAX_BYTES + len(json.dumps(stored, separators=(",", ":")).encode())
     assert size < 1.5 * (1 << 20) - 64 * 1024, size  # room for metadata and kopf's annotations
-    small = st.stored({"tables": tables[:5]})
+    small = status_report.stored({"tables": tables[:5]})
     assert small["tables"] == tables[:5] and small["tableDetailsOmitted"] is None

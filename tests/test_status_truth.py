@@ -13,8 +13,8 @@ from lakeslot import workloads
 from lakeslot.api.models import TableStatus
 from lakeslot.api.naming import TableName
 from lakeslot.local import observe
-from lakeslot.mirror.catalog import load_hadoop_table
-from tests.support import local_support as ls
+from lakeslot.mirror.catalogs import load_hadoop_table
+from tests.support import local_support
 
 GOOD, DUP = TableName("public", "good"), TableName("public", "dup")
 
@@ -35,15 +35,15 @@ def test_a_failed_snapshot_stays_failed_with_its_reason_and_mirror_rows_are_live
         conn.execute("INSERT INTO dup VALUES (1, 'a'), (1, 'b'), (2, 'c')")
         conn.execute("ALTER TABLE dup REPLICA IDENTITY FULL")
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
-    document = ls.write_ingestion(path, pgdb, [GOOD, DUP], tmp_path, warehouse=spark_warehouse)
+    document = local_support.write_ingestion(path, pgdb, [GOOD, DUP], tmp_path, warehouse=spark_warehouse)
     document["spec"]["source"]["tables"][1]["keyColumns"] = ["k"]
     # no compaction: the mirror keeps its position deletes, which the live count must subtract
     document["spec"]["sink"]["maintenance"] = {"enabled": False}
     path.write_text(yaml.safe_dump(document))
-    local = ls.local(path, pgdb, state_dir)
+    local = local_support.local(path, pgdb, state_dir)
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
 
-    result, _ = ls.run_in_process(local, spark, once=True, expect=3)
+    result, _ = local_support.run_in_process(local, spark, once=True, expect=3)
     assert "dup" in result.message and "(k) = (1)" in result.message
     seen = _rows(local)
     assert seen[DUP].state == "Failed", seen[DUP]
@@ -57,7 +57,7 @@ def test_a_failed_snapshot_stays_failed_with_its_reason_and_mirror_rows_are_live
         conn.execute("DELETE FROM good WHERE id > 250")
         conn.execute("INSERT INTO good VALUES (1000, 'new')")
         source = conn.execute("SELECT count(*) FROM good").fetchone()[0]
-    ls.run_in_process(local, spark, once=True, expect=3)  # dup fails again; good streams
+    local_support.run_in_process(local, spark, once=True, expect=3)  # dup fails again; good streams
     mirror = load_hadoop_table(spark_warehouse.as_uri(), local.job.names.mirror_identifier(GOOD))
     assert mirror is not None
     snapshot = mirror.current_snapshot()
@@ -73,8 +73,8 @@ def test_a_failed_snapshot_stays_failed_with_its_reason_and_mirror_rows_are_live
     # snapshot's progress document without dup: its failure must not vanish with it.
     document["spec"]["source"]["tables"][0]["resnapshotGeneration"] = 1
     path.write_text(yaml.safe_dump(document))
-    local = ls.local(path, pgdb, state_dir)
-    ls.run_in_process(local, spark, once=True, expect=3)
+    local = local_support.local(path, pgdb, state_dir)
+    local_support.run_in_process(local, spark, once=True, expect=3)
     progress = observe.snapshot_document(local)
     assert progress is not None and [t["name"] for t in progress["tables"]] == ["good"]
     seen = _rows(local)
@@ -85,6 +85,6 @@ def test_a_failed_snapshot_stays_failed_with_its_reason_and_mirror_rows_are_live
     # Fixed (the duplicate removed), the table is retried by the next run and streams.
     with pgdb.connect() as conn:
         conn.execute("DELETE FROM dup WHERE v = 'b'")
-    ls.run_in_process(local, spark, once=True)
+    local_support.run_in_process(local, spark, once=True)
     seen = _rows(local)
     assert seen[DUP].state == "Streaming" and seen[DUP].message == "" and seen[DUP].rows_known == 2

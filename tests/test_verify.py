@@ -20,7 +20,8 @@ from psycopg import sql
 from lakeslot import cli, workloads
 from lakeslot.api.naming import TableName
 from lakeslot.mirror import typemap
-from lakeslot.staging.format import (
+from lakeslot.staging.relations import Column, Relation
+from lakeslot.staging.segments import (
     METADATA_KEY,
     SCHEMA,
     Segment,
@@ -29,11 +30,9 @@ from lakeslot.staging.format import (
     SourceIdentity,
     metadata_document,
 )
-from lakeslot.staging.relations import Column, Relation
 from lakeslot.verify import diff, exact, inflight, report
 from lakeslot.verify.request import parse_table
-from tests.support import local_support as ls
-from tests.support import operator_env
+from tests.support import local_support, operator_env
 from tests.support.odd_names import ODD_TABLES, create_odd_tables
 from tests.support.waiting import wait_for
 
@@ -53,7 +52,7 @@ PLANTED_MISSING, PLANTED_CHANGED, PLANTED_COPY, PLANTED_EXTRA = 2_001, 2_002, 2_
 @pytest.fixture
 def source(pgdb):
     with pgdb.connect() as conn:
-        accounts = ls.create_accounts(conn, ACCOUNT_ROWS)
+        accounts = local_support.create_accounts(conn, ACCOUNT_ROWS)
         create_odd_tables(conn)
         conn.execute(sql.SQL("INSERT INTO {} (id, \"user\", \"ñ\") SELECT i, 'u' || i, 'ñ' "
                              "FROM generate_series(1, %s) AS i").format(ODD.sql()), (ODD_ROWS,))
@@ -64,7 +63,7 @@ def source(pgdb):
     return pgdb, [accounts, ODD, LEDGER]
 
 
-class Writer(ls.BackgroundWriter):
+class Writer(local_support.BackgroundWriter):
     """Hammers the tables until stopped: every transaction updates the hot key 1 of accounts (it
     is in flight in every round), updates a random row of each table, inserts a new key and
     deletes a random one (ledger: only keys up to LEDGER_WRITTEN)."""
@@ -106,7 +105,7 @@ def _env(db) -> dict[str, str]:
 
 
 def _verify(path: Path, db, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([ls.LAKESLOT, "verify", "-f", str(path), *args], env=_env(db),
+    return subprocess.Popen([local_support.LAKESLOT, "verify", "-f", str(path), *args], env=_env(db),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -126,8 +125,8 @@ def _tables(document: dict) -> dict[str, dict]:
 
 def _plant(spark, local, table: TableName) -> None:
     """Damage the mirror as a bug would: a row deleted, a value changed, a row added."""
-    target = ls.mirror_name(local, table)
-    ls.commit_as_pipeline(spark, local, table, f"""
+    target = local_support.mirror_name(local, table)
+    local_support.commit_as_pipeline(spark, local, table, f"""
         MERGE INTO {target} t
         USING (SELECT CASE id WHEN {PLANTED_COPY} THEN {PLANTED_EXTRA} ELSE id END AS new_id, *
                  FROM {target} WHERE id IN ({PLANTED_MISSING}, {PLANTED_CHANGED}, {PLANTED_COPY})) s
@@ -144,9 +143,9 @@ def test_exact_under_write_load_and_planted_differences_are_found(source, tmp_pa
     db, tables = source
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
     _write_ingestion(path, db, tables, tmp_path, spark_warehouse)
-    local = ls.local(path, db, state_dir)
+    local = local_support.local(path, db, state_dir)
     monkeypatch.setenv(workloads.PASSWORD_ENV, db.cluster.password)  # run.run exports it
-    first, _ = ls.run_in_process(local, spark, once=True)
+    first, _ = local_support.run_in_process(local, spark, once=True)
     assert first.caught_up
     _plant(spark, local, LEDGER)
 
@@ -159,7 +158,7 @@ def test_exact_under_write_load_and_planted_differences_are_found(source, tmp_pa
         return _finish(hammered), _finish(everything)
 
     writer = Writer(db)
-    _, checks = ls.run_in_process(local, spark, once=False, during=both_checks)
+    _, checks = local_support.run_in_process(local, spark, once=False, during=both_checks)
     assert checks is not None
     (code, out, err), (code_all, out_all, err_all) = checks
 
@@ -203,7 +202,7 @@ def test_exact_under_write_load_and_planted_differences_are_found(source, tmp_pa
 
 def test_bad_input_exits_2_with_the_reason(pgdb, tmp_path, monkeypatch, capsys):
     with pgdb.connect() as conn:
-        accounts = ls.create_accounts(conn, 10)
+        accounts = local_support.create_accounts(conn, 10)
     path = tmp_path / "ingestion.yaml"
     _write_ingestion(path, pgdb, [accounts], tmp_path, tmp_path / "warehouse")
     monkeypatch.delenv(workloads.PASSWORD_ENV, raising=False)

@@ -1,7 +1,7 @@
 """The catalog types lakeslot writes mirrors through (``sink.catalog.type``): one entry per type,
 and everything else about a type is derived from it — the API's rules (which settings a type
-needs), the Spark catalog settings (:func:`lakeslot.mirror.catalog.spark_conf`), the pyiceberg
-catalog lakeslot reads with (:func:`lakeslot.mirror.catalog.pyiceberg_properties`) and whether
+needs), the Spark catalog settings (:func:`lakeslot.mirror.catalogs.spark_conf`), the pyiceberg
+catalog lakeslot reads with (:func:`lakeslot.mirror.catalogs.pyiceberg_properties`) and whether
 names are stored case-insensitively (preflight).
 
 Invariants:
@@ -44,7 +44,7 @@ CATALOG_TYPES: Mapping[str, CatalogKind] = {
     "rest": CatalogKind(needs_uri=True, needs_warehouse=False, spark={"type": "rest"},
                         pyiceberg="rest"),
     # pyiceberg's SQL catalog reads the tables Iceberg's Java JdbcCatalog keeps (its JDBC URL
-    # and jdbc.* options translated: lakeslot.mirror.catalog.sql_catalog_uri)
+    # and jdbc.* options translated: lakeslot.mirror.catalogs.sql_catalog_uri)
     "jdbc": CatalogKind(needs_uri=True, needs_warehouse=False,
                         spark={"catalog-impl": "org.apache.iceberg.jdbc.JdbcCatalog"}, pyiceberg="sql"),
     "glue": CatalogKind(needs_uri=False, needs_warehouse=True,

@@ -4,7 +4,7 @@ Invariants:
 
 - One apply rule (DESIGN.md rule 3): table T takes exactly the changes whose commit LSN is above
   its position ``L_T`` (the ``lakeslot.lsn`` it reflects). A batch reads the chain of sealed
-  segments (:func:`lakeslot.staging.format.chain`) from the lowest position of the tables, so
+  segments (:func:`lakeslot.staging.segments.chain`) from the lowest position of the tables, so
   every table sees every change above its own position, whole transactions, in commit order
   (``commit_lsn``, then ``seq``). Rows of a zombie's overlapping segment below the previous
   segment's end are skipped (they were in the previous segment).
@@ -22,7 +22,7 @@ Failure modes (:class:`TableError`, definite for that table): a change that does
 mirror's key columns (key columns other than the replica identity need REPLICA IDENTITY FULL), an
 unchanged TOAST value for a row the batch deleted or truncated, an unchanged TOAST key column.
 A gap in staging (no sealed segment covers a needed LSN) raises
-:class:`lakeslot.staging.format.GapError`.
+:class:`lakeslot.staging.segments.GapError`.
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from lakeslot import lsn as lsn_text
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.errors import DefiniteError
-from lakeslot.staging.format import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName
 from lakeslot.staging.relations import Relation
+from lakeslot.staging.segments import NOT_IN_KEY, UNCHANGED_TOAST, SegmentName
 
 
 class _Keep:

@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 
 from pyiceberg.types import IcebergType
 
-from lakeslot import lsn as lsn_text
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.apply.columns import same_type, widens
 from lakeslot.mirror import typemap

@@ -67,7 +67,7 @@ class Failures:
         except (DefiniteError, typemap.MappingError, PartitionSpecError) as e:  # a type, a spec
             # the mirror cannot take are definite too
             return self.fail(table, str(e), getattr(e, "resnapshot", True),
-                              getattr(e, "automatic", False))
+                             getattr(e, "automatic", False))
         except Exception as e:  # any other error of this table's work fails it alone
             log.exception("%s: failed", table)
             return self.retryable(table, f"{type(e).__name__}: {error_summary(e)}")
@@ -156,7 +156,7 @@ class Failures:
             return None
 
     def fail(self, table: TableName, message: str, resnapshot: bool,
-              automatic: bool = False) -> TableOutcome:
+             automatic: bool = False) -> TableOutcome:
         target = self.names.mirror_table(table)
         log.error("%s: stopped: %s", table, message)
         state = self.tables.load(target)

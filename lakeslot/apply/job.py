@@ -73,7 +73,7 @@ Errors (every table is its own failure domain: :mod:`lakeslot.apply.isolation`):
 - A table whose position is below the first staged segment (the slot was recreated after it was
   lost, or segments were deleted by hand) is a definite error of that table: its changes are
   missing, and its re-snapshot lifts the error. A gap between staged segments
-  (:class:`lakeslot.staging.format.GapError`) fails the job: nothing is applied past it.
+  (:class:`lakeslot.staging.segments.GapError`) fails the job: nothing is applied past it.
 
 Hooks (:class:`lakeslot.apply.outcomes.Hooks`) are called at the named points of
 :data:`lakeslot.apply.outcomes.POINTS`; tests raise from them to

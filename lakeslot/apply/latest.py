@@ -57,8 +57,8 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from lakeslot.api.naming import TableName
-from lakeslot.staging.format import SegmentName
 from lakeslot.staging.relations import Relation
+from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import Staging
 
 NOTHING = 2**63 - 1  # a position no commit LSN is above

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from lakeslot import lsn as lsn_text
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.apply import spread
 

@@ -31,7 +31,7 @@ Invariants:
 - Passes start on the seals' grid (:mod:`lakeslot.cadence`): :meth:`Passes.until_next_pass`.
 
 Failure modes: an error that belongs to no table — staging or the catalog unreachable, a gap in
-staging (:class:`lakeslot.staging.format.GapError`) — propagates out of :meth:`Passes.run_pass`:
+staging (:class:`lakeslot.staging.segments.GapError`) — propagates out of :meth:`Passes.run_pass`:
 the pass fails as a whole (the caller counts it and ends the job). Hooks
 (:class:`lakeslot.apply.outcomes.Hooks`) may raise at any of their points to simulate a crash.
 """
@@ -48,8 +48,7 @@ from typing import NoReturn, TypeVar
 
 import pyarrow as pa
 
-from lakeslot import cadence
-from lakeslot import lsn as lsn_text
+from lakeslot import cadence, lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.apply import spread
 from lakeslot.apply.changes import TableError
@@ -61,7 +60,7 @@ from lakeslot.apply.upkeep import Upkeep
 from lakeslot.mirror.contract import TableState
 from lakeslot.spark.session import make_active
 from lakeslot.spark.tables import Tables
-from lakeslot.staging.format import SegmentName
+from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import Staging
 from lakeslot.workloads import JobInput
 

@@ -5,7 +5,7 @@ with a batch (DESIGN.md "Scale"). The one exception is bounded: the small batche
 itself, at most :data:`DRIVER_CHANGES` changes a pass, it also reduces itself
 (``reduce(…, here=True)``: the fold one task would run, :class:`_Serial`). A pass over a batch:
 
-1. :func:`scan` (driver): which segments form the batch (:func:`lakeslot.staging.format.chain`
+1. :func:`scan` (driver): which segments form the batch (:func:`lakeslot.staging.segments.chain`
    from the lowest position, at most ``max_segments``), their row groups, the relation
    descriptions of the tracked tables (from the footers), and per table the number of changes
    above its position, its TRUNCATEs and the OIDs its changes carry; plus lakeslot's DDL
@@ -90,8 +90,8 @@ from lakeslot.apply.changes import (
 )
 from lakeslot.apply.latest import NOTHING, Unit
 from lakeslot.source.ddl_capture import PREFIX as DDL_PREFIX
-from lakeslot.staging.format import SegmentName, chain, tuple_of
 from lakeslot.staging.relations import Relation
+from lakeslot.staging.segments import SegmentName, chain, tuple_of
 from lakeslot.staging.store import Staging
 
 log = logging.getLogger(__name__)

@@ -44,7 +44,7 @@ from typing import NoReturn
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from lakeslot import lsn as lsn_text
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.apply import changes, ddl, merge, small_batches, spread
 from lakeslot.apply.changelog import Changelog
@@ -235,7 +235,7 @@ class TablePass:
         for table, plan in planned.items():
             each = reduced.get(table)
             if each is not None and small_batches.eligible(plan.config, plan.scan, plan.state,
-                                                          each.tables.get(table)):
+                                                           each.tables.get(table)):
                 by_reduction.setdefault(id(each), (each, {}))[1][table] = plan.scan.changes
         rows: dict[TableName, pa.Table] = {}
         with self.steps("collect"):

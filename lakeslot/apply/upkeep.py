@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
-from lakeslot import lsn as lsn_text
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.apply import isolation
 from lakeslot.apply.outcomes import Hooks, TableOutcome, Totals
@@ -29,7 +29,7 @@ from lakeslot.spark import row_delta
 from lakeslot.spark.maintenance import Maintainer
 from lakeslot.spark.session import error_summary
 from lakeslot.spark.tables import Tables
-from lakeslot.staging.format import SegmentName
+from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import Staging
 
 log = logging.getLogger("lakeslot.apply.job")
@@ -58,7 +58,7 @@ class Upkeep:
         self._turn: str | None = None  # the table the last pass's budget ran out before
 
     def targets(self, outcomes: tuple[TableOutcome, ...],
-                 states: tuple[str, ...] = ("applied", "advanced")
+                states: tuple[str, ...] = ("applied", "advanced")
                  ) -> Iterator[tuple[TableName, str]]:
         """The Iceberg tables of ``outcomes`` in ``states`` — by default those this pass
         committed to —: mirrors and their changelog tables, each with its source table."""

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.models import PoliciesSpec, TableStatus
 from lakeslot.api.naming import TableName
 from lakeslot.mirror.progress import MirrorProgress
@@ -119,11 +119,11 @@ def serve_requests(rows: Iterable[TableStatus], progress: Mapping[TableName, Mir
         generation = generations.get(table, 0)
         if generation > row.observed_resnapshot_generation:
             row.observed_resnapshot_generation = generation
-            row.resnapshot_below_lsn = lsnlib.format(p.lsn + 1)
+            row.resnapshot_below_lsn = lsn_text.format(p.lsn + 1)
             new.add(table)
             changed = True
         if row.resnapshot_below_lsn is not None:
-            lsn = lsnlib.parse(row.resnapshot_below_lsn)
+            lsn = lsn_text.parse(row.resnapshot_below_lsn)
             if (p.snapshot_lsn or 0) >= lsn:
                 row.resnapshot_below_lsn, changed = None, True
             else:

@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.models import PostgresIngestionStatus, SnapshotSpec, SnapshotStatus
 from lakeslot.api.naming import TableName
 
@@ -58,7 +58,7 @@ class Request:
         below = status.resnapshot_below_lsn
         return cls(spec.mode, spec.resnapshot_generation,
                    status.observed_resnapshot_generation or 0,
-                   lsnlib.parse(below) if below else 0)
+                   lsn_text.parse(below) if below else 0)
 
 
 @dataclass(frozen=True)

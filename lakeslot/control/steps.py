@@ -1,6 +1,6 @@
 """The control steps against the source, taken once per reconcile by the operator, per start by
 ``lakeslot run`` and per ``lakeslot status`` (read-only): one sequence, so all three report the
-same conditions with the same messages (:mod:`lakeslot.observability.status` builds the report).
+same conditions with the same messages (:mod:`lakeslot.observability.status_report` builds the report).
 
 Steps, each gating the next:
 
@@ -51,11 +51,18 @@ from dataclasses import dataclass
 
 import psycopg
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.models import PostgresIngestion, SourceSpec
 from lakeslot.api.naming import IngestionNames, TableName, collision_fix, quote_ident
-from lakeslot.mirror import catalog as catalogs
-from lakeslot.observability.status import Report, first_line, lost_condition, slot_condition, slot_status, table_rows
+from lakeslot.mirror import catalogs
+from lakeslot.observability.status_report import (
+    Report,
+    first_line,
+    lost_condition,
+    slot_condition,
+    slot_status,
+    table_rows,
+)
 from lakeslot.source import connection, ddl_capture, failover, preflight, publication, slot
 from lakeslot.source.columns import ColumnOptions
 from lakeslot.source.tables import selected
@@ -233,9 +240,9 @@ def _joined(report: Report, added: list[TableName], lsn: int) -> None:
     for table in added:
         row = rows.get(table)
         if row is not None:
-            below = max(lsn, lsnlib.parse(row.resnapshot_below_lsn) if row.resnapshot_below_lsn
+            below = max(lsn, lsn_text.parse(row.resnapshot_below_lsn) if row.resnapshot_below_lsn
                         else 0)
-            row.resnapshot_below_lsn = lsnlib.format(below)
+            row.resnapshot_below_lsn = lsn_text.format(below)
 
 
 def selection_fingerprint(conn: psycopg.Connection, source: SourceSpec,
@@ -293,7 +300,7 @@ def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: 
         if ensured.created:
             assert ensured.creation_lsn is not None  # known whenever this call created the slot
             report.tell("Normal", "SlotCreated", f"slot {slot_name} created at "
-                        f"{lsnlib.format(ensured.creation_lsn)}")
+                        f"{lsn_text.format(ensured.creation_lsn)}")
         health = slot.health(conn, slot_name)
         assert health is not None  # ensured just now
         lost = slot.lost_reason(health)
@@ -310,9 +317,9 @@ def ensure_slot(conn: psycopg.Connection, ingestion: PostgresIngestion, report: 
         fresh = slot.recreate(conn, slot_name, failover=wanted)
         # recreate() drops the slot first, so its ensure() is the call that creates it.
         assert fresh.creation_lsn is not None
-        report.status.resnapshot_below_lsn = lsnlib.format(fresh.creation_lsn)
+        report.status.resnapshot_below_lsn = lsn_text.format(fresh.creation_lsn)
         report.tell("Warning", "SlotRecreated", f"{lost}; recreated it at "
-                    f"{lsnlib.format(fresh.creation_lsn)}, emptied staging and re-snapshotting "
+                    f"{lsn_text.format(fresh.creation_lsn)}, emptied staging and re-snapshotting "
                     "every table (onSlotLost: Resnapshot)")
         report.status.snapshot = None
         health = slot.health(conn, slot_name)

@@ -40,7 +40,7 @@ from lakeslot.local.config import Local
 from lakeslot.local.outages import OUTAGE_ERRORS, Outages
 from lakeslot.local.processes import FailureStreak, Processes, RunFailed, Worker
 from lakeslot.local.schedule import Schedule
-from lakeslot.observability import status as st
+from lakeslot.observability import status_report
 
 log = logging.getLogger("lakeslot.local")
 
@@ -160,8 +160,8 @@ class ApplyLoop:
         if self.processes.spark_exited():
             raise RunFailed(EXIT_FAILED, "the Spark JVM exited (killed?): lakeslot run resumes "
                             f"where the mirrors say when started again; last error: "
-                            f"{type(error).__name__}: {st.first_line(error)}")
-        what = f"{type(error).__name__}: {st.first_line(error)}"
+                            f"{type(error).__name__}: {status_report.first_line(error)}")
+        what = f"{type(error).__name__}: {status_report.first_line(error)}"
         if isinstance(error, OUTAGE_ERRORS):
             self.outage_attempts = 1 if progressed else self.outage_attempts + 1
             delay = self.outages.announce(outages.kind(error), what, self.outage_attempts)

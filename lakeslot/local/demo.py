@@ -47,8 +47,7 @@ from typing import Any
 import yaml
 from psycopg import sql
 
-from lakeslot import lsn as lsnlib
-from lakeslot import workloads
+from lakeslot import lsn_text, workloads
 from lakeslot.api.naming import TableName
 from lakeslot.local import config, objectstore, observe, pgcluster, processes, run
 from lakeslot.source.connection import ConnectionSettings, one_row
@@ -270,7 +269,7 @@ def main(directory: Path, *, scale: int = 10, object_storage: bool = False, out=
         settings = ConnectionSettings("127.0.0.1", cluster.port, DATABASE, cluster.superuser,
                                       cluster.password, sslmode="disable")
         checks = checksums.compare(local.ingestion, settings, tables,
-                                secrets=local.job.catalog_secrets(local.environ))
+                                   secrets=local.job.catalog_secrets(local.environ))
         status = second.status
     say("")
     say("Verification: source (PostgreSQL) against the Iceberg mirror, every column of every row")
@@ -283,12 +282,12 @@ def main(directory: Path, *, scale: int = 10, object_storage: bool = False, out=
     stream_s = first.timings.get("apply", 0.0) + second.timings.get("apply", 0.0)
     say("")
     if status is not None:
-        say(f"Lag after catch-up: {lsnlib.human_bytes(status.lag_bytes)} of WAL "
+        say(f"Lag after catch-up: {lsn_text.human_bytes(status.lag_bytes)} of WAL "
             f"(applied {status.apply.applied_lsn if status.apply else '-'})")
     say(f"Snapshot: {snapshot_rows:,} rows in {snapshot_s:.1f} s "
         f"({snapshot_rows / max(snapshot_s, 1e-9):,.0f} rows/s, Spark start excluded)")
-    say(f"Streaming: {lsnlib.human_bytes(streamed)} of WAL from the workload "
-        f"({lsnlib.format(start_lsn)} → {lsnlib.format(end_lsn)}), applied in "
+    say(f"Streaming: {lsn_text.human_bytes(streamed)} of WAL from the workload "
+        f"({lsn_text.format(start_lsn)} → {lsn_text.format(end_lsn)}), applied in "
         f"{stream_s:.1f} s of apply passes")
     say(f"Wall time: {time.monotonic() - started:.0f} s")
     equal = all(c.equal for c in checks)
@@ -304,7 +303,7 @@ def main(directory: Path, *, scale: int = 10, object_storage: bool = False, out=
 
 def _query_hints(directory: Path, warehouse: str, say) -> None:
     say(f"The mirror tables stay in {directory.resolve() / 'warehouse'}. Query them:")
-    say("  pyiceberg:  .venv/bin/python -c \"from lakeslot.mirror.catalog import load_hadoop_table; "
+    say("  pyiceberg:  .venv/bin/python -c \"from lakeslot.mirror.catalogs import load_hadoop_table; "
         f"t = load_hadoop_table('{warehouse}', ('demo', 'public__pgbench_accounts')); "
         "print(t.scan(limit=5).to_arrow())\"")
     say("  Spark SQL:  .venv/bin/python -c \"from lakeslot.spark.session import build_session; "

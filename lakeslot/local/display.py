@@ -23,7 +23,7 @@ import time
 from datetime import UTC, datetime
 from typing import TextIO
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.models import PostgresIngestionStatus
 from lakeslot.api.naming import TableName
 from lakeslot.local import observe
@@ -53,11 +53,11 @@ def frame(local: Local, status: PostgresIngestionStatus, elapsed: float,
         f"lakeslot run {ing.metadata.namespace or 'default'}/{ing.metadata.name}   "
         f"phase {status.phase or '-'}   ready {ready.status if ready else '-'}"
         f"{f' ({ready.reason})' if ready and ready.status != 'True' else ''}   "
-        f"{elapsed:,.0f} s" + (f"   --once up to {lsnlib.format(target)}" if target is not None else ""),
+        f"{elapsed:,.0f} s" + (f"   --once up to {lsn_text.format(target)}" if target is not None else ""),
         f"durable {reader.durable_lsn if reader and reader.durable_lsn else '-'} "
-        f"(reader lag {lsnlib.human_bytes(reader.lag_bytes if reader else None)})   "
+        f"(reader lag {lsn_text.human_bytes(reader.lag_bytes if reader else None)})   "
         f"applied {apply.applied_lsn if apply and apply.applied_lsn else '-'} "
-        f"(lag {lsnlib.human_bytes(status.lag_bytes)}, {_seconds(apply.lag_seconds if apply else None)} behind)   "
+        f"(lag {lsn_text.human_bytes(status.lag_bytes)}, {_seconds(apply.lag_seconds if apply else None)} behind)   "
         f"last commit {_ago(apply.last_commit_time if apply else None)}"
         + (f" (apply pass {apply_seconds:.1f} s)" if apply_seconds is not None else ""),
     ]

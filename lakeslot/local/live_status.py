@@ -39,9 +39,7 @@ from lakeslot.local import observe
 from lakeslot.local.config import Local
 from lakeslot.local.display import Display
 from lakeslot.local.processes import RunFailed
-from lakeslot.observability import http as metrics_http
-from lakeslot.observability import metrics as ingestion_metrics
-from lakeslot.observability import status as st
+from lakeslot.observability import metrics, metrics_http, status_report
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -60,7 +58,7 @@ class LiveStatus:
         self.display = Display(local, out, interactive=interactive)
         self.started = time.monotonic()
         self.last: PostgresIngestionStatus | None = None
-        self.gauges: ingestion_metrics.Gauges | None = None
+        self.gauges: metrics.Gauges | None = None
         self.metrics_server: WSGIServer | None = None
         self._next = 0.0  # (monotonic) when the status may be computed again
 
@@ -71,7 +69,7 @@ class LiveStatus:
     def serve_metrics(self, port: int, host: str) -> None:
         from prometheus_client import CollectorRegistry, make_wsgi_app
 
-        self.gauges = ingestion_metrics.Gauges()
+        self.gauges = metrics.Gauges()
         registry = CollectorRegistry()
         registry.register(self.gauges)
         try:
@@ -90,7 +88,7 @@ class LiveStatus:
         try:
             self.last = observe.observe(self.local, activity, staged=self.staged)
         except Exception as e:  # noqa: BLE001 - the display must never stop the pipeline
-            log.warning("cannot compute the status: %s", st.first_line(e))
+            log.warning("cannot compute the status: %s", status_report.first_line(e))
             return None
         finally:
             took = time.monotonic() - started
@@ -115,7 +113,7 @@ class LiveStatus:
             apply_pass = self.staged.staging.read_apply_status()
         except (OSError, ValueError):  # unreadable now: its series are left out until it is
             apply_pass = None
-        self.gauges.set(names.namespace, names.name, ingestion_metrics.samples(
+        self.gauges.set(names.namespace, names.name, metrics.samples(
             status, owner=names.owner, suspended=False, apply_pass=apply_pass,
             snapshot=observe.snapshot_document(self.local)))
 

@@ -1,7 +1,7 @@
 """The status of a locally run ingestion: the operator's status model, computed from the world.
 
 ``lakeslot status`` prints it and ``lakeslot run`` shows it live. Sources of truth, as for the
-operator (:mod:`lakeslot.observability.status` builds the model): the source database (preflight, read-only;
+operator (:mod:`lakeslot.observability.status_report` builds the model): the source database (preflight, read-only;
 the slot's health and ``confirmed_flush_lsn`` = the reader's durable LSN; the current WAL LSN),
 each mirror table's ``lakeslot.lsn`` in Iceberg, the sealed segments in staging (changes not yet
 applied per table, and the commit time of the first one: freshness, :mod:`lakeslot.observability.freshness`;
@@ -33,17 +33,15 @@ from datetime import UTC, datetime
 
 from lakeslot.api.models import PostgresIngestionStatus, SnapshotStatus
 from lakeslot.api.naming import TableName
-from lakeslot.control import steps as control
+from lakeslot.control import steps
 from lakeslot.local import state
 from lakeslot.local.config import Local
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.progress import MirrorProgress
-from lakeslot.observability import freshness
-from lakeslot.observability import reader_status as stream_status
-from lakeslot.observability import status as st
-from lakeslot.snapshot import report as snapshot_progress
+from lakeslot.observability import freshness, reader_status, status_report
+from lakeslot.snapshot import progress as snapshot_progress
 from lakeslot.staging import apply_status
-from lakeslot.staging.format import SegmentName
+from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import Staging
 
 
@@ -126,11 +124,11 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
             now: datetime | None = None) -> PostgresIngestionStatus:
     ing, job = local.ingestion, local.job
     # the selection the run last recorded: a table no longer selected since is shown Removed
-    report = st.Report(PostgresIngestionStatus(tables=state.read_tables(local.state_dir)),
-                       getattr(ing.metadata, "generation", None) or 0, now or datetime.now(UTC))
+    report = status_report.Report(PostgresIngestionStatus(tables=state.read_tables(local.state_dir)),
+                                  getattr(ing.metadata, "generation", None) or 0, now or datetime.now(UTC))
     report.status.publication_name = job.names.publication
-    source = control.take_control(job.source(local.environ), ing, report, component="status",
-                                  reader=None, read_only=True)
+    source = steps.take_control(job.source(local.environ), ing, report, component="status",
+                                reader=None, read_only=True)
     if source is None:
         report.summarize()
         return report.status
@@ -140,27 +138,28 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
         progress = mirror_progress.read(ing, tables, secrets=job.catalog_secrets(local.environ),
                                         covered=apply_status.covered(applied))
     except Exception as e:  # noqa: BLE001 - any catalog failure is reported
-        report.condition("Streaming", False, "CatalogUnreachable", st.first_line(e))
+        report.condition("Streaming", False, "CatalogUnreachable", status_report.first_line(e))
         report.summarize()
         return report.status
     snapshotting = _snapshot(report, local, activity_now, tables, progress)
-    positions = st.record_progress(report, progress, snapshotting,
-                                   durable=health.confirmed_flush_lsn if health else None,
-                                   current=source.current_lsn, reader=activity_now.reader_pod)
+    positions = status_report.record_progress(report, progress, snapshotting,
+                                              durable=health.confirmed_flush_lsn if health else None,
+                                              current=source.current_lsn, reader=activity_now.reader_pod)
     _staged(report, staged or StagedCounter(ing.spec.staging.uri), progress, snapshotting)
     freshness.record(report.status, Staging(ing.spec.staging.uri, create=False), report.now)
     _apply_errors(report, applied)
     degraded = apply_status.degraded_message(applied)
     reader_reason, reader_problem = reader_state(activity_now) or ("", None)
-    st.streaming(report, positions, reader_problem=reader_problem, reader_reason=reader_reason,
-                 apply_problem=activity_now.apply_problem or degraded,
-                 apply_reason="ApplyNotRunning" if activity_now.apply_problem else st.APPLY_DEGRADED,
-                 catching_up_after=st.catching_up_after_s(ing.spec))
+    status_report.streaming(report, positions, reader_problem=reader_problem, reader_reason=reader_reason,
+                            apply_problem=activity_now.apply_problem or degraded,
+                            apply_reason=("ApplyNotRunning" if activity_now.apply_problem
+                                          else status_report.APPLY_DEGRADED),
+                            catching_up_after=status_report.catching_up_after_s(ing.spec))
     report.summarize()
     return report.status
 
 
-def _snapshot(report: st.Report, local: Local, activity_now: Activity, tables: list[TableName],
+def _snapshot(report: status_report.Report, local: Local, activity_now: Activity, tables: list[TableName],
               progress: Mapping[TableName, MirrorProgress]) -> set[TableName]:
     document = snapshot_document(local)
     copying: set[TableName] = set()
@@ -180,11 +179,11 @@ def _snapshot(report: st.Report, local: Local, activity_now: Activity, tables: l
             message="\n".join(filter(None, [
                 "the run stopped before the snapshot finished; lakeslot run resumes it"
                 if interrupted else None, document.get("error"), *failures]))[:4000])
-    st.snapshot_failures(report, snapshot_progress.failures(snapshot_location(local)), progress,
-                         copying)
+    status_report.snapshot_failures(report, snapshot_progress.failures(snapshot_location(local)), progress,
+                                    copying)
     missing = [t for t in tables if progress[t].lsn is None or t in copying]
     if not missing:
-        st.snapshot_complete(report)
+        status_report.snapshot_complete(report)
     elif copying:
         report.condition("SnapshotComplete", False, "Snapshotting",
                          f"the local run copies {len(copying)} table(s)")
@@ -198,7 +197,7 @@ def _snapshot(report: st.Report, local: Local, activity_now: Activity, tables: l
     return copying
 
 
-def _staged(report: st.Report, staged: StagedCounter,
+def _staged(report: status_report.Report, staged: StagedCounter,
             progress: Mapping[TableName, MirrorProgress], snapshotting: set[TableName]) -> None:
     applied = {t: p.lsn for t, p in progress.items() if p.lsn is not None and t not in snapshotting}
     counts = staged.pending(applied)
@@ -208,7 +207,7 @@ def _staged(report: st.Report, staged: StagedCounter,
             row.rows_staged = counts[table]
 
 
-def _apply_errors(report: st.Report, document: Mapping) -> None:
+def _apply_errors(report: status_report.Report, document: Mapping) -> None:
     """Tables the apply job stopped (definite error) are Failed; its transient errors being
     retried are in the table's message (``document``: the apply job's status document)."""
     outcomes = {TableName(t["schema"], t["name"]): t for t in document.get("tables", [])}
@@ -227,7 +226,7 @@ def reader_state(activity_now: Activity) -> tuple[str, str] | None:
     a running reader's own problem (retrying a transient error: its status document), else why
     no reader runs."""
     if activity_now.reader_running:
-        return stream_status.problem(activity_now.reader_outcome)
+        return reader_status.problem(activity_now.reader_outcome)
     problem = _reader_problem(activity_now)
     return None if problem is None else ("ReaderNotReady", problem)
 
@@ -246,4 +245,4 @@ def _reader_problem(activity_now: Activity) -> str | None:
         return "no local run is active: start one with lakeslot run -f FILE"
     return "the reader process is not running" + (
         f" (last outcome: {outcome.get('reason')}: {outcome.get('message')})"
-        if stream_status.is_final(outcome) else "")
+        if reader_status.is_final(outcome) else "")

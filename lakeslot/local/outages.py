@@ -10,7 +10,7 @@ Invariants (DESIGN.md rule 7: an unreachable staging or catalog is transient):
   positions and the reader confirms nothing it has not sealed.
 - What counts as an outage: storage I/O (:data:`lakeslot.errors.TRANSIENT_IO`, with
   :class:`lakeslot.filesystems.StorageError`), a catalog that refuses or cannot be reached
-  (:class:`lakeslot.mirror.catalog.CatalogAccessError`), and the source steps' conditions of
+  (:class:`lakeslot.mirror.catalogs.CatalogAccessError`), and the source steps' conditions of
   :data:`OUTAGE_REASONS`.
 
 Failure modes: none of its own; the run stopped while waiting ends the wait (``False``/None).
@@ -26,8 +26,8 @@ from typing import TextIO, TypeVar
 
 from lakeslot.errors import TRANSIENT_IO
 from lakeslot.local.config import Local
-from lakeslot.mirror.catalog import CatalogAccessError
-from lakeslot.observability import status as st
+from lakeslot.mirror.catalogs import CatalogAccessError
+from lakeslot.observability import status_report
 
 log = logging.getLogger("lakeslot.local")
 T = TypeVar("T")
@@ -77,5 +77,5 @@ class Outages:
                 return action()
             except OUTAGE_ERRORS as e:
                 attempt += 1
-                if not self.wait(what, st.first_line(e), attempt):
+                if not self.wait(what, status_report.first_line(e), attempt):
                     return None

@@ -40,12 +40,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED
 from lakeslot.local import observe, reader_process, state, tree
 from lakeslot.local.config import Local
-from lakeslot.observability import status as st
+from lakeslot.observability import status_report
 from lakeslot.staging.store import Staging
 
 if TYPE_CHECKING:  # pyspark is imported only once a run needs Spark
@@ -164,9 +164,9 @@ class Processes:
         self.reader_from = self.sealed_end()
         self.reader = reader_process.spawn(self.local, pod=self.pod, stop_at=self.target)
         state.write_run(self.local.state_dir, readerPid=self.reader.pid, pod=self.pod,
-                        onceTarget=None if self.target is None else lsnlib.format(self.target))
+                        onceTarget=None if self.target is None else lsn_text.format(self.target))
         log.info("reader started (pid %d)%s", self.reader.pid,
-                 f", stopping at {lsnlib.format(self.target)}" if self.target is not None else "")
+                 f", stopping at {lsn_text.format(self.target)}" if self.target is not None else "")
         if hasattr(os, "waitid"):  # (not on macOS before Python 3.13: the next tick sees it)
             threading.Thread(target=self._wake_on_exit, args=(self.reader.pid,),
                              name="lakeslot-reader-exit", daemon=True).start()
@@ -187,7 +187,7 @@ class Processes:
             return
         if code == 0 and self.target is not None:
             if not self.reader_done.is_set():
-                log.info("the reader sealed everything up to %s", lsnlib.format(self.target))
+                log.info("the reader sealed everything up to %s", lsn_text.format(self.target))
                 self.reader_done.set()
             return
         outcome = reader.outcome()
@@ -213,7 +213,7 @@ class Processes:
         try:
             last = self.staging.resume_point()
         except OSError as e:
-            log.warning("cannot list staging now: %s", st.first_line(e))
+            log.warning("cannot list staging now: %s", status_report.first_line(e))
             return None
         return 0 if last is None else last.end
 
@@ -275,7 +275,7 @@ class Processes:
         return observe.Activity(
             run_active=True, reader_pod=self.pod,
             reader_running=self.reader is not None and (self.reader.poll() is None
-                                                         or self.reader_done.is_set()),
+                                                        or self.reader_done.is_set()),
             reader_outcome=self.reader.outcome() if self.reader else {},
             apply_problem=None if apply is not None and apply.alive else
             "the apply job has not started yet" if apply is None else "the apply job finished")
@@ -343,5 +343,5 @@ class Worker:
         if "error" in self._result:
             error = self._result["error"]
             raise RunFailed(EXIT_FAILED, f"{self.name} failed: {type(error).__name__}: "
-                            f"{st.first_line(error)}") from error
+                            f"{status_report.first_line(error)}") from error
         return self._result.get("value")

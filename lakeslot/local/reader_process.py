@@ -44,11 +44,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from lakeslot import lsn as lsnlib
-from lakeslot import workloads
+from lakeslot import lsn_text, workloads
 from lakeslot.local import deathsig, tree
 from lakeslot.local.config import Local
-from lakeslot.observability import reader_status as stream_status
+from lakeslot.observability import reader_status
 from lakeslot.source import connection
 
 STOP_TIMEOUT_S = 60.0
@@ -73,7 +72,7 @@ def reader_argv(local: Local, *, pod: str, status_file: Path,
             argv.append(arg)
     argv += ["--pod", pod, "--status-file", str(status_file)]
     if stop_at is not None:
-        argv += ["--stop-at-lsn", lsnlib.format(stop_at)]
+        argv += ["--stop-at-lsn", lsn_text.format(stop_at)]
     return argv
 
 
@@ -114,9 +113,9 @@ class ReaderProcess:
 def describe_exit(code: int, outcome: Mapping) -> str:
     """What a reader's end says: its status file's outcome, else how it ended (a signal, or an
     exit before it could write its outcome; a running state it left says what it was doing)."""
-    if stream_status.is_final(outcome):
+    if reader_status.is_final(outcome):
         return f"exit {code}, {outcome['reason']}: {outcome.get('message')}"
-    problem = stream_status.problem(outcome)
+    problem = reader_status.problem(outcome)
     doing = f"; it was retrying: {problem[0]}: {problem[1]}" if problem else ""
     if code < 0:
         try:

@@ -1,7 +1,7 @@
 """``lakeslot run``: one ingestion on this machine, without Kubernetes.
 
 The same steps as the operator's reconcile, in order, with the same conditions and messages
-(:mod:`lakeslot.observability.status`): preflight and publication sync, the permanent slot (created before any
+(:mod:`lakeslot.observability.status_report`): preflight and publication sync, the permanent slot (created before any
 snapshot, DESIGN.md rule 2; a holder other than this run's reader is evicted), then
 
 1. the reader, a child process (:mod:`.reader_process`), streaming the slot into staging from the
@@ -81,10 +81,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, TextIO, TypeVar
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.models import PostgresIngestionStatus
 from lakeslot.api.naming import TableName
-from lakeslot.control import steps as control
+from lakeslot.control import steps
 from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
 from lakeslot.local import observe, state
 from lakeslot.local.apply_loop import ApplyLoop
@@ -94,7 +94,7 @@ from lakeslot.local.outages import OUTAGE_REASONS, Outages
 from lakeslot.local.processes import Processes, RunFailed, Worker, stopper
 from lakeslot.local.schedule import Schedule
 from lakeslot.local.selection import Selection, log_events
-from lakeslot.observability import status as st
+from lakeslot.observability import status_report
 from lakeslot.source import connection
 
 if TYPE_CHECKING:  # pyspark is imported only once a run needs Spark
@@ -208,10 +208,10 @@ class _Session:
     def execute(self) -> None:
         if self.options.metrics_port is not None:
             self.live.serve_metrics(self.options.metrics_port, self.options.metrics_host)
-        control = self._control()
-        if control is None:  # stopped while waiting for an outage to end
+        controlled = self._control()
+        if controlled is None:  # stopped while waiting for an outage to end
             return
-        tables, below = control
+        tables, below = controlled
         self.processes.stop_orphaned_reader()
         self.processes.start_reader()
         self.processes.start_spark(tables)
@@ -244,12 +244,12 @@ class _Session:
         the LSN below which snapshots are void; None when stopped while waiting for staging."""
         attempt = 0
         while True:
-            report = st.Report(PostgresIngestionStatus(tables=state.read_tables(self.local.state_dir)),
-                               0, datetime.now(UTC))
+            report = status_report.Report(PostgresIngestionStatus(tables=state.read_tables(self.local.state_dir)),
+                                          0, datetime.now(UTC))
             job = self.local.job
             if not self.options.once:  # before the steps: a table created meanwhile is seen later
                 self.selection.take_fingerprint()
-            source = control.take_control(
+            source = steps.take_control(
                 job.source(self.local.environ), self.local.ingestion, report, component="local",
                 reader=connection.application_name("reader", job.names.owner, self.processes.pod))
             log_events(report)
@@ -269,7 +269,7 @@ class _Session:
         self.processes.target = source.current_lsn if self.options.once else None
         below = report.status.resnapshot_below_lsn
         return tables, state.resnapshot_below(self.local.state_dir,
-                                              lsnlib.parse(below) if below else 0)
+                                              lsn_text.parse(below) if below else 0)
 
     def _snapshot(self, tables: list[TableName], below: int) -> None:
         from lakeslot.snapshot import job as snapshot_job

@@ -45,7 +45,7 @@ import time
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.control import resnapshot, scheduling
 from lakeslot.local import observe, state
@@ -53,7 +53,7 @@ from lakeslot.local.config import Local
 from lakeslot.local.selection import Selection
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.progress import MirrorProgress
-from lakeslot.observability import status as st
+from lakeslot.observability import status_report
 
 log = logging.getLogger("lakeslot.local")
 
@@ -205,7 +205,7 @@ class Schedule:
                                       progress=observe.snapshot_location(self.local),
                                       min_snapshot_lsn=copy.min_snapshot_lsn)
         except Exception as e:
-            self._copied = dict.fromkeys(wanted, f"{type(e).__name__}: {st.first_line(e)}")
+            self._copied = dict.fromkeys(wanted, f"{type(e).__name__}: {status_report.first_line(e)}")
             raise
         self._copied = {t.source: t.error or t.state for t in result.tables}
         for table in result.tables:
@@ -238,6 +238,6 @@ class Schedule:
             if progress[table].error is not None:  # stopped already: its error holds it
                 continue
             mirrors.record_error(self.job.names.mirror_table(table), (
-                f"{table} joined the publication again at {lsnlib.format(below)}: what changed "
+                f"{table} joined the publication again at {lsn_text.format(below)}: what changed "
                 "while it was out of it is in no stream, so its mirror is copied again (alone, "
                 "online) before it streams on"), progress[table].lsn, resnapshot=True)

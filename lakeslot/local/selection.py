@@ -36,14 +36,14 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.models import Condition, PostgresIngestionStatus, TableStatus
 from lakeslot.api.naming import TableName
-from lakeslot.control import steps as control
+from lakeslot.control import steps
 from lakeslot.local import state
 from lakeslot.local.config import Local
 from lakeslot.mirror.progress import MirrorProgress
-from lakeslot.observability import status as st
+from lakeslot.observability import status_report
 from lakeslot.source import connection
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lakeslot.local")
 
 
-def log_events(report: st.Report) -> None:
+def log_events(report: status_report.Report) -> None:
     """The events the steps told, as log lines."""
     for event in report.events:
         log.log(logging.WARNING if event.type == "Warning" else logging.INFO, "%s: %s",
@@ -85,11 +85,11 @@ class Selection:
                 self._watch = connection.connect(
                     self.job.source(self.local.environ),
                     connection.application_name("local", self.job.names.owner))
-            return control.selection_fingerprint(self._watch, self.local.ingestion.spec.source,
-                                                 self.job.names.publication)
+            return steps.selection_fingerprint(self._watch, self.local.ingestion.spec.source,
+                                               self.job.names.publication)
         except psycopg.Error as e:
             log.warning("cannot check the selection now (again in %.0f s): %s",
-                        self.interval, st.first_line(e))
+                        self.interval, status_report.first_line(e))
             if self._watch is not None:
                 self._watch.close()
             self._watch = None
@@ -107,13 +107,13 @@ class Selection:
         fingerprint = self._fingerprint_now()
         if fingerprint is None or fingerprint == self._fingerprint or self._watch is None:
             return None
-        report = st.Report(PostgresIngestionStatus(tables=self.rows, conditions=conditions),
-                           0, datetime.now(UTC))
+        report = status_report.Report(PostgresIngestionStatus(tables=self.rows, conditions=conditions),
+                                      0, datetime.now(UTC))
         try:
-            tables = control.check_source(self._watch, self.local.ingestion, report)
+            tables = steps.check_source(self._watch, self.local.ingestion, report)
         except psycopg.Error as e:
             log.warning("cannot check the selection now (again in %.0f s): %s",
-                        self.interval, st.first_line(e))
+                        self.interval, status_report.first_line(e))
             self._watch.close()
             return None
         log_events(report)
@@ -128,7 +128,7 @@ class Selection:
         self.adopt(report, tables)
         return set(tables) - before, before - set(tables)
 
-    def adopt(self, report: st.Report, tables: list[TableName]) -> None:
+    def adopt(self, report: status_report.Report, tables: list[TableName]) -> None:
         """Take the source steps' selection: the usable tables and the rows (kept in the state
         directory for ``lakeslot status`` and the next run)."""
         self.rows = report.status.tables
@@ -161,7 +161,7 @@ class Selection:
             table = TableName(row.schema_name, row.name)
             if row.resnapshot_below_lsn is None or table not in progress:
                 continue
-            lsn = lsnlib.parse(row.resnapshot_below_lsn)
+            lsn = lsn_text.parse(row.resnapshot_below_lsn)
             position = progress[table].lsn
             if position is None or (progress[table].snapshot_lsn or 0) >= lsn:
                 row.resnapshot_below_lsn, served = None, True

@@ -29,7 +29,7 @@ from lakeslot.exits import EXIT_FAILED, EXIT_USAGE
 from lakeslot.mirror import typemap
 from lakeslot.source.connection import application_name, connect
 from lakeslot.source.tables import selected
-from lakeslot.staging.format import GapError
+from lakeslot.staging.segments import GapError
 from lakeslot.staging.store import Staging
 from lakeslot.verify.exact import DEFAULT_ROUNDS, DEFAULT_TIMEOUT_S, verify
 from lakeslot.verify.report import Verification, render_text, result_document, to_document

@@ -38,10 +38,10 @@ from datetime import UTC, datetime
 from pyiceberg.table import Table
 from pyiceberg.table.snapshots import ancestors_of
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import IngestionNames, TableName
-from lakeslot.mirror import catalog as catalogs
+from lakeslot.mirror import catalogs
 from lakeslot.mirror.contract import LSN_PROPERTY
 
 # A table's history: lakeslot.lsn → (snapshot id, committed at, ms since the epoch)
@@ -108,7 +108,7 @@ def document(ingestion: PostgresIngestion, cut: Cut) -> dict:
     """What ``lakeslot cut`` prints: the LSN, when the cut became readable, and per table the
     Spark table name and the snapshot id to read it at."""
     names, catalog = IngestionNames.of(ingestion), ingestion.spec.sink.catalog.name
-    return {"lsn": lsnlib.format(cut.lsn), "committedAt": datetime.fromtimestamp(
+    return {"lsn": lsn_text.format(cut.lsn), "committedAt": datetime.fromtimestamp(
                 cut.committed_at_ms / 1000, UTC).isoformat().replace("+00:00", "Z"),
             "tables": [{"schema": t.schema, "name": t.name,
                         "table": ".".join([catalog, *names.mirror_identifier(t)]),

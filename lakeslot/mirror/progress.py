@@ -3,7 +3,7 @@
 By DESIGN.md invariant 1, every commit on a mirror table records in its snapshot summary
 (``lakeslot.lsn``) the source LSN the table reflects. So the truth about how far a table got is
 in the table, not in any side file: the operator and ``lakeslot status`` read it here, read-only,
-with pyiceberg (no Spark, no JVM), through :func:`lakeslot.mirror.catalog.load_tables` (many at
+with pyiceberg (no Spark, no JVM), through :func:`lakeslot.mirror.catalogs.load_tables` (many at
 once through one catalog client: a status or a reconcile over 1,000 tables is not 1,000 round
 trips in a row).
 
@@ -49,7 +49,7 @@ from pyiceberg.table.snapshots import Operation, Snapshot
 
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import IngestionNames, TableName
-from lakeslot.mirror import catalog as catalogs
+from lakeslot.mirror import catalogs
 from lakeslot.mirror.contract import (
     LSN_PROPERTY,
     MAINTENANCE_PROPERTY,
@@ -135,7 +135,7 @@ def read(ingestion: PostgresIngestion, tables: Iterable[TableName], *,
          environ: Mapping[str, str] | None = None) -> dict[TableName, MirrorProgress]:
     """The progress of each table's mirror; ``secrets``: the catalog's Secret-backed properties;
     ``covered``: the idle tables' covered positions (:func:`with_coverage`); ``environ``: the
-    warehouse's storage settings (:func:`lakeslot.mirror.catalog.pyiceberg_properties`)."""
+    warehouse's storage settings (:func:`lakeslot.mirror.catalogs.pyiceberg_properties`)."""
     names, tables = IngestionNames.of(ingestion), list(tables)
     loaded = catalogs.load_tables(ingestion.spec.sink.catalog,
                                   [names.mirror_identifier(t) for t in tables], secrets, environ)

@@ -447,7 +447,7 @@ class ColumnMapping:
         if self.read is ReadMode.TEXT:
             schema, function = self.pg.output
             return sql.SQL("pg_catalog.textin({}({}))").format(sql.Identifier(schema, function),
-                                                                column)
+                                                               column)
         native_type = self.codec.native_type
         assert native_type is not None, "read natively only with a native type (map_column)"
         cast = sql.SQL(native_type + ("[]" if self.is_list else ""))

@@ -5,7 +5,7 @@ at or below ``L`` (DESIGN.md invariant 1). It therefore reflects the source as o
 *first transaction above* ``L``; so its freshness is ``now − commit time of the first source
 transaction not yet applied to it``, and 0 when none is pending. The commit times come from
 staging: the reader writes each transaction's commit row (``op = 'C'``) with the commit timestamp
-of its pgoutput Begin/Commit message (:mod:`lakeslot.staging.format`), so nothing else has to
+of its pgoutput Begin/Commit message (:mod:`lakeslot.staging.segments`), so nothing else has to
 carry them.
 
 Why the first *pending* transaction and not the last *applied* one (the issue's wording): in a
@@ -39,7 +39,7 @@ from typing import TypeVar
 
 import pyarrow.compute as pc
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.models import PostgresIngestionStatus
 from lakeslot.staging.store import Staging
 
@@ -82,7 +82,7 @@ def seconds_behind(pending: datetime | None, now: datetime) -> int:
 def record(status: PostgresIngestionStatus, staging: Staging, now: datetime) -> None:
     """``lagSeconds`` of each streaming table and the largest in ``status.apply``; other
     tables have none. Staging that cannot be read leaves every value out (never an error)."""
-    streaming = [(r, lsnlib.parse(r.applied_lsn)) for r in status.tables
+    streaming = [(r, lsn_text.parse(r.applied_lsn)) for r in status.tables
                  if r.state == "Streaming" and r.applied_lsn is not None]
     for row in status.tables:  # (assigned only when set: an unset field stays out of the document)
         if row.lag_seconds is not None:

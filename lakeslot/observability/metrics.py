@@ -20,7 +20,7 @@ Invariants:
   ``outcome`` take only the values listed below.
 
 The apply job's and the snapshot's figures come from the documents they rewrite whole
-(``apply-status.json`` in staging; the snapshot progress document, :mod:`lakeslot.snapshot.report`)
+(``apply-status.json`` in staging; the snapshot progress document, :mod:`lakeslot.snapshot.progress`)
 rather than from scrapes of the Spark driver: its pod is named and restarted by the
 spark-operator, it would need a Service and a monitor of its own, and a value it held would die
 with it, while the documents outlive every driver. They describe the *last* pass and the *last*
@@ -93,7 +93,7 @@ from typing import get_args
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.models import PostgresIngestionStatus, TableState
 from lakeslot.api.naming import TableName
 from lakeslot.errors import DEFINITE_REASONS
@@ -198,7 +198,7 @@ def samples(status: PostgresIngestionStatus, *, owner: str, suspended: bool,
         if t.state == "Removed":
             continue
         name = str(TableName(t.schema_name, t.name))
-        put("table_applied_lsn", lsnlib.parse(t.applied_lsn) if t.applied_lsn else None, name)
+        put("table_applied_lsn", lsn_text.parse(t.applied_lsn) if t.applied_lsn else None, name)
         put("table_freshness_seconds", t.lag_seconds, name)
         put("table_rows", t.rows_known, name)
         put("table_failed", t.state == "Failed", name)

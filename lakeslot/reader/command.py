@@ -32,7 +32,12 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from lakeslot import reader as defaults
+from lakeslot.reader import (
+    DEFAULT_HEALTH_INTERVAL_S,
+    DEFAULT_MAX_RETRY_SECONDS,
+    DEFAULT_SEGMENT_MAX_BYTES,
+    DEFAULT_SEGMENT_MAX_SECONDS,
+)
 
 if TYPE_CHECKING:
     from lakeslot.reader.reader import ReaderConfig
@@ -54,10 +59,10 @@ def _key_value(text: str) -> tuple[str, str]:
 
 
 def _lsn(text: str) -> int:
-    from lakeslot import lsn
+    from lakeslot import lsn_text
 
     try:
-        return lsn.parse(text)
+        return lsn_text.parse(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -82,21 +87,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the status as JSON here: retrying a transient error (on a change, "
                         "at most every 2 s) and the outcome on exit")
     p.add_argument("--segment-max-bytes", type=int, metavar="N",
-                   default=defaults.DEFAULT_SEGMENT_MAX_BYTES,
+                   default=DEFAULT_SEGMENT_MAX_BYTES,
                    help="seal a segment after this much pgoutput data (default %(default)s)")
     p.add_argument("--segment-max-seconds", type=float, metavar="S",
-                   default=defaults.DEFAULT_SEGMENT_MAX_SECONDS,
+                   default=DEFAULT_SEGMENT_MAX_SECONDS,
                    help="seal segments at least this often (default %(default)s)")
     p.add_argument("--feedback-interval-ms", type=int, metavar="N",
                    help="standby status interval (default min(1 s, wal_sender_timeout/2))")
     p.add_argument("--health-interval-seconds", type=float, metavar="S",
-                   default=defaults.DEFAULT_HEALTH_INTERVAL_S,
+                   default=DEFAULT_HEALTH_INTERVAL_S,
                    help="check the source (publication, slot, WAL lag) this often while streaming "
                         "(default %(default)s)")
     p.add_argument("--stop-at-lsn", type=_lsn, metavar="LSN",
                    help="exit 0 once everything up to this LSN is sealed (like pg_recvlogical --endpos)")
     p.add_argument("--max-retry-seconds", type=float, metavar="S",
-                   default=defaults.DEFAULT_MAX_RETRY_SECONDS,
+                   default=DEFAULT_MAX_RETRY_SECONDS,
                    help="exit 1 after this long without a successful start (default %(default)s)")
 
 

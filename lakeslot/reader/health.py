@@ -35,8 +35,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from lakeslot import lsn as lsn_text
-from lakeslot.observability import reader_status as ss
+from lakeslot import lsn_text
+from lakeslot.observability import reader_status
 
 log = logging.getLogger("lakeslot.reader")
 
@@ -65,15 +65,15 @@ def classify(error: BaseException, staging_uri: str = "") -> tuple[str, str]:
     if staging_uri and staging_uri != redact(staging_uri):
         text = text.replace(staging_uri, redact(staging_uri))
     if isinstance(error, OSError):
-        return ss.STAGING_UNWRITABLE, (
+        return reader_status.STAGING_UNWRITABLE, (
             f"cannot write to staging ({text}); nothing is confirmed to PostgreSQL until it is "
             "sealed, so the slot retains the WAL meanwhile: free space on staging or make it "
             "writable again")
     if isinstance(error, psycopg.OperationalError) and _connection_lost(error):
-        return ss.SOURCE_UNREACHABLE, (
+        return reader_status.SOURCE_UNREACHABLE, (
             f"cannot stream from PostgreSQL ({text}); check that the source is up and accepts "
             "replication connections from the reader")
-    return ss.RETRYING_ERROR, text
+    return reader_status.RETRYING_ERROR, text
 
 
 # server-side connection ends: administrator or crash shutdown, the server starting up
@@ -96,7 +96,7 @@ class Health:
         self.path, self.settle_s, self.staging_uri = path, settle_s, staging_uri
         self.write_every_s, self.clock, self.wall = write_every_s, clock, wall
         # (state, reason, message, since): replaced whole, so /status reads one consistent value
-        self.current: tuple[str, str, str, datetime | None] = (ss.RUNNING, ss.STARTING, "", None)
+        self.current: tuple[str, str, str, datetime | None] = (reader_status.RUNNING, reader_status.STARTING, "", None)
         self.durable: int | None = None
         self._streaming_since: float | None = None
         self._written: tuple | None = None  # what the file holds (None: nothing written)
@@ -105,13 +105,13 @@ class Health:
 
     @property
     def retrying(self) -> bool:
-        return self.current[0] == ss.RETRYING
+        return self.current[0] == reader_status.RETRYING
 
     def failed(self, error: BaseException) -> None:
         """A transient error ended a session or kept one from starting."""
         reason, message = classify(error, self.staging_uri)
         since = self.current[3] if self.retrying else self.wall()
-        self.current = (ss.RETRYING, reason, message, since)
+        self.current = (reader_status.RETRYING, reason, message, since)
         self._streaming_since = None
         self.tick()
 
@@ -119,7 +119,7 @@ class Health:
         """A session streams (START_REPLICATION succeeded)."""
         self._streaming_since = self.clock()
         if not self.retrying:
-            self.current = (ss.RUNNING, ss.STREAMING, "", None)
+            self.current = (reader_status.RUNNING, reader_status.STREAMING, "", None)
         self.tick()
 
     def progress(self, durable: int, *, sealed: bool) -> None:
@@ -130,14 +130,14 @@ class Health:
                 and self.clock() - self._streaming_since >= self.settle_s)):
             log.info("the reader makes progress again (%s)", "a segment sealed" if sealed
                      else f"streamed {self.settle_s:g} s without an error")
-            self.current = (ss.RUNNING, ss.STREAMING, "", None)
+            self.current = (reader_status.RUNNING, reader_status.STREAMING, "", None)
         self.tick()
 
     def document(self) -> dict:
         state, reason, message, since = self.current
-        return ss.document(state, reason=reason, message=message, since=since,
-                           lsn=None if self.durable is None else lsn_text.format(self.durable),
-                           now=self.wall())
+        return reader_status.document(state, reason=reason, message=message, since=since,
+                                      lsn=None if self.durable is None else lsn_text.format(self.durable),
+                                      now=self.wall())
 
     def tick(self) -> None:
         """Write the file if the state changed and the last write is old enough."""

@@ -35,7 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
 
-from lakeslot.observability import http as metrics_http
+from lakeslot.observability import metrics_http
 
 STALE_AFTER_S = 120.0
 

@@ -45,9 +45,9 @@ import time
 import psycopg
 from psycopg import errors, pq, sql
 
-from lakeslot import lsn as lsn_text
+from lakeslot import lsn_text
 from lakeslot.source.connection import one_row
-from lakeslot.staging.format import SourceIdentity
+from lakeslot.staging.segments import SourceIdentity
 
 XLOGDATA = ord("w")
 KEEPALIVE = ord("k")

@@ -58,10 +58,10 @@ from datetime import UTC, datetime
 import psycopg
 from psycopg import errors
 
-from lakeslot import lsn as lsn_text
+from lakeslot import lsn_text
 from lakeslot.errors import TRANSIENT_IN_READER, DefiniteError
 from lakeslot.exits import EXIT_DEFINITE, EXIT_FAILED, EXIT_OK
-from lakeslot.observability import reader_status as stream_status
+from lakeslot.observability import reader_status
 from lakeslot.reader import (
     DEFAULT_HEALTH_INTERVAL_S,
     DEFAULT_MAX_RETRY_SECONDS,
@@ -75,7 +75,7 @@ from lakeslot.reader.protocol import ReplicationConnection, quote_list
 from lakeslot.reader.stream import Stream, StreamSettings
 from lakeslot.source import connection, failover, slot
 from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings
-from lakeslot.staging.format import SourceIdentity
+from lakeslot.staging.segments import SourceIdentity
 from lakeslot.staging.store import Staging
 
 log = logging.getLogger("lakeslot.reader")
@@ -355,7 +355,7 @@ def settle_seconds(config: ReaderConfig) -> float:
 def write_status(path: str, state: str, *, definite: bool, reason: str, message: str,
                  lsn: int | None) -> None:
     """Write the outcome atomically (temporary file + rename)."""
-    write_document(path, stream_status.document(
+    write_document(path, reader_status.document(
         state, definite=definite, reason=reason, message=message,
         lsn=None if lsn is None else lsn_text.format(lsn), now=datetime.now(UTC)))
 

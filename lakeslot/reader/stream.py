@@ -40,13 +40,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lakeslot import cadence
-from lakeslot import lsn as lsn_text
+from lakeslot import cadence, lsn_text
 from lakeslot.reader import DEFAULT_HEALTH_INTERVAL_S, DEFAULT_SEGMENT_MAX_BYTES, DEFAULT_SEGMENT_MAX_SECONDS, pgoutput
 from lakeslot.reader.metrics import Metrics
 from lakeslot.reader.protocol import HEADER, XLOGDATA, ReplicationConnection, keepalive
 from lakeslot.reader.writer import BATCH_BYTES, BATCH_ROWS, Batch, SegmentWriter
-from lakeslot.staging.format import SourceIdentity
+from lakeslot.staging.segments import SourceIdentity
 from lakeslot.staging.store import Staging
 
 log = logging.getLogger("lakeslot.reader")

@@ -1,6 +1,6 @@
 """The reader's side of staging: decoded pgoutput rows → one open segment → sealed.
 
-The format is :mod:`lakeslot.staging.format`, the store :mod:`lakeslot.staging.store`; this module
+The format is :mod:`lakeslot.staging.segments`, the store :mod:`lakeslot.staging.store`; this module
 only produces it.
 
 Invariants:
@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 
 from lakeslot.reader import arrays, pgoutput
 from lakeslot.reader.protocol import HEADER, POSTGRES_EPOCH_US
-from lakeslot.staging.format import METADATA_KEY, SCHEMA, SegmentName, SourceIdentity, metadata_document
 from lakeslot.staging.relations import Relation
+from lakeslot.staging.segments import METADATA_KEY, SCHEMA, SegmentName, SourceIdentity, metadata_document
 from lakeslot.staging.store import Staging
 
 BATCH_BYTES = 4 << 20

@@ -21,7 +21,7 @@ Modules, and the roles they play:
 - the driver commits through :mod:`lakeslot.spark.tables`: it creates or replaces the Iceberg
   table in one transaction holding all of a table's files, with ``lakeslot.lsn = s`` in the
   snapshot summary.
-- :mod:`.report`: the machine-readable progress document the operator and local mode read.
+- :mod:`.progress`: the machine-readable progress document the operator and local mode read.
 
 Why the copy equals the source as of ``s``: every follower reads under the exported snapshot, and
 the ranges of a heap are disjoint and cover it ([0, ∞) split at page boundaries), so each row

@@ -81,9 +81,8 @@ from lakeslot.mirror.contract import (
     table_properties,
 )
 from lakeslot.snapshot import follower, plan
-from lakeslot.snapshot.report import Progress
-from lakeslot.source import exported_snapshot as leader
-from lakeslot.source import facts
+from lakeslot.snapshot.progress import Progress
+from lakeslot.source import exported_snapshot, facts
 from lakeslot.source.columns import ColumnOptions
 from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings, application_name, connect
 from lakeslot.spark import partitions
@@ -146,8 +145,8 @@ class SnapshotJob:
 class Hooks:
     """Observation points for callers (tests use them to act while the snapshot is held)."""
 
-    on_exported: Callable[[leader.Snapshot], None] | None = None  # before planning
-    before_release: Callable[[leader.Snapshot], None] | None = None  # all tables done
+    on_exported: Callable[[exported_snapshot.Snapshot], None] | None = None  # before planning
+    before_release: Callable[[exported_snapshot.Snapshot], None] | None = None  # all tables done
 
 
 @dataclass(frozen=True)
@@ -290,7 +289,7 @@ def _under_one_snapshot(spark, job: SnapshotJob, catalog: Catalog,
     """Copy ``todo`` under a new exported snapshot; the tables that failed only because that
     snapshot was lost (their entries say so, ``transient``)."""
     app = application_name("snapshot-leader", job.ingestion)
-    with leader.exported_snapshot(job.source, app) as snapshot:
+    with exported_snapshot.exported_snapshot(job.source, app) as snapshot:
         progress.snapshot_lsn = snapshot.lsn
         progress.write()
         if hooks.on_exported:
@@ -312,12 +311,12 @@ def _under_one_snapshot(spark, job: SnapshotJob, catalog: Catalog,
     return {run.plan.request.source for run in runs if run.snapshot_lost}
 
 
-def _plan(job: SnapshotJob, snapshot: leader.Snapshot, requests: list[plan.TableRequest]
+def _plan(job: SnapshotJob, snapshot: exported_snapshot.Snapshot, requests: list[plan.TableRequest]
           ) -> tuple[list[plan.TablePlan | plan.TableFailure], dict[TableName, facts.TableFacts | None]]:
     """The plans, and the source facts each mirror records, both as of the snapshot."""
     app = application_name("snapshot-plan", job.ingestion)
     with connect(job.source, app, long_running=True) as conn:
-        for statement in leader.import_statements(snapshot.name):
+        for statement in exported_snapshot.import_statements(snapshot.name):
             conn.execute(statement)
         plans = plan.inspect(conn, requests, target_range_bytes=job.target_range_bytes)
         table_facts = facts.read(conn, [r.source for r in requests])
@@ -340,7 +339,7 @@ class _TableRun:
         self._lock = threading.Lock()
 
     @classmethod
-    def begin(cls, job: SnapshotJob, catalog: Catalog, snapshot: leader.Snapshot,
+    def begin(cls, job: SnapshotJob, catalog: Catalog, snapshot: exported_snapshot.Snapshot,
               table_plan: plan.TablePlan, state: MirrorState, recorded: facts.TableFacts,
               number: int, progress: Progress, cpu: dict[str, float]) -> _TableRun:
         request = table_plan.request

@@ -154,8 +154,8 @@ def _heaps(conn: psycopg.Connection, request: TableRequest, oid: int) -> tuple[l
     for leaf_oid, schema, name, kind, pages, _tuples, filenode in rows:
         if kind != "r":
             raise columns.DescribeError(f"partition {TableName(schema, name)} is not an ordinary table "
-                             f"(relkind {kind!r}) and cannot be read by ctid; detach it or "
-                             "exclude the table")
+                                        f"(relkind {kind!r}) and cannot be read by ctid; detach it or "
+                                        "exclude the table")
         heaps.append(Heap(leaf_oid, TableName(schema, name), max(pages, 0), filenode))
     tuples = [r[5] for r in rows]
     rows_estimate = int(sum(tuples)) if all(t >= 0 for t in tuples) else None

@@ -130,7 +130,7 @@ def describe(conn: psycopg.Connection, oid: int, options: ColumnOptions = NO_OPT
     key = table_key(conn, oid, key_columns)
     if not key:
         raise DescribeError("no key: no primary key or replica identity index, and no key columns "
-                         "configured (the mirror needs a key to apply updates and deletes)")
+                            "configured (the mirror needs a key to apply updates and deletes)")
     for what, listed in (("key", key), ("excluded", exclude_columns),
                          ("text", text_columns)):
         missing = [c for c in listed if c not in names]

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from lakeslot import lsn
+from lakeslot import lsn_text
 from lakeslot.source.connection import ConnectionSettings, connect, one_row
 
 log = logging.getLogger(__name__)
@@ -79,9 +79,9 @@ def exported_snapshot(settings: ConnectionSettings, app_name: str) -> Iterator[S
         consistent_point = one_row(conn.execute(
             f'CREATE_REPLICATION_SLOT "{slot}" TEMPORARY LOGICAL pgoutput USE_SNAPSHOT'))[1]
         name = one_row(conn.execute("SELECT pg_export_snapshot()"))[0]
-        snapshot = Snapshot(name, lsn.parse(consistent_point) - 1, slot, conn.info.server_version)
+        snapshot = Snapshot(name, lsn_text.parse(consistent_point) - 1, slot, conn.info.server_version)
         log.info("exported snapshot %s at LSN %s (temporary slot %s)", name,
-                 lsn.format(snapshot.lsn), slot)
+                 lsn_text.format(snapshot.lsn), slot)
         yield snapshot
     finally:
         _release(conn, slot)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from lakeslot import lsn
+from lakeslot import lsn_text
 from lakeslot.source.connection import one_row
 from lakeslot.staging.store import Staging
 
@@ -104,4 +104,4 @@ def lost_by_failover(conn: psycopg.Connection, name: str, staging: Staging) -> s
             f"staging was read on timeline {staged}: a failover (or point-in-time recovery) lost "
             "the slot — PostgreSQL before 17 keeps logical slots on the primary only, and from 17 "
             "on a standby keeps only failover slots it synchronized (source.failoverSlot, "
-            f"sync_replication_slots). The changes after {lsn.format(last.end)} are lost")
+            f"sync_replication_slots). The changes after {lsn_text.format(last.end)} are lost")

@@ -358,7 +358,7 @@ def _identity_fix(conn: psycopg.Connection, table: TableName, oid: int, full: st
             ORDER BY 1""", (oid,))]
     if candidates:
         return render_sql(conn, "ALTER TABLE {} REPLICA IDENTITY USING INDEX {};", table.sql(),
-                       sql.Identifier(candidates[0]))
+                          sql.Identifier(candidates[0]))
     return (render_sql(conn, "ALTER TABLE {} ADD PRIMARY KEY (<columns>);", table.sql())
             + f" — or {full} and set keyColumns in the spec")
 
@@ -371,7 +371,7 @@ def _missing_columns(conn: psycopg.Connection, oid: int, columns: list[str]) -> 
 
 
 def _excluded_columns(conn: psycopg.Connection, table: TableName, oid: int,
-                       key_columns: list[str], excluded: list[str]) -> Finding:
+                      key_columns: list[str], excluded: list[str]) -> Finding:
     check = "excluded_columns"
     missing = _missing_columns(conn, oid, excluded)
     if missing:

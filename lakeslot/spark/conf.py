@@ -3,7 +3,7 @@ SparkApplications (no PySpark import, so the operator stays light).
 
 Invariants: the same arguments give the same dict. ``iceberg_conf`` enables Iceberg's SQL
 extensions, defines one catalog (``sink.catalog``, translated by
-:func:`lakeslot.mirror.catalog.spark_conf`), runs the session and the driver/executor JVMs in
+:func:`lakeslot.mirror.catalogs.spark_conf`), runs the session and the driver/executor JVMs in
 UTC, starts Python workers through :mod:`lakeslot.spark.daemon` (a cheaper task start), and lets
 a join build a hash table of its small side instead of sorting both (the apply job's MERGE).
 Names resolve case-sensitively (``spark.sql.caseSensitive``): PostgreSQL and Iceberg both tell
@@ -30,7 +30,7 @@ from pathlib import Path
 
 from lakeslot.api.cluster import QUIET_SLOW_EVENTS, REDACTION_CONF, SPARK_REDACTION_REGEX, TUNING
 from lakeslot.api.models import CatalogSpec
-from lakeslot.mirror import catalog as catalogs
+from lakeslot.mirror import catalogs
 
 UTC_JVM_OPTIONS = "-Duser.timezone=UTC"
 

@@ -54,7 +54,7 @@ from typing import NamedTuple
 import pyspark
 from py4j.java_gateway import JavaClass
 
-from lakeslot.spark import jars as cached_jars
+from lakeslot.spark import jars
 from lakeslot.spark.jvm import java
 
 log = logging.getLogger(__name__)
@@ -100,19 +100,19 @@ def ensure_built() -> Built | None:
                  "take the MERGE instead of the driver's row delta")
         return None
     try:
-        against = [hadoop_api_jar(), *cached_jars.ensure_jars()]
+        against = [hadoop_api_jar(), *jars.ensure_jars()]
         digest = hashlib.sha256(b"".join(s.name.encode() + s.read_bytes() for s in SOURCES)
                                 + "\n".join(j.name for j in against).encode()).hexdigest()[:16]
-        jars_dir = cached_jars.cache_dir() / "jars"
+        jars_dir = jars.cache_dir() / "jars"
         built = Built(*(jars_dir / f"lakeslot-{kind}-{digest}.jar" for kind in Built._fields))
         if all(jar.exists() for jar in built):
             return built
         jars_dir.mkdir(parents=True, exist_ok=True)
-        with cached_jars.locked(jars_dir / ".lock"):
+        with jars.locked(jars_dir / ".lock"):
             if not all(jar.exists() for jar in built):
                 _build(javac, against, built)
         return built
-    except (OSError, cached_jars.JarProvisioningError) as e:
+    except (OSError, jars.JarProvisioningError) as e:
         log.warning("building lakeslot's Java helpers failed: local warehouses use Hadoop's stock "
                     "file system, small batches take the MERGE: %s", e)
         return None
@@ -121,10 +121,10 @@ def ensure_built() -> Built | None:
 def _build(javac: str, against: list[Path], built: Built) -> None:
     with tempfile.TemporaryDirectory(prefix="lakeslot-helpers-") as build:
         classes = Path(build)
-        cached_jars.run([javac, "--release", RELEASE, "-nowarn",
+        jars.run([javac, "--release", RELEASE, "-nowarn",
                          "-cp", os.pathsep.join(map(str, against)), "-d", str(classes),
                          *map(str, SOURCES)], "compiling lakeslot's Java helpers")
         for kind, jar in zip(Built._fields, built, strict=True):
-            with cached_jars.atomic_output(jar) as tmp, zipfile.ZipFile(tmp, "w") as out:
+            with jars.atomic_output(jar) as tmp, zipfile.ZipFile(tmp, "w") as out:
                 for path in sorted((classes / "lakeslot" / kind).rglob("*.class")):
                     out.write(path, path.relative_to(classes).as_posix())

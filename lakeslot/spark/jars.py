@@ -450,7 +450,7 @@ def _relocate(java: str, jarjar: Path, spec: Build, merged: Path, build_dir: Pat
     rules.write_text(f"rule {spec.rule}\n")
     with atomic_output(final) as tmp:
         run([java, "-jar", str(jarjar), "process", str(rules), str(merged), str(tmp)],
-             f"jarjar relocation for {spec.name}")
+            f"jarjar relocation for {spec.name}")
         try:
             with zipfile.ZipFile(tmp) as jar:
                 ok = spec.marker in jar.namelist() and jar.testzip() is None

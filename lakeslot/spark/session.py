@@ -8,7 +8,7 @@ Invariants:
   are in the SparkConf. Spark copies every session setting into the properties of each job a SQL
   statement runs, and its event log redacts only those of the SparkConf: a setting made on the
   running session is written there in clear when ``spark.eventLog.enabled``.
-- ``build_session`` adds the local-mode settings and the jars from ``iceberg_jars.ensure_jars()``
+- ``build_session`` adds the local-mode settings and the jars from ``jars.ensure_jars()``
   (``spark.jars``; the JDBC driver also on the driver's system class path, where
   ``DriverManager`` finds it whichever thread uses it first) and, where they can be built,
   lakeslot's Java helpers (:mod:`lakeslot.spark.helpers`): the local file system that does not
@@ -23,7 +23,7 @@ Invariants:
   which has no DataFrame merge API). It relies on PySpark's pinned-thread mode (the default): the
   JVM thread that calls back into Python is the one that runs ``action``'s SQL.
 
-Failure modes: ``build_session`` raises ``iceberg_jars.JarProvisioningError`` when the jars cannot be
+Failure modes: ``build_session`` raises ``jars.JarProvisioningError`` when the jars cannot be
 provided and PySpark's errors when Java is missing or the JVM does not start.
 """
 
@@ -42,9 +42,8 @@ from pyspark.java_gateway import ensure_callback_server_started
 from pyspark.sql import SparkSession
 
 from lakeslot.api.models import CatalogSpec
-from lakeslot.mirror import catalog as catalogs
-from lakeslot.spark import helpers
-from lakeslot.spark import jars as iceberg_jars
+from lakeslot.mirror import catalogs
+from lakeslot.spark import helpers, jars
 from lakeslot.spark.conf import iceberg_conf
 from lakeslot.spark.jvm import java
 
@@ -69,12 +68,12 @@ def build_session(
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    jars = iceberg_jars.ensure_jars()
+    jar_paths = jars.ensure_jars()
     built = helpers.ensure_built()
     if built is not None:
-        jars = [*jars, built.iceberg]
+        jar_paths = [*jar_paths, built.iceberg]
     conf = {
-        **iceberg_conf(spec, jars=jars),
+        **iceberg_conf(spec, jars=jar_paths),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.shuffle.partitions": "4",
@@ -84,7 +83,7 @@ def build_session(
     }
     # the JDBC driver (jars.system_class_path says why) and the helpers (Hadoop loads the file
     # system from there) on the system class path, after what ``extra_conf`` puts there
-    if system_jars := [*iceberg_jars.system_class_path(jars), *([built.hadoop] if built else [])]:
+    if system_jars := [*jars.system_class_path(jar_paths), *([built.hadoop] if built else [])]:
         conf[CLASS_PATH] = os.pathsep.join([*filter(None, [conf.get(CLASS_PATH)]), *map(str, system_jars)])
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in conf.items():

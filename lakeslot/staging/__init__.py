@@ -1,6 +1,6 @@
 """Staging: the contract between the replication reader and everything that consumes its output.
 
-- :mod:`.format` — sealed segments: names (``<start>-<end>.parquet``), the row schema, the footer
+- :mod:`.segments` — sealed segments: names (``<start>-<end>.parquet``), the row schema, the footer
   metadata, tuple markers (NULL / unchanged TOAST / not in a key-only old tuple), chains of
   segments and :class:`~.format.GapError`.
 - :mod:`.relations` — relation descriptions (table, replica identity, columns and types) as

@@ -26,7 +26,7 @@ import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 
 DEGRADED_AFTER = 3  # passes failed as a whole in a row → degraded
@@ -80,6 +80,6 @@ def covered(document: Mapping | None) -> dict[TableName, tuple[int, int]]:
     for entry in (document or {}).get("tables", []):
         committed, position = entry.get("committedLsn"), entry.get("lsn")
         if committed is not None and position is not None:
-            found[TableName(entry["schema"], entry["name"])] = (lsnlib.parse(committed),
-                                                                lsnlib.parse(position))
+            found[TableName(entry["schema"], entry["name"])] = (lsn_text.parse(committed),
+                                                                lsn_text.parse(position))
     return found

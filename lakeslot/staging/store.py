@@ -1,4 +1,4 @@
-"""The staging store: sealed segments (:mod:`lakeslot.staging.format`) at a URI, and the apply
+"""The staging store: sealed segments (:mod:`lakeslot.staging.segments`) at a URI, and the apply
 job's status document next to them.
 
 Staging is a URI (``file:///path``, a plain path, ``s3://bucket/prefix``…) opened with
@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
 from lakeslot.filesystems import StorageError, explain, filesystem, read_document, write_document
-from lakeslot.staging.format import CHANGE_OPS, Segment, SegmentMetadata, SegmentName, parse_metadata
+from lakeslot.staging.segments import CHANGE_OPS, Segment, SegmentMetadata, SegmentName, parse_metadata
 
 TEMP_PREFIX = ".tmp-"
 APPLY_STATUS_FILE = "apply-status.json"

@@ -26,7 +26,7 @@ What they are built from:
   the request token of a verification the operator runs.
 
 Scope: the exact check reads any ``sink.catalog`` pyiceberg can read
-(:func:`lakeslot.mirror.catalog.load_table`), and so does the quiet-source check.
+(:func:`lakeslot.mirror.catalogs.load_table`), and so does the quiet-source check.
 Nothing here imports local mode (:mod:`lakeslot.local`) or the operator: the command line glue
 (:mod:`lakeslot.local.verify`) and the operator call in.
 """

@@ -9,7 +9,7 @@ every column when it has none.
 
 Limits: only meaningful when the source no longer changes (a change between the transaction and
 the mirror's read is a false difference); each whole table is held in memory, one at a time.
-The mirror is read through :func:`lakeslot.mirror.catalog.load_table`, so any catalog type.
+The mirror is read through :func:`lakeslot.mirror.catalogs.load_table`, so any catalog type.
 
 Failure modes: a missing mirror table counts as 0 rows; a table that does
 not exist or cannot be mirrored as configured raise ``ValueError``; a source value that has no

@@ -32,7 +32,7 @@ exist as of ``P``; it cannot be mirrored as configured; the mirror stayed behind
 ``timeout`` seconds, or the apply job stopped it; the whole table was in flight in the last
 round); a mirror lacking source columns is ``different``. A source value that has no mapping
 raises :class:`lakeslot.mirror.typemap.UnmappableValue`; connection and storage errors propagate
-(``psycopg.Error``, ``OSError``, :class:`lakeslot.staging.format.GapError`): ``lakeslot verify``
+(``psycopg.Error``, ``OSError``, :class:`lakeslot.staging.segments.GapError`): ``lakeslot verify``
 reports them (exit 1).
 """
 
@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import psycopg
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import TableName
 from lakeslot.mirror import typemap
@@ -90,7 +90,7 @@ def verify(ingestion: PostgresIngestion, settings: ConnectionSettings, tables: l
                 break
             with exported_snapshot(settings, app) as snapshot:
                 cache.need_above(snapshot.lsn)
-                say(f"round {number}: source snapshot at {lsnlib.format(snapshot.lsn)}, "
+                say(f"round {number}: source snapshot at {lsn_text.format(snapshot.lsn)}, "
                     f"{len(active)} table(s)")
                 deadline = time.monotonic() + timeout
                 with connect(settings, app, long_running=True) as conn:
@@ -145,7 +145,7 @@ class _Check:
 
         if oid is None:
             return stop("the table does not exist in the source as of the snapshot "
-                        f"{lsnlib.format(position)}")
+                        f"{lsn_text.format(position)}")
         try:
             columns = describe(conn, oid, ColumnOptions.of(self.job.table_spec(table)))
         except (typemap.MappingError, DescribeError) as e:
@@ -174,7 +174,7 @@ class _Check:
         if isinstance(mirror, list):
             result.lacking_columns = mirror
             return stop(f"the mirror lacks the source columns {mirror} at "
-                        f"{lsnlib.format(reached.lsn)}", reached.lsn)
+                        f"{lsn_text.format(reached.lsn)}", reached.lsn)
         if state.pending is None:
             result.source_rows, result.mirror_rows = source.num_rows, mirror.num_rows
         segments = self.cache.changes(table, position, reached.lsn)

@@ -8,7 +8,7 @@ Invariants:
   that existed before the check started ends at or below every ``P`` (its end was a WAL position
   already written then) and is not needed. Copies of segments ending at or below the current
   ``P`` are dropped (:meth:`SegmentCache.need_above`).
-- The changes of ``(P, L]`` are read from a gap-free chain of segments (:func:`lakeslot.staging.format.chain`);
+- The changes of ``(P, L]`` are read from a gap-free chain of segments (:func:`lakeslot.staging.segments.chain`);
   rows a zombie's overlapping segment repeats below the previous segment's end are read once.
 - A key is in flight when a change committed in ``(P, L]`` carries it in its new or its old
   tuple, mapped like the rows' keys (so it compares with them). A TRUNCATE, or a change that
@@ -35,10 +35,10 @@ from dataclasses import dataclass
 import pyarrow.compute as pc
 from pyarrow import fs as pafs
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.mirror import typemap
-from lakeslot.staging.format import CHANGE_OPS, GapError, Segment, SegmentName, chain
+from lakeslot.staging.segments import CHANGE_OPS, GapError, Segment, SegmentName, chain
 from lakeslot.staging.store import Staging
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class SegmentCache:
 
 
 def _range(low: int, high: int) -> str:
-    return f"({lsnlib.format(low)}, {lsnlib.format(high)}]"
+    return f"({lsn_text.format(low)}, {lsn_text.format(high)}]"
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def changed_keys(segments: Iterable[Segment], columns: tuple[typemap.ColumnMappi
     for segment in segments:
         for row in segment.rows():
             if row.op == "T":
-                return InFlight({}, f"truncated at {lsnlib.format(row.commit_lsn)}")
+                return InFlight({}, f"truncated at {lsn_text.format(row.commit_lsn)}")
             if row.op not in CHANGE_OPS:
                 continue
             tuples = ([row.new] if row.op in "IU" else []) + ([row.old] if row.op in "UD" else [])
@@ -181,7 +181,7 @@ def changed_keys(segments: Iterable[Segment], columns: tuple[typemap.ColumnMappi
                     continue  # no old tuple: the key did not change
                 key = tuple((values or {}).get(n) for n in names)
                 if not all(isinstance(v, str) for v in key):
-                    return InFlight({}, f"a change at {lsnlib.format(row.commit_lsn)} does not "
+                    return InFlight({}, f"a change at {lsn_text.format(row.commit_lsn)} does not "
                                         "carry its key")
                 texts.append(key)
     if not texts:

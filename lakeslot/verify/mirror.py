@@ -38,16 +38,15 @@ from pyiceberg.table import Table as IcebergTable
 from pyiceberg.table.snapshots import Snapshot as IcebergSnapshot
 from pyiceberg.table.snapshots import ancestors_of
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
-from lakeslot.mirror import catalog as catalogs
-from lakeslot.mirror import typemap
+from lakeslot.mirror import catalogs, typemap
 from lakeslot.mirror.contract import LSN_PROPERTY, apply_error
 from lakeslot.mirror.progress import covered_to
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
 from lakeslot.verify.inflight import ChangedKey
-from lakeslot.verify.report import lsn_text
+from lakeslot.verify.report import lsn_or_dash
 from lakeslot.workloads import JobInput
 
 log = logging.getLogger(__name__)
@@ -125,18 +124,18 @@ def wait_for_mirror(job: JobInput, table: TableName, position: int, deadline: fl
                 return Reached(loaded, head, covered)
             stopped = apply_error(loaded.properties, current)
             if stopped:
-                return f"the apply job stopped this table at {lsn_text(current)}: {stopped}"
+                return f"the apply job stopped this table at {lsn_or_dash(current)}: {stopped}"
         if time.monotonic() >= deadline:
             if current is None:
                 return (f"the mirror table has no lakeslot snapshot yet after waiting {timeout:.0f} s "
                         "(is the snapshot running: lakeslot run, or the operator?)")
-            return (f"the mirror is behind: at {lsnlib.format(current)}, "
-                    f"{lsnlib.human_bytes(position - current)} behind the source snapshot at "
-                    f"{lsnlib.format(position)} after waiting {timeout:.0f} s; verify needs a "
+            return (f"the mirror is behind: at {lsn_text.format(current)}, "
+                    f"{lsn_text.human_bytes(position - current)} behind the source snapshot at "
+                    f"{lsn_text.format(position)} after waiting {timeout:.0f} s; verify needs a "
                     "running pipeline (lakeslot run, or the operator's apply job) that reaches it")
         if not said:
-            say(f"  waiting for the mirror of {table} to reach {lsnlib.format(position)} "
-                f"(at {lsn_text(current)})")
+            say(f"  waiting for the mirror of {table} to reach {lsn_text.format(position)} "
+                f"(at {lsn_or_dash(current)})")
             said = True
         time.sleep(POLL_S)
 

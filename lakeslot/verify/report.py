@@ -30,7 +30,7 @@ import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from lakeslot import lsn as lsnlib
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.exits import EXIT_FAILED, EXIT_OK
 from lakeslot.verify.diff import LISTED_KEYS
@@ -101,9 +101,9 @@ class Verification:
         return EXIT_OK if self.equal else EXIT_FAILED
 
 
-def lsn_text(value: int | None) -> str:
+def lsn_or_dash(value: int | None) -> str:
     """An LSN that may be unknown, for people (``-``)."""
-    return lsnlib.format(value) if value is not None else "-"
+    return lsn_text.format(value) if value is not None else "-"
 
 
 def to_document(verification: Verification) -> dict:
@@ -120,8 +120,8 @@ def to_document(verification: Verification) -> dict:
             "missing": keys(t.missing), "extra": keys(t.extra), "differing": keys(t.differing),
             "notCompared": {**keys(t.not_compared), "reason": _not_compared_reason(t)},
             "lackingColumns": t.lacking_columns,
-            "rounds": [{"round": r.number, "sourceLsn": lsnlib.format(r.source_lsn),
-                        "mirrorLsn": lsn_text(r.mirror_lsn) if r.mirror_lsn is not None else None,
+            "rounds": [{"round": r.number, "sourceLsn": lsn_text.format(r.source_lsn),
+                        "mirrorLsn": lsn_or_dash(r.mirror_lsn) if r.mirror_lsn is not None else None,
                         "compared": r.compared, "inFlight": r.in_flight, "note": r.note or None}
                        for r in t.rounds],
         } for t in verification.tables],
@@ -175,9 +175,9 @@ def render_text(verification: Verification) -> list[str]:
         details = []
         if t.rounds:
             first, last = t.rounds[0], t.rounds[-1]
-            details.append(f"  source snapshot {lsnlib.format(first.source_lsn)}, mirror at "
-                           f"{lsn_text(first.mirror_lsn)}; {len(t.rounds)} round(s), last at "
-                           f"{lsnlib.format(last.source_lsn)}")
+            details.append(f"  source snapshot {lsn_text.format(first.source_lsn)}, mirror at "
+                           f"{lsn_or_dash(first.mirror_lsn)}; {len(t.rounds)} round(s), last at "
+                           f"{lsn_text.format(last.source_lsn)}")
         if t.problem:
             details.append(f"  {t.problem}")
         for title, k in (("missing (in the source, not in the mirror)", t.missing),

@@ -33,7 +33,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from lakeslot.errors import definite_status
-from lakeslot.observability.status import APPLY_FAILED, CHILD_REJECTED, NAME_TAKEN, READER_FAILING
+from lakeslot.observability.status_report import APPLY_FAILED, CHILD_REJECTED, NAME_TAKEN, READER_FAILING
 
 READER_NOT_READY = "ReaderNotReady"
 APPLY_NOT_RUNNING = "ApplyNotRunning"

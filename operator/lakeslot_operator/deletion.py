@@ -28,7 +28,7 @@ from datetime import datetime
 import psycopg
 import pydantic
 
-from lakeslot.api import conditions as cond
+from lakeslot.api import conditions
 from lakeslot.api.annotations import SKIP_SOURCE_CLEANUP as SKIP_CLEANUP_ANNOTATION
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus
 from lakeslot.api.naming import IngestionNames, namespace_of
@@ -85,8 +85,8 @@ def blocked_status(body: Mapping, message: str, now: datetime) -> dict:
     """The resource's status with phase ``Deleting`` and ``Ready: CleanupBlocked``."""
     status = PostgresIngestionStatus.model_validate(body.get("status") or {})
     status.phase = "Deleting"
-    status.conditions = cond.set_condition(status.conditions, "Ready", "False", "CleanupBlocked",
-                                           message, now=now)
+    status.conditions = conditions.set_condition(status.conditions, "Ready", "False", "CleanupBlocked",
+                                                 message, now=now)
     return status.to_document()
 
 

@@ -26,11 +26,11 @@ from collections.abc import Mapping
 import kopf
 from kubernetes import client, config
 
-from lakeslot_operator import peering as peering_settings
 from lakeslot_operator.children import OperatorConfig
 from lakeslot_operator.handlers import build_registry
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.metrics import OperatorMetrics
+from lakeslot_operator.peering import LIFETIME_S, configure
 from lakeslot_operator.reconcile import Context
 
 
@@ -72,9 +72,9 @@ def run(*, namespaces: list[str], peering: str | None, liveness: str | None,
         metrics.serve(metrics_port)
     settings = kopf.OperatorSettings()
     if peering is not None:
-        peering_settings.configure(
+        configure(
             settings, pod=os.environ.get("POD_ID") or os.uname().nodename,
-            lifetime=int(os.environ.get("LAKESLOT_PEERING_LIFETIME_S") or peering_settings.LIFETIME_S))
+            lifetime=int(os.environ.get("LAKESLOT_PEERING_LIFETIME_S") or LIFETIME_S))
     asyncio.run(kopf.operator(
         registry=build_registry(ctx, metrics=metrics), settings=settings, clusterwide=not namespaces,
         namespaces=namespaces, standalone=peering is None, peering_name=peering,

@@ -38,9 +38,9 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 
 from lakeslot.api.models import PostgresIngestionStatus
-from lakeslot.observability import http as metrics_http
+from lakeslot.observability import metrics_http
 from lakeslot.observability.metrics import INGESTION_LABELS, MAX_AGE_S, PREFIX, Gauges, samples
-from lakeslot.observability.status import Event as StatusEvent
+from lakeslot.observability.status_report import Event as StatusEvent
 
 
 class OperatorMetrics:

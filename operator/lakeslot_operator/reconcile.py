@@ -6,7 +6,7 @@ complete status to write plus the events worth telling. It is called from every 
 from a timer; calling it twice in a row changes nothing the second time.
 
 Steps, each gating the next (a failed step leaves later conditions Unknown/False and says why).
-Steps 3 and 4 are :mod:`lakeslot.control.steps` and step 6 is :mod:`lakeslot.observability.status`, shared with local
+Steps 3 and 4 are :mod:`lakeslot.control.steps` and step 6 is :mod:`lakeslot.observability.status_report`, shared with local
 mode (``lakeslot run`` and ``lakeslot status``), so both report the same conditions with the same
 messages:
 
@@ -31,10 +31,10 @@ messages:
    from the commit times in staging (:mod:`lakeslot.observability.freshness`), and the apply job's last pass
    document from staging for the metrics (not part of the status); a table without a mirror
    whose last snapshot attempt failed is ``Failed`` with the error (``Pending`` with it after
-   transient errors) until the table is copied again (:func:`lakeslot.observability.status.snapshot_failures`,
+   transient errors) until the table is copied again (:func:`lakeslot.observability.status_report.snapshot_failures`,
    from the snapshot's failures document in staging); conditions with
    ``observedGeneration``; ``Degraded``, ``Ready`` and the phase from the rest
-   (:func:`lakeslot.observability.status.summary`).
+   (:func:`lakeslot.observability.status_report.summary`).
 
 Before the steps, whatever the spec's state: a verification requested with the
 ``lakeslot.io/verify`` annotation is served (:mod:`lakeslot_operator.verification`: its Job,
@@ -77,14 +77,12 @@ from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion, PostgresIngestionStatus, SecretEnvVar, SourceSpec
 from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.api.validation import parse_resource, problems_of
-from lakeslot.control import resnapshot, scheduling
-from lakeslot.control import steps as control
+from lakeslot.control import resnapshot, scheduling, steps
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.progress import MirrorProgress
-from lakeslot.observability import freshness
-from lakeslot.observability import reader_status as stream_status
-from lakeslot.observability import status as st
-from lakeslot.snapshot import report as snapshot_progress
+from lakeslot.observability import freshness, status_report
+from lakeslot.observability import reader_status as observability_reader_status
+from lakeslot.snapshot import progress as snapshot_progress
 from lakeslot.source import connection, slot
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
@@ -107,15 +105,15 @@ class Context:
 @dataclass
 class Outcome:
     status: dict
-    events: list[st.Event]
+    events: list[status_report.Event]
     apply_pass: dict | None = None  # the apply job's last pass document (staging), for metrics
     snapshot: dict | None = None  # the snapshot's progress document (staging), for metrics
 
 
 def reconcile(body: Mapping, ctx: Context) -> Outcome:
     meta = body["metadata"]
-    report = st.Report(PostgresIngestionStatus.model_validate(body.get("status") or {}),
-                       meta.get("generation", 0), ctx.now())
+    report = status_report.Report(PostgresIngestionStatus.model_validate(body.get("status") or {}),
+                                  meta.get("generation", 0), ctx.now())
     try:
         ingestion = parse_resource({k: v for k, v in body.items() if k != "status"})
     except pydantic.ValidationError as e:
@@ -129,12 +127,12 @@ def reconcile(body: Mapping, ctx: Context) -> Outcome:
                    reconciler.snapshot)
 
 
-def _outcome(report: st.Report) -> Outcome:
+def _outcome(report: status_report.Report) -> Outcome:
     return Outcome(report.status.to_document(), report.events)
 
 
 class _Reconciler:
-    def __init__(self, ingestion: PostgresIngestion, uid: str, ctx: Context, report: st.Report):
+    def __init__(self, ingestion: PostgresIngestion, uid: str, ctx: Context, report: status_report.Report):
         self.ingestion = ingestion
         self.uid = uid
         self.ctx = ctx
@@ -164,9 +162,9 @@ class _Reconciler:
             self.report.summarize()
             return
         self.environ = environ
-        source = control.take_control(settings, self.ingestion, self.report, component="operator",
-                                      reader=self._reader_identity(), connect=self.ctx.connect,
-                                      environ=environ)
+        source = steps.take_control(settings, self.ingestion, self.report, component="operator",
+                                    reader=self._reader_identity(), connect=self.ctx.connect,
+                                    environ=environ)
         if source is not None:
             self._children(source.tables)
             self._progress(source.tables, source.health, source.current_lsn)
@@ -249,7 +247,7 @@ class _Reconciler:
                                                  covered=apply_status.covered(self.apply_pass),
                                                  environ=self.environ)
         except Exception as e:  # noqa: BLE001 - any catalog failure is reported, then retried
-            self.report.condition("Streaming", False, "CatalogUnreachable", st.first_line(e))
+            self.report.condition("Streaming", False, "CatalogUnreachable", status_report.first_line(e))
             return None
         return self.progress
 
@@ -336,7 +334,7 @@ class _Reconciler:
             status.observed_resnapshot_generation = step.observed_generation
         status.snapshot = step.snapshot
         if step.complete:
-            st.snapshot_complete(self.report)
+            status_report.snapshot_complete(self.report)
         else:
             self.report.condition("SnapshotComplete", False, step.reason, step.message)
         self.snapshotting = set(step.snapshotting)
@@ -355,13 +353,13 @@ class _Reconciler:
             return
         try:
             with self.ctx.connect(settings, connection.application_name("operator",
-                                                                       self.names.owner)) as conn:
+                                                                        self.names.owner)) as conn:
                 health = slot.health(conn, self.names.slot)
         except psycopg.OperationalError as e:
-            self.report.condition("SourceReady", False, "ConnectionFailed", st.first_line(e))
+            self.report.condition("SourceReady", False, "ConnectionFailed", status_report.first_line(e))
             return
         if health is not None:
-            self.report.status.slot = st.slot_status(health)
+            self.report.status.slot = status_report.slot_status(health)
 
     # status --------------------------------------------------------------------------------
 
@@ -370,11 +368,11 @@ class _Reconciler:
         # a failed snapshot application waiting out its backoff copies nothing: not a retry yet
         copying = set() if job is not None and job.state == "FAILED" else self.snapshotting
         with contextlib.suppress(OSError, ValueError):  # staging unreadable: none known now
-            st.snapshot_failures(self.report, snapshot_progress.failures(snapshot_progress.in_staging(
+            status_report.snapshot_failures(self.report, snapshot_progress.failures(snapshot_progress.in_staging(
                 self.ingestion.spec.staging.uri), self.environ), self.progress, copying)
-        applied = st.record_progress(self.report, self.progress, self.snapshotting,
-                                     durable=health.confirmed_flush_lsn, current=current,
-                                     reader=self._reader_pod())
+        applied = status_report.record_progress(self.report, self.progress, self.snapshotting,
+                                                durable=health.confirmed_flush_lsn, current=current,
+                                                reader=self._reader_pod())
         with contextlib.suppress(OSError):  # (S3Access's refusal of half a key pair)
             freshness.record(self.report.status, self._staging(), self.report.now)
         with contextlib.suppress(OSError, ValueError):  # none yet, or unreadable: no snapshot rows
@@ -388,13 +386,13 @@ class _Reconciler:
         degraded = apply_status.degraded_message(self.apply_pass)
         apply = self.rejected.get("apply") or child_health.apply_problem(
             kube.get_spark_application(self.namespace, children.apply_name(self.ingestion))) or (
-            child_health.Problem(st.APPLY_DEGRADED, degraded) if degraded else None)
-        st.streaming(self.report, applied,
-                     reader_problem=reader.message if reader else None,
-                     reader_reason=reader.reason if reader else "",
-                     apply_problem=apply.message if apply else None,
-                     apply_reason=apply.reason if apply else "",
-                     catching_up_after=st.catching_up_after_s(self.ingestion.spec))
+            child_health.Problem(status_report.APPLY_DEGRADED, degraded) if degraded else None)
+        status_report.streaming(self.report, applied,
+                                reader_problem=reader.message if reader else None,
+                                reader_reason=reader.reason if reader else "",
+                                apply_problem=apply.message if apply else None,
+                                apply_reason=apply.reason if apply else "",
+                                catching_up_after=status_report.catching_up_after_s(self.ingestion.spec))
 
     def _staging(self) -> Staging:
         """Staging, read with the ingestion's own settings (never this process's environment)."""
@@ -403,7 +401,7 @@ class _Reconciler:
     def _reader_retrying(self) -> child_health.Problem | None:
         """A running reader's own problem (a transient error it retries), as it reports it."""
         pod = self._live_reader_pod()
-        problem = stream_status.problem(self.ctx.reader_status(pod)) if pod else None
+        problem = observability_reader_status.problem(self.ctx.reader_status(pod)) if pod else None
         return child_health.Problem(*problem) if problem else None
 
 

@@ -51,7 +51,7 @@ from lakeslot import workloads
 from lakeslot.api.annotations import VERIFY, VERIFY_TABLES
 from lakeslot.api.models import PostgresIngestion, TableVerification, VerificationStatus
 from lakeslot.api.naming import TableName, namespace_of
-from lakeslot.observability import status as st
+from lakeslot.observability import status_report
 from lakeslot.staging.store import VERIFY_RESULTS, Staging
 from lakeslot.verify.report import key_text
 from lakeslot.verify.request import check_token, parse_table, parse_tables
@@ -110,7 +110,7 @@ class Step:
     verdict: Verdict | None = None  # the new Verified condition; None: unchanged
     create: tuple[TableName, ...] | None = None  # create the Job of the request for these tables
     cancel: str | None = None  # delete this Job (a superseded request's)
-    events: list[st.Event] = field(default_factory=list)
+    events: list[status_report.Event] = field(default_factory=list)
 
 
 def start(request: Request, previous: VerificationStatus | None, job_name: str,
@@ -131,7 +131,7 @@ def start(request: Request, previous: VerificationStatus | None, job_name: str,
     return Step(VerificationStatus(token=token, state="Verifying", tables=[str(t) for t in tables],
                                    job=job_name, started_at=now, message=message),
                 Verdict(None, "Verifying", message), create=tuple(tables), cancel=cancel,
-                events=[st.Event("Normal", "VerificationStarted", message)])
+                events=[status_report.Event("Normal", "VerificationStarted", message)])
 
 
 def _refused(request: Request, annotation: str, error: ValueError, cancel: str | None) -> Step:
@@ -246,7 +246,7 @@ def _problems(tables: list[dict]) -> str:
 # executing the decisions ----------------------------------------------------------------------
 
 def serve(ingestion: PostgresIngestion, uid: str, kube: Kube, config: children.OperatorConfig,
-          report: st.Report, environ: Mapping[str, str]) -> None:
+          report: status_report.Report, environ: Mapping[str, str]) -> None:
     """Take the step the annotations and the recorded request call for (see the module
     docstring); everything it decides goes into ``report``; ``environ``: the ingestion's
     ``secretEnv``, resolved, which staging is read with."""
@@ -295,4 +295,4 @@ def _result(ingestion: PostgresIngestion, token: str,
     try:
         return Staging(ingestion.spec.staging.uri, create=False, environ=environ).read_verify_result(token), None
     except (OSError, ValueError) as e:
-        return None, st.first_line(e)
+        return None, status_report.first_line(e)

@@ -45,8 +45,7 @@ from lakeslot.local.tree import alive, descendants
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
-from tests.support import apply_workload
-from tests.support import local_support as ls
+from tests.support import apply_workload, local_support
 from tests.support.fixtures_pg import Database
 from tests.support.waiting import wait_for
 
@@ -101,7 +100,7 @@ class ChaosWorkload(apply_workload.Workload):
 
 def create_tables(conn) -> None:
     apply_workload.create_tables(conn, rows=200)
-    ls.create_accounts(conn, ACCOUNTS_ROWS)
+    local_support.create_accounts(conn, ACCOUNTS_ROWS)
 
 
 # The many-tables round's small tables: a pass commits to each one it has changes for, table
@@ -196,7 +195,7 @@ class Supervisor:
     _sampling: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> None:
-        self.process = ls.spawn_run(self.path, self.db, self.state_dir, self.log, environ=self.environ)
+        self.process = local_support.spawn_run(self.path, self.db, self.state_dir, self.log, environ=self.environ)
         if not hasattr(self, "_sampler"):
             self._sampler = threading.Thread(target=self._sample, daemon=True)
             self._sampler.start()
@@ -247,8 +246,8 @@ class Supervisor:
 
     def once(self, deadline: float) -> int:
         """``lakeslot run --once`` (catch up, then exit), its processes sampled too."""
-        self.process = ls.spawn_run(self.path, self.db, self.state_dir, self.log, "--once",
-                                   environ=self.environ)
+        self.process = local_support.spawn_run(self.path, self.db, self.state_dir, self.log, "--once",
+                                               environ=self.environ)
         try:
             return self.process.wait(deadline)
         except subprocess.TimeoutExpired:

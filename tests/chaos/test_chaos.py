@@ -42,7 +42,7 @@ import pytest
 
 from lakeslot.local.tree import alive, descendants
 from tests.chaos import harness
-from tests.support import local_support as ls
+from tests.support import local_support
 from tests.support.apply_support import assert_equal_to_source, lsn_now
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN
 from tests.support.fixtures_pg import RESTARTABLE_SETTINGS
@@ -56,7 +56,7 @@ assert RESTARTABLE_SETTINGS["wal_sender_timeout"] == f"'{WAL_SENDER_TIMEOUT_S}s'
 RECOVERY_DEADLINE_S = 300  # a fault's recovery (a run restart includes a JVM start)
 CATCH_UP_DEADLINE_S = 600
 MAX_DELAY_S = 6.0  # a fault strikes up to this long after the previous round recovered
-TABLES = [MAIN, KEYLESS, IDLE, ls.ACCOUNTS, *harness.MANY_TABLES]
+TABLES = [MAIN, KEYLESS, IDLE, local_support.ACCOUNTS, *harness.MANY_TABLES]
 
 
 @pytest.mark.slow
@@ -70,10 +70,10 @@ def test_faults_at_random_moments_under_write_load_lose_nothing(restartable_pgdb
         harness.create_tables(conn)
         harness.create_many_tables(conn)
     path, state_dir, log = tmp_path / "ingestion.yaml", tmp_path / "state", tmp_path / "run.log"
-    ls.write_ingestion(path, db, TABLES, tmp_path, source={"tables": [
+    local_support.write_ingestion(path, db, TABLES, tmp_path, source={"tables": [
         {"schema": t.schema, "name": t.name, **({"keyColumns": ["a"]} if t == KEYLESS else {})}
         for t in TABLES]})
-    local = ls.local(path, db, state_dir)
+    local = local_support.local(path, db, state_dir)
     supervisor = harness.Supervisor(path, db, state_dir, log)
     context = harness.Context(supervisor, db.cluster, local.job.names.slot, tmp_path / "staging",
                               tmp_path / "warehouse", WAL_SENDER_TIMEOUT_S, rng)
@@ -113,7 +113,7 @@ def test_faults_at_random_moments_under_write_load_lose_nothing(restartable_pgdb
                                local.job.names.mirror_identifier(table), table)
     wait_for(lambda: not alive(supervisor.seen), f"no process left behind; {replay}")
     assert supervisor.seen, "the sampler saw the runs' processes"
-    assert ls.temporary_slots(db) == []
+    assert local_support.temporary_slots(db) == []
     with db.connect() as conn:
         assert conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
                             (local.job.names.slot,)).fetchone() == (False,)

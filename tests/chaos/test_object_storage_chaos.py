@@ -43,8 +43,7 @@ from lakeslot.local.tree import alive, descendants
 from lakeslot.spark.tables import Catalog
 from tests.chaos import harness
 from tests.chaos.test_chaos import RECOVERY_DEADLINE_S, SEED
-from tests.support import fixtures_s3
-from tests.support import local_support as ls
+from tests.support import fixtures_s3, local_support
 from tests.support.apply_support import assert_table_equals_source, lsn_now
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN
 from tests.support.rest_proxy import CommitProxy
@@ -52,7 +51,7 @@ from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.one_version
 
-TABLES = [MAIN, KEYLESS, IDLE, ls.ACCOUNTS]
+TABLES = [MAIN, KEYLESS, IDLE, local_support.ACCOUNTS]
 
 
 def _pyiceberg_catalog(store: ObjectStore):
@@ -148,7 +147,7 @@ def test_kill_9_and_a_commit_conflict_on_s3_and_a_rest_catalog_lose_nothing(
     for table in TABLES:
         assert_table_equals_source(db, catalog.load_table(local.job.names.mirror_identifier(table)), table)
     wait_for(lambda: not alive(supervisor.seen), f"no process left behind; {replay}")
-    assert ls.temporary_slots(db) == []
+    assert local_support.temporary_slots(db) == []
     with db.connect() as conn:
         assert conn.execute("SELECT active FROM pg_replication_slots WHERE slot_name = %s",
                             (local.job.names.slot,)).fetchone() == (False,)

@@ -42,7 +42,7 @@ import pytest
 from lakeslot.local import config, observe
 from lakeslot.local.tree import alive
 from tests.chaos import harness
-from tests.support import local_support as ls
+from tests.support import local_support
 from tests.support.apply_support import assert_equal_to_source, lsn_now
 from tests.support.fixtures_pg import Database
 from tests.support.waiting import wait_for
@@ -135,16 +135,16 @@ def test_faults_while_the_snapshot_copies_lose_and_duplicate_nothing(restartable
     rng = random.Random(seed)
     db = restartable_pgdb
     with db.connect() as conn:
-        ls.create_accounts(conn, ROWS)
+        local_support.create_accounts(conn, ROWS)
     path, state_dir, log = tmp_path / "ingestion.yaml", tmp_path / "state", tmp_path / "run.log"
-    ls.write_ingestion(path, db, [ls.ACCOUNTS], tmp_path)
-    local = ls.local(path, db, state_dir)
+    local_support.write_ingestion(path, db, [local_support.ACCOUNTS], tmp_path)
+    local = local_support.local(path, db, state_dir)
     supervisor = harness.Supervisor(path, db, state_dir, log)
     context = harness.Context(supervisor, db.cluster, local.job.names.slot, tmp_path / "staging",
                               tmp_path / "warehouse", 5, rng)
     order = harness.cycle(rng, FAULTS, ROUNDS)
     started = time.monotonic()
-    writer = ls.Workload(db, [ls.ACCOUNTS], {ls.ACCOUNTS: "balance"})
+    writer = local_support.Workload(db, [local_support.ACCOUNTS], {local_support.ACCOUNTS: "balance"})
     stale: str | None = None
     with supervisor.abandoned_on_failure():  # a failed round leaves nothing running
         try:
@@ -170,15 +170,15 @@ def test_faults_while_the_snapshot_copies_lose_and_duplicate_nothing(restartable
         finally:
             transactions = writer.stop()
         target = lsn_now(db)
-        wait_for(lambda: supervisor.ensure_running() and harness.applied_past(local, [ls.ACCOUNTS], target),
+        wait_for(lambda: supervisor.ensure_running() and harness.applied_past(local, [local_support.ACCOUNTS], target),
                  f"the snapshot committed and the stream past {target:X}; {replay}", deadline=DEADLINE_S,
                  interval=1)
         supervisor.finish()
     supervisor.close()
     assert_equal_to_source(db, (tmp_path / "warehouse").as_uri(),
-                           local.job.names.mirror_identifier(ls.ACCOUNTS), ls.ACCOUNTS)
+                           local.job.names.mirror_identifier(local_support.ACCOUNTS), local_support.ACCOUNTS)
     wait_for(lambda: not alive(supervisor.seen), f"no process left behind; {replay}")
-    assert ls.temporary_slots(db) == [], replay
+    assert local_support.temporary_slots(db) == [], replay
     print(f"{replay}: faults {order} in {time.monotonic() - started:.0f} s on PostgreSQL "
           f"{db.cluster.major}; run exits {dict(supervisor.exits)}; {transactions} transactions "
           "during the snapshots; equal")

@@ -18,7 +18,7 @@ from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import TableName
 from lakeslot.apply import job as apply_job
-from lakeslot.mirror.catalog import load_hadoop_table
+from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.staging.store import Staging
 from spark_jobs import apply as apply_entry
 from spark_jobs import snapshot as snapshot_entry

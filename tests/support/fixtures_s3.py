@@ -112,7 +112,7 @@ def define_catalog(spark, document: dict, secrets: Mapping[str, str]) -> None:
     its Secret-backed properties ``secrets`` under the keys the jobs give them (a job's session
     starts with them: lakeslot.spark.session.job_session; this one runs already)."""
     from lakeslot.api.models import CatalogSpec
-    from lakeslot.mirror import catalog as catalogs
+    from lakeslot.mirror import catalogs
 
     spec = CatalogSpec.model_validate(document)
     for key, value in {**catalogs.spark_conf(spec), **catalogs.spark_secret_conf(spec, secrets)}.items():

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from lakeslot.spark import jars as iceberg_jars
+from lakeslot.spark import jars
 
 CATALOG = "lakeslot"
 
@@ -37,8 +37,8 @@ def spark(spark_warehouse: Path) -> Iterator:
     if shutil.which("java") is None:
         pytest.skip("Spark unavailable: java not found on PATH (apt-get install openjdk-17-jre-headless)")
     try:
-        iceberg_jars.ensure_jars()
-    except iceberg_jars.JarProvisioningError as e:
+        jars.ensure_jars()
+    except jars.JarProvisioningError as e:
         pytest.skip(f"Spark unavailable: Iceberg jars: {e}")
     from lakeslot.spark.session import build_session
 
@@ -56,7 +56,7 @@ def iceberg_namespace(spark) -> str:
 
 def static_table(warehouse: Path, table: str):
     """The latest committed state of ``catalog.namespace.table`` as a pyiceberg ``StaticTable``."""
-    from lakeslot.mirror.catalog import load_hadoop_table
+    from lakeslot.mirror.catalogs import load_hadoop_table
 
     _catalog, namespace, name = table.split(".")
     return load_hadoop_table(warehouse.as_uri(), (namespace, name))

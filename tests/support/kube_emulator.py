@@ -162,7 +162,7 @@ def bad_request(message: str) -> kmock.KubernetesError:
 
 def status_body(error: kmock.KubernetesError) -> dict[str, Any]:
     body: dict[str, Any] = {'kind': 'Status', 'apiVersion': 'v1', 'metadata': {}, 'status': 'Failure',
-            'message': error.message, 'reason': error.reason, 'code': error.status}
+                            'message': error.message, 'reason': error.reason, 'code': error.status}
     if error.details:
         body['details'] = error.details
     return body

@@ -17,12 +17,12 @@ from typing import Any
 
 from psycopg import sql
 
-from lakeslot import lsn as lsn_text
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.reader import reader
 from lakeslot.reader.metrics import Metrics
 from lakeslot.source import connection, slot
-from lakeslot.staging import format as segments
+from lakeslot.staging import segments
 from lakeslot.staging.relations import Relation
 from lakeslot.staging.store import Staging
 from tests.support.fixtures_pg import connection_settings

@@ -31,7 +31,7 @@ failures document keeps, per table, the error of its last snapshot attempt when 
 failed (``{"version": 1, "tables": [{"schema", "name", "error", "transient", "job",
 "failedAt"}]}``): a job records a table's failure when it fails and removes it when the table
 commits or is skipped (it has a mirror); tables the job does not copy keep their entries. Status
-(:func:`lakeslot.observability.status.snapshot_failures`) reads both documents.
+(:func:`lakeslot.observability.status_report.snapshot_failures`) reads both documents.
 
 Invariants: the document is rewritten whole after a change, at most every
 :data:`WRITE_INTERVAL_S` and never later than that after it (a change within the interval is
@@ -57,7 +57,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from lakeslot import lsn as lsn_text
+from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.filesystems import filesystem, read_document, write_document
 

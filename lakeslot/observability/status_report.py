@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal, cast
 
-from lakeslot import lsn as lsnlib
-from lakeslot.api import conditions as cond
+from lakeslot import lsn_text
+from lakeslot.api import conditions
 from lakeslot.api.models import (
     ApplyStatus,
     ConditionStatus,
@@ -79,8 +79,8 @@ class Report:
 
     def condition(self, type_: str, ok: bool | None, reason: str, message: str = "") -> None:
         value = _CONDITION_STATUS[ok]
-        before = cond.find_condition(self.old.conditions, type_)
-        self.status.conditions = cond.set_condition(
+        before = conditions.find_condition(self.old.conditions, type_)
+        self.status.conditions = conditions.set_condition(
             self.status.conditions, type_, value, reason, message[:32000], now=self.now,
             observed_generation=self.generation)
         if before is None or (before.status, before.reason) != (value, reason):
@@ -188,8 +188,8 @@ def snapshot_complete(report: Report) -> None:
 def slot_status(health: slot.SlotHealth) -> SlotStatus:
     return SlotStatus(
         name=health.name, active_pid=health.active_pid, holder=health.holder,
-        confirmed_flush_lsn=lsn_text(health.confirmed_flush_lsn),
-        restart_lsn=lsn_text(health.restart_lsn),
+        confirmed_flush_lsn=lsn_text.optional(health.confirmed_flush_lsn),
+        restart_lsn=lsn_text.optional(health.restart_lsn),
         # The server's text, one of these values; the model validates it at runtime.
         wal_status=cast(Literal["reserved", "extended", "unreserved", "lost"] | None, health.wal_status),
         safe_wal_size=health.safe_wal_size,
@@ -268,7 +268,7 @@ def snapshot_failures(report: Report, failures: Mapping[TableName, Mapping],
     """A table without a mirror whose last snapshot attempt failed says why, until it is retried:
     ``Failed`` for a definite error (a human must act: the error says how), ``Pending`` with the
     error when only retries of transient errors ran out (the next attempt may pass). ``failures``:
-    :func:`lakeslot.snapshot.report.failures` — it outlives the progress document, which each
+    :func:`lakeslot.snapshot.progress.failures` — it outlives the progress document, which each
     job rewrites with its own tables only. A table being copied again (``snapshotting``: the
     retry) is ``Snapshotting``, its message still saying what failed last time; a table with a
     mirror shows no snapshot failure; a table that failed its checks (preflight) keeps that
@@ -307,8 +307,8 @@ def record_progress(report: Report, progress: Mapping[TableName, MirrorProgress]
             continue
         if p.lsn is not None and table not in snapshotting:
             row.state = "Streaming"
-            row.snapshot_lsn = lsn_text(p.snapshot_lsn) or row.snapshot_lsn or lsnlib.format(p.lsn)
-            row.applied_lsn = lsnlib.format(p.lsn)
+            row.snapshot_lsn = lsn_text.optional(p.snapshot_lsn) or row.snapshot_lsn or lsn_text.format(p.lsn)
+            row.applied_lsn = lsn_text.format(p.lsn)
             row.rows_known = p.rows
             row.data_files, row.delete_files = p.data_files, p.delete_files
             row.last_maintenance = p.maintenance or row.last_maintenance
@@ -324,12 +324,12 @@ def record_progress(report: Report, progress: Mapping[TableName, MirrorProgress]
         else:
             row.state = "Snapshotting" if table in snapshotting else "Pending"
     status.reader = ReaderStatus(
-        pod=reader, durable_lsn=lsn_text(durable),
+        pod=reader, durable_lsn=lsn_text.optional(durable),
         lag_bytes=max(current - durable, 0) if durable is not None else None)
     if applied:
         commits = [p.committed_at_ms for p in progress.values() if p.committed_at_ms]
         status.apply = ApplyStatus(
-            applied_lsn=lsnlib.format(min(applied)),
+            applied_lsn=lsn_text.format(min(applied)),
             last_commit_time=datetime.fromtimestamp(max(commits) / 1000, UTC)
             if commits else None)
         status.lag_bytes = max(current - min(applied), 0)
@@ -369,10 +369,6 @@ def streaming(report: Report, applied: list[int], *, reader_problem: str | None,
                              f"{catching_up_after:g} s")
         else:
             report.condition("Streaming", True, "Streaming", flowing)
-
-
-def lsn_text(value: int | None) -> str | None:
-    return None if value is None else lsnlib.format(value)
 
 
 def first_line(error: BaseException) -> str:

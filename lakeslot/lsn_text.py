@@ -26,6 +26,11 @@ def format(lsn: int) -> str:  # noqa: A001 - mirrors PostgreSQL's name for the t
     return f"{lsn >> 32:X}/{lsn & 0xFFFFFFFF:X}"
 
 
+def optional(lsn: int | None) -> str | None:
+    """:func:`format` of an LSN that may be unknown (None stays None)."""
+    return None if lsn is None else format(lsn)
+
+
 def human_bytes(n: int | None) -> str:
     """Bytes (of WAL, a lag) for people: ``950 B``, ``1.5 MB``; ``-`` for None."""
     if n is None:

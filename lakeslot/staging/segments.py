@@ -77,7 +77,7 @@ from datetime import datetime
 
 import pyarrow as pa
 
-from lakeslot import lsn as lsn_text
+from lakeslot import lsn_text
 from lakeslot.staging.relations import Relation
 
 FORMAT = 1
