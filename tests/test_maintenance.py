@@ -1,4 +1,4 @@
-"""Maintenance of the mirror tables (lakeslot.mirror.maintenance): what is due (pure), and, on
+"""Maintenance of the mirror tables (lakeslot.mirror.maintenance_policy): what is due (pure), and, on
 PostgreSQL 15 and 18 with real Spark and Iceberg, that the apply job's compaction of a
 merge-on-read mirror removes its delete files in a commit that keeps the table's position, while
 the mirror — read with pyiceberg — stays equal to the source through further changes."""
@@ -19,7 +19,7 @@ from psycopg import sql
 from lakeslot.api.models import MaintenanceSpec
 from lakeslot.apply import job as apply_job
 from lakeslot.apply import upkeep
-from lakeslot.mirror import maintenance
+from lakeslot.mirror import maintenance_policy
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.mirror.contract import (
@@ -28,7 +28,7 @@ from lakeslot.mirror.contract import (
     MAINTENANCE_SUMMARY,
     ORPHANS_AT_PROPERTY,
 )
-from lakeslot.mirror.maintenance import Health, Record, due
+from lakeslot.mirror.maintenance_policy import Health, Record, due
 from lakeslot.spark import maintenance as spark_maintenance
 from lakeslot.spark.maintenance import Maintainer
 from lakeslot.spark.session import with_commit_properties
@@ -105,9 +105,9 @@ def test_orphan_files_are_looked_for_with_a_compaction_at_most_daily():
     messy = Health(data_files=3, delete_files=50, records=10, position_deletes=5, bytes=MiB)
     first = due(messy, Record(), SPEC, 512 * MiB, NOW)
     assert first and not first.orphans
-    a_day_ago = Record(at=-math.inf, orphans_at=NOW - maintenance.ORPHAN_INTERVAL_S)
+    a_day_ago = Record(at=-math.inf, orphans_at=NOW - maintenance_policy.ORPHAN_INTERVAL_S)
     assert due(messy, a_day_ago, SPEC, 512 * MiB, NOW).orphans
-    yesterday = Record(at=-math.inf, orphans_at=NOW - maintenance.ORPHAN_INTERVAL_S + 1)
+    yesterday = Record(at=-math.inf, orphans_at=NOW - maintenance_policy.ORPHAN_INTERVAL_S + 1)
     assert not due(messy, yesterday, SPEC, 512 * MiB, NOW).orphans
     never = SPEC.model_copy(update={"orphan_file_age_hours": 0})
     assert not due(messy, a_day_ago, never, 512 * MiB, NOW).orphans
@@ -398,7 +398,7 @@ def test_orphan_files_older_than_the_age_are_removed_a_day_after_the_first_compa
             orphan.write_bytes(b"never committed")
         hours_100 = time.time() - 100 * 3600  # older than orphanFileAgeHours (72)
         os.utime(old, (hours_100, hours_100))
-        a_day_earlier = started - maintenance.ORPHAN_INTERVAL_S
+        a_day_earlier = started - maintenance_policy.ORPHAN_INTERVAL_S
         pipeline.spark.sql(  # as if both happened a day ago (the fixture's interval is an hour)
             f"ALTER TABLE {pipeline.target(MAIN)} SET TBLPROPERTIES ("
             f"'{ORPHANS_AT_PROPERTY}' = '{a_day_earlier!r}', "

@@ -41,7 +41,7 @@ and says how it failed, :mod:`.upkeep` expires, compacts and deletes applied seg
    expired at most once an hour, by its ``history.expire.*`` properties (new tables also delete
    superseded metadata files, see :data:`lakeslot.mirror.contract.TABLE_DEFAULTS`), so a commit
    per pass does not pile up; and is compacted where due (``spec.sink.maintenance``,
-   :mod:`lakeslot.mirror.maintenance`: delete files and small files merge-on-read MERGEs leave,
+   :mod:`lakeslot.mirror.maintenance_policy`: delete files and small files merge-on-read MERGEs leave,
    manifests, orphan files), within a time budget per pass, in commits that keep its position.
    Retention: sealed segments wholly at or below every table's position and older than
    ``spec.staging.retentionSeconds`` are deleted (never the furthest segment, where the reader

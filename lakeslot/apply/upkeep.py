@@ -87,7 +87,7 @@ class Upkeep:
 
     def maintain(self, outcomes: tuple[TableOutcome, ...], busy_s: float = 0.0,
                  wanted: Callable[[], bool] = lambda: False) -> dict[TableName, str]:
-        """Compaction and clean-up where due (:mod:`lakeslot.mirror.maintenance`), table after
+        """Compaction and clean-up where due (:mod:`lakeslot.mirror.maintenance_policy`), table after
         table until the pass's maintenance budget is spent; the rest waits for the next pass,
         which starts with them (the tables take turns). The budget is
         ``maintenance.budgetSeconds``, and in a pass that applied changes for ``busy_s`` seconds

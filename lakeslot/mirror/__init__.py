@@ -9,7 +9,7 @@ reads them or their progress. Spark-free (the Spark side is :mod:`lakeslot.spark
   and for pyiceberg (tables loaded without Spark), both with the Secret-backed properties.
 - :mod:`.progress` — how far each table got (``lakeslot.lsn``, its recorded definite error),
   read with pyiceberg: the operator and local mode report it.
-- :mod:`.maintenance` — what maintenance a table is due, and when (pure; Spark runs it:
+- :mod:`.maintenance_policy` — what maintenance a table is due, and when (pure; Spark runs it:
   :mod:`lakeslot.spark.maintenance`).
 - :mod:`.cuts` — consistent reads across mirror tables: the snapshots of one source LSN.
 """

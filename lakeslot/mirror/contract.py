@@ -75,7 +75,7 @@ OWN_COLUMNS = (LSN_COLUMN, OP_COLUMN, SEQ_COLUMN)
 # metadata file would stay forever. Merge-on-read: a MERGE writes the changed rows and position
 # deletes instead of rewriting every data file a change touches, so its cost follows the changes,
 # not the table (bench/apply_throughput.py --merge-mode); the apply job's maintenance
-# (lakeslot.mirror.maintenance) compacts what it leaves behind. ``sink.tableProperties`` override
+# (lakeslot.mirror.maintenance_policy) compacts what it leaves behind. ``sink.tableProperties`` override
 # them.
 TABLE_DEFAULTS = {"write.metadata.delete-after-commit.enabled": "true",
                   "write.metadata.previous-versions-max": "100",

@@ -15,6 +15,6 @@ tables that goes through Spark or Iceberg's Java API (py4j).
 - :mod:`.partitions` — a mirror's partition spec set from ``partitionBy``, and files laid out in
   it.
 - :mod:`.maintenance` — compaction, manifest rewrite and orphan-file removal when
-  :mod:`lakeslot.mirror.maintenance` says they are due; :mod:`.driver_compaction` — a small
+  :mod:`lakeslot.mirror.maintenance_policy` says they are due; :mod:`.driver_compaction` — a small
   table compacted on the driver, no Spark job.
 """

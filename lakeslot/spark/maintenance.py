@@ -1,6 +1,6 @@
 """Maintenance of the mirror tables through Spark: compaction, manifest rewrite and orphan-file
 removal, run by the apply job between passes (``spec.sink.maintenance``) when
-:func:`lakeslot.mirror.maintenance.due` says so.
+:func:`lakeslot.mirror.maintenance_policy.due` says so.
 
 Invariants:
 
@@ -25,7 +25,7 @@ Invariants:
   first compaction of a 36k-row mirror took 2.6–3.1 s with it, later ones 0.7–0.8 s, and the
   pass waiting behind it set the freshness tail.
 - Each run's outcome, when it ran and how long it took are recorded on the table (properties,
-  no snapshot) for the next decision (:class:`lakeslot.mirror.maintenance.Record`).
+  no snapshot) for the next decision (:class:`lakeslot.mirror.maintenance_policy.Record`).
 
 Failure modes: a failing action (a conflict with a re-snapshot, storage or catalog errors) is
 logged and recorded in :data:`MAINTENANCE_PROPERTY` (status shows it as ``lastMaintenance``); the data is
@@ -52,7 +52,7 @@ from lakeslot.mirror.contract import (
     MAINTENANCE_SUMMARY,
     ORPHANS_AT_PROPERTY,
 )
-from lakeslot.mirror.maintenance import MANIFESTS_PER_SNAPSHOT, Health, Record, due
+from lakeslot.mirror.maintenance_policy import MANIFESTS_PER_SNAPSHOT, Health, Record, due
 from lakeslot.spark import driver_compaction, row_delta
 from lakeslot.spark.helpers import MANIFESTS, loaded
 from lakeslot.spark.session import each, error_summary, execute, iceberg_actions

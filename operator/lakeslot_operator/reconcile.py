@@ -6,9 +6,9 @@ complete status to write plus the events worth telling. It is called from every 
 from a timer; calling it twice in a row changes nothing the second time.
 
 Steps, each gating the next (a failed step leaves later conditions Unknown/False and says why).
-Steps 3 and 4 are :mod:`lakeslot.control.steps` and step 6 is :mod:`lakeslot.observability.status_report`, shared with local
-mode (``lakeslot run`` and ``lakeslot status``), so both report the same conditions with the same
-messages:
+Steps 3 and 4 are :mod:`lakeslot.control.steps` and step 6 is
+:mod:`lakeslot.observability.status_report`, shared with local mode (``lakeslot run`` and
+``lakeslot status``), so both report the same conditions with the same messages:
 
 1. **Spec** — validated with the same pydantic models as ``lakeslot validate``; an invalid
    spec is a condition (``InvalidSpec``), never a crash loop.
