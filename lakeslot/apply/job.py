@@ -91,12 +91,12 @@ from lakeslot.apply.failures import Failures
 from lakeslot.apply.outcomes import ApplyResult, Hooks, PassResult, Totals
 from lakeslot.apply.passes import Passes
 from lakeslot.apply.reduction import Reduction
+from lakeslot.apply.segment_cache import SegmentCache
 from lakeslot.apply.source_tables import SourceTables
 from lakeslot.apply.table_pass import TablePass
 from lakeslot.apply.upkeep import EXPIRE_INTERVAL_S, Upkeep
 from lakeslot.spark.session import make_active
 from lakeslot.spark.tables import Tables
-from lakeslot.staging.store import Staging
 from lakeslot.workloads import JobInput
 
 
@@ -150,7 +150,7 @@ class Applier:
         spec = job.ingestion.spec
         make_active(spark)  # (again at every pass: the JVM thread may lose it)
         tables = Tables(spark, spec.sink.catalog.name, spec.sink.namespace)
-        staging = Staging(spec.staging.uri)
+        staging = SegmentCache(spec.staging.uri)  # (what the driver reads of a pass: fetched once)
         self.totals = Totals()
         self.failures = Failures(tables, job.names, staging, self.totals, max_attempts)
         self.sources = SourceTables(job, job.source(environ))
@@ -159,7 +159,7 @@ class Applier:
         upkeep = Upkeep(spark, spec, tables, staging, hooks, self.totals, expire_interval_s, stop,
                         work.small.positions)
         self.passes = Passes(spark, job, tables, staging, hooks, self.failures, self.totals, work,
-                             Reduction(spark, spec.staging.uri, self.failures), upkeep,
+                             Reduction(spark, staging, self.failures), upkeep,
                              max_segments, continuous=continuous)
 
     def close(self) -> None:
