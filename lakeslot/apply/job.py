@@ -19,8 +19,10 @@ and says how it failed, :mod:`.upkeep` expires, compacts and deletes applied seg
    (``waiting``, not an error). A table whose definite error is in force is skipped.
 2. The batch is planned on the driver from the segments' footers and small columns
    (:func:`lakeslot.apply.spread.scan`: at most ``max_segments`` sealed segments in LSN order
-   from the lowest position; a capped batch is followed at once by the next). Each table takes
-   the changes above its own position (DESIGN.md rule 3: rewind and idempotency in one rule).
+   from the lowest position; a capped batch is followed at once by the next), each segment
+   fetched whole once and read from memory by the driver (:mod:`.segment_cache`: on an object
+   store an open is a round trip or two). Each table takes the changes above its own position
+   (DESIGN.md rule 3: rewind and idempotency in one rule).
    The rows themselves are read, routed by key and reduced on the executors, one Spark job for
    every table with changes (:func:`lakeslot.apply.spread.reduce`), and parsed into the mirror's
    types there (:func:`lakeslot.apply.merge.typed_source`: by Spark's casts where they are exact,

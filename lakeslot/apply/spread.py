@@ -10,7 +10,9 @@ itself, at most :data:`DRIVER_CHANGES` changes a pass, it also reduces itself
    descriptions of the tracked tables (from the footers), and per table the number of changes
    above its position, its TRUNCATEs and the OIDs its changes carry; plus lakeslot's DDL
    messages. It reads one row group's small columns (LSNs, op, relation, message payload) at a
-   time, vectorised; memory is one row group's.
+   time, vectorised; memory is one row group's. The driver's staging fetches the batch's
+   segments whole first, once, and serves its reads, the scan's and its own reduction's, from
+   memory (:mod:`lakeslot.apply.segment_cache`: bounded; executors read staging themselves).
 2. :func:`reduce` (executors, one Spark job for every table with changes). A batch of at most
    :data:`SERIAL_CHANGES` changes — or :data:`ONE_TASK_MAX_CHANGES` on a job of at most
    :data:`ONE_TASK_CORES` cores, where shuffles cost more than they spread — is reduced by one

@@ -16,7 +16,10 @@ Invariants:
   which have no rename). A segment name is visible only once its content is complete: a killed
   uploader leaves nothing, a failed upload is deleted and its size checked; a zombie's identical
   segment is simply replaced (DESIGN.md rule 5).
-- Sealed segments are immutable: a consumer may cache what it read of one by name.
+- Sealed segments are immutable: a consumer may cache what it read of one by name (the rows,
+  row groups and metadata). A zombie's copy that replaces one holds the same content, not
+  always the same bytes (another writer version writes another footer): a cache of the bytes
+  keys them by name, size and time from a listing (:meth:`Staging.sealed`).
 - Documents (the apply status, verification results) are written whole, never appended: a
   reader sees the previous document or the new one
   (:func:`lakeslot.filesystems.write_document`, :func:`~lakeslot.filesystems.read_document`).
