@@ -51,6 +51,7 @@ def test_a_batch_is_fetched_whole_once_and_read_from_memory_within_its_bounds(pr
     size = {s.name: s.size for s in plain.sealed()}
     assert len(set(size.values())) == 1, size  # (equal sizes: the bounds below count segments)
     one = size[a]
+    assert one is not None
     expected = {n: _read_all(plain, n) for n in (a, b, c, d)}
 
     cache = SegmentCache(uri, largest=one, budget=2 * one)
