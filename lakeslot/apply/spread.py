@@ -3,7 +3,7 @@
 The driver plans and commits; it never handles a change row by row, and its memory does not grow
 with a batch (DESIGN.md "Scale"). The one exception is bounded: the small batches it commits
 itself, at most :data:`DRIVER_CHANGES` changes a pass, it also reduces itself
-(``reduce(…, here=True)``: the fold one task would run, :class:`_Serial`). A pass over a batch:
+(``reduce(…, here=staging)``: the fold one task would run, :class:`_Serial`). A pass over a batch:
 
 1. :func:`scan` (driver): which segments form the batch (:func:`lakeslot.staging.format.chain`
    from the lowest position, at most ``max_segments``), their row groups, the relation
