@@ -148,7 +148,7 @@ def test_without_the_event_trigger_a_child_altered_through_its_parent_is_copied_
     path, state_dir = tmp_path / "ingestion.yaml", tmp_path / "state"
     local_support.write_ingestion(path, pgdb, [], tmp_path,
                                   {"tables": [], "schemas": [SCHEMA], "ddlCapture": "Catalog"},
-                       spark_warehouse)
+                                  spark_warehouse)
     local = local_support.local(path, pgdb, state_dir)
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
     local_support.run_in_process(local, spark, once=True)

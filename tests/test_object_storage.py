@@ -37,9 +37,11 @@ from psycopg import sql
 from pyarrow import fs as pafs
 from pyiceberg.exceptions import ForbiddenError
 
+from bench.latency_proxy import LatencyProxy
 from lakeslot import cli, lsn_text, workloads
 from lakeslot.api.models import CatalogSpec
 from lakeslot.api.naming import TableName
+from lakeslot.apply import job as apply_job
 from lakeslot.filesystems import StorageError
 from lakeslot.local import config, reader_process
 from lakeslot.local.objectstore import STAGING_BUCKET, WAREHOUSE
@@ -54,9 +56,11 @@ from lakeslot_operator.handlers import build_registry
 from lakeslot_operator.kube import Kube
 from lakeslot_operator.reconcile import Context
 from tests.support import duckdb_reader, fixtures_s3, local_support, operator_env
+from tests.support.apply_support import Pipeline, assert_equal_to_source
 from tests.support.fixtures_kube import running_operator
 from tests.support.fixtures_pg import connection_settings
 from tests.support.fixtures_s3 import WAREHOUSE_BUCKET, define_catalog
+from tests.support.reader_support import current_lsn, prepare, read_until
 from tests.support.rest_proxy import CommitProxy
 from tests.support.waiting import wait_for
 
@@ -213,6 +217,48 @@ def test_an_apply_commit_whose_answer_is_lost_after_it_landed_is_not_applied_twi
         assert len([x for x in lsns if x is not None]) == len({x for x in lsns if x is not None}), summaries
     finally:
         proxy.close()
+
+
+@pytest.mark.slow
+def test_the_apply_driver_reads_each_segment_on_s3_once(pgdb, rest_spark, spark_warehouse,
+                                                        iceberg_namespace, object_store, monkeypatch):
+    """Staging on S3 through the benchmarks' proxy, every request recorded: an apply run over
+    several segments, in several passes, fetches each segment once — one ``GET`` (before, a pass
+    opened a segment for its footer, its small columns and its rows: a ``HEAD`` and a ``GET``
+    each) — and the mirrors equal their sources row by row (pyiceberg)."""
+    db = pgdb
+    with db.connect() as conn:
+        tables = local_support.create_accounts_and_items(conn, 0, 0)
+        prepare(conn, tables)
+    staging = f"s3://{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}"
+    job = workloads.JobInput(Pipeline.create(rest_spark, db, spark_warehouse, iceberg_namespace, staging,
+                                             tables, snapshot={"mode": "never"}).ingestion, tuple(tables))
+    with LatencyProxy(object_store.s3_endpoint, 0.0) as proxy:
+        for name, value in {**object_store.environment(), "AWS_ENDPOINT_URL": proxy.uri,
+                            workloads.PASSWORD_ENV: db.cluster.password}.items():
+            monkeypatch.setenv(name, value)
+        for round_ in range(3):  # a segment or more each
+            with db.connect() as conn:
+                conn.execute("INSERT INTO accounts (id, balance, note) SELECT g, g, 'x' "
+                             "FROM generate_series(%s::int, %s::int) g", (round_ * 1000 + 1, round_ * 1000 + 300))
+                conn.execute("INSERT INTO items SELECT g, 'i' || g FROM generate_series(%s::int, %s::int) g",
+                             (round_ * 100 + 1, round_ * 100 + 100))
+                local_support.change_accounts_and_items(conn)
+                target = current_lsn(conn)
+            read_until(db, staging, target)
+        segments = {n.filename for n in Staging(staging).list()}
+        assert len(segments) >= 3, segments
+        proxy.recording.set()
+        result = apply_job.run(rest_spark, job, once=True, max_segments=2)
+        proxy.recording.clear()
+    assert result.passes >= 2 and result.ok, result
+    gets = dict.fromkeys(segments, 0)
+    for r in proxy.requests:
+        if r.method == "GET" and (name := r.path.rsplit("/", 1)[-1]) in gets:
+            gets[name] += 1
+    assert set(gets.values()) == {1}, gets
+    for table in tables:
+        assert_equal_to_source(db, spark_warehouse.as_uri(), job.names.mirror_identifier(table), table)
 
 
 @pytest.mark.slow

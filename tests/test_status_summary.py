@@ -214,7 +214,7 @@ def test_a_failed_snapshot_is_shown_until_the_table_is_copied():
     a, b, d, e, f = (TableName("s", n) for n in "abdef")
     failures: dict[TableName, dict] = {a: {"error": "keys are not unique"}, b: {"error": "timeout", "transient": True},
                                        d: {"error": "old"}, e: {"error": "keys are not unique"},
-                f: {"error": "keys are not unique"}}
+                                       f: {"error": "keys are not unique"}}
     none, mirrored = MirrorProgress(None, None, None), MirrorProgress(5, 1, 1)
     old = PostgresIngestionStatus(tables=[
         TableStatus(schema_name="s", name="a", state="Pending"),

@@ -10,8 +10,9 @@ It reads staging through :mod:`lakeslot.staging` and writes through :mod:`lakesl
 - :mod:`.table_pass` — what happens to one table in a pass (prepare, plan, apply), with
   :mod:`.evolution` (its source's definition followed; :mod:`.ddl` replays captured DDL, pure),
   :mod:`.changelog` (its history) and :mod:`.source_tables` (what a pass reads from the source).
-- The data path: :mod:`.spread` — the batch planned from segment footers and reduced on the
-  executors; :mod:`.changes` — the segment chain and each table's changes folded change by change
+- The data path: :mod:`.segment_cache` — the driver's staging: each segment of a pass fetched
+  whole once, read from memory; :mod:`.spread` — the batch planned from segment footers and
+  reduced on the executors; :mod:`.changes` — the segment chain and each table's changes folded change by change
   (pure Python); :mod:`.latest` — a large batch's latest change per key, vectorised;
   :mod:`.reduction` — every table reduced at once, narrowed down on failure.
 - Writing: :mod:`.columns` — value parsing by the mirror's types, schema-change planning (pure

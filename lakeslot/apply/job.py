@@ -19,8 +19,10 @@ and says how it failed, :mod:`.upkeep` expires, compacts and deletes applied seg
    (``waiting``, not an error). A table whose definite error is in force is skipped.
 2. The batch is planned on the driver from the segments' footers and small columns
    (:func:`lakeslot.apply.spread.scan`: at most ``max_segments`` sealed segments in LSN order
-   from the lowest position; a capped batch is followed at once by the next). Each table takes
-   the changes above its own position (DESIGN.md rule 3: rewind and idempotency in one rule).
+   from the lowest position; a capped batch is followed at once by the next), each segment
+   fetched whole once and read from memory by the driver (:mod:`.segment_cache`: on an object
+   store an open is a round trip or two). Each table takes the changes above its own position
+   (DESIGN.md rule 3: rewind and idempotency in one rule).
    The rows themselves are read, routed by key and reduced on the executors, one Spark job for
    every table with changes (:func:`lakeslot.apply.spread.reduce`), and parsed into the mirror's
    types there (:func:`lakeslot.apply.merge.typed_source`: by Spark's casts where they are exact,
@@ -91,12 +93,12 @@ from lakeslot.apply.failures import Failures
 from lakeslot.apply.outcomes import ApplyResult, Hooks, PassResult, Totals
 from lakeslot.apply.passes import Passes
 from lakeslot.apply.reduction import Reduction
+from lakeslot.apply.segment_cache import SegmentCache
 from lakeslot.apply.source_tables import SourceTables
 from lakeslot.apply.table_pass import TablePass
 from lakeslot.apply.upkeep import EXPIRE_INTERVAL_S, Upkeep
 from lakeslot.spark.session import make_active
 from lakeslot.spark.tables import Tables
-from lakeslot.staging.store import Staging
 from lakeslot.workloads import JobInput
 
 
@@ -150,7 +152,7 @@ class Applier:
         spec = job.ingestion.spec
         make_active(spark)  # (again at every pass: the JVM thread may lose it)
         tables = Tables(spark, spec.sink.catalog.name, spec.sink.namespace)
-        staging = Staging(spec.staging.uri)
+        staging = SegmentCache(spec.staging.uri)  # (what the driver reads of a pass: fetched once)
         self.totals = Totals()
         self.failures = Failures(tables, job.names, staging, self.totals, max_attempts)
         self.sources = SourceTables(job, job.source(environ))
@@ -159,7 +161,7 @@ class Applier:
         upkeep = Upkeep(spark, spec, tables, staging, hooks, self.totals, expire_interval_s, stop,
                         work.small.positions)
         self.passes = Passes(spark, job, tables, staging, hooks, self.failures, self.totals, work,
-                             Reduction(spark, spec.staging.uri, self.failures), upkeep,
+                             Reduction(spark, staging, self.failures), upkeep,
                              max_segments, continuous=continuous)
 
     def close(self) -> None:

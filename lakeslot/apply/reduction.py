@@ -30,6 +30,7 @@ from lakeslot.apply.failures import Exhausted, Failures
 from lakeslot.apply.isolation import halves
 from lakeslot.apply.outcomes import TableOutcome
 from lakeslot.spark.session import error_summary
+from lakeslot.staging.store import Staging
 
 log = logging.getLogger("lakeslot.apply.job")
 
@@ -37,14 +38,16 @@ log = logging.getLogger("lakeslot.apply.job")
 class Reduction:
     """How one apply job reduces its batches."""
 
-    def __init__(self, spark, staging_uri: str, failures: Failures) -> None:
-        self.spark, self.staging_uri, self.failures = spark, staging_uri, failures
+    def __init__(self, spark, staging: Staging, failures: Failures) -> None:
+        self.spark, self.staging, self.failures = spark, staging, failures
+        self.staging_uri = staging.uri  # (what the executors open)
 
     def reduce(self, batch: spread.Batch, configs: list[spread.TableConfig],
                outcomes: dict[TableName, TableOutcome], here: frozenset[TableName] = frozenset()
                ) -> dict[TableName, spread.Reduced]:
         """Reduce every table of ``configs`` in one Spark job (:mod:`lakeslot.apply.spread`) —
-        those of ``here`` by the driver itself —, retried like a table's work. When it cannot
+        those of ``here`` by the driver itself, reading the batch through the driver's staging
+        (:mod:`lakeslot.apply.segment_cache`) —, retried like a table's work. When it cannot
         be had, the tables are reduced in halves, and halves again, until the tables it fails
         for are found alone: those fail (or are ``retrying``: their outcomes are put in
         ``outcomes``), the others go on (:mod:`lakeslot.apply.isolation`). Each table's
@@ -54,7 +57,7 @@ class Reduction:
             group = [c for c in configs if (c.table in here) == on_driver]
             if group:
                 found.update(self._reduce(batch, group, outcomes, functools.partial(
-                    spread.reduce, here=on_driver)))
+                    spread.reduce, here=self.staging if on_driver else None)))
         return found
 
     def _reduce(self, batch: spread.Batch, configs: list[spread.TableConfig],

@@ -3,14 +3,16 @@
 The driver plans and commits; it never handles a change row by row, and its memory does not grow
 with a batch (DESIGN.md "Scale"). The one exception is bounded: the small batches it commits
 itself, at most :data:`DRIVER_CHANGES` changes a pass, it also reduces itself
-(``reduce(…, here=True)``: the fold one task would run, :class:`_Serial`). A pass over a batch:
+(``reduce(…, here=staging)``: the fold one task would run, :class:`_Serial`). A pass over a batch:
 
 1. :func:`scan` (driver): which segments form the batch (:func:`lakeslot.staging.segments.chain`
    from the lowest position, at most ``max_segments``), their row groups, the relation
    descriptions of the tracked tables (from the footers), and per table the number of changes
    above its position, its TRUNCATEs and the OIDs its changes carry; plus lakeslot's DDL
    messages. It reads one row group's small columns (LSNs, op, relation, message payload) at a
-   time, vectorised; memory is one row group's.
+   time, vectorised; memory is one row group's. The driver's staging fetches the batch's
+   segments whole first, once, and serves its reads, the scan's and its own reduction's, from
+   memory (:mod:`lakeslot.apply.segment_cache`: bounded; executors read staging themselves).
 2. :func:`reduce` (executors, one Spark job for every table with changes). A batch of at most
    :data:`SERIAL_CHANGES` changes — or :data:`ONE_TASK_MAX_CHANGES` on a job of at most
    :data:`ONE_TASK_CORES` cores, where shuffles cost more than they spread — is reduced by one
@@ -152,11 +154,14 @@ class Batch:
 def scan(staging: Staging, names: list[SegmentName], positions: Mapping[TableName, int], *,
          max_segments: int) -> Batch:
     """Plan the next batch for tables at ``positions`` from the sealed segments ``names`` (the
-    pass's listing of staging, in order; see the module docstring, step 1)."""
+    pass's listing of staging, in order; see the module docstring, step 1). ``staging`` is told
+    the batch's segments first (:meth:`~lakeslot.staging.store.Staging.read_ahead`: the driver's
+    :class:`~lakeslot.apply.segment_cache.SegmentCache` fetches them)."""
     if not positions or not names:
         return Batch([])
     start = min(start_position(names, p) for p in positions.values())
     batch = Batch(chain(names, start)[:max_segments])
+    staging.read_ahead(batch.segments)
     ids: dict[Relation, int] = {}
     counts: dict[TableName, dict[str, int]] = {t: {} for t in positions}
     truncates: dict[TableName, list[int]] = {t: [] for t in positions}
@@ -329,15 +334,17 @@ class _Here:
 
 
 def reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig], *,
-           here: bool = False) -> Reduced:
+           here: Staging | None = None) -> Reduced:
     """Reduce ``configs``' tables over ``batch`` on the executors (step 2 of the module
     docstring); tables that ask for it are reduced again in one partition. ``here``: by the
-    driver itself, in its own process, the way one task folds a small batch — for at most
+    driver itself, reading the segments through ``here`` (the driver's staging, which holds
+    the batch: :class:`~lakeslot.apply.segment_cache.SegmentCache`), in its own process, the
+    way one task folds a small batch — for at most
     :data:`DRIVER_CHANGES` changes of tables whose reduced rows the driver takes anyway (its
     row delta): a Spark job and the collection of its rows cost ≈ 0.5 s a pass, the fold a few
     milliseconds."""
-    if here:
-        return _reduce_here(spark, staging_uri, batch, configs)
+    if here is not None:
+        return _reduce_here(spark, here, batch, configs)
     reduced = _reduce(spark, staging_uri, batch, configs)
     redo = [c for c in configs if reduced.tables[c.table].redo]
     if not redo:
@@ -367,19 +374,19 @@ def _numbered(batch: Batch, configs: Sequence[TableConfig]
     return index, rel_table, [(s, g, f, tuple(local)) for s, g, f, local in batch.units]
 
 
-def _reduce_here(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]
+def _reduce_here(spark, staging: Staging, batch: Batch, configs: Sequence[TableConfig]
                  ) -> Reduced:
     changes = sum(batch.tables[c.table].changes for c in configs)
     assert changes <= DRIVER_CHANGES, changes  # (the driver's memory: DESIGN.md "Scale")
     single = [replace(c, single=True) for c in configs]  # (folded in stream order: no redo)
     index, rel_table, units = _numbered(batch, single)
-    router = _Router(staging_uri, single, rel_table, batch.relations, [0], units, 1)
+    router = _Router(staging.uri, single, rel_table, batch.relations, [0], units, 1, staging)
     slice_ = pa.record_batch([pa.array([0], pa.int64())], names=["id"])
     rows = pa.Table.from_batches(list(_Serial(router, _Folder(single, batch.relations))([slice_])),
                                  schema=REDUCED)
     notes = rows.filter(pc.is_in(rows["kind"], pa.array(["X", "R", "L"])))
     learned = _learned(single, batch, notes.select(["t", "kind", "lsn", "seq", "info"]).to_pylist())
-    return Reduced(index, learned, here=_Here(rows, spark, staging_uri, batch, configs))
+    return Reduced(index, learned, here=_Here(rows, spark, staging.uri, batch, configs))
 
 
 def _reduce(spark, staging_uri: str, batch: Batch, configs: Sequence[TableConfig]) -> Reduced:
@@ -592,9 +599,10 @@ class _Router:
     targets: list[int]  # part value per partition
     units: list[Unit]
     count: int  # slices (lakeslot.apply.latest.slices)
+    staging: Staging | None = None  # the driver's, when it reduces itself; else opened here
 
     def __call__(self, ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        staging = Staging(self.staging_uri, create=False)
+        staging = self.staging or Staging(self.staging_uri, create=False)
         # each relation's table position; a table not reduced now takes nothing
         bounds = pa.array([self.configs[t].position if t >= 0 else NOTHING
                            for t in self.rel_table] or [0], pa.int64())

@@ -16,7 +16,10 @@ Invariants:
   which have no rename). A segment name is visible only once its content is complete: a killed
   uploader leaves nothing, a failed upload is deleted and its size checked; a zombie's identical
   segment is simply replaced (DESIGN.md rule 5).
-- Sealed segments are immutable: a consumer may cache what it read of one by name.
+- Sealed segments are immutable: a consumer may cache what it read of one by name (the rows,
+  row groups and metadata). A zombie's copy that replaces one holds the same content, not
+  always the same bytes (another writer version writes another footer): a cache of the bytes
+  keys them by name, size and time from a listing (:meth:`Staging.sealed`).
 - Documents (the apply status, verification results) are written whole, never appended: a
   reader sees the previous document or the new one
   (:func:`lakeslot.filesystems.write_document`, :func:`~lakeslot.filesystems.read_document`).
@@ -41,7 +44,8 @@ import contextlib
 import os
 import tempfile
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,6 +58,14 @@ from lakeslot.staging.segments import CHANGE_OPS, Segment, SegmentMetadata, Segm
 TEMP_PREFIX = ".tmp-"
 APPLY_STATUS_FILE = "apply-status.json"
 VERIFY_RESULTS = "verify"  # the directory of the verification results, one per request token
+
+
+class Sealed(NamedTuple):
+    """A sealed segment as a listing shows it."""
+
+    name: SegmentName
+    modified: float | None  # Unix seconds; None when the filesystem does not say
+    size: int | None  # bytes; None when the filesystem does not say
 
 
 class Staging:
@@ -92,9 +104,13 @@ class Staging:
     def listing(self) -> builtins.list[tuple[SegmentName, float | None]]:
         """Every sealed segment, ordered by (start, end), with when its file was last modified
         (Unix seconds, None when the filesystem does not say): one listing request."""
-        found = ((SegmentName.parse(f.base_name), f.mtime) for f in self._files())
-        return sorted(((name, None if mtime is None else mtime.timestamp())
-                       for name, mtime in found if name), key=lambda item: item[0])
+        return [(s.name, s.modified) for s in self.sealed()]
+
+    def sealed(self) -> builtins.list[Sealed]:
+        """:meth:`listing` with each file's size: one listing request."""
+        found = ((SegmentName.parse(f.base_name), f) for f in self._files())
+        return sorted((Sealed(name, None if f.mtime is None else f.mtime.timestamp(), f.size)
+                       for name, f in found if name), key=lambda s: s.name)
 
     def resume_point(self) -> SegmentName | None:
         """The sealed segment that reaches furthest: a reader resumes at its end."""
@@ -124,25 +140,39 @@ class Staging:
         return deleted
 
     def metadata(self, name: SegmentName) -> SegmentMetadata:
-        with self.fs.open_input_file(self._file(name.filename)) as f:
+        with self._input(name) as f:
             return parse_metadata(name, pq.ParquetFile(f).metadata.metadata)
 
     def row_groups(self, name: SegmentName) -> tuple[SegmentMetadata, int]:
         """The segment's metadata and how many row groups it has (the footer only)."""
-        with self.fs.open_input_file(self._file(name.filename)) as f:
+        with self._input(name) as f:
             footer = pq.ParquetFile(f).metadata
             return parse_metadata(name, footer.metadata), footer.num_row_groups
 
     def read_row_group(self, name: SegmentName, index: int,
                        columns: builtins.list[str] | None = None) -> pa.Table:
         """One row group of a segment (``columns``: only those)."""
-        with self.fs.open_input_file(self._file(name.filename)) as f:
+        with self._input(name) as f:
             return pq.ParquetFile(f).read_row_group(index, columns=columns)
 
     def read(self, name: SegmentName) -> Segment:
-        with self.fs.open_input_file(self._file(name.filename)) as f:
+        with self._input(name) as f:
             pf = pq.ParquetFile(f)
             return Segment(parse_metadata(name, pf.metadata.metadata), pf.read())
+
+    def read_whole(self, name: SegmentName) -> pa.Buffer:
+        """A segment's file, whole: on an object store one ``HEAD`` (pyarrow's, for the size:
+        its Python API opens by path only) and one ``GET``."""
+        with self.fs.open_input_file(self._file(name.filename)) as f:
+            return f.read_buffer()
+
+    def read_ahead(self, names: Sequence[SegmentName]) -> None:
+        """``names`` are about to be read: a plain staging reads each when asked (nothing to do
+        here); a cache of it may fetch them now (:class:`lakeslot.apply.segment_cache.SegmentCache`)."""
+
+    def _input(self, name: SegmentName) -> pa.NativeFile:
+        """A sealed segment's file, open for reading."""
+        return self.fs.open_input_file(self._file(name.filename))
 
     # used by the reader's segment writer --------------------------------------------------------------------
 
