@@ -31,7 +31,8 @@ files' times and of the passes' starts). The apply job warms up before its first
 With ``--object-store`` staging is on S3 and the mirror in an Iceberg REST catalog (``weed mini``),
 each behind :mod:`bench.latency_proxy` adding ``--latency-ms`` to every request; the observer
 reads the table's metadata from the catalog directly (the Iceberg REST protocol), and the
-requests around each commit are counted (:func:`bench.latency_proxy.commit_trips`).
+requests around each commit are counted (:func:`bench.latency_proxy.commit_trips`) and one
+commit's printed request by request.
 Numbers, not assertions (targets: p50 ≤ 2 s, p99 ≤ 5 s, never above p50 5 s / p99 15 s; lag
 bounded). ``--plot`` also draws the latency distribution and the lag over time (:mod:`bench.plots`,
 needs the ``plots`` extra: matplotlib).
@@ -242,6 +243,9 @@ def main() -> None:
               f"{latency_proxy.MIN_COMMIT_TRIPS} × {args.latency_ms:.0f} ms = "
               f"{latency_proxy.MIN_COMMIT_TRIPS * args.latency_ms / 1000:.2f} s), then "
               f"{trips.s3_after:.0f} S3 and {trips.rest_after:.0f} catalog requests after it")
+        print("one commit's requests (offset from the first):")
+        for line in trips.example:
+            print(f"  {line}")
         print(f"staging: {staged.line(args.latency_ms / 1000) if staged else '-'}")
     if args.rate <= 600:
         floor = q[49] <= 5 and q[98] <= 15 and equal

@@ -232,10 +232,11 @@ def chain(requests: Iterable[Request]) -> int:
 
 
 # The round trips a table's commit cannot avoid: its data and delete files (written at once),
-# then the manifests that list them, then the manifest list, then the catalog's commit — each
-# needs the one before it, even with the table's metadata kept from its previous commit (the
-# commit's answer carries it) and everything of one step written concurrently.
-MIN_COMMIT_TRIPS = 4
+# then the metadata files that list them (its manifests and manifest list, written at once: the
+# list needs the manifests' names and counts, not their upload), then the catalog's commit —
+# each needs the one before it, with the table's metadata kept from its previous commit (the
+# commit's answer carries it).
+MIN_COMMIT_TRIPS = 3
 
 # a table's requests further apart than this belong to different passes (or are not a commit's)
 BURST_GAP_S = 1.0

@@ -44,8 +44,9 @@ straight to the catalog, not through a proxy) and the mirrors are compared throu
 with pyiceberg. Printed besides: the requests the passes made to S3 and to the catalog, a table
 commit's requests (how many, how many one after the other: :func:`bench.latency_proxy.commit_trips`;
 one commit's requests line by line), and the floor of a pass for that latency — the table
-commits of a pass, ``apply.tableParallelism`` at a time, × the round trips a commit cannot avoid
-(:data:`bench.latency_proxy.MIN_COMMIT_TRIPS`) × the latency. Every request of both proxies is
+commits of a pass, as many in flight as a pass runs (:func:`lakeslot.apply.slots.threads`), ×
+the round trips a commit cannot avoid (:data:`bench.latency_proxy.MIN_COMMIT_TRIPS`) × the
+latency. Every request of both proxies is
 saved as JSON lines (the path is printed).
 """
 
@@ -80,6 +81,7 @@ from bench import commit_floor, common, latency_proxy
 from lakeslot import workloads
 from lakeslot.api.models import GROUP, VERSION, ApplySpec
 from lakeslot.api.naming import TableName
+from lakeslot.apply import slots
 from lakeslot.local import config, objectstore
 from lakeslot.local import run as local_run
 from lakeslot.mirror.catalogs import load_hadoop_table
@@ -280,7 +282,7 @@ class Trips:
     """What the passes during the writes asked of S3 and of the catalog (the proxies' counts)."""
 
     delay_s: float
-    parallelism: int  # apply.tableParallelism
+    parallelism: int  # table commits in flight at once (lakeslot.apply.slots.threads)
     passes: int
     s3: int  # requests to S3 (staging and the warehouse)
     rest: int  # requests to the catalog
@@ -402,7 +404,8 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     if net is not None:
         _save_requests(net, Path(staging_dir := tempfile.mkdtemp(prefix="many-tables-requests-")))
         print(f"  (the proxies' requests: {staging_dir}/{{s3,rest}}.jsonl)")
-        trips = Trips(net.s3.delay_s, args.table_parallelism or ApplySpec().table_parallelism,
+        trips = Trips(net.s3.delay_s, slots.threads(args.table_parallelism
+                                                    or ApplySpec().table_parallelism),
                       int(totals.get("passes", 0)) - int(begun.get("passes", 0)),
                       len(net.s3.requests), len(net.rest.requests),
                       latency_proxy.commit_trips(net.s3.requests, net.rest.requests,

@@ -11,7 +11,8 @@ equals its source row by row (:func:`lakeslot.verify.checksums.compare`), and at
 reads them through the same catalog (OAuth2) and S3 equal to their sources; ``lakeslot status``,
 ``cut`` and the mirror progress the operator reads go through the same catalog. Credentials come
 from the environment only and show in no output. Also here: refused or unreachable settings name
-what to fix, and segments are sealed on S3 without a rename.
+what to fix, segments are sealed on S3 without a rename, and the driver's row delta makes only
+the requests its commit needs (counted by proxies in front of S3 and the catalog).
 
 The JDBC catalog lives in a database of its own on the test's PostgreSQL server, owned by a role
 whose password needs URL-encoding: Spark writes through Iceberg's ``JdbcCatalog`` (the driver that
@@ -31,6 +32,7 @@ import urllib.parse
 import uuid
 
 import kubernetes.client
+import pyarrow as pa
 import pytest
 import yaml
 from psycopg import sql
@@ -49,6 +51,8 @@ from lakeslot.local.pgcluster import free_port
 from lakeslot.mirror import catalogs, cuts
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.contract import LSN_PROPERTY
+from lakeslot.spark import row_delta
+from lakeslot.spark.tables import Tables
 from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import TEMP_PREFIX, Staging
 from lakeslot.verify import checksums
@@ -563,3 +567,76 @@ def test_segments_on_s3_are_sealed_whole_without_a_rename_and_retention_deletes_
     # retention: below every table's position, never the furthest segment
     assert staging.delete_applied(staging.list(), floor=0x40, cutoff=time.time() + 60) == 2
     assert staging.list() == [third]
+
+
+@pytest.mark.slow
+def test_a_row_delta_on_object_storage_asks_only_what_its_commit_needs(rest_spark, object_store):
+    """The driver's row delta against the REST catalog and S3, every request counted by proxies
+    in front of both (the catalog's answers name the S3 proxy as the tables' endpoint): once the
+    table is loaded (a pass's one request) and has a commit of this job behind it, a commit is
+    five PUTs — its two files, its two manifests, its manifest list: no existence check, no
+    read of the parent's manifest list, none of the new one after the commit — and one commit to
+    the catalog, no reload before or after it. A commit that starts from a table another writer
+    committed to since it was loaded is refused by the catalog (409), reloads, and lands on top
+    of the other commit. Read back through the catalog by pyiceberg, the table equals the model
+    of every change."""
+    store = object_store
+    namespace, name = f"counted_{uuid.uuid4().hex[:8]}", "t"
+    key = [(1, "id")]
+    fid = b"PARQUET:field_id"
+    schema = pa.schema([pa.field("id", pa.int64(), False, {fid: b"1"}),
+                        pa.field("v", pa.string(), True, {fid: b"2"}),
+                        pa.field("_lakeslot_lsn", pa.int64(), True, {fid: b"3"})])
+    with LatencyProxy(store.s3_endpoint, 0) as s3, \
+            LatencyProxy(store.rest_uri, 0, {store.s3_endpoint: s3.uri}) as rest:
+        document = store.catalog_document()
+        document = {**document, "name": "counted", "uri": rest.uri,
+                    "properties": {**document["properties"], "s3.endpoint": s3.uri}}
+        define_catalog(rest_spark, document, store.catalog_secrets())
+        rest_spark.sql(f"CREATE NAMESPACE IF NOT EXISTS counted.{namespace}")
+        rest_spark.sql(f"CREATE TABLE counted.{namespace}.{name} (id bigint NOT NULL, v string, "
+                       "_lakeslot_lsn bigint) USING iceberg TBLPROPERTIES ('format-version'='2')")
+        rest_spark.sql(f"INSERT INTO counted.{namespace}.{name} SELECT id, CAST(id AS string), 1 "
+                       "FROM range(1, 101, 1, 1) AS r(id)")
+        model = {i: str(i) for i in range(1, 101)}
+        tables = Tables(rest_spark, "counted", namespace)
+        positions = row_delta.Positions()
+        jvm = rest_spark._jvm
+        for lsn in range(2, 6):
+            table = tables.iceberg_table(name)  # (a pass's load)
+            keys = [lsn, 50 + lsn]
+            found = positions.find(table, row_delta.describe(jvm, table), key,
+                                   pa.table({"1": pa.array(keys, pa.int64())}))
+            rows = pa.table([pa.array(keys, pa.int64()), pa.array([f"v{lsn}-{k}" for k in keys]),
+                             pa.array([lsn] * 2, pa.int64())], schema=schema)
+            advanced = None
+            if lsn == 5:  # another writer's commit (a table object of its own) since the load
+                rest_spark.sql(f"REFRESH TABLE counted.{namespace}.{name}")  # (a new one cached)
+                writer = Tables(rest_spark, "counted", namespace)
+                writer.advance(name, lsn)
+                advanced = writer.iceberg_table(name).currentSnapshot().snapshotId()
+            for proxy in (s3, rest):
+                proxy.requests.clear()
+                proxy.recording.set()
+            row_delta.commit(jvm, table, positions, found, found.deletes(), rows, key, lsn, "zstd")
+            for proxy in (s3, rest):
+                proxy.recording.clear()
+            model.update({k: f"v{lsn}-{k}" for k in keys})
+            to_table = [r for r in rest.requests if r.path.endswith(f"/tables/{name}")]
+            commits = [(r.method, r.status) for r in to_table if r.commit]
+            if advanced is not None:
+                assert commits == [("POST", 409), ("POST", 200)], rest.requests
+                current = table.currentSnapshot()
+                assert (current.parentId(), current.summary().get(LSN_PROPERTY)) == (advanced, str(lsn))
+                continue
+            assert commits == [("POST", 200)] and len(to_table) == 1, rest.requests  # no reload
+            if lsn in (3, 4):  # (the first one from a table loaded anew reads the parent's
+                # manifest list, alongside the files)
+                assert sorted((r.method, r.path.rsplit(".", 1)[-1]) for r in s3.requests) == [
+                    ("PUT", "avro")] * 3 + [("PUT", "parquet")] * 2, s3.requests
+        mirror = catalogs.load_table(CatalogSpec.model_validate(store.catalog_document()),
+                                     (namespace, name), store.catalog_secrets())
+        assert mirror is not None
+        read_back = mirror.scan(selected_fields=("id", "v")).to_arrow()
+        assert dict(zip(read_back["id"].to_pylist(), read_back["v"].to_pylist(), strict=True)) == model
+        rest_spark.sql(f"DROP TABLE counted.{namespace}.{name} PURGE")

@@ -3,8 +3,9 @@ table with several data files and delete files accumulating pass after pass: a l
 ``Positions`` (its caches applying only what is new) finds exactly the rows Spark's own scan
 reports (``_file``, ``_pos``: an independent reader), skips the files whose key bounds exclude
 every key, knows the files of the snapshot its own commit made as Iceberg lists them, and the
-table read back by pyiceberg equals the model of every change. Real Spark, real Iceberg (hadoop
-catalog on local disk)."""
+table read back by pyiceberg equals the model of every change. One round's commit starts from a table
+another writer committed to since it was loaded: the catalog refuses that start, Iceberg reloads
+and commits on top of the other commit. Real Spark, real Iceberg (hadoop catalog on local disk)."""
 
 from __future__ import annotations
 
@@ -67,7 +68,8 @@ def test_positions_follow_accumulating_deletes_and_skip_files_out_of_range(spark
         listing = table.currentSnapshot().manifestListLocation()
         assert (described.snapshot, described.listing) == (table.currentSnapshot().snapshotId(), listing)
         # the live files of the snapshot its own last commit made: known without reading it
-        assert (positions._cache.get(listing + row_delta.FILES) is not None) == (lsn > 2)
+        # (not after round 7's, made on top of another writer's commit: read)
+        assert (positions._cache.get(listing + row_delta.FILES) is not None) == (lsn not in (2, 8))
         found = positions.find(table, described, KEY, wanted)
         assert _found(found) == _spark_rows(spark, keys)
         fresh = row_delta.Positions()
@@ -89,7 +91,17 @@ def test_positions_follow_accumulating_deletes_and_skip_files_out_of_range(spark
             assert (fresh._cache.get(file.file_path) is not None) == holds, (file, keys)
         rows = pa.table([pa.array(keys, pa.int64()), pa.array([f"v{lsn}-{k}" for k in keys]),
                          pa.array([lsn] * len(keys), pa.int64())], schema=SCHEMA)
+        advanced = None
+        if lsn == 7:  # another writer's commit (a table object of its own) since the load
+            spark.sql(f"REFRESH TABLE lakeslot.{NAMESPACE}.{NAME}")  # (Spark's cache: a new one)
+            writer = Tables(spark, "lakeslot", NAMESPACE)
+            writer.advance(NAME, lsn)
+            advanced = writer.iceberg_table(NAME).currentSnapshot().snapshotId()
+            assert table.currentSnapshot().snapshotId() != advanced  # (stale)
         row_delta.commit(jvm, table, positions, found, found.deletes(), rows, KEY, lsn, "zstd")
+        if advanced is not None:  # on top of the other commit: the retry reloaded
+            current = table.currentSnapshot()
+            assert (current.parentId(), current.summary().get("lakeslot.lsn")) == (advanced, str(lsn))
         model.update({k: f"v{lsn}-{k}" for k in keys})
     mirror = load_hadoop_table(spark_warehouse.as_uri(), (NAMESPACE, NAME))
     assert mirror is not None

@@ -720,11 +720,12 @@ class ApplySpec(ApiModel):
         "visible in Iceberg within about this interval plus a pass; 1 for freshness in seconds.",
     )
     table_parallelism: int = Field(
-        8, ge=1, le=64, description="How many tables' changes a pass applies at once (their MERGEs "
-        "or row deltas and commits in flight together in the apply job's Spark application; each "
-        "table's commit stays its own), and how many mirrors it loads at once at its start. More "
-        "overlaps the per-table costs of a pass that touches many tables (catalog and storage "
-        "round trips, Iceberg's waits, mostly); 1 handles them one after the other.",
+        8, ge=1, le=64, description="How many tables' work a pass runs on the CPU at once (their "
+        "MERGEs or row deltas, and the mirrors loaded at its start; each table's commit stays its "
+        "own). Where the catalog or the tables' files are reached over a network, a table waiting "
+        "on a request lets its turn go: up to four times as many tables have requests in flight "
+        "(a pass on object storage is bound by round trips, not by the CPU). 1 handles the tables "
+        "one after the other.",
     )
     driver: DriverSpec | None = optional("Driver resources of the apply job. Default: spark.driver.")
     executor: ExecutorSpec | None = optional("Executor resources of the apply job. Default: spark.executor.")

@@ -6,7 +6,8 @@ It reads staging through :mod:`lakeslot.staging` and writes through :mod:`lakesl
 - :mod:`.job` — :func:`lakeslot.apply.job.run`, the job itself (what ``spark_jobs/apply.py`` and
   local mode call), wiring its collaborators; :mod:`.warmup` runs before a long-running job's
   first pass.
-- :mod:`.passes` — how a pass schedules its tables (the pass loop, listing to status).
+- :mod:`.passes` — how a pass schedules its tables (the pass loop, listing to status);
+  :mod:`.slots` — how many at once, on the CPU and waiting on the network.
 - :mod:`.table_pass` — what happens to one table in a pass (prepare, plan, apply), with
   :mod:`.evolution` (its source's definition followed; :mod:`.ddl` replays captured DDL, pure),
   :mod:`.changelog` (its history) and :mod:`.source_tables` (what a pass reads from the source).

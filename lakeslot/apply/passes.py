@@ -5,7 +5,8 @@ which tables go through which phase, in what order, and what the pass reports.
 A pass (:meth:`Passes.run_pass`), every step timed (:class:`lakeslot.apply.outcomes.Steps`):
 
 1. ``prepare``: every table's mirror (:meth:`~lakeslot.apply.table_pass.TablePass.prepare`),
-   ``apply.tableParallelism`` at a time;
+   ``apply.tableParallelism`` at a time on the CPU, more waiting on the network
+   (:mod:`lakeslot.apply.slots`);
    staging is listed; a table whose position is below the first staged segment is cut off (a
    definite error: its changes are gone).
 2. ``scan``: the batch (:func:`lakeslot.apply.spread.scan`, at most ``max_segments`` segments
@@ -14,7 +15,7 @@ A pass (:meth:`Passes.run_pass`), every step timed (:class:`lakeslot.apply.outco
 4. ``reduce``: every table with changes at once (:mod:`lakeslot.apply.reduction`): the small
    batches the driver will apply itself are reduced by the driver, the rest on the executors.
 5. Every planned table applied (:meth:`~lakeslot.apply.table_pass.TablePass.apply`),
-   ``apply.tableParallelism`` at a time, then the reductions released.
+   as many at a time, then the reductions released.
 6. ``maintenance``: escalation of tables that keep failing transiently, upkeep
    (:mod:`lakeslot.apply.upkeep`: expiry, compaction — at most its share of a pass that applied
    changes; in a pass that applied none, until new segments are sealed —, retention), lifting
@@ -50,7 +51,7 @@ import pyarrow as pa
 
 from lakeslot import cadence, lsn_text
 from lakeslot.api.naming import TableName
-from lakeslot.apply import spread
+from lakeslot.apply import slots, spread
 from lakeslot.apply.changes import TableError
 from lakeslot.apply.failures import Exhausted, Failures
 from lakeslot.apply.outcomes import Hooks, PassResult, Steps, TableOutcome, Totals, now_text
@@ -83,6 +84,7 @@ class Passes:
         self.max_segments = max_segments
         self.interval = self.spec.apply.trigger_interval_seconds
         self.parallelism = self.spec.apply.table_parallelism
+        self.threads = slots.threads(self.parallelism)  # (each table's work holds a CPU slot)
         self.lag = cadence.Lag(self.spec.seal_seconds())  # passes behind the seals
         self._seen_end: int | None = None  # the furthest segment end a listing showed
         self.continuous = continuous
@@ -180,16 +182,16 @@ class Passes:
 
     def _each(self, tables: Sequence[TableName], work: Callable[[TableName], T]
               ) -> dict[TableName, T | TableOutcome]:
-        """``work`` for each table through :meth:`Failures.attempt`, ``apply.tableParallelism``
-        at a time (threads of this Spark application), in ``tables``' order; an error that
-        belongs to no table ends the pass once the tables in flight are done."""
+        """``work`` for each table through :meth:`Failures.attempt`, on :attr:`threads` threads of
+        this Spark application (one with ``apply.tableParallelism`` 1), in ``tables``' order; an
+        error that belongs to no table ends the pass once the tables in flight are done."""
         def one(table: TableName) -> T | TableOutcome:
             return self.failures.attempt(table, functools.partial(work, table))
 
         if self.parallelism == 1 or len(tables) < 2:
             return {table: one(table) for table in tables}
         # (the active session is the JVM thread's: set once as each thread starts)
-        with ThreadPoolExecutor(min(self.parallelism, len(tables)),
+        with ThreadPoolExecutor(min(self.threads, len(tables)),
                                 thread_name_prefix="lakeslot-apply", initializer=make_active,
                                 initargs=(self.spark,)) as pool:
             futures = {table: pool.submit(one, table) for table in tables}

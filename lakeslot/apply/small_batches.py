@@ -36,7 +36,9 @@ caller) and leave the table as it was.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -112,11 +114,13 @@ class SmallBatches:
 
     def apply(self, java_table, table: TableName, state: TableState, rows: pa.Table,
               keeps: frozenset[int], layout: Sequence[str], delimiters: Mapping[str, str],
-              absent: Mapping[str, str], lsn: int) -> bool:
+              absent: Mapping[str, str], lsn: int,
+              waiting: Callable[[], AbstractContextManager[Any]] = nullcontext) -> bool:
         """Commit the table's reduced ``rows`` to the Java Iceberg ``java_table`` (loaded after
         this pass's schema changes, described by ``state``) at ``lsn``; ``keeps``: the columns
-        (positions in ``layout``) some row keeps from the mirror. False when the MERGE must do
-        it (nothing was committed)."""
+        (positions in ``layout``) some row keeps from the mirror; ``waiting``: around the
+        commit's requests when they cross a network (:func:`lakeslot.spark.row_delta.commit`).
+        False when the MERGE must do it (nothing was committed)."""
         if not len(rows) or "values" not in rows.column_names:
             return False  # (nothing reduced: the MERGE path advances the table)
         if not row_delta.writes_every_column(state.schema):
@@ -160,7 +164,7 @@ class SmallBatches:
             new = pa.Table.from_arrays(columns, schema=arrow)
             row_delta.commit(self._jvm, java_table, self.positions, found,
                              found.deletes(keys), new, key, lsn,
-                             row_delta.compression(self._session_codec, described))
+                             row_delta.compression(self._session_codec, described), waiting)
         except (row_delta.Conflict, row_delta.Unsupported) as e:
             log.info("%s: applied by a MERGE instead of the driver's row delta: %s", table, e)
             return False

@@ -38,6 +38,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import NoReturn
 
@@ -53,6 +54,7 @@ from lakeslot.apply.coverage import Coverage
 from lakeslot.apply.evolution import Evolution
 from lakeslot.apply.failures import Failures
 from lakeslot.apply.outcomes import Hooks, Steps, TableOutcome
+from lakeslot.apply.slots import Slots
 from lakeslot.apply.small_batches import SmallBatches
 from lakeslot.apply.source_tables import SourceTables
 from lakeslot.mirror import typemap
@@ -96,6 +98,8 @@ class TablePass:
         self.evolution = Evolution(spark, self.spec, tables, hooks, sources)
         self.changelog = Changelog(spark, self.spec, tables)
         self.small = SmallBatches(spark)
+        self.slots = Slots(self.spec.apply.table_parallelism)  # (see lakeslot.apply.slots)
+        self._remote_catalog = self.spec.sink.catalog.type != "hadoop"
         # continuous: a failed table waits for its retry time (lakeslot.apply.isolation), an idle
         # table's advance is committed when due; a --once run tries every table, commits them all
         self.honour_retry = continuous
@@ -116,8 +120,13 @@ class TablePass:
     # 1. the mirror ---------------------------------------------------------------------------
 
     def prepare(self, table: TableName) -> TableState | TableOutcome:
+        with self.slots.held():
+            return self._prepare(table)
+
+    def _prepare(self, table: TableName) -> TableState | TableOutcome:
         target = self.job.names.mirror_table(table)
-        state = self.tables.load(target)
+        with self._network():
+            state = self.tables.load(target)
         if state is None:
             if self.spec.snapshot.mode == "initial":
                 return TableOutcome(table, target, "waiting", None,
@@ -152,6 +161,12 @@ class TablePass:
             raise TableError(f"{table}: the mirror table has no identifier fields (key); set "
                              "keyColumns for the table and re-snapshot it")
         return self.coverage.state(table, state)
+
+    def _network(self) -> AbstractContextManager[None]:
+        """Around a request to the catalog: the table's CPU slot let go while it waits, where the
+        catalog is reached over a network (not a hadoop catalog, whose metadata is read from
+        local disk)."""
+        return self.slots.waiting() if self._remote_catalog else nullcontext()
 
     def _create(self, table: TableName, target: str) -> None:
         """snapshot.mode never: the mirror starts empty at position 0 (everything staged)."""
@@ -264,7 +279,13 @@ class TablePass:
     def apply(self, table: TableName, planned: Planned, batch: spread.Batch,
               reduced: spread.Reduced | None, small: pa.Table | None = None) -> TableOutcome:
         """The table's pass (``reduced``: its reduction; None: no change of it in the batch;
-        ``small``: its reduced rows when it takes the driver's path)."""
+        ``small``: its reduced rows when it takes the driver's path), in a CPU slot let go
+        while a row delta's commit waits on the network (:mod:`lakeslot.apply.slots`)."""
+        with self.slots.held():
+            return self._apply(table, planned, batch, reduced, small)
+
+    def _apply(self, table: TableName, planned: Planned, batch: spread.Batch,
+               reduced: spread.Reduced | None, small: pa.Table | None) -> TableOutcome:
         target = self.job.names.mirror_table(table)
         state, plan, config, scanned = planned.state, planned.plan, planned.config, planned.scan
         assert batch.end is not None  # plan returned "current" otherwise
@@ -292,14 +313,16 @@ class TablePass:
             if (plan is None or plan.idle) and not self.spec.sink.changelog.enabled \
                     and not self.coverage.commit_due(table, state, lsn):
                 return TableOutcome(table, target, "advanced", lsn, committed=state.lsn)
-            self.tables.advance(target, lsn)
+            with self._network():
+                self.tables.advance(target, lsn)
             return TableOutcome(table, target, "advanced", lsn, ddl=applied)
         if small is not None:
             self.hooks("before-merge", table)
             with self.steps("delta"):
                 delimiters, absent = self._parse_inputs(table, state, relations)
-                done = self.small.apply(self.tables.iceberg_table(target), table, state, small,
-                                        mine.keeps, config.names, delimiters, absent, lsn)
+                done = self.small.apply(self.tables.held(target), table, state, small,
+                                        mine.keeps, config.names, delimiters, absent, lsn,
+                                        self.slots.waiting)
             if done:
                 self.hooks("after-merge", table)
                 return TableOutcome(table, target, "applied", lsn, changes=scanned.changes,

@@ -19,15 +19,20 @@ Invariants:
 - Files are written through the table's own ``FileIO`` (the credentials and storage Spark's
   catalog uses), Parquet with Iceberg's field IDs. On local disk (``file:`` or a plain path)
   Python reads and writes them itself (:func:`_local`): every byte through py4j cost more than
-  the file's use (a 10 KB manifest ≈ 20 ms while the pass's threads share the cores). A file
-  written by a commit that then fails is an orphan (maintenance's orphan-file removal deletes
-  it); it is never referenced.
+  the file's use (a 10 KB manifest ≈ 20 ms while the pass's threads share the cores). Elsewhere
+  a commit's files go to ``RowDeltas.commit`` whole, which writes them at once. Their names are
+  new (a UUID each): written without an existence check (one request less each on object
+  storage). A file written by a commit that then fails is an orphan (maintenance's orphan-file
+  removal deletes it); it is never referenced.
 - **The Java side is three calls** of lakeslot's ``RowDeltas`` (:mod:`lakeslot.spark.helpers`,
   ``java/RowDeltas.java``): the table's facts (:func:`describe`), the new files' locations, and
   the commit with the files' metrics computed by Iceberg from their footers (not read back),
-  JSON in and out. Done call by call from Python, a row delta took about forty py4j round trips
-  and as many again to release their results' proxies. A JVM without the class
-  (:func:`available`) is the caller's to handle: it applies the batch another way.
+  JSON in and out. The commit starts from the table as the caller loaded it (no reload: the
+  catalog checks the commit's requirements, and Iceberg reloads and retries one that fails
+  them) and ends with its answer's state (no reload after it). Done call by call from Python,
+  a row delta took about forty py4j round trips and as many again to release their results'
+  proxies. A JVM without the class (:func:`available`) is the caller's to handle: it applies
+  the batch another way.
 - Format v2 position deletes, one delete file per data file it deletes from (file-scoped,
   ``referencedDataFile`` set: a scan pairs it with that file only). A table with equality
   deletes, or partitioned, is not handled here (:class:`Unsupported`: the caller uses its
@@ -50,6 +55,7 @@ table's own failure) and leaves the table as it was (a commit either lands whole
 from __future__ import annotations
 
 import bisect
+import contextlib
 import io
 import json
 import os
@@ -57,6 +63,7 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -619,7 +626,8 @@ def compression(session_codec: str | None, described: Described) -> str:
 
 def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
            rows: pa.Table | None, key: Sequence[tuple[int, str]], lsn: int,
-           compression: str) -> None:
+           compression: str,
+           waiting: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
     """Commit ``rows`` (the table's columns, Iceberg's Arrow types and field IDs; None or empty:
     none) and the position ``deletes`` (:data:`DELETES`, in order) to the Java Iceberg ``table``
     as one ``RowDelta`` tagged ``lakeslot.lsn = lsn``, validated from the snapshot where the
@@ -638,12 +646,17 @@ def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
     names = [f"{name}-{number}-deletes.parquet" if referenced is not None else f"{name}.parquet"
              for number, (_, referenced) in enumerate(contents)]
     paths = locations(jvm, table, names)
-    files, footers, added = [], [], []
+    files, sent, added = [], [], []
     for path, (content, referenced) in zip(paths, contents, strict=True):
-        written = write(table.io, path, content, compression)
-        footers.append(footer(written))
-        files.append({"path": path, "size": len(written), "footer": len(footers[-1]),
-                      "referenced": referenced})
+        encoded = parquet(content, compression)
+        ends = footer(encoded)
+        if (local := _local(path)) is not None:  # written here; only its footer crosses py4j
+            _write_local(local, encoded)
+            sent.append(ends)
+        else:  # written by the Java side, all the commit's files at once
+            sent.append(encoded)
+        files.append({"path": path, "size": len(encoded), "footer": len(ends),
+                      "content": local is None, "referenced": referenced})
         if referenced is None:
             keys = pa.table({str(i): content[n] for i, n in key})
             positions.remember(path, keys.append_column(
@@ -653,8 +666,9 @@ def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
             positions.remember(path, content)
             added.append(_entry(path, DataFileContent.POSITION_DELETES, referenced))
     request = {"from": found.snapshot, "property": LSN_PROPERTY, "value": str(lsn), "files": files}
-    answer = validated(java(jvm, f"{ROW_DELTAS}.commit"), table, json.dumps(request),
-                       bytearray(b"".join(footers)))
+    with waiting() if any(_local(p) is None for p in paths) else contextlib.nullcontext():
+        answer = validated(java(jvm, f"{ROW_DELTAS}.commit"), table, json.dumps(request),
+                           bytearray(b"".join(sent)))
     positions.committed(found, pa.Table.from_pylist(added, schema=ENTRIES), lsn, answer)
 
 
@@ -711,18 +725,28 @@ def _entry(path: str, content: DataFileContent, referenced: str | None,
             "referenced": referenced, "lower": lower, "upper": upper}
 
 
-def write(files: Callable[[], Any], path: str, rows: pa.Table, compression: str) -> bytes:
-    """Write ``rows`` as a Parquet file at ``path`` (on local disk itself, else through the
-    Java ``FileIO`` that ``files`` returns); returns the file's bytes."""
+def parquet(rows: pa.Table, compression: str) -> bytes:
+    """``rows`` as a Parquet file's bytes."""
     sink = io.BytesIO()
     pq.write_table(rows, sink, compression=compression)
-    data = sink.getvalue()
+    return sink.getvalue()
+
+
+def _write_local(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "xb") as file:
+        file.write(data)
+
+
+def write(files: Callable[[], Any], path: str, rows: pa.Table, compression: str) -> bytes:
+    """Write ``rows`` as a Parquet file at ``path`` (a new name: on local disk itself, else
+    through the Java ``FileIO`` that ``files`` returns, with no existence check first); returns
+    the file's bytes."""
+    data = parquet(rows, compression)
     if (local := _local(path)) is not None:
-        os.makedirs(os.path.dirname(local), exist_ok=True)
-        with open(local, "xb") as file:
-            file.write(data)
+        _write_local(local, data)
         return data
-    out = files().newOutputFile(path).create()
+    out = files().newOutputFile(path).createOrOverwrite()
     try:
         out.write(bytearray(data))
     finally:

@@ -30,7 +30,13 @@ Invariants:
 - A definite error of the apply job is recorded on the table itself (:meth:`Tables.record_error`,
   see :mod:`lakeslot.mirror.contract` for when it is in force).
 - Tables are re-read (``refresh``) before every decision: another job (a re-snapshot) may have
-  committed since, and Spark's catalog caches table objects.
+  committed since, and Spark's catalog caches table objects — the objects every read and commit
+  here goes through, Spark's too (a refresh is one request to the catalog; Iceberg keeps the
+  metadata it holds, and the manifest lists it read with it, when no one committed since). One
+  commit does not re-read first: the driver's row delta (:meth:`Tables.held`), right after this
+  pass's decisions, from the table as this job last read or committed it — the catalog checks
+  the commit's requirements against the table, and Iceberg re-reads and retries a commit that
+  fails them.
 
 Failure modes: an existing table with data and no lakeslot marks is refused by the snapshot (it
 is not ours: replacing it would destroy someone's data); a concurrent commit to the same table
@@ -45,6 +51,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from py4j.protocol import Py4JJavaError
 from pyiceberg.schema import Schema
 from pyiceberg.types import IcebergType, ListType
 
@@ -235,6 +242,10 @@ def position_of(table) -> int | None:
     return int(value) if value is not None else None
 
 
+def _no_such_table(error: Py4JJavaError) -> bool:
+    return error.java_exception.getClass().getName().endswith(".NoSuchTableException")
+
+
 def quote(name: str) -> str:
     """A Spark SQL identifier, backquoted with backquotes doubled."""
     return "`" + name.replace("`", "``") + "`"
@@ -252,13 +263,23 @@ class Tables(Catalog):
         return ".".join(quote(level) for level in levels)
 
     def iceberg_table(self, table: str):
-        """The Java Iceberg table, refreshed."""
+        """The Java Iceberg table, refreshed (Iceberg's ``NoSuchTableException`` when there is
+        no such table)."""
         return self.java_table(self.namespace, table)
 
+    def held(self, table: str):
+        """The Java Iceberg table as Spark's catalog holds it — as this job last read or
+        committed it —, without a request (loaded when it holds none): for a commit whose
+        requirements the catalog checks (see the module docstring)."""
+        return self._catalog.loadTable(self._identifier(self.namespace, table))
+
     def load(self, table: str) -> TableState | None:
-        if not self._catalog.tableExists(self._identifier(self.namespace, table)):
-            return None
-        loaded = self.iceberg_table(table)
+        try:
+            loaded = self.iceberg_table(table)
+        except Py4JJavaError as e:
+            if _no_such_table(e):
+                return None
+            raise
         return TableState(position_of(loaded), schema_of(self._jvm, loaded),
                           python_dict(self._jvm, loaded.properties()))
 

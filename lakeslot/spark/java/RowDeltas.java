@@ -12,6 +12,13 @@
  * file each, validated from the snapshot the positions were found in: a ValidationException
  * when another commit removed a file it deletes from or added deletes since); nothing is
  * committed when it throws. Metrics are Iceberg's, from each file's Parquet footer.
+ *
+ * Round trips (on object storage each request crosses a network): the files handed over whole
+ * are written at once, with createOrOverwrite (their names are new: no existence check first),
+ * while this thread reads the current snapshot's manifest list (what the commit carries over);
+ * the commit goes through CommitOperations: no reload before it or after it, its manifests and
+ * manifest list uploaded at once, then the catalog's commit — three requests one after the other
+ * (the files, the metadata files, the commit) where Iceberg alone makes seven or more.
  */
 package lakeslot.iceberg;
 
@@ -21,12 +28,17 @@ import java.io.UncheckedIOException;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
 import java.util.stream.Stream;
+import org.apache.iceberg.BaseTable;
 import org.apache.iceberg.DataFile;
 import org.apache.iceberg.DataFiles;
 import org.apache.iceberg.FileFormat;
 import org.apache.iceberg.FileMetadata;
+import org.apache.iceberg.HasTableOperations;
 import org.apache.iceberg.io.LocationProvider;
 import org.apache.iceberg.Metrics;
 import org.apache.iceberg.MetricsConfig;
@@ -35,6 +47,9 @@ import org.apache.iceberg.RowDelta;
 import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.SnapshotUpdate;
 import org.apache.iceberg.Table;
+import org.apache.iceberg.io.FileIO;
+import org.apache.iceberg.io.PositionOutputStream;
+import org.apache.iceberg.metrics.LoggingMetricsReporter;
 import org.apache.iceberg.parquet.ParquetUtil;
 import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
 import org.apache.iceberg.shaded.com.fasterxml.jackson.databind.JsonNode;
@@ -46,6 +61,15 @@ public final class RowDeltas {
   // Iceberg waits for its worker pool by polling every 10 ms: manifests are scanned on the
   // calling thread instead
   private static final ExecutorService DIRECT = MoreExecutors.newDirectExecutorService();
+  // a commit's files are written at once, each on a thread of its own (daemons: idle ones end;
+  // the metadata files' uploads too: CommitOperations)
+  private static final ExecutorService WRITERS =
+      Executors.newCachedThreadPool(
+          task -> {
+            Thread thread = new Thread(task, "lakeslot-row-delta-writer");
+            thread.setDaemon(true);
+            return thread;
+          });
 
   private RowDeltas() {}
 
@@ -96,27 +120,38 @@ public final class RowDeltas {
   /**
    * Commit one row delta. {@code request} (JSON): "from" (the snapshot the positions were found
    * in, or null for a table without one), "property" and "value" (set in the snapshot's
-   * summary), "files": each {"path", "size", "footer" (its Parquet footer's length in
-   * {@code footers}, where the footers follow each other in the files' order), "referenced"
-   * (null: a data file; else a position-delete file of that data file)}. Returns the table's
-   * current snapshot afterwards, as JSON: "snapshot", "parent" (null: none), "sequence",
-   * "manifest_list", "summary".
+   * summary), "files": each {"path", "size", "footer" (its Parquet footer's length),
+   * "content" (true: {@code bytes} holds the whole file, written here; false: only its footer,
+   * the file is written already), "referenced" (null: a data file; else a position-delete file
+   * of that data file)}, their bytes following each other in {@code bytes} in the files' order.
+   * Returns the table's current snapshot afterwards, as JSON: "snapshot", "parent" (null:
+   * none), "sequence", "manifest_list", "summary".
    */
-  public static String commit(Table table, String request, byte[] footers) {
+  public static String commit(Table table, String request, byte[] bytes) {
     JsonNode asked = JsonUtil.parse(request, node -> node);
+    Table known = known(table);
     PartitionSpec spec = table.spec();
-    RowDelta delta = table.newRowDelta().scanManifestsWith(DIRECT);
+    RowDelta delta = known.newRowDelta().scanManifestsWith(DIRECT);
     if (!asked.get("from").isNull()) {
       delta = delta.validateFromSnapshot(asked.get("from").asLong()).validateNoConflictingDeleteFiles();
     }
+    List<Future<?>> writes = new ArrayList<>();
     List<String> referenced = new ArrayList<>();
     int at = 0;
     for (JsonNode file : asked.get("files")) {
-      int length = file.get("footer").asInt();
-      ParquetMetadata footer = footer(footers, at, length);
-      at += length;
       String path = file.get("path").asText();
       long size = file.get("size").asLong();
+      int length = file.get("footer").asInt();
+      ParquetMetadata footer;
+      if (file.get("content").asBoolean()) {
+        int start = at;
+        writes.add(WRITERS.submit(() -> write(table.io(), path, bytes, start, (int) size)));
+        footer = footer(bytes, at + (int) size - 8 - length, length);
+        at += (int) size;
+      } else {
+        footer = footer(bytes, at, length);
+        at += length;
+      }
       if (file.get("referenced").isNull()) {
         delta = delta.addRows(dataFile(table, path, size, footer));
       } else {
@@ -126,6 +161,22 @@ public final class RowDeltas {
             .withFormat(FileFormat.PARQUET).withFileSizeInBytes(size).withMetrics(metrics)
             .withReferencedDataFile(data).build());
         referenced.add(data);
+      }
+    }
+    Snapshot parent = known.currentSnapshot();
+    if (parent != null) {  // (read once per Snapshot object: kept for the commit, which reads it)
+      parent.allManifests(known.io());
+    }
+    for (Future<?> write : writes) {
+      try {
+        write.get();
+      } catch (InterruptedException e) {
+        Thread.currentThread().interrupt();
+        throw new IllegalStateException("interrupted writing a row delta's files", e);
+      } catch (ExecutionException e) {
+        throw e.getCause() instanceof RuntimeException
+            ? (RuntimeException) e.getCause()
+            : new IllegalStateException(e.getCause());
       }
     }
     if (!referenced.isEmpty()) {
@@ -152,6 +203,26 @@ public final class RowDeltas {
           gen.writeEndObject();
         },
         false);
+  }
+
+  /** Write {@code length} bytes of {@code bytes} from {@code at} as the new file {@code path}. */
+  private static Void write(FileIO io, String path, byte[] bytes, int at, int length) throws IOException {
+    try (PositionOutputStream out = io.newOutputFile(path).createOrOverwrite()) {
+      out.write(bytes, at, length);
+    }
+    return null;
+  }
+
+  /**
+   * {@code table} as its operations hold it now, for one commit through {@link
+   * CommitOperations}: no reload before it or after it, its metadata files uploaded at once.
+   */
+  static Table known(Table table) {
+    if (!(table instanceof HasTableOperations)) {
+      return table;
+    }
+    return new BaseTable(new CommitOperations(((HasTableOperations) table).operations(), WRITERS), table.name(),
+        table instanceof BaseTable ? ((BaseTable) table).reporter() : LoggingMetricsReporter.instance());
   }
 
   /** The data file of {@code table} at {@code path}, Parquet, its metrics from its footer. */
