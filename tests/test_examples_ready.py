@@ -2,67 +2,105 @@
 whose process holds no credential (tests/support/operator_process.py), as an operator pod's.
 
 Each example is loaded from disk and only where it points is changed: the source's host and port,
-the catalog's URI (its host and port), and the object store's endpoint. The endpoint is an
-``AWS_ENDPOINT_URL`` entry added to ``spec.secretEnv`` from the Secret the example already names
-(with ``AWS_REGION``, which an endpoint outside AWS needs to be signed for: in a cluster on AWS the
-SDK finds the region itself), which counts as pointing at a host. The names the example uses —
-namespace, Secrets and their keys, roles, databases, buckets, catalog name, publication, slot,
-tables — are created here as the example expects them, with this test's credentials.
+the catalog's URI (its host and port, for REST its whole endpoint URL), and the object store's
+endpoint. The endpoint is an ``AWS_ENDPOINT_URL`` entry added to ``spec.secretEnv`` from the
+Secret the example already names for its keys, with ``AWS_REGION`` (which an endpoint outside AWS
+needs to be signed for; in a cluster on AWS the SDK finds the region itself): that counts as
+pointing at a host. The names the example uses — namespace, Secrets and their keys, roles,
+databases, buckets, catalog name and warehouse, publication, slot, tables — are created here as
+the example expects them, with this test's credentials.
 
 Simulated, because pods cannot run here: the spark-operator's controller and the pods (the reader
 Deployment's Pod is created and reported running as the Deployment controller and kubelet would;
 the SparkApplications' states are written as the spark-operator would). The pods' work runs as
-``lakeslot run --once`` in a process of its own (its own JVM: the example keeps its catalog name
+``lakeslot run --once`` in a process of its own (its own JVM: the examples keep their catalog name
 ``lakeslot``, which the tests' shared Spark session uses for a hadoop catalog) whose environment is
-exactly what the pods get from the example's Secret references (nothing of the test's own).
-The mirrors are then read with pyiceberg through the catalog, independently of lakeslot, and
-compared with the source row by row.
+exactly what the pods get from the example's Secret references (nothing of the test's own). The
+mirrors are then read with pyiceberg through the catalog, independently of lakeslot, and compared
+with the source row by row.
 
-``examples/ingestion-full.yaml``: PostgreSQL 15 with TLS (``sslMode: verify-full`` against the CA in
-the example's ``caSecretRef`` Secret; the embedded PostgreSQL 18 has no SSL), a CDC role with
-REPLICATION and column-level SELECT only, the publication created by a DBA (the example's
-``publicationManagement: Auto`` then verifies it), a JDBC catalog on its own database and role, and
-the example's buckets as plain buckets of an object store of its own (the shared one's ``lake`` is a
-table bucket, which refuses staging writes).
+- ``examples/ingestion-full.yaml``: PostgreSQL 15 with TLS (``sslMode: verify-full`` against the CA
+  in the example's ``caSecretRef`` Secret; the embedded PostgreSQL 18 has no SSL), a CDC role with
+  REPLICATION and column-level SELECT only, the publication created by a DBA (the example's
+  ``publicationManagement: Auto`` then verifies it), a JDBC catalog on its own database and role.
+- ``examples/ingestion.yaml``: PostgreSQL 18, a role that owns its tables (lakeslot creates the
+  publication), the shared SeaweedFS REST catalog (warehouse ``lake``), in namespace ``shop`` as
+  the getting-started page applies it (``kubectl apply -n shop``).
+
+The examples' bucket ``lake`` holds staging (``s3://lake/staging/…``) beside the warehouse. The
+shared object store's ``lake`` is a *table bucket* (the REST catalog's warehouse), which refuses
+any other write; so each example has a store of its own with the shared store's keys and a plain bucket
+``lake``: the full example's staging and warehouse are there; the minimal example's S3 endpoint
+is a proxy over both stores (:func:`staging_router`): ``lake/staging/…`` in the example's store,
+the rest of ``lake`` in the shared one — one endpoint, one bucket name, as on a real object store.
 """
 
 from __future__ import annotations
 
 import base64
-import copy
 import os
+import re
 import secrets
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import kubernetes.client
 import pytest
 import yaml
 from psycopg import sql
 
+from bench.latency_proxy import LatencyProxy
 from lakeslot import workloads
 from lakeslot.api.models import GROUP, PLURAL, VERSION
-from lakeslot.local.objectstore import REGION, WAREHOUSE, ObjectStore, ObjectStoreError, running, weed
+from lakeslot.filesystems import S3Access
+from lakeslot.local.objectstore import REGION, WAREHOUSE, ObjectStore, ObjectStoreError, running
 from tests.support import operator_env as env
 from tests.support.local_support import LAKESLOT, RUN_DEADLINE_S
 from tests.support.operator_process import KEPT, ROOT, scrubbed_operator
 from tests.support.waiting import wait_for
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = ROOT / "examples"
+STAGING_PREFIX = "staging/"  # the examples' staging: s3://lake/staging/…
+
+
+def staging_router(staging_store: str) -> Callable[[str, str, bytes], str | None]:
+    """A :class:`LatencyProxy` route: requests on ``lake/staging/…`` (by key, a listing's
+    ``prefix`` or a bulk delete's keys) to ``staging_store``, the rest to the proxy's upstream."""
+
+    def route(method: str, target: str, body: bytes) -> str | None:
+        parts = urlsplit(target)
+        bucket, _, key = unquote(parts.path).lstrip("/").partition("/")
+        if bucket != WAREHOUSE:
+            return None
+        prefix = parse_qs(parts.query).get("prefix", [""])[0]
+        deleted = re.findall(rb"<Key>([^<]*)</Key>", body) if method == "POST" else []
+        staged = key.startswith(STAGING_PREFIX) or (not key and prefix.startswith(STAGING_PREFIX)) or (
+            bool(deleted) and all(k.startswith(STAGING_PREFIX.encode()) for k in deleted))
+        return staging_store if staged else None
+
+    return route
 
 
 @pytest.fixture(scope="module")
-def example_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
-    """An object store whose bucket ``lake`` (the examples' staging and warehouse) is a plain one."""
-    if weed() is None:
-        pytest.skip("object storage unavailable: no `weed` binary")
+def example_store(object_store: ObjectStore, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ObjectStore]:
+    """An object store of the examples' own, with the shared store's keys, whose bucket ``lake``
+    is a plain one; emptied after each test (both examples stage to
+    ``s3://lake/staging/shop-orders``)."""
     try:
-        with running(tmp_path_factory.mktemp("example-s3"), plain_buckets=[WAREHOUSE], table_bucket=None) as store:
+        with running(tmp_path_factory.mktemp("example-s3"), access_key=object_store.access_key,
+                     secret_key=object_store.secret_key, plain_buckets=[WAREHOUSE], table_bucket=None) as store:
             yield store
     except ObjectStoreError as e:
         pytest.fail(str(e))
+
+
+@pytest.fixture
+def empty_example_store(example_store: ObjectStore) -> Iterator[ObjectStore]:
+    yield example_store
+    S3Access.of(example_store.environment()).filesystem(WAREHOUSE).delete_dir_contents(WAREHOUSE)
 
 
 def _example(name: str) -> dict:
@@ -70,11 +108,21 @@ def _example(name: str) -> dict:
     return document
 
 
-def _secret(api, namespace: str, name: str, values: dict[str, str]) -> None:
-    env.create_secret(api, name, values, namespace=namespace)
+def _point_at_store(api, document: dict, store: ObjectStore, endpoint: str) -> None:
+    """The example's object-store Secret (its keys: this store's) with the endpoint and region,
+    which ``secretEnv`` gets from it too."""
+    spec, namespace = document["spec"], document["metadata"]["namespace"]
+    (secret,) = {v["secretKeyRef"]["name"] for v in spec["secretEnv"]}
+    keys = {v["name"]: v["secretKeyRef"]["key"] for v in spec["secretEnv"]}
+    assert set(keys) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}, keys
+    spec["secretEnv"] += [{"name": variable, "secretKeyRef": {"name": secret, "key": key}}
+                          for variable, key in (("AWS_ENDPOINT_URL", "endpoint"), ("AWS_REGION", "region"))]
+    env.create_secret(api, secret, {keys["AWS_ACCESS_KEY_ID"]: store.access_key,
+                                    keys["AWS_SECRET_ACCESS_KEY"]: store.secret_key,
+                                    "endpoint": endpoint, "region": REGION}, namespace=namespace)
 
 
-def _secret_values(api, namespace: str, ref: dict) -> str:
+def _secret_value(api, namespace: str, ref: dict) -> str:
     data = kubernetes.client.CoreV1Api(api).read_namespaced_secret(ref["name"], namespace).data or {}
     return base64.b64decode(data[ref["key"]]).decode()
 
@@ -83,57 +131,85 @@ def _pod_environment(api, document: dict, ca_file: Path | None) -> dict[str, str
     """What the example's pods get from its Secret references (simulated kubelet), as local mode
     reads it (lakeslot.local.config): nothing of this process's environment but :data:`KEPT`
     (and ``PYTHONPATH``: the image's code is this checkout's)."""
-    namespace, spec = document["metadata"].get("namespace", "default"), document["spec"]
+    namespace, spec = document["metadata"]["namespace"], document["spec"]
     environ = {k: os.environ[k] for k in KEPT if k in os.environ}
     environ["PYTHONPATH"] = str(ROOT)
-    environ[workloads.PASSWORD_ENV] = _secret_values(api, namespace, spec["source"]["passwordSecretRef"])
+    environ[workloads.PASSWORD_ENV] = _secret_value(api, namespace, spec["source"]["passwordSecretRef"])
     if ca_file is not None:
         environ[workloads.CA_FILE_ENV] = str(ca_file)
     for key, ref in spec["sink"]["catalog"].get("secretProperties", {}).items():
-        environ[workloads.catalog_secret_env(key)] = _secret_values(api, namespace, ref)
+        environ[workloads.catalog_secret_env(key)] = _secret_value(api, namespace, ref)
     for variable in spec.get("secretEnv", []):
-        environ[variable["name"]] = _secret_values(api, namespace, variable["secretKeyRef"])
+        environ[variable["name"]] = _secret_value(api, namespace, variable["secretKeyRef"])
     return environ
 
 
-def _status(api, name: str, namespace: str) -> dict:
-    return (env.get_ingestion(api, name, namespace) or {}).get("status") or {}
-
-
 def _ready_and_streaming(api, name: str, namespace: str, tables: int) -> dict | None:
-    status = _status(api, name, namespace)
-    ready = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
+    status = (env.get_ingestion(api, name, namespace) or {}).get("status") or {}
+    ready: dict = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
     states = [t["state"] for t in status.get("tables", [])]
     return status if ready.get("status") == "True" and states == ["Streaming"] * tables else None
 
 
-def _run_pipeline(api, document: dict, environ: dict[str, str], tmp_path: Path, tables: int) -> dict:
-    """The pods' work for ``document`` (as written to ``tmp_path``): ``lakeslot run --once`` in a
-    process of its own with ``environ``; the reader Pod running (its identity: that process's
-    reader), the snapshot application COMPLETED and the apply one RUNNING. The Ready status."""
-    name, namespace = document["metadata"]["name"], document["metadata"].get("namespace", "default")
+def _run_to_ready(api, kube, document: dict, tmp_path: Path, tables: int, ca_file: Path | None = None) -> dict:
+    """``document`` applied with the scrubbed operator running, and the pods' work for it (as
+    written to ``tmp_path``): ``lakeslot run --once`` in a process of its own with the pods'
+    environment; the reader Pod running (its identity: that process's reader), the snapshot
+    application COMPLETED and the apply one RUNNING. The status once Ready with ``tables`` tables
+    Streaming."""
+    name, namespace = document["metadata"]["name"], document["metadata"]["namespace"]
     path = tmp_path / "example.yaml"
     path.write_text(yaml.safe_dump(document, allow_unicode=True, sort_keys=False))
-    wait_for(lambda: f"{name}-reader" in env.deployments(api, namespace), "the reader Deployment")
-    with (tmp_path / "run.log").open("wb") as log:
-        run = subprocess.Popen([LAKESLOT, "run", "--once", "--plain", "-f", str(path), "--state-dir",
-                                str(tmp_path / "state")], env=environ, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        env.reader_pod_running(api, name, f"local-{socket.gethostname()}-{run.pid}", namespace=namespace)
-        code = run.wait(RUN_DEADLINE_S)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
-    assert code == 0, (tmp_path / "run.log").read_text()[-5000:]
-    wait_for(lambda: f"{name}-apply" in env.spark_applications(api, namespace), "the apply SparkApplication")
-    for application in env.spark_applications(api, namespace):
-        env.set_spark_state(api, application, "RUNNING" if application == f"{name}-apply" else "COMPLETED",
-                            namespace=namespace)
-    status = wait_for(lambda: _ready_and_streaming(api, name, namespace, tables),
-                      "Ready, every table Streaming, read with the example's credentials")
+    with scrubbed_operator(kube.url, tmp_path / "operator.log"):
+        kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, document)
+        wait_for(lambda: f"{name}-reader" in env.deployments(api, namespace), "the reader Deployment")
+        with (tmp_path / "run.log").open("wb") as log:
+            run = subprocess.Popen([LAKESLOT, "run", "--once", "--plain", "-f", str(path), "--state-dir",
+                                    str(tmp_path / "state")], env=_pod_environment(api, document, ca_file),
+                                   stdout=log, stderr=subprocess.STDOUT)
+        try:
+            env.reader_pod_running(api, name, f"local-{socket.gethostname()}-{run.pid}", namespace=namespace)
+            code = run.wait(RUN_DEADLINE_S)
+        finally:
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+        assert code == 0, (tmp_path / "run.log").read_text()[-5000:]
+        wait_for(lambda: f"{name}-apply" in env.spark_applications(api, namespace), "the apply SparkApplication")
+        for application in env.spark_applications(api, namespace):
+            env.set_spark_state(api, application, "RUNNING" if application == f"{name}-apply" else "COMPLETED",
+                                namespace=namespace)
+        status = wait_for(lambda: _ready_and_streaming(api, name, namespace, tables),
+                          "Ready, every table Streaming, read with the example's credentials")
     assert status is not None
     return status
+
+
+def _mirror_rows(catalog, identifier: tuple[str, str], columns: list[str]) -> list[tuple]:
+    rows = catalog.load_table(identifier).scan(selected_fields=tuple(columns)).to_arrow().to_pylist()
+    return sorted((tuple(row[c] for c in columns) for row in rows), key=repr)
+
+
+def _source_rows(conn, table: tuple[str, str], columns: list[str], text: tuple[str, ...] = ()) -> list[tuple]:
+    """``columns`` of ``table``, those in ``text`` as PostgreSQL's text (textColumns)."""
+    query = sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(
+        sql.SQL("{}::text").format(sql.Identifier(c)) if c in text else sql.Identifier(c) for c in columns),
+        sql.Identifier(*table))
+    return sorted(conn.execute(query).fetchall(), key=repr)
+
+
+def _create_role(conn, role: str, password: str, *attributes: str) -> None:
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN {} PASSWORD {}").format(
+        sql.Identifier(role), sql.SQL(" ").join(map(sql.SQL, attributes)), sql.Literal(password)))
+
+
+def _drop(cluster, databases: tuple[str, ...], roles: tuple[str, ...]) -> None:
+    for database in databases:
+        cluster.drop_database(database)
+    with cluster.connect() as conn:
+        for role in roles:
+            conn.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
 
 
 # examples/ingestion-full.yaml ------------------------------------------------------------------
@@ -141,14 +217,13 @@ def _run_pipeline(api, document: dict, environ: dict[str, str], tmp_path: Path, 
 ORDER_LINE_COLUMNS = ["order_id", "line_no", "sku", "valid_until", "Shipped At"]  # internal_note excluded
 
 
-def _create_shop(cluster, replicator_password: str) -> None:
+def _create_full_source(cluster, replicator_password: str) -> None:
     """The source the full example names: database ``shop``, role ``lakeslot_replicator``
     (REPLICATION, SELECT on the mirrored columns only), tables ``public.orders``, ``"Sales"."Order
     Lines"`` (no primary key: keyColumns), every table of schema ``inventory``, and the DBA's
     publication ``lakeslot_shop_orders``."""
     with cluster.connect() as conn:
-        conn.execute(sql.SQL("CREATE ROLE lakeslot_replicator LOGIN REPLICATION PASSWORD {}").format(
-            sql.Literal(replicator_password)))
+        _create_role(conn, "lakeslot_replicator", replicator_password, "REPLICATION")
         conn.execute("CREATE DATABASE shop")
     with cluster.connect("shop") as conn:
         conn.execute("CREATE TABLE public.orders (id bigint PRIMARY KEY, customer text NOT NULL,"
@@ -161,7 +236,8 @@ def _create_shop(cluster, replicator_password: str) -> None:
         conn.execute('ALTER TABLE "Sales"."Order Lines" REPLICA IDENTITY FULL')
         conn.execute('INSERT INTO "Sales"."Order Lines" SELECT o, l, \'sku-\' || (o * l), \'do not copy\','
                      " CASE WHEN o % 5 = 0 THEN 'infinity'::date ELSE '2027-01-01'::date + o END,"
-                     " CASE WHEN o % 7 = 0 THEN NULL ELSE '2026-02-01 12:00:00+00'::timestamptz + o * interval '1 day' END"
+                     " CASE WHEN o % 7 = 0 THEN NULL ELSE '2026-02-01 12:00:00+00'::timestamptz"
+                     "  + o % 2 * interval '1 day' + o * interval '1 minute' END"
                      " FROM generate_series(1, 300) o, generate_series(1, 3) l")
         conn.execute("CREATE SCHEMA inventory")
         conn.execute("CREATE TABLE inventory.stock (sku text PRIMARY KEY, quantity int NOT NULL)")
@@ -175,97 +251,105 @@ def _create_shop(cluster, replicator_password: str) -> None:
                      " WITH (publish = 'insert, update, delete, truncate', publish_via_partition_root = true)")
 
 
-def _create_catalog_database(cluster, password: str) -> None:
-    """The JDBC catalog's database ``iceberg``, owned by its role ``iceberg``."""
-    with cluster.connect() as conn:
-        conn.execute(sql.SQL("CREATE ROLE iceberg LOGIN PASSWORD {}").format(sql.Literal(password)))
-        conn.execute("CREATE DATABASE iceberg OWNER iceberg")
-
-
-def _drop_full(cluster) -> None:
-    for database in ("shop", "iceberg"):
-        cluster.drop_database(database)
-    with cluster.connect() as conn:
-        conn.execute("DROP ROLE IF EXISTS lakeslot_replicator")
-        conn.execute("DROP ROLE IF EXISTS iceberg")
-
-
-def _mirror_rows(catalog, identifier: tuple[str, str], columns: list[str]) -> list[tuple]:
-    table = catalog.load_table(identifier)
-    rows = table.scan(selected_fields=tuple(columns)).to_arrow().to_pylist()
-    return sorted((tuple(row[c] for c in columns) for row in rows), key=repr)
-
-
-def _source_rows(conn, table: sql.Composable, columns: list[str], text: tuple[str, ...] = ()) -> list[tuple]:
-    """``columns`` of ``table``, those in ``text`` as PostgreSQL's text (textColumns)."""
-    query = sql.SQL("SELECT {} FROM {}").format(sql.SQL(", ").join(
-        sql.SQL("{}::text").format(sql.Identifier(c)) if c in text else sql.Identifier(c) for c in columns), table)
-    return sorted(conn.execute(query).fetchall(), key=repr)
-
-
 @pytest.mark.slow
 def test_the_full_example_runs_to_ready_as_written_apart_from_host_names(
-        kube, api, pg_cluster_factory, example_store, tmp_path):
-    cluster = pg_cluster_factory.get("pg15", tls=True)
-    store = example_store
+        kube, api, pg_cluster_factory, object_store, empty_example_store, tmp_path):
+    """Its warehouse ``s3://lake/warehouse`` and staging both in ``example_store``."""
+    cluster, example_store = pg_cluster_factory.get("pg15", tls=True), empty_example_store
     document = _example("ingestion-full.yaml")
-    original = copy.deepcopy(document)
-    spec, namespace, name = document["spec"], document["metadata"]["namespace"], document["metadata"]["name"]
-
-    # Where it points: the source, the catalog's database server, the object store.
-    spec["source"].update(host="localhost", port=cluster.port)
+    spec, namespace = document["spec"], document["metadata"]["namespace"]
     catalog = spec["sink"]["catalog"]
+    # Where it points: the source, the catalog's database server (the object store: below).
+    spec["source"].update(host="localhost", port=cluster.port)
     assert catalog["uri"] == "jdbc:postgresql://catalog-db.lake.svc:5432/iceberg"
     catalog["uri"] = f"jdbc:postgresql://127.0.0.1:{cluster.port}/iceberg"
-    (s3_secret,) = {v["secretKeyRef"]["name"] for v in spec["secretEnv"]}
-    spec["secretEnv"] += [{"name": variable, "secretKeyRef": {"name": s3_secret, "key": key}}
-                          for variable, key in (("AWS_ENDPOINT_URL", "endpoint"), ("AWS_REGION", "region"))]
-    changed = {"source": spec["source"], "sink": spec["sink"], "secretEnv": spec["secretEnv"]}
-    assert {**original["spec"], **changed} == spec
 
     replicator_password, catalog_password = secrets.token_urlsafe(18), secrets.token_urlsafe(18)
-    _create_shop(cluster, replicator_password)
-    _create_catalog_database(cluster, catalog_password)
+    _create_full_source(cluster, replicator_password)
+    with cluster.connect() as conn:  # the catalog's database, owned by its role
+        _create_role(conn, "iceberg", catalog_password)
+        conn.execute("CREATE DATABASE iceberg OWNER iceberg")
     try:
         kubernetes.client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})  # type: ignore[arg-type]
-        _secret(api, namespace, spec["source"]["passwordSecretRef"]["name"],
-                {spec["source"]["passwordSecretRef"]["key"]: replicator_password})
-        _secret(api, namespace, spec["source"]["caSecretRef"]["name"],
-                {spec["source"]["caSecretRef"]["key"]: cluster.ca_cert.read_text()})
-        (password_ref,) = catalog["secretProperties"].values()
-        _secret(api, namespace, password_ref["name"], {password_ref["key"]: catalog_password})
-        keys = {v["name"]: v["secretKeyRef"]["key"] for v in spec["secretEnv"]}
-        _secret(api, namespace, s3_secret, {
-            keys["AWS_ACCESS_KEY_ID"]: store.access_key, keys["AWS_SECRET_ACCESS_KEY"]: store.secret_key,
-            "endpoint": store.s3_endpoint, "region": REGION})
-        ca_file = tmp_path / "ca.crt"
-        ca_file.write_text(_secret_values(api, namespace, spec["source"]["caSecretRef"]))
+        source, (password_ref,) = spec["source"], catalog["secretProperties"].values()
+        for ref, value in ((source["passwordSecretRef"], replicator_password),
+                           (source["caSecretRef"], cluster.ca_cert.read_text()), (password_ref, catalog_password)):
+            env.create_secret(api, ref["name"], {ref["key"]: value}, namespace=namespace)
+        _point_at_store(api, document, object_store, example_store.s3_endpoint)
+        ca_file = tmp_path / "ca.crt"  # (mounted from the Secret, where the pods read it)
+        ca_file.write_text(_secret_value(api, namespace, source["caSecretRef"]))
 
-        with scrubbed_operator(kube.url, tmp_path / "operator.log"):
-            kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, document)
-            environ = _pod_environment(api, document, ca_file)
-            status = _run_pipeline(api, document, environ, tmp_path, tables=3)
-        assert status["publicationName"] == "lakeslot_shop_orders", status
-        assert status["slot"]["name"] == "lakeslot_shop_orders", status
+        status = _run_to_ready(api, kube, document, tmp_path, tables=3, ca_file=ca_file)
+        assert (status["publicationName"], status["slot"]["name"]) == ("lakeslot_shop_orders",) * 2, status
 
         from pyiceberg.catalog.sql import SqlCatalog
 
         mirrors = SqlCatalog(catalog.get("name", "lakeslot"), **{
             "uri": f"postgresql+psycopg://iceberg:{catalog_password}@127.0.0.1:{cluster.port}/iceberg",
-            "warehouse": catalog["warehouse"], "s3.endpoint": store.s3_endpoint, "s3.region": REGION,
-            "s3.access-key-id": store.access_key, "s3.secret-access-key": store.secret_key})
+            "warehouse": catalog["warehouse"], "s3.endpoint": example_store.s3_endpoint, "s3.region": REGION,
+            "s3.access-key-id": object_store.access_key, "s3.secret-access-key": object_store.secret_key})
         with cluster.connect("shop") as conn:
-            conn.execute("SET TimeZone = 'UTC'")
-            orders = ["id", "customer", "total", "placed_at"]
-            assert _mirror_rows(mirrors, ("shop", "public__orders"), orders) == _source_rows(
-                conn, sql.Identifier("public", "orders"), orders)
-            lines = _mirror_rows(mirrors, ("shop", "sales__order_lines"), ORDER_LINE_COLUMNS)
-            assert lines == _source_rows(conn, sql.Identifier("Sales", "Order Lines"), ORDER_LINE_COLUMNS,
-                                          text=("valid_until",))
-            stock = ["sku", "quantity"]
-            assert _mirror_rows(mirrors, ("shop", "inventory__stock"), stock) == _source_rows(
-                conn, sql.Identifier("inventory", "stock"), stock)
-        assert "internal_note" not in mirrors.load_table(("shop", "sales__order_lines")).schema().column_names
+            for table, mirror, columns, text in (
+                    (("public", "orders"), "public__orders", ["id", "customer", "total", "placed_at"], ()),
+                    (("Sales", "Order Lines"), "sales__order_lines", ORDER_LINE_COLUMNS, ("valid_until",)),
+                    (("inventory", "stock"), "inventory__stock", ["sku", "quantity"], ())):
+                assert _mirror_rows(mirrors, (spec["sink"]["namespace"], mirror), columns) == _source_rows(
+                    conn, table, columns, text), table
+        lines = mirrors.load_table((spec["sink"]["namespace"], "sales__order_lines"))
+        assert "internal_note" not in lines.schema().column_names
+        assert [f.transform for f in lines.spec().fields] != [], "partitionBy"
     finally:
-        _drop_full(cluster)
+        _drop(cluster, ("shop", "iceberg"), ("lakeslot_replicator", "iceberg"))
+
+
+# examples/ingestion.yaml -----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_minimal_example_runs_to_ready_as_written_apart_from_host_names(
+        kube, api, pg_cluster_factory, object_store, empty_example_store, tmp_path):
+    """Its warehouse: the shared store's REST catalog (table bucket ``lake``); its staging
+    ``s3://lake/staging/…`` in ``example_store``, both behind one endpoint (:func:`staging_router`)."""
+    cluster, example_store = pg_cluster_factory.get("pg18"), empty_example_store
+    document = _example("ingestion.yaml")
+    spec = document["spec"]
+    catalog = spec["sink"]["catalog"]
+    document["metadata"]["namespace"] = "shop"  # kubectl apply -n shop (docs/getting-started/kubernetes.md)
+    # Where it points: the source, the REST catalog (the object store: below).
+    spec["source"].update(host="127.0.0.1", port=cluster.port)
+    assert catalog["uri"] == "https://catalog.lake.svc:8181/api/catalog"
+    catalog["uri"] = object_store.rest_uri
+
+    password = secrets.token_urlsafe(18)
+    with cluster.connect() as conn:  # the role owns its tables and may create the publication
+        _create_role(conn, "lakeslot", password, "REPLICATION")
+        conn.execute("CREATE DATABASE shop OWNER lakeslot")
+    try:
+        with cluster.connect("shop") as conn:
+            conn.execute("SET ROLE lakeslot")
+            conn.execute("CREATE TABLE orders (id bigint PRIMARY KEY, customer text NOT NULL, total numeric(12, 2))")
+            conn.execute("INSERT INTO orders SELECT g, 'customer ' || g, g * 1.25 FROM generate_series(1, 200) g")
+            conn.execute("CREATE TABLE order_items (order_id bigint, line_no int, sku text, quantity int,"
+                         " PRIMARY KEY (order_id, line_no))")
+            conn.execute("INSERT INTO order_items SELECT o, l, 'sku-' || (o * l), l FROM generate_series(1, 200) o,"
+                         " generate_series(1, 2) l")
+        namespace, source = document["metadata"]["namespace"], spec["source"]
+        for ref, value in ((source["passwordSecretRef"], password),
+                           (catalog["secretProperties"]["credential"], object_store.catalog_secrets()["credential"])):
+            env.create_secret(api, ref["name"], {ref["key"]: value}, namespace=namespace)
+        with LatencyProxy(object_store.s3_endpoint, 0, route=staging_router(example_store.s3_endpoint)) as s3:
+            _point_at_store(api, document, object_store, s3.uri)
+            _run_to_ready(api, kube, document, tmp_path, tables=2)
+
+        from pyiceberg.catalog.rest import RestCatalog
+
+        mirrors = RestCatalog("examples", **{
+            "uri": object_store.rest_uri, "warehouse": catalog["warehouse"],
+            "credential": object_store.catalog_secrets()["credential"], **object_store.s3_file_io(),
+            "s3.access-key-id": object_store.access_key, "s3.secret-access-key": object_store.secret_key})
+        with cluster.connect("shop") as conn:
+            for table, columns in (("orders", ["id", "customer", "total"]),
+                                   ("order_items", ["order_id", "line_no", "sku", "quantity"])):
+                assert _mirror_rows(mirrors, (spec["sink"]["namespace"], f"public__{table}"), columns) == \
+                    _source_rows(conn, ("public", table), columns), table
+    finally:
+        _drop(cluster, ("shop",), ("lakeslot",))
