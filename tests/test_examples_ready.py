@@ -22,7 +22,10 @@ with the source row by row.
 - ``examples/ingestion-full.yaml``: PostgreSQL 15 with TLS (``sslMode: verify-full`` against the CA
   in the example's ``caSecretRef`` Secret; the embedded PostgreSQL 18 has no SSL), a CDC role with
   REPLICATION and column-level SELECT only, the publication created by a DBA (the example's
-  ``publicationManagement: Auto`` then verifies it), a JDBC catalog on its own database and role.
+  ``publicationManagement: Auto`` then verifies it), a JDBC catalog on its own database and role;
+  after Ready, changes in every table (a text column set to 'infinity', a row moved to another
+  partition, an excluded column changed, deletes, inserts) streamed and applied by the pods' work
+  run once more, then compared.
 - ``examples/ingestion.yaml``: PostgreSQL 18, a role that owns its tables (lakeslot creates the
   publication), the shared SeaweedFS REST catalog (warehouse ``lake``), in namespace ``shop`` as
   the getting-started page applies it (``kubectl apply -n shop``).
@@ -38,6 +41,7 @@ the rest of ``lake`` in the shared one — one endpoint, one bucket name, as on 
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import re
 import secrets
@@ -53,10 +57,12 @@ import yaml
 from psycopg import sql
 
 from bench.latency_proxy import LatencyProxy
+from lakeslot import lsn as lsnlib
 from lakeslot import workloads
 from lakeslot.api.models import GROUP, PLURAL, VERSION
 from lakeslot.filesystems import S3Access
 from lakeslot.local.objectstore import REGION, WAREHOUSE, ObjectStore, ObjectStoreError, running
+from lakeslot.source.connection import one_row
 from tests.support import operator_env as env
 from tests.support.local_support import LAKESLOT, RUN_DEADLINE_S
 from tests.support.operator_process import KEPT, ROOT, scrubbed_operator
@@ -144,44 +150,55 @@ def _pod_environment(api, document: dict, ca_file: Path | None) -> dict[str, str
     return environ
 
 
-def _ready_and_streaming(api, name: str, namespace: str, tables: int) -> dict | None:
+def _ready_and_streaming(api, name: str, namespace: str, tables: int, after: int = -1) -> dict | None:
+    """The status once Ready with ``tables`` tables Streaming, each mirror past ``after``."""
     status = (env.get_ingestion(api, name, namespace) or {}).get("status") or {}
     ready: dict = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
-    states = [t["state"] for t in status.get("tables", [])]
-    return status if ready.get("status") == "True" and states == ["Streaming"] * tables else None
+    rows = status.get("tables", [])
+    done = ready.get("status") == "True" and [t["state"] for t in rows] == ["Streaming"] * tables and all(
+        t.get("appliedLsn") and lsnlib.parse(t["appliedLsn"]) > after for t in rows)
+    return status if done else None
 
 
-def _run_to_ready(api, kube, document: dict, tmp_path: Path, tables: int, ca_file: Path | None = None) -> dict:
-    """``document`` applied with the scrubbed operator running, and the pods' work for it (as
-    written to ``tmp_path``): ``lakeslot run --once`` in a process of its own with the pods'
-    environment; the reader Pod running (its identity: that process's reader), the snapshot
-    application COMPLETED and the apply one RUNNING. The status once Ready with ``tables`` tables
-    Streaming."""
-    name, namespace = document["metadata"]["name"], document["metadata"]["namespace"]
-    path = tmp_path / "example.yaml"
-    path.write_text(yaml.safe_dump(document, allow_unicode=True, sort_keys=False))
+@contextlib.contextmanager
+def _applied(api, kube, document: dict, tmp_path: Path) -> Iterator[None]:
+    """``document`` applied (as written to ``tmp_path``/example.yaml, for the pods' work) while
+    the scrubbed operator runs."""
+    (tmp_path / "example.yaml").write_text(yaml.safe_dump(document, allow_unicode=True, sort_keys=False))
     with scrubbed_operator(kube.url, tmp_path / "operator.log"):
         kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, document)
-        wait_for(lambda: f"{name}-reader" in env.deployments(api, namespace), "the reader Deployment")
-        with (tmp_path / "run.log").open("wb") as log:
-            run = subprocess.Popen([LAKESLOT, "run", "--once", "--plain", "-f", str(path), "--state-dir",
-                                    str(tmp_path / "state")], env=_pod_environment(api, document, ca_file),
-                                   stdout=log, stderr=subprocess.STDOUT)
-        try:
-            env.reader_pod_running(api, name, f"local-{socket.gethostname()}-{run.pid}", namespace=namespace)
-            code = run.wait(RUN_DEADLINE_S)
-        finally:
-            if run.poll() is None:
-                run.kill()
-                run.wait()
-        assert code == 0, (tmp_path / "run.log").read_text()[-5000:]
-        wait_for(lambda: f"{name}-apply" in env.spark_applications(api, namespace), "the apply SparkApplication")
-        for application in env.spark_applications(api, namespace):
-            env.set_spark_state(api, application, "RUNNING" if application == f"{name}-apply" else "COMPLETED",
-                                namespace=namespace)
-        status = wait_for(lambda: _ready_and_streaming(api, name, namespace, tables),
-                          "Ready, every table Streaming, read with the example's credentials")
+            GROUP, VERSION, document["metadata"]["namespace"], PLURAL, document)
+        yield
+
+
+def _run_pods(api, document: dict, tmp_path: Path, ca_file: Path | None = None) -> None:
+    """The pods' work (see the module docstring): ``lakeslot run --once`` in a process of its own
+    with the pods' environment; the reader Pod running (its identity: that process's reader), the
+    snapshot application COMPLETED and the apply one RUNNING."""
+    name, namespace = document["metadata"]["name"], document["metadata"]["namespace"]
+    wait_for(lambda: f"{name}-reader" in env.deployments(api, namespace), "the reader Deployment")
+    with (tmp_path / "run.log").open("ab") as log:
+        run = subprocess.Popen([LAKESLOT, "run", "--once", "--plain", "-f", str(tmp_path / "example.yaml"),
+                                "--state-dir", str(tmp_path / "state")],
+                               env=_pod_environment(api, document, ca_file), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        env.reader_pod_running(api, name, f"local-{socket.gethostname()}-{run.pid}", namespace=namespace)
+        code = run.wait(RUN_DEADLINE_S)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert code == 0, (tmp_path / "run.log").read_text()[-5000:]
+    wait_for(lambda: f"{name}-apply" in env.spark_applications(api, namespace), "the apply SparkApplication")
+    for application in env.spark_applications(api, namespace):
+        env.set_spark_state(api, application, "RUNNING" if application == f"{name}-apply" else "COMPLETED",
+                            namespace=namespace)
+
+
+def _ready(api, document: dict, tables: int, after: int = -1) -> dict:
+    name, namespace = document["metadata"]["name"], document["metadata"]["namespace"]
+    status = wait_for(lambda: _ready_and_streaming(api, name, namespace, tables, after),
+                      "Ready, every table Streaming, read with the example's credentials")
     assert status is not None
     return status
 
@@ -229,19 +246,19 @@ def _create_full_source(cluster, replicator_password: str) -> None:
         conn.execute("CREATE TABLE public.orders (id bigint PRIMARY KEY, customer text NOT NULL,"
                      " total numeric(12, 2), placed_at timestamptz)")
         conn.execute("INSERT INTO public.orders SELECT g, 'customer ' || g, g * 1.25,"
-                     " '2026-01-01 00:00:00+00'::timestamptz + g * interval '1 hour' FROM generate_series(1, 300) g")
+                     " '2026-01-01 00:00:00+00'::timestamptz + g * interval '1 hour' FROM generate_series(1, 100) g")
         conn.execute('CREATE SCHEMA "Sales"')
         conn.execute('CREATE TABLE "Sales"."Order Lines" (order_id bigint NOT NULL, line_no int NOT NULL, sku text,'
                      ' internal_note text, valid_until date, "Shipped At" timestamptz)')
         conn.execute('ALTER TABLE "Sales"."Order Lines" REPLICA IDENTITY FULL')
         conn.execute('INSERT INTO "Sales"."Order Lines" SELECT o, l, \'sku-\' || (o * l), \'do not copy\','
                      " CASE WHEN o % 5 = 0 THEN 'infinity'::date ELSE '2027-01-01'::date + o END,"
-                     " CASE WHEN o % 7 = 0 THEN NULL ELSE '2026-02-01 12:00:00+00'::timestamptz"
-                     "  + o % 2 * interval '1 day' + o * interval '1 minute' END"
-                     " FROM generate_series(1, 300) o, generate_series(1, 3) l")
+                     " CASE WHEN o % 7 = 0 THEN NULL"
+                     "  ELSE '2026-02-01 12:00:00+00'::timestamptz + o * interval '1 minute' END"
+                     " FROM generate_series(1, 100) o, generate_series(1, 2) l")
         conn.execute("CREATE SCHEMA inventory")
         conn.execute("CREATE TABLE inventory.stock (sku text PRIMARY KEY, quantity int NOT NULL)")
-        conn.execute("INSERT INTO inventory.stock SELECT 'sku-' || g, g % 17 FROM generate_series(1, 120) g")
+        conn.execute("INSERT INTO inventory.stock SELECT 'sku-' || g, g % 17 FROM generate_series(1, 40) g")
         conn.execute('GRANT USAGE ON SCHEMA public, "Sales", inventory TO lakeslot_replicator')
         conn.execute("GRANT SELECT ON public.orders, inventory.stock TO lakeslot_replicator")
         conn.execute(sql.SQL("GRANT SELECT ({}) ON {} TO lakeslot_replicator").format(
@@ -249,6 +266,25 @@ def _create_full_source(cluster, replicator_password: str) -> None:
         conn.execute('CREATE PUBLICATION lakeslot_shop_orders FOR TABLE ONLY public.orders,'
                      ' ONLY "Sales"."Order Lines", TABLES IN SCHEMA inventory'
                      " WITH (publish = 'insert, update, delete, truncate', publish_via_partition_root = true)")
+
+
+def _change_full_source(conn) -> int:
+    """Updates (a text column to 'infinity', a row to another partition), deletes and inserts in
+    each table; the LSN before them."""
+    (before,) = one_row(conn.execute("SELECT pg_current_wal_lsn()::text"))
+    conn.execute("UPDATE public.orders SET total = total + 1 WHERE id % 10 = 0")
+    conn.execute("DELETE FROM public.orders WHERE id BETWEEN 50 AND 60")
+    conn.execute("INSERT INTO public.orders SELECT g, 'late ' || g, g, now() FROM generate_series(101, 110) g")
+    conn.execute('UPDATE "Sales"."Order Lines" SET valid_until = \'infinity\', internal_note = \'changed\''
+                 " WHERE order_id % 9 = 0")
+    conn.execute('UPDATE "Sales"."Order Lines" SET "Shipped At" = "Shipped At" + interval \'3 days\''
+                 " WHERE order_id % 11 = 0")
+    conn.execute('DELETE FROM "Sales"."Order Lines" WHERE order_id BETWEEN 40 AND 45')
+    conn.execute('INSERT INTO "Sales"."Order Lines" VALUES (101, 1, \'sku-new\', \'x\', \'-infinity\', NULL)')
+    conn.execute("UPDATE inventory.stock SET quantity = quantity + 100 WHERE quantity < 3")
+    conn.execute("DELETE FROM inventory.stock WHERE sku LIKE 'sku-3_'")
+    conn.execute("INSERT INTO inventory.stock VALUES ('sku-new', 1)")
+    return lsnlib.parse(before)
 
 
 @pytest.mark.slow
@@ -279,8 +315,15 @@ def test_the_full_example_runs_to_ready_as_written_apart_from_host_names(
         ca_file = tmp_path / "ca.crt"  # (mounted from the Secret, where the pods read it)
         ca_file.write_text(_secret_value(api, namespace, source["caSecretRef"]))
 
-        status = _run_to_ready(api, kube, document, tmp_path, tables=3, ca_file=ca_file)
-        assert (status["publicationName"], status["slot"]["name"]) == ("lakeslot_shop_orders",) * 2, status
+        with _applied(api, kube, document, tmp_path):
+            _run_pods(api, document, tmp_path, ca_file)
+            status = _ready(api, document, tables=3)
+            assert (status["publicationName"], status["slot"]["name"]) == ("lakeslot_shop_orders",) * 2, status
+            # Changes streamed: the pods' work once more (a reader Pod restarted: a new process).
+            with cluster.connect("shop") as conn:
+                before = _change_full_source(conn)
+            _run_pods(api, document, tmp_path, ca_file)
+            _ready(api, document, tables=3, after=before)
 
         from pyiceberg.catalog.sql import SqlCatalog
 
@@ -338,7 +381,9 @@ def test_the_minimal_example_runs_to_ready_as_written_apart_from_host_names(
             env.create_secret(api, ref["name"], {ref["key"]: value}, namespace=namespace)
         with LatencyProxy(object_store.s3_endpoint, 0, route=staging_router(example_store.s3_endpoint)) as s3:
             _point_at_store(api, document, object_store, s3.uri)
-            _run_to_ready(api, kube, document, tmp_path, tables=2)
+            with _applied(api, kube, document, tmp_path):
+                _run_pods(api, document, tmp_path)
+                _ready(api, document, tables=2)
 
         from pyiceberg.catalog.rest import RestCatalog
 
