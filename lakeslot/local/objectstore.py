@@ -9,9 +9,10 @@ Guarantees:
   its S3 user, and its REST catalog's OAuth2 client credentials ``access key:secret key``).
 - :func:`running` yields once the REST catalog answers and the buckets exist: :data:`STAGING_BUCKET`
   (plain), :data:`WAREHOUSE` (a *table bucket*: the REST catalog's warehouse, which refuses writes
-  outside the tables the catalog made) and any further plain buckets asked for. ``weed mini``
-  creates its ``-bucket`` in the background, which was seen not to happen at all once (the catalog
-  up, no bucket): after :data:`BUCKET_WAIT_S` it is created here.
+  outside the tables the catalog made; or none, so that a plain bucket may take that name) and any
+  further plain buckets asked for. ``weed mini`` creates its ``-bucket`` in the background, which
+  was seen not to happen at all once (the catalog up, no bucket): after :data:`BUCKET_WAIT_S` it
+  is created here.
 - On leaving, the process is stopped: SIGTERM, then SIGKILL after :data:`STOP_S`.
 
 Failure modes: :class:`ObjectStoreError` when ``weed`` is not installed (naming the package), exits
