@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import os
 import re
 import secrets
@@ -112,6 +113,21 @@ def empty_example_store(example_store: ObjectStore) -> Iterator[ObjectStore]:
 def _example(name: str) -> dict:
     (document,) = yaml.safe_load_all((EXAMPLES / name).read_text())
     return document
+
+
+def _assert_as_written(document: dict, name: str) -> None:
+    """``document`` is the example ``name`` but for where it points: the source's host and port,
+    the catalog's URI, the endpoint's ``secretEnv`` entries, and the namespace it is applied in
+    when the example names none (``kubectl apply -n``)."""
+    written, pointed = _example(name), copy.deepcopy(document)
+    written["metadata"].setdefault("namespace", document["metadata"]["namespace"])
+    for each in (written, pointed):
+        for key in ("host", "port"):
+            each["spec"]["source"].pop(key, None)
+        del each["spec"]["sink"]["catalog"]["uri"]
+        each["spec"]["secretEnv"] = [v for v in each["spec"]["secretEnv"]
+                                     if v["name"] not in ("AWS_ENDPOINT_URL", "AWS_REGION")]
+    assert pointed == written
 
 
 def _point_at_store(api, document: dict, store: ObjectStore, endpoint: str) -> None:
@@ -312,6 +328,7 @@ def test_the_full_example_runs_to_ready_as_written_apart_from_host_names(
                            (source["caSecretRef"], cluster.ca_cert.read_text()), (password_ref, catalog_password)):
             env.create_secret(api, ref["name"], {ref["key"]: value}, namespace=namespace)
         _point_at_store(api, document, object_store, example_store.s3_endpoint)
+        _assert_as_written(document, "ingestion-full.yaml")
         ca_file = tmp_path / "ca.crt"  # (mounted from the Secret, where the pods read it)
         ca_file.write_text(_secret_value(api, namespace, source["caSecretRef"]))
 
@@ -381,6 +398,7 @@ def test_the_minimal_example_runs_to_ready_as_written_apart_from_host_names(
             env.create_secret(api, ref["name"], {ref["key"]: value}, namespace=namespace)
         with LatencyProxy(object_store.s3_endpoint, 0, route=staging_router(example_store.s3_endpoint)) as s3:
             _point_at_store(api, document, object_store, s3.uri)
+            _assert_as_written(document, "ingestion.yaml")
             with _applied(api, kube, document, tmp_path):
                 _run_pods(api, document, tmp_path)
                 _ready(api, document, tables=2)
