@@ -14,6 +14,9 @@ Guarantees:
   here. A request whose reused upstream connection turns out closed before it was sent is sent
   once more on a new one (what every HTTP client does); a request that reached the catalog is
   never resent.
+- ``route`` (optional) sends a request elsewhere: given the method, path (with its query) and
+  body, it names another upstream (``http://host:port``) or None for ``upstream``. Each client
+  connection keeps one upstream connection per upstream.
 - ``rewrite`` replaces strings in the answers (not compressed ones): a REST catalog's
   ``loadTable`` hands out its S3 endpoint in the table's ``config``, which overrides the client's
   own ``s3.endpoint`` — rewritten to the S3 proxy's, the table's files are reached through it too.
@@ -37,7 +40,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
@@ -119,10 +122,10 @@ class LatencyProxy:
     """An HTTP proxy on 127.0.0.1 to ``upstream`` (``http://host:port``) adding ``delay_s`` to
     each request."""
 
-    def __init__(self, upstream: str, delay_s: float, rewrite: dict[str, str] | None = None
-                 ) -> None:
-        parts = urlsplit(upstream)
-        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
+    def __init__(self, upstream: str, delay_s: float, rewrite: dict[str, str] | None = None,
+                 route: Callable[[str, str, bytes], str | None] | None = None) -> None:
+        self.upstream = _address(upstream)
+        self.route = route
         self.delay_s = delay_s
         self.rewrite = [(old.encode(), new.encode()) for old, new in (rewrite or {}).items()]
         self.recording = threading.Event()
@@ -156,26 +159,29 @@ class LatencyProxy:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
-            upstream: http.client.HTTPConnection | None = None  # this client connection's
+            upstreams: dict[tuple[str, int], http.client.HTTPConnection]  # this client connection's
+
+            def setup(self) -> None:
+                super().setup()
+                self.upstreams = {}
 
             def log_message(self, format: str, *args) -> None:  # noqa: A002 - the base's name
                 pass  # (requests carry credentials in headers: nothing is logged)
 
-            def _send_upstream(self, body: bytes, headers: dict[str, str]):
+            def _send_upstream(self, target: tuple[str, int], body: bytes, headers: dict[str, str]):
                 for attempt in (0, 1):
-                    if self.upstream is None:
-                        self.upstream = http.client.HTTPConnection(
-                            *proxy.upstream, timeout=UPSTREAM_TIMEOUT_S)
+                    if target not in self.upstreams:
+                        self.upstreams[target] = http.client.HTTPConnection(
+                            *target, timeout=UPSTREAM_TIMEOUT_S)
+                    connection = self.upstreams[target]
                     try:
-                        self.upstream.request(self.command, self.path, body=body,
-                                              headers=headers)
+                        connection.request(self.command, self.path, body=body, headers=headers)
                     except (BrokenPipeError, ConnectionResetError):
-                        self.upstream.close()
-                        self.upstream = None
+                        self.upstreams.pop(target).close()
                         if attempt:
                             raise
                         continue  # a kept-alive connection the upstream closed: not sent
-                    return self.upstream.getresponse()
+                    return connection.getresponse()
                 raise AssertionError("unreachable")
 
             def _forward(self) -> None:
@@ -186,9 +192,11 @@ class LatencyProxy:
                 headers["Content-Length"] = str(len(body))
                 if proxy.rewrite:  # (answers to rewrite must come uncompressed)
                     headers = {k: v for k, v in headers.items() if k.lower() != "accept-encoding"}
+                routed = proxy.route(self.command, self.path, body) if proxy.route else None
+                target = proxy.upstream if routed is None else _address(routed)
                 time.sleep(proxy.delay_s)
                 try:
-                    response = self._send_upstream(body, headers)
+                    response = self._send_upstream(target, body, headers)
                     status, reason = response.status, response.reason
                     answer = response.read()
                     if not response.getheader("Content-Encoding"):
@@ -198,13 +206,11 @@ class LatencyProxy:
                                       if k.lower() not in HOP_BY_HOP]
                     length = response.getheader("Content-Length") if self.command == "HEAD" \
                         else None
-                    if response.will_close and self.upstream is not None:
-                        self.upstream.close()
-                        self.upstream = None
+                    if response.will_close:
+                        self.upstreams.pop(target).close()
                 except (OSError, http.client.HTTPException):
-                    if self.upstream is not None:
-                        self.upstream.close()
-                        self.upstream = None
+                    if target in self.upstreams:
+                        self.upstreams.pop(target).close()
                     status, reason, answer, answer_headers, length = 502, "Bad Gateway", b"", [], None
                 send_answer(self, status, reason, answer_headers, answer, length)
                 proxy._record(Request(started, time.monotonic(), self.command,
@@ -212,12 +218,17 @@ class LatencyProxy:
 
             def finish(self) -> None:
                 super().finish()
-                if self.upstream is not None:
-                    self.upstream.close()
+                for connection in self.upstreams.values():
+                    connection.close()
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward
 
         return Handler
+
+
+def _address(uri: str) -> tuple[str, int]:
+    parts = urlsplit(uri)
+    return parts.hostname or "127.0.0.1", parts.port or 80
 
 
 def chain(requests: Iterable[Request]) -> int:

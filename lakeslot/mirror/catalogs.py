@@ -13,7 +13,9 @@ Invariants:
   resolved ``secretEnv`` (``environ``) and :func:`pyiceberg_properties` turns its AWS variables
   into pyiceberg's ``s3.*`` FileIO properties — below the catalog's own properties and secrets,
   which win as they do in Java (:class:`lakeslot.filesystems.S3Access`). Nothing is read from or
-  written into the operator's environment.
+  written into the operator's environment. A process that is the pod (``lakeslot run``, the
+  verification Job) passes no ``environ``: its own environment's AWS variables become the same
+  properties, since neither pyiceberg nor pyarrow takes ``AWS_ENDPOINT_URL`` from it.
 - Secret values are never part of the static Spark conf (:func:`spark_conf`, which the operator
   writes into SparkApplications): a job's driver adds them (:func:`spark_secret_conf`) to its
   session's conf as it starts it, before the catalog's first use loads it.
@@ -40,6 +42,7 @@ condition. A SeaweedFS REST catalog answers an unknown warehouse like a missing 
 from __future__ import annotations
 
 import functools
+import os
 import re
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -117,8 +120,9 @@ def pyiceberg_properties(catalog: CatalogSpec, secrets: Mapping[str, str],
                          environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """``load_catalog`` options for ``sink.catalog`` (the FileIO properties of a hadoop one;
     pyiceberg's SQL catalog for a jdbc one); ``environ``: the ingestion's storage settings (see
-    the module docstring), None: this process's environment, as pyarrow reads it."""
-    options = {**(file_io_properties(environ) if environ is not None else {}), **catalog.properties, **secrets}
+    the module docstring), None: this process's environment."""
+    storage = file_io_properties(os.environ if environ is None else environ)
+    options = {**storage, **catalog.properties, **secrets}
     kind = CATALOG_TYPES[catalog.type].pyiceberg
     if kind is None:  # the table's files, read from the warehouse
         return options

@@ -59,9 +59,9 @@ def install_crds(api_client: kubernetes.client.ApiClient) -> None:
     extensions.create_custom_resource_definition(SPARK_CRD)  # type: ignore[arg-type]
 
 
-def create_secret(api_client, name: str, values: dict[str, str]) -> None:
+def create_secret(api_client, name: str, values: dict[str, str], namespace: str = NAMESPACE) -> None:
     # The client's types ask for a V1Secret; it sends a dict body as is.
-    kubernetes.client.CoreV1Api(api_client).create_namespaced_secret(NAMESPACE, {  # type: ignore[arg-type]
+    kubernetes.client.CoreV1Api(api_client).create_namespaced_secret(namespace, {  # type: ignore[arg-type]
         "metadata": {"name": name},
         "data": {k: base64.b64encode(v.encode()).decode() for k, v in values.items()}})
 
@@ -136,10 +136,10 @@ def create_ingestion(api_client, document: dict, password: str) -> dict:
     return created
 
 
-def get_ingestion(api_client, name: str) -> dict | None:
+def get_ingestion(api_client, name: str, namespace: str = NAMESPACE) -> dict | None:
     try:
         resource = kubernetes.client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-            GROUP, VERSION, NAMESPACE, PLURAL, name)
+            GROUP, VERSION, namespace, PLURAL, name)
     except ApiException as e:
         if e.status == 404:
             return None
@@ -148,43 +148,43 @@ def get_ingestion(api_client, name: str) -> dict | None:
     return resource
 
 
-def spark_applications(api_client) -> dict[str, dict]:
+def spark_applications(api_client, namespace: str = NAMESPACE) -> dict[str, dict]:
     listing = kubernetes.client.CustomObjectsApi(api_client).list_namespaced_custom_object(
-        SPARK_GROUP, SPARK_VERSION, NAMESPACE, SPARK_PLURAL)
+        SPARK_GROUP, SPARK_VERSION, namespace, SPARK_PLURAL)
     assert isinstance(listing, dict), listing
     return {app["metadata"]["name"]: app for app in listing["items"]}
 
 
-def deployments(api_client) -> dict[str, dict]:
+def deployments(api_client, namespace: str = NAMESPACE) -> dict[str, dict]:
     result = {}
-    for d in kubernetes.client.AppsV1Api(api_client).list_namespaced_deployment(NAMESPACE).items:
+    for d in kubernetes.client.AppsV1Api(api_client).list_namespaced_deployment(namespace).items:
         assert d.metadata is not None and d.metadata.name is not None, d
         result[d.metadata.name] = api_client.sanitize_for_serialization(d)
     return result
 
 
-def set_spark_state(api_client, name: str, state: str, error: str = "") -> None:
+def set_spark_state(api_client, name: str, state: str, error: str = "", namespace: str = NAMESPACE) -> None:
     """Simulated spark-operator: report the application's state."""
     kubernetes.client.CustomObjectsApi(api_client).patch_namespaced_custom_object_status(
-        SPARK_GROUP, SPARK_VERSION, NAMESPACE, SPARK_PLURAL, name,
+        SPARK_GROUP, SPARK_VERSION, namespace, SPARK_PLURAL, name,
         {"status": {"applicationState": {"state": state, "errorMessage": error}}})
 
 
-def reader_pod_running(api_client, ingestion_name: str, pod_name: str) -> None:
+def reader_pod_running(api_client, ingestion_name: str, pod_name: str, namespace: str = NAMESPACE) -> None:
     """Simulated Deployment controller + kubelet: the reader Pod exists and runs, the
     Deployment reports an available replica."""
     core = kubernetes.client.CoreV1Api(api_client)
     apps = kubernetes.client.AppsV1Api(api_client)
-    deployment = apps.read_namespaced_deployment(f"{ingestion_name}-reader", NAMESPACE)
+    deployment = apps.read_namespaced_deployment(f"{ingestion_name}-reader", namespace)
     assert deployment.spec is not None, deployment
     template = deployment.spec.template
     assert template.metadata is not None and template.spec is not None, template
     # The client's types ask for a V1Pod; it sends a dict body as is.
-    core.create_namespaced_pod(NAMESPACE, {  # type: ignore[arg-type]
+    core.create_namespaced_pod(namespace, {  # type: ignore[arg-type]
         "metadata": {"name": pod_name, "labels": template.metadata.labels},
         "spec": {"containers": [{"name": "reader", "image": template.spec.containers[0].image}]}})
-    core.patch_namespaced_pod_status(pod_name, NAMESPACE, {"status": {"phase": "Running"}})
-    apps.patch_namespaced_deployment_status(f"{ingestion_name}-reader", NAMESPACE, {
+    core.patch_namespaced_pod_status(pod_name, namespace, {"status": {"phase": "Running"}})
+    apps.patch_namespaced_deployment_status(f"{ingestion_name}-reader", namespace, {
         "status": {"replicas": 1, "availableReplicas": 1, "readyReplicas": 1}})
 
 
