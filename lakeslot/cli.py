@@ -330,7 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
         "cut", help="print the snapshot id of every mirror table at one source LSN (consistent reads)",
         description="A cut is a source LSN every mirror table has a snapshot at: reading each table "
         "VERSION AS OF its snapshot id shows the source as of that LSN, every transaction whole "
-        "across tables. Read from the tables' own histories. " + local_help + " Exit codes: 0 "
+        "across tables. Read from the cuts record the apply job commits every pass, each cut "
+        "checked against the tables' histories, and from the histories themselves. " + local_help + " Exit codes: 0 "
         "printed, 1 no such cut, 2 bad input.")
     local_arguments(p)
     p.add_argument("--table", dest="tables", action="append", default=[], metavar="SCHEMA.TABLE",

@@ -21,6 +21,9 @@ Invariants:
 - Readers learn ``C`` from the status document (each table's ``lsn`` with ``committedLsn``
   below it): :func:`lakeslot.mirror.progress.with_coverage`. So an idle table is not shown as
   behind (status, freshness, metrics), and ``lakeslot verify`` does not wait for a commit.
+- Consistent reads do not wait for the commit either: the pass's cut
+  (:mod:`lakeslot.apply.cut_record`) names the table's committed snapshot at ``L`` as its
+  snapshot of the cut at ``C``.
 - An advance is due :data:`COMMIT_AFTER_S` to twice that after the table's first uncommitted
   one, spread by the table's name so tables idle since the same pass do not all commit in the
   same later pass. A ``--once`` run commits every advance at once (nothing outlives it).

@@ -16,10 +16,12 @@ A pass (:meth:`Passes.run_pass`), every step timed (:class:`lakeslot.apply.outco
 5. Every planned table applied (:meth:`~lakeslot.apply.table_pass.TablePass.apply`),
    ``apply.tableParallelism`` at a time, then the reductions released.
 6. ``maintenance``: escalation of tables that keep failing transiently, upkeep
-   (:mod:`lakeslot.apply.upkeep`: expiry, compaction — at most its share of a pass that applied
-   changes; in a pass that applied none, until new segments are sealed —, retention), lifting
-   the errors of tables that work again.
-7. ``status``: the status document ``<staging>/apply-status.json``.
+   (:mod:`lakeslot.apply.upkeep`: expiry, the cuts record's upkeep, compaction — at most its
+   share of a pass that applied changes; in a pass that applied none, until new segments are
+   sealed —, retention), lifting the errors of tables that work again.
+7. ``cut``: the pass's cut in the cuts record (:mod:`lakeslot.apply.cut_record`): one commit,
+   after every table commit of the pass, whatever the number of tables.
+8. ``status``: the status document ``<staging>/apply-status.json``.
 
 Invariants:
 
@@ -53,6 +55,7 @@ from lakeslot import lsn as lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.apply import spread
 from lakeslot.apply.changes import TableError
+from lakeslot.apply.cut_record import CutRecord
 from lakeslot.apply.failures import Exhausted, Failures
 from lakeslot.apply.outcomes import Hooks, PassResult, Steps, TableOutcome, Totals, now_text
 from lakeslot.apply.reduction import Reduction
@@ -88,6 +91,7 @@ class Passes:
         self._seen_end: int | None = None  # the furthest segment end a listing showed
         self.continuous = continuous
         self._news_at = -math.inf  # when maintenance last listed staging for news (monotonic)
+        self.cuts = CutRecord(spark, job, tables)
 
     def run_pass(self) -> PassResult:
         started = time.monotonic()
@@ -147,6 +151,7 @@ class Passes:
         applied = any(o.state == "applied" for o in ordered)
         with steps("maintenance"):
             self.upkeep.expire(ordered)
+            self.upkeep.keep_record(self.cuts.name)
             for table, error in self.upkeep.maintain(
                     ordered, busy if applied else 0.0,
                     wanted=lambda: not applied and self._sealed_since()).items():
@@ -155,6 +160,8 @@ class Passes:
             self.failures.recovered(ordered)
             deleted = self.upkeep.retention(ordered, staged)
         self.hooks("after-retention")
+        with steps("cut"):
+            self.cuts.record(batch.end, ordered)
         result = PassResult(batch.end, len(batch.segments) == self.max_segments, ordered, deleted,
                             steps.seconds, time.monotonic() - started)
         self.totals.add_pass(result, batch.tables)

@@ -1,6 +1,7 @@
-"""Table upkeep after each apply pass: old snapshots expired, compaction and clean-up where due,
-and staging's retention — work that keeps readers' cost and staging's size flat over time
-(DESIGN.md "Scale"), never work that changes what a table holds.
+"""Table upkeep after each apply pass: old snapshots expired, compaction and clean-up where due
+(the mirrors' and the cuts record's), and staging's retention — work that keeps readers' cost
+and staging's size flat over time (DESIGN.md "Scale"), never work that changes what a table
+holds.
 
 Invariants: every step keeps each table's position (``lakeslot.lsn``); retention deletes only
 sealed segments wholly at or below every table's committed position (failed tables included:
@@ -36,6 +37,7 @@ log = logging.getLogger("lakeslot.apply.job")
 EXPIRE_INTERVAL_S = 3600.0
 MAINTENANCE_LOOK_S = 5.0  # how often maintenance looks at a table's health, at most
 SETTLED_LOOK_S = 600.0  # ... and at an idle table a look found settled (see maintain)
+RECORD_HISTORY_S = 600.0  # the cuts record keeps its own snapshots this long (keep_record)
 
 
 class Upkeep:
@@ -157,6 +159,23 @@ class Upkeep:
             else:
                 self._failures.passed(target)
         return failed
+
+    def keep_record(self, name: str) -> None:
+        """The upkeep of the cuts record ``name`` (:mod:`lakeslot.apply.cut_record`: a small
+        file and a snapshot per pass): its snapshots older than :data:`RECORD_HISTORY_S` expired
+        (its rows are the history, not its snapshots), its files compacted where due as a
+        mirror's are; looked at most every :data:`MAINTENANCE_LOOK_S`. Failures only log (the
+        record is only read, and the next look tries again)."""
+        if not first_within(self._looked, name, MAINTENANCE_LOOK_S) or not self.tables.exists(name):
+            return
+        try:
+            if first_within(self._expired, name, RECORD_HISTORY_S / 8):
+                self.tables.expire_snapshots(name, RECORD_HISTORY_S)
+            if self.spec.sink.maintenance.enabled and not self.stop.is_set():
+                self.maintainer.maintain(self.tables.iceberg_table(name), name)
+        except Exception as e:  # noqa: BLE001 - the record's upkeep never fails a pass
+            log.warning("%s: upkeep of the cuts record failed (tried again later): %s", name,
+                        error_summary(e))
 
     def retention(self, outcomes: tuple[TableOutcome, ...], names: list[SegmentName]) -> int:
         if any(o.lsn is None for o in outcomes):
