@@ -8,7 +8,7 @@ snapshots rarely carry the LSN the busy tables' do, and the tables' histories al
 no cut after the snapshot. The record says what the job knows: the idle table's latest snapshot,
 at ``L``, equals the source as of the pass's batch end, since nothing of it is staged in between.
 
-Invariants:
+Invariants (DESIGN.md invariant 9):
 
 - One commit per pass at most, whatever the number of tables, after every table commit of the
   pass (and its maintenance) and before the status document; none when the batch end did not
