@@ -17,7 +17,7 @@ time). :mod:`bench.many_tables` runs it for its own N and prints a pass against 
 
 With ``--history S`` the one table is given S commits first: what its commit costs with S
 snapshots kept (every commit rewrites the metadata file, which lists them all; see
-:data:`lakeslot.mirror.contract.HISTORY_SNAPSHOTS`).
+:data:`lakeslot.mirror.contract.RECENT_PASSES`).
 """
 
 from __future__ import annotations

@@ -424,14 +424,15 @@ def test_old_snapshots_are_expired_by_the_tables_own_settings(pipeline):
     assert len(pipeline.snapshots(MAIN)) == 2 and len(pipeline.snapshots(IDLE)) == 2
     _assert_equal(pipeline, MAIN, "id")
     assert pipeline.snapshots(MAIN, CHANGES) and len(pipeline.snapshots(MAIN, CHANGES)) <= 2
-    # Without a maximum age of its own, a table keeps HISTORY_SNAPSHOTS passes (1 h at a trigger
-    # of 1 s): the fresh snapshots stay; asked for an age of 0, all but min-snapshots-to-keep go.
+    # Without a maximum age of its own, a table keeps every snapshot of RECENT_PASSES passes
+    # (100 s at a trigger of 1 s): the fresh snapshots stay; asked for an age of 0, all but
+    # min-snapshots-to-keep go.
     pipeline.spark.sql(f"ALTER TABLE {pipeline.target(MAIN)} UNSET TBLPROPERTIES "
                        "('history.expire.max-snapshot-age-ms')")
     fast = pipeline.with_spec(apply={"triggerIntervalSeconds": 1})
     passes(fast, 13, 2)
     assert len(pipeline.snapshots(MAIN)) == 4 and len(pipeline.snapshots(IDLE)) == 2
-    assert contract.history_age_s(1) == 3600 and contract.history_age_s(60) == 60 * 3600
+    assert contract.history_age_s(1) == 100 and contract.history_age_s(60) == 6000
     assert contract.history_age_s(86400) == contract.ICEBERG_MAX_SNAPSHOT_AGE_S
     Tables(pipeline.spark, *pipeline.namespace.split(".", 1)).expire_snapshots(
         fast.job_input().names.mirror_table(MAIN), 0)

@@ -28,7 +28,7 @@ from lakeslot.apply.outcomes import Hooks
 from lakeslot.local import observe
 from lakeslot.local.pgcluster import free_port
 from lakeslot.mirror import catalog as catalogs
-from lakeslot.mirror import cuts
+from lakeslot.mirror import contract, cuts
 from tests.support import duckdb_reader
 from tests.support import local_support as ls
 from tests.support.apply_support import Pipeline
@@ -303,3 +303,61 @@ def test_a_cut_every_pass_while_idle_tables_keep_their_advances_in_memory(
         total += connection.execute(f"SELECT sum(balance) FROM iceberg_scan('{directory / name}', "
                                     f"snapshot_from_id => {chosen[name][0]})").fetchone()[0]
     assert total == TOTAL
+
+
+@pytest.mark.slow
+def test_expiry_keeps_the_retained_cuts_snapshots_and_a_bounded_history(
+        pgdb, spark, spark_warehouse, iceberg_namespace, tmp_path, monkeypatch):
+    """What a mirror keeps (lakeslot.mirror.contract, "History"): every snapshot of the recent
+    window — here none (RECENT_PASSES 0), so each expiry leaves the current snapshot and the
+    tagged ones — and the snapshots of the retained cuts, tagged by the expiry after the pass
+    that recorded them. The job's first cut is retained (the next one an hour later): after
+    passes that each expire everything else, it still reads exactly what it read when recorded
+    and keeps the sum invariant; the cuts in between are gone with their snapshots."""
+    monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
+    monkeypatch.setattr(contract, "RECENT_PASSES", 0)
+    with pgdb.connect() as conn:
+        for table in (A, B):
+            conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, balance bigint NOT NULL)").format(table.sql()))
+            conn.execute(sql.SQL("INSERT INTO {} SELECT i, %s FROM generate_series(0, %s) AS i").format(table.sql()),
+                         (START, ROWS - 1))
+    pipeline = Pipeline.create(spark, pgdb, spark_warehouse, iceberg_namespace,
+                               (tmp_path / "staging").as_uri(), [A, B])
+    pipeline.start_slot()
+    pipeline.snapshot()
+    ingestion = pipeline.ingestion
+    job = Applier(spark, pipeline.job_input(), Hooks(), 256, 3, expire_interval_s=0, continuous=True)
+    try:
+        ends = []
+        for _ in range(4):
+            _transfers(pgdb, 6)
+            pipeline.seal()
+            result = job.passes.run_pass()
+            assert result.end is not None
+            ends.append(result.end - 1)
+            if len(ends) == 1:
+                retained = cuts.read(ingestion, [A, B])[-1]
+                assert retained.lsn == ends[0]
+                seen = {t: _rows(ingestion, t, s) for t, s in retained.snapshots.items()}
+        rows = _record(ingestion)
+        marked = rows.filter(pc.equal(rows["kind"], "cut")).sort_by("cut_lsn").to_pylist()
+        assert [(r["cut_lsn"], r["retained"]) for r in marked] == [(e, e == ends[0]) for e in ends]
+    finally:
+        job.close()
+    found = cuts.read(ingestion, [A, B])
+    assert [c.lsn for c in found if c.lsn in ends] == [ends[0], ends[-1]]  # 2nd, 3rd expired
+    kept = next(c for c in found if c.lsn == ends[0])
+    assert kept.snapshots == retained.snapshots
+    assert {t: _rows(ingestion, t, s) for t, s in kept.snapshots.items()} == seen
+    assert _sum(ingestion, dict(kept.snapshots)) == TOTAL
+    for table in (A, B):  # the current snapshot, the retained cut's (tagged), the snapshot's
+        assert len(pipeline.snapshots(table)) <= 3, pipeline.snapshots(table)
+
+
+def _rows(ingestion, table: TableName, snapshot: int) -> list[tuple]:
+    """The mirror's rows at ``snapshot`` (pyiceberg), by key."""
+    names = IngestionNames.of(ingestion)
+    mirror = catalogs.load_table(ingestion.spec.sink.catalog, names.mirror_identifier(table))
+    assert mirror is not None
+    read = mirror.scan(snapshot_id=snapshot, selected_fields=("id", "balance")).to_arrow()
+    return sorted(zip(read["id"].to_pylist(), read["balance"].to_pylist(), strict=True))

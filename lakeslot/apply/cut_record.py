@@ -22,6 +22,11 @@ Invariants (DESIGN.md invariant 9):
 - Rows only for what changed since the previous recorded cut (a snapshot, an absence); a full
   listing at the job's first cut and every :data:`lakeslot.mirror.cuts.FULL_LISTING_S`, so
   readers never need rows older than that.
+- A full listing every :data:`lakeslot.mirror.contract.RETAINED_EVERY_S` (and the job's first)
+  is a *retained* cut: its snapshots are handed to the upkeep to be tagged
+  (:attr:`CutRecord.retained`, :meth:`lakeslot.apply.upkeep.Upkeep.expire`) before the table's
+  next expiry, which then keeps them. A job that stops before tagging them leaves that cut to
+  the recent window only.
 - The job's memory of what it recorded changes only once the commit landed.
 
 Cost: one Iceberg commit per pass on the record — a Parquet file of the rows, a manifest, a
@@ -49,7 +54,13 @@ from lakeslot.api.naming import TableName
 from lakeslot.apply.outcomes import TableOutcome
 from lakeslot.errors import transient_in_spark
 from lakeslot.mirror import cuts
-from lakeslot.mirror.contract import LSN_PROPERTY, OWNER_PROPERTY, TABLE_DEFAULTS
+from lakeslot.mirror.contract import (
+    LSN_PROPERTY,
+    OWNER_PROPERTY,
+    RETAINED_EVERY_S,
+    TABLE_DEFAULTS,
+    cut_tag,
+)
 from lakeslot.spark import row_delta
 from lakeslot.spark.helpers import ROW_DELTAS
 from lakeslot.spark.jvm import java
@@ -61,7 +72,7 @@ log = logging.getLogger("lakeslot.apply.job")
 MEMBERS = ("applied", "advanced", "current")  # outcomes whose table is part of the pass's cut
 SPARK_SCHEMA = ", ".join(f"{f.name} {t}" for f, t in zip(cuts.RECORD_SCHEMA.fields, (
     "bigint", "string", "timestamp", "string", "boolean", "string", "string", "string", "bigint",
-    "bigint", "string"), strict=True))  # (the record's schema, for Spark's fallback write)
+    "bigint", "string", "boolean"), strict=True))  # (the record's schema, for Spark's fallback write)
 
 
 class CutRecord:
@@ -74,6 +85,9 @@ class CutRecord:
         self._recorded: dict[TableName, tuple[int | None, int | None]] = {}  # (snapshot, lsn)
         self._cut: int | None = None  # the latest recorded cut (None: not read yet)
         self._listed_at = -math.inf  # when the last full listing was recorded (clock)
+        self._retained_at = -math.inf  # ... and the last retained cut
+        # the retained cuts' snapshots to tag: mirror → tag → snapshot id (Upkeep.expire)
+        self.retained: dict[str, dict[str, int]] = {}
         self._table = None  # the record's Java table (kept: this job is its one writer)
         self.name = job.names.cuts_table
 
@@ -88,9 +102,11 @@ class CutRecord:
                 self._cut = self._latest()
             if lsn <= self._cut:
                 return None
-            full = not self._recorded or now - self._listed_at >= cuts.FULL_LISTING_S
+            retain = now - self._retained_at >= RETAINED_EVERY_S
+            full = retain or not self._recorded or now - self._listed_at >= cuts.FULL_LISTING_S
             listed = [each for o in outcomes if (each := self._listed(o, lsn, full)) is not None]
-            self._commit(cuts.record_rows(lsn, int(now * 1000), listed, full=full), lsn)
+            self._commit(cuts.record_rows(lsn, int(now * 1000), listed, full=full,
+                                          retained=retain), lsn)
         except transient_in_spark() as e:
             log.warning("recording the cut at %s failed (the next pass records its own): %s",
                         lsn, error_summary(e))
@@ -98,6 +114,11 @@ class CutRecord:
             return None
         if full:
             self._recorded, self._listed_at = {}, now
+        if retain:
+            self._retained_at = now
+            for each in listed:
+                if each.snapshot is not None:
+                    self.retained.setdefault(each.mirror, {})[cut_tag(lsn)] = each.snapshot
         self._recorded.update((e.table, (e.snapshot, e.lsn)) for e in listed)
         self._cut = lsn
         return lsn

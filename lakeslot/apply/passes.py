@@ -150,7 +150,7 @@ class Passes:
         busy = time.monotonic() - started  # (the pass so far: maintenance gets a share of it)
         applied = any(o.state == "applied" for o in ordered)
         with steps("maintenance"):
-            self.upkeep.expire(ordered)
+            self.upkeep.expire(ordered, self.cuts.retained)
             self.upkeep.keep_record(self.cuts.name)
             for table, error in self.upkeep.maintain(
                     ordered, busy if applied else 0.0,

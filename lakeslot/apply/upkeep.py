@@ -14,6 +14,7 @@ later, and a table whose maintenance fails otherwise, or keeps failing, is retur
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import threading
@@ -25,16 +26,17 @@ from lakeslot.api.naming import TableName
 from lakeslot.apply import isolation
 from lakeslot.apply.outcomes import Hooks, TableOutcome, Totals
 from lakeslot.errors import transient_in_spark
-from lakeslot.mirror.contract import history_age_s
+from lakeslot.mirror.contract import LSN_PROPERTY, RETAINED_FOR_S, history_age_s
 from lakeslot.spark import row_delta
 from lakeslot.spark.maintenance import Maintainer
-from lakeslot.spark.session import error_summary
+from lakeslot.spark.session import error_summary, with_commit_properties
 from lakeslot.spark.tables import Tables
 from lakeslot.staging.format import SegmentName
 from lakeslot.staging.store import Staging
 
 log = logging.getLogger("lakeslot.apply.job")
 EXPIRE_INTERVAL_S = 3600.0
+EXPIRE_MIN_S = 60.0  # a table's expiry at most this often (a commit: not every pass of a 1 s job)
 MAINTENANCE_LOOK_S = 5.0  # how often maintenance looks at a table's health, at most
 SETTLED_LOOK_S = 600.0  # ... and at an idle table a look found settled (see maintain)
 RECORD_HISTORY_S = 600.0  # the cuts record keeps its own snapshots this long (keep_record)
@@ -53,7 +55,9 @@ class Upkeep:
         self.stop = stop or threading.Event()  # the job's: set, no further table is maintained
         self.maintainer = Maintainer(spark, spec.sink.maintenance, positions)
         self.expire_interval_s = expire_interval_s
+        self.spark = spark
         self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
+        self._trimmed: dict[str, float] = {}  # the cuts record → when its old rows were deleted
         self._looked: dict[str, float] = {}  # table → monotonic time maintenance last looked
         self._settled: dict[str, float] = {}  # table → when a look found it settled (monotonic)
         self._failures = isolation.Streaks()  # maintenance failures in a row, per table
@@ -71,18 +75,26 @@ class Upkeep:
                 if suffix:
                     yield outcome.source, outcome.target + suffix
 
-    def expire(self, outcomes: tuple[TableOutcome, ...]) -> None:
-        """Expire old snapshots of the tables this pass committed to, by the tables' own
+    def expire(self, outcomes: tuple[TableOutcome, ...],
+               retained: dict[str, dict[str, int]] | None = None) -> None:
+        """Expire old snapshots of the tables this pass served, by the tables' own
         ``history.expire.*`` properties, else older than
-        :func:`lakeslot.mirror.contract.history_age_s` (bounded by the trigger interval: the
-        snapshot count stays bounded), each table at most once per ``expire_interval_s`` or an
-        eighth of that age. Failures only log: the data is safe."""
+        :func:`lakeslot.mirror.contract.history_age_s` (the recent window, bounded by the trigger
+        interval: the snapshot count stays bounded), each table at most once per
+        ``expire_interval_s`` or an eighth of that age (at least :data:`EXPIRE_MIN_S`). First
+        the snapshots of the retained cuts not tagged yet (``retained``: mirror → tag → snapshot
+        id, :meth:`lakeslot.apply.cut_record.CutRecord.retained`) are tagged, kept
+        :data:`lakeslot.mirror.contract.RETAINED_FOR_S`; a table's entry goes once tagged.
+        Failures only log: the data is safe."""
         age = history_age_s(self.spec.apply.trigger_interval_seconds)
+        retained = {} if retained is None else retained
         for _, target in self.targets(outcomes):
-            if not first_within(self._expired, target, min(self.expire_interval_s, age / 8)):
+            if not first_within(self._expired, target,
+                                min(self.expire_interval_s, max(EXPIRE_MIN_S, age / 8))):
                 continue
             try:
-                self.tables.expire_snapshots(target, age)
+                self.tables.expire_snapshots(target, age, retained.get(target), RETAINED_FOR_S)
+                retained.pop(target, None)
             except transient_in_spark() as e:
                 log.warning("%s: expiring old snapshots failed (retried later): %s", target,
                             error_summary(e))
@@ -163,14 +175,24 @@ class Upkeep:
     def keep_record(self, name: str) -> None:
         """The upkeep of the cuts record ``name`` (:mod:`lakeslot.apply.cut_record`: a small
         file and a snapshot per pass): its snapshots older than :data:`RECORD_HISTORY_S` expired
-        (its rows are the history, not its snapshots), its files compacted where due as a
-        mirror's are; looked at most every :data:`MAINTENANCE_LOOK_S`. Failures only log (the
-        record is only read, and the next look tries again)."""
+        (its rows are the history, not its snapshots), its rows of cuts recorded more than
+        :data:`lakeslot.mirror.contract.RETAINED_FOR_S` ago deleted (once an hour: a Spark
+        DELETE; a reader then finds no cut before the first full listing left, never a partial
+        one), its files compacted where due as a mirror's are; looked at most every
+        :data:`MAINTENANCE_LOOK_S`. Failures only log (the record is only read, and the next
+        look tries again)."""
         if not first_within(self._looked, name, MAINTENANCE_LOOK_S) or not self.tables.exists(name):
             return
         try:
             if first_within(self._expired, name, RECORD_HISTORY_S / 8):
                 self.tables.expire_snapshots(name, RECORD_HISTORY_S)
+            if first_within(self._trimmed, name, EXPIRE_INTERVAL_S):
+                before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=RETAINED_FOR_S)
+                statement = (f"DELETE FROM {self.tables.qualified(name)} WHERE recorded_at < "
+                             f"TIMESTAMP '{before:%Y-%m-%d %H:%M:%S}+00:00'")
+                latest = self.tables.lsn(name)  # (the record's latest cut: kept by the commit)
+                with_commit_properties(self.spark, {LSN_PROPERTY: str(latest)},
+                                       lambda: self.spark.sql(statement))
             if self.spec.sink.maintenance.enabled and not self.stop.is_set():
                 self.maintainer.maintain(self.tables.iceberg_table(name), name)
         except Exception as e:  # noqa: BLE001 - the record's upkeep never fails a pass

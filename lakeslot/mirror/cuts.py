@@ -18,7 +18,10 @@ Where cuts come from:
   source as of ``X`` all the same (nothing of it is staged in between), and the record says so.
   Per pass it writes one ``cut`` row (``cut_lsn = X``) and one ``table`` row per mirror whose
   snapshot (or absence) changed since the previous cut it recorded; a ``full_listing`` cut lists
-  every mirror (at the job's first cut, then every :data:`FULL_LISTING_S`). The cut at ``X`` of
+  every mirror (at the job's first cut, then every :data:`FULL_LISTING_S`). A ``retained`` cut
+  (a full listing every :data:`lakeslot.mirror.contract.RETAINED_EVERY_S`) has its snapshots
+  tagged in the tables so that expiry keeps them (:mod:`lakeslot.mirror.contract`, "History"):
+  the other cuts reach back as far as the recent window. The cut at ``X`` of
   a mirror is its latest ``table`` row at or below ``X`` and at or above the latest full listing
   at or below ``X`` (:data:`SQL`, plain SQL for any engine): ``snapshot_id`` NULL means the
   mirror is absent from the cut (``state`` says why: ``failed``, ``retrying``, ``waiting`` for
@@ -35,8 +38,9 @@ Invariants:
 - ``cut_lsn`` strictly increases from one record commit to the next (the record's current
   snapshot carries the latest as its ``lakeslot.lsn``): a mirror has at most one row per cut.
 - A record cut is used only once checked against the tables (:func:`valid`): each snapshot it
-  names exists, is in the ancestry of the table's current snapshot (a rolled-back or re-snapshot
-  lineage is never named) and reflects an LSN at or below the cut.
+  names exists, is in the table's current lineage (:func:`lineage`: an ancestor of its current
+  snapshot, or tagged for a retained cut since its latest re-snapshot — a rolled-back branch or
+  an earlier snapshot generation is never named) and reflects an LSN at or below the cut.
 - A cut's snapshot of a table from the histories is the newest snapshot in the ancestry of the
   table's current snapshot that carries the cut's LSN (maintenance rewrites keep the LSN).
 - ``committed_at_ms`` of a cut is when it became readable: its last snapshot's commit (history),
@@ -66,7 +70,7 @@ from lakeslot import lsn as lsnlib
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.mirror import catalog as catalogs
-from lakeslot.mirror.contract import LSN_PROPERTY
+from lakeslot.mirror.contract import CUT_TAG_PREFIX, LSN_PROPERTY, SNAPSHOT_LSN_PROPERTY
 from lakeslot.mirror.progress import position
 
 # A table's history: lakeslot.lsn → (snapshot id, committed at, ms since the epoch)
@@ -87,7 +91,8 @@ RECORD_SCHEMA = Schema(
     NestedField(8, "mirror", StringType(), required=False),  # ... its mirror in the namespace
     NestedField(9, "snapshot_id", LongType(), required=False),  # NULL: absent from the cut
     NestedField(10, "table_lsn", LongType(), required=False),  # the snapshot's lakeslot.lsn
-    NestedField(11, "state", StringType(), required=False))  # the pass's outcome, or why absent
+    NestedField(11, "state", StringType(), required=False),  # the pass's outcome, or why absent
+    NestedField(12, "retained", BooleanType(), required=False))  # a retained cut (kept longer)
 
 # The latest cut at or below the LSN ``{at}`` (a number; the latest cut: 9223372036854775807) in
 # plain SQL, Spark SQL and DuckDB alike; ``{record}``: the record table as the engine names it.
@@ -125,13 +130,15 @@ class Listed:
     state: str
 
 
-def record_rows(lsn: int, at_ms: int, listed: Iterable[Listed], *, full: bool) -> pa.Table:
+def record_rows(lsn: int, at_ms: int, listed: Iterable[Listed], *, full: bool,
+                retained: bool = False) -> pa.Table:
     """The record's rows of the cut at ``lsn`` (recorded at ``at_ms``, ms since the epoch; one
     time for all its rows): its ``cut`` row and one per ``listed`` mirror."""
     text, at = lsnlib.format(lsn), datetime.fromtimestamp(at_ms / 1000, UTC)
-    rows = [{"cut_lsn": lsn, "lsn": text, "recorded_at": at, "kind": CUT, "full_listing": full}]
+    rows = [{"cut_lsn": lsn, "lsn": text, "recorded_at": at, "kind": CUT, "full_listing": full,
+             "retained": retained}]
     rows += [{"cut_lsn": lsn, "lsn": text, "recorded_at": at, "kind": TABLE,
-              "full_listing": full, "source_schema": each.table.schema,
+              "full_listing": full, "retained": retained, "source_schema": each.table.schema,
               "source_table": each.table.name, "mirror": each.mirror,
               "snapshot_id": each.snapshot, "table_lsn": each.lsn, "state": each.state}
              for each in listed]
@@ -176,11 +183,20 @@ def history(table: Table | None) -> History:
 
 
 def lineage(table: Table | None) -> Lineage:
-    """The snapshots of a table's current lineage, each with the LSN it reflects."""
+    """The snapshots of a table's current lineage, each with the LSN it reflects: the ancestors
+    of its current snapshot, and the snapshots lakeslot tagged for a retained cut
+    (:func:`lakeslot.mirror.contract.cut_tag`: expiry breaks the chain of parents between them
+    and the current snapshot) taken since the table's latest (re-)snapshot."""
     if table is None or table.current_snapshot() is None:
         return {}
-    return {s.snapshot_id: position(table, s)
-            for s in ancestors_of(table.current_snapshot(), table.metadata)}
+    found: Lineage = {s.snapshot_id: position(table, s)
+                      for s in ancestors_of(table.current_snapshot(), table.metadata)}
+    since = int(table.metadata.properties.get(SNAPSHOT_LSN_PROPERTY, "-1"))
+    for name, ref in table.metadata.refs.items():
+        tagged = table.snapshot_by_id(ref.snapshot_id) if name.startswith(CUT_TAG_PREFIX) else None
+        if tagged is not None and (lsn := position(table, tagged)) is not None and lsn >= since:
+            found.setdefault(tagged.snapshot_id, lsn)
+    return found
 
 
 def valid(cut: Cut, lineages: Mapping[TableName, Lineage]) -> bool:
