@@ -10,6 +10,7 @@ reports how far behind the staged, not yet applied transfers leave each table, a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 
@@ -208,7 +209,8 @@ def test_a_cut_every_pass_while_idle_tables_keep_their_advances_in_memory(
     after the snapshot but the snapshot's — the cuts record has one at every pass. The sum over
     A and B read at every cut (pyiceberg, at the cut's snapshots) is the source's invariant. A
     Failed table is absent from the cuts recorded while it fails: the cuts of every table stay at
-    the last one it was part of, those without it go on."""
+    the last one it was part of, those without it go on; so is a table re-snapshotted past the
+    passes' batch end, until they reach it."""
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
     with pgdb.connect() as conn:
         for table in (A, B):
@@ -285,6 +287,27 @@ def test_a_cut_every_pass_while_idle_tables_keep_their_advances_in_memory(
         result = job.passes.run_pass()
         assert result.end is not None
         assert cuts.read(ingestion, tables)[-1].lsn == result.end - 1
+
+        # a table re-snapshotted past the batch end: absent ("ahead") until the passes reach it,
+        # then part of the cuts again, at its new snapshot
+        copied = IDLE[1]
+        _transfers(pgdb, 2)
+        pipeline.seal()
+        dataclasses.replace(pipeline.with_spec(snapshot={"resnapshotGeneration": 1}),
+                            tables=[copied]).snapshot()
+        result = job.passes.run_pass()
+        assert result.end is not None
+        rows = _record(ingestion)
+        latest = rows.filter(pc.equal(rows["cut_lsn"], result.end - 1))
+        ahead = latest.filter(pc.equal(latest["source_table"], copied.name)).to_pylist()
+        assert [(r["snapshot_id"], r["state"]) for r in ahead] == [(None, "ahead")]
+        _transfers(pgdb, 2)
+        pipeline.seal()
+        result = job.passes.run_pass()
+        assert result.end is not None
+        latest_cut = cuts.read(ingestion, tables)[-1]
+        assert latest_cut.lsn == result.end - 1
+        assert latest_cut.snapshots[copied] == pipeline.snapshots(copied)[-1][0]
     finally:
         job.close()
 
