@@ -40,6 +40,7 @@ EXPIRE_MIN_S = 60.0  # a table's expiry at most this often (a commit: not every 
 MAINTENANCE_LOOK_S = 5.0  # how often maintenance looks at a table's health, at most
 SETTLED_LOOK_S = 600.0  # ... and at an idle table a look found settled (see maintain)
 RECORD_HISTORY_S = 600.0  # the cuts record keeps its own snapshots this long (keep_record)
+RECORD_TRIM_S = 600.0  # ... and its rows no readable cut needs are deleted this often
 
 
 class Upkeep:
@@ -175,10 +176,12 @@ class Upkeep:
     def keep_record(self, name: str) -> None:
         """The upkeep of the cuts record ``name`` (:mod:`lakeslot.apply.cut_record`: a small
         file and a snapshot per pass): its snapshots older than :data:`RECORD_HISTORY_S` expired
-        (its rows are the history, not its snapshots), its rows of cuts recorded more than
-        :data:`lakeslot.mirror.contract.RETAINED_FOR_S` ago deleted (once an hour: a Spark
-        DELETE; a reader then finds no cut before the first full listing left, never a partial
-        one), its files compacted where due as a mirror's are; looked at most every
+        (its rows are the history, not its snapshots); every :data:`RECORD_TRIM_S` (a Spark
+        query and DELETE) the rows no cut still readable needs: those of cuts recorded more than
+        :data:`lakeslot.mirror.contract.RETAINED_FOR_S` ago, and those of the cuts neither
+        retained nor in the recent window (their snapshots are expired) — below the latest full
+        listing older than the window, so that every cut left has its full listing and every
+        row since it; its files compacted where due as a mirror's are. Looked at most every
         :data:`MAINTENANCE_LOOK_S`. Failures only log (the record is only read, and the next
         look tries again)."""
         if not first_within(self._looked, name, MAINTENANCE_LOOK_S) or not self.tables.exists(name):
@@ -186,18 +189,34 @@ class Upkeep:
         try:
             if first_within(self._expired, name, RECORD_HISTORY_S / 8):
                 self.tables.expire_snapshots(name, RECORD_HISTORY_S)
-            if first_within(self._trimmed, name, EXPIRE_INTERVAL_S):
-                before = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=RETAINED_FOR_S)
-                statement = (f"DELETE FROM {self.tables.qualified(name)} WHERE recorded_at < "
-                             f"TIMESTAMP '{before:%Y-%m-%d %H:%M:%S}+00:00'")
-                latest = self.tables.lsn(name)  # (the record's latest cut: kept by the commit)
-                with_commit_properties(self.spark, {LSN_PROPERTY: str(latest)},
-                                       lambda: self.spark.sql(statement))
+            if first_within(self._trimmed, name, RECORD_TRIM_S):
+                self._trim(name)
             if self.spec.sink.maintenance.enabled and not self.stop.is_set():
                 self.maintainer.maintain(self.tables.iceberg_table(name), name)
         except Exception as e:  # noqa: BLE001 - the record's upkeep never fails a pass
             log.warning("%s: upkeep of the cuts record failed (tried again later): %s", name,
                         error_summary(e))
+
+    def _trim(self, name: str) -> None:
+        """Delete the cuts record's rows no readable cut needs (see :meth:`keep_record`), in a
+        commit that keeps its ``lakeslot.lsn`` (the latest cut)."""
+        now = dt.datetime.now(dt.UTC)
+
+        def at(seconds: float) -> str:
+            return f"TIMESTAMP '{now - dt.timedelta(seconds=seconds):%Y-%m-%d %H:%M:%S.%f}+00:00'"
+
+        record = self.tables.qualified(name)
+        window = history_age_s(self.spec.apply.trigger_interval_seconds)
+        # (refreshed first: Spark reads the catalog's cached table object, which the cut
+        # record's commits through an object of its own may have left behind)
+        latest = self.tables.lsn(name)
+        [[floor]] = self.spark.sql(
+            f"SELECT max(cut_lsn) FROM {record} WHERE kind = 'cut' AND full_listing AND "
+            f"recorded_at < {at(window)}").collect()
+        condition = f"recorded_at < {at(RETAINED_FOR_S)}" + (
+            "" if floor is None else f" OR (NOT retained AND cut_lsn < {int(floor)})")
+        with_commit_properties(self.spark, {LSN_PROPERTY: str(latest)},
+                               lambda: self.spark.sql(f"DELETE FROM {record} WHERE {condition}"))
 
     def retention(self, outcomes: tuple[TableOutcome, ...], names: list[SegmentName]) -> int:
         if any(o.lsn is None for o in outcomes):
