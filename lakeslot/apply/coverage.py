@@ -78,7 +78,7 @@ class Coverage:
             return True
         now = self.clock()
         entry = self._covered.get(table)
-        due = entry.due if entry is not None else now + COMMIT_AFTER_S * (1 + _spread(table))
+        due = entry.due if entry is not None else now + COMMIT_AFTER_S * (1 + spread(table))
         if now >= due:
             self._covered.pop(table, None)
             return True
@@ -86,6 +86,6 @@ class Coverage:
         return False
 
 
-def _spread(table: TableName) -> float:
+def spread(table: TableName | str) -> float:
     """A fraction in [0, 1) that depends only on the table's name."""
     return zlib.crc32(str(table).encode()) / 2 ** 32

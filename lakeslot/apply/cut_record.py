@@ -11,7 +11,8 @@ at ``L``, equals the source as of the pass's batch end, since nothing of it is s
 Invariants (DESIGN.md invariant 9):
 
 - One commit per pass at most, whatever the number of tables, after every table commit of the
-  pass (and its maintenance) and before the status document; none when the batch end did not
+  pass and before its maintenance (the cut is readable as soon as it can be) and its status
+  document; none when the batch end did not
   move past the latest recorded cut (``cut_lsn`` strictly increases: the record's current
   snapshot carries it as ``lakeslot.lsn``, read once when the job starts).
 - A table is part of the pass's cut at ``X = batch end − 1`` when its outcome is ``applied``,

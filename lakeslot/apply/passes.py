@@ -15,12 +15,13 @@ A pass (:meth:`Passes.run_pass`), every step timed (:class:`lakeslot.apply.outco
    batches the driver will apply itself are reduced by the driver, the rest on the executors.
 5. Every planned table applied (:meth:`~lakeslot.apply.table_pass.TablePass.apply`),
    ``apply.tableParallelism`` at a time, then the reductions released.
-6. ``maintenance``: escalation of tables that keep failing transiently, upkeep
+6. Escalation of tables that keep failing transiently; ``cut``: the pass's cut in the cuts
+   record (:mod:`lakeslot.apply.cut_record`): one commit, after every table commit of the pass,
+   whatever the number of tables.
+7. ``maintenance``: upkeep
    (:mod:`lakeslot.apply.upkeep`: expiry, the cuts record's upkeep, compaction — at most its
    share of a pass that applied changes; in a pass that applied none, until new segments are
    sealed —, retention), lifting the errors of tables that work again.
-7. ``cut``: the pass's cut in the cuts record (:mod:`lakeslot.apply.cut_record`): one commit,
-   after every table commit of the pass, whatever the number of tables.
 8. ``status``: the status document ``<staging>/apply-status.json``.
 
 Invariants:
@@ -147,6 +148,8 @@ class Passes:
         self.hooks("after-tables")
         self.failures.escalate(outcomes)
         ordered = tuple(outcomes[t] for t in self.job.tables)
+        with steps("cut"):  # (before maintenance: the cut is readable as soon as it can be)
+            self.cuts.record(batch.end, ordered)
         busy = time.monotonic() - started  # (the pass so far: maintenance gets a share of it)
         applied = any(o.state == "applied" for o in ordered)
         with steps("maintenance"):
@@ -160,8 +163,6 @@ class Passes:
             self.failures.recovered(ordered)
             deleted = self.upkeep.retention(ordered, staged)
         self.hooks("after-retention")
-        with steps("cut"):
-            self.cuts.record(batch.end, ordered)
         result = PassResult(batch.end, len(batch.segments) == self.max_segments, ordered, deleted,
                             steps.seconds, time.monotonic() - started)
         self.totals.add_pass(result, batch.tables)

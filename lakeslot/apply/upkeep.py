@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 
 from lakeslot import lsn as lsn_text
 from lakeslot.api.naming import TableName
-from lakeslot.apply import isolation
+from lakeslot.apply import coverage, isolation
 from lakeslot.apply.outcomes import Hooks, TableOutcome, Totals
 from lakeslot.errors import transient_in_spark
 from lakeslot.mirror.contract import LSN_PROPERTY, RETAINED_FOR_S, history_age_s
@@ -78,20 +78,24 @@ class Upkeep:
 
     def expire(self, outcomes: tuple[TableOutcome, ...],
                retained: dict[str, dict[str, int]] | None = None) -> None:
-        """Expire old snapshots of the tables this pass served, by the tables' own
+        """Expire old snapshots of the tables this pass committed to, by the tables' own
         ``history.expire.*`` properties, else older than
         :func:`lakeslot.mirror.contract.history_age_s` (the recent window, bounded by the trigger
         interval: the snapshot count stays bounded), each table at most once per
-        ``expire_interval_s`` or an eighth of that age (at least :data:`EXPIRE_MIN_S`). First
+        ``expire_interval_s`` or an eighth of that age (at least :data:`EXPIRE_MIN_S`), the
+        tables' turns spread over that interval by name; an idle table whose advance is kept in
+        memory made no snapshot to expire, and waits for its next commit. First
         the snapshots of the retained cuts not tagged yet (``retained``: mirror → tag → snapshot
         id, :meth:`lakeslot.apply.cut_record.CutRecord.retained`) are tagged, kept
         :data:`lakeslot.mirror.contract.RETAINED_FOR_S`; a table's entry goes once tagged.
         Failures only log: the data is safe."""
         age = history_age_s(self.spec.apply.trigger_interval_seconds)
+        interval = min(self.expire_interval_s, max(EXPIRE_MIN_S, age / 8))
         retained = {} if retained is None else retained
-        for _, target in self.targets(outcomes):
-            if not first_within(self._expired, target,
-                                min(self.expire_interval_s, max(EXPIRE_MIN_S, age / 8))):
+        for _, target in self.targets(tuple(o for o in outcomes if o.committed is None)):
+            if target not in self._expired:  # (spread by name: not every table in one pass)
+                self._expired[target] = time.monotonic() - interval * coverage.spread(target)
+            if not first_within(self._expired, target, interval):
                 continue
             try:
                 self.tables.expire_snapshots(target, age, retained.get(target), RETAINED_FOR_S)
