@@ -17,7 +17,7 @@ time). :mod:`bench.many_tables` runs it for its own N and prints a pass against 
 
 With ``--history S`` the one table is given S commits first: what its commit costs with S
 snapshots kept (every commit rewrites the metadata file, which lists them all; see
-:data:`lakeslot.mirror.contract.HISTORY_SNAPSHOTS`).
+:data:`lakeslot.mirror.contract.RECENT_PASSES`).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import shutil
 import statistics
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,22 +50,31 @@ class Floor:
 def measure(tables: int, threads: int = 8, rounds: int = 40, history: int = 0) -> Floor:
     """The medians of :data:`SOURCE`'s timed rounds (``rounds`` of them after as many to warm
     up; ``history`` commits to the one table first). Needs a JDK (``javac``)."""
+    out = run_java("CommitFloor", lambda work: [
+        (Path(work) / "warehouse").as_uri(), str(tables), str(threads), str(rounds), str(rounds),
+        str(history)])
+    timed = [line.split()[1:] for line in out.splitlines() if line.startswith("round ")]
+    return Floor(tables, history, statistics.median(int(one) for one, _ in timed) / 1e9,
+                 statistics.median(int(many) for _, many in timed) / 1e9)
+
+
+def run_java(main: str, arguments: Callable[[str], list[str]]) -> str:
+    """The output of ``main`` (a class of ``bench/java/*.java``, compiled here with ``javac``
+    against the jars lakeslot's sessions load) run in a JVM of its own with ``arguments(work)``
+    (``work``: a temporary directory it may write in). Needs a JDK."""
     javac = shutil.which("javac")
     if javac is None:
-        raise SystemExit("the commit floor needs a JDK (javac): ./dev setup installs one")
+        raise SystemExit("the benchmark needs a JDK (javac): ./dev setup installs one")
     built = helpers.ensure_built()
     class_path = [*map(str, jars.ensure_jars()),
                   str(Path(pyspark.__file__).parent / "jars" / "*"),
                   *([str(built.hadoop)] if built else [])]
     with tempfile.TemporaryDirectory(prefix="commit-floor-") as work:
-        _run([javac, "-nowarn", "-cp", os.pathsep.join(class_path), "-d", work, str(SOURCE)])
+        _run([javac, "-nowarn", "-cp", os.pathsep.join(class_path), "-d", work,
+              *map(str, sorted(SOURCE.parent.glob("*.java")))])
         env = {**os.environ, **({"FLOOR_FS_IMPL": helpers.FS_CLASS} if built else {})}
-        out = _run(["java", "-cp", os.pathsep.join([work, *class_path]), "CommitFloor",
-                    (Path(work) / "warehouse").as_uri(), str(tables), str(threads), str(rounds),
-                    str(rounds), str(history)], env)
-    timed = [line.split()[1:] for line in out.splitlines() if line.startswith("round ")]
-    return Floor(tables, history, statistics.median(int(one) for one, _ in timed) / 1e9,
-                 statistics.median(int(many) for _, many in timed) / 1e9)
+        return _run(["java", "-cp", os.pathsep.join([work, *class_path]), main,
+                     *arguments(work)], env)
 
 
 def _run(command: list[str], env: dict[str, str] | None = None) -> str:

@@ -80,7 +80,7 @@ import yaml
 from bench import commit_floor, common, latency_proxy
 from lakeslot import workloads
 from lakeslot.api.models import GROUP, VERSION, ApplySpec
-from lakeslot.api.naming import TableName
+from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.apply import slots
 from lakeslot.local import config, objectstore
 from lakeslot.local import run as local_run
@@ -147,29 +147,32 @@ def writer(dsn: str, tables: int, rows: int, skew: str, rate: float, seconds: fl
 @dataclass
 class Observer:
     """Each table's ``lakeslot.lsn`` as its metadata shows it, with when it was first seen:
-    ``warehouse`` a hadoop catalog's (``file://``), or a REST catalog (:class:`RestReader`)."""
+    ``warehouse`` a hadoop catalog's (``file://``), or a REST catalog (:class:`RestReader`);
+    last, the cuts record's (``record``: its name; its ``lakeslot.lsn`` is the latest cut)."""
 
     warehouse: str
     tables: list[TableName]
     rest: RestReader | None = None
+    record: str | None = None
     seen: list[list[tuple[float, int]]] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
-        self.seen = [[] for _ in self.tables]
-        self.wanted = [0] * len(self.tables)  # the highest LSN a transaction needs, per table
+        self.names = [f"app__{t.name}" for t in self.tables] + ([self.record] if self.record else [])
+        self.seen = [[] for _ in self.names]
+        self.wanted = [0] * len(self.names)  # the highest LSN a transaction needs, per table
         self.versions: dict[int, int | str] = {}  # the metadata version last read, per table
 
     def read(self, t: int) -> None:
         if self.rest is not None:
-            loaded = self.rest.load(f"app__{self.tables[t].name}")
+            loaded = self.rest.load(self.names[t])
             if loaded is None or loaded[0] == self.versions.get(t):
                 return
             version: int | str = loaded[0]
             lsn = visible_lsn(loaded[1])
         else:
             metadata = Path(self.warehouse.removeprefix("file://")) / "bench" / \
-                f"app__{self.tables[t].name}" / "metadata"
+                self.names[t] / "metadata"
             try:
                 version = int((metadata / "version-hint.text").read_text())
                 if version == self.versions.get(t):
@@ -185,9 +188,9 @@ class Observer:
     def run(self) -> None:
         with ThreadPoolExecutor(8) as pool:
             while not self.stopping.is_set():
-                behind = [t for t in range(len(self.tables))
+                behind = [t for t in range(len(self.names))
                           if not self.seen[t] or self.seen[t][-1][1] < self.wanted[t]]
-                order = behind or range(len(self.tables))
+                order = behind or range(len(self.names))
                 list(pool.map(self.read, order))
                 time.sleep(OBSERVER_PAUSE_S)
 
@@ -240,15 +243,15 @@ def visible_lsn(metadata: dict) -> int | None:
         if snapshot is not None and "lakeslot.lsn" in snapshot["summary"] else None
 
 
-def observe(warehouse: str, tables: list[TableName], conn, rest: RestReader | None = None
-            ) -> None:
+def observe(warehouse: str, tables: list[TableName], conn, rest: RestReader | None = None,
+            record: str | None = None) -> None:
     """The observer in its own process (its pyiceberg reads took the apply job's interpreter
     lock when it ran in a thread of the run's process). Over ``conn``: it sends ("snapshotted",
     when) once every mirror exists; receives the wanted LSNs per table; sends ("current", when)
     once every table reached them, then ("seen", every table's observations)."""
-    observer = Observer(warehouse, tables, rest)
+    observer = Observer(warehouse, tables, rest, record)
     threading.Thread(target=observer.run, daemon=True).start()
-    while not all(observer.seen):
+    while not all(observer.seen[:len(tables)]):
         time.sleep(0.2)
     conn.send(("snapshotted", time.time()))
     observer.wanted = conn.recv()
@@ -266,6 +269,7 @@ class Round:
     snapshot_s: float
     latencies: list[float]
     early: list[float]  # of the transactions committed in the first EARLY_S s
+    in_cut: list[float]  # commit → part of a cut (the cuts record's lakeslot.lsn reaches it)
     rate: float
     drained_s: float
     pass_s: float  # a pass's wall time, averaged over the passes
@@ -328,7 +332,7 @@ def one_round(args, tables: int, rows: int, object_store: bool = False) -> Round
         def measure() -> None:
             try:
                 measured.append(_measure(args, cluster, staging, warehouse, names, rows, started,
-                                         net))
+                                         net, IngestionNames.of(local.ingestion).cuts_table))
             except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
                 failure.append(e)
             finally:
@@ -347,13 +351,13 @@ def one_round(args, tables: int, rows: int, object_store: bool = False) -> Round
 
 
 def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName], rows: int,
-             started: float, net: common.Network | None) -> Round:
+             started: float, net: common.Network | None, record: str) -> Round:
     # (spawned: this process runs a JVM and threads, which a fork would copy mid-flight)
     mine, theirs = multiprocessing.Pipe()
     rest = None if net is None else RestReader(net.store.rest_uri, net.store.access_key,
                                                net.store.secret_key)
     watcher = multiprocessing.get_context("spawn").Process(
-        target=observe, args=(warehouse, names, theirs, rest), daemon=True)
+        target=observe, args=(warehouse, names, theirs, rest, record), daemon=True)
     watcher.start()
     snapshot_s = _expect(mine, "snapshotted") - started  # every mirror has its snapshot
     receive, send = multiprocessing.Pipe(duplex=False)
@@ -375,7 +379,7 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     wanted = [0] * len(names)
     for t, lsn, _ in records:
         wanted[t] = max(wanted[t], lsn)
-    mine.send(wanted)
+    mine.send([*wanted, max(wanted)])  # (last: the cuts record, a cut holding every change)
     drained = _expect(mine, "current") - writer_done
     if net is not None:  # the requests of the passes that made the writes visible
         net.s3.recording.clear()
@@ -393,10 +397,11 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     touched = sum(len(ops) > 0 for ops in totals.get("changes", {}).values())
     reader = None if net is None else net.pyiceberg_catalog()
     equal = all(_equal(cluster, warehouse, t, reader) for t in names)
-    latencies, early = [], []
+    latencies, early, in_cut = [], [], []
     for t, lsn, committed in records:
         visible = next(at for at, reached in seen[t] if reached >= lsn)
         latencies.append(visible - committed)
+        in_cut.append(next(at for at, reached in seen[-1] if reached >= lsn) - committed)
         if committed - records[0][2] <= EARLY_S:
             early.append(visible - committed)
     duration = records[-1][2] - records[0][2]
@@ -411,7 +416,8 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
                       latency_proxy.commit_trips(net.s3.requests, net.rest.requests,
                                                  _warehouse_table, _mirror_table),
                       latency_proxy.reads(net.s3.requests, f"/{objectstore.STAGING_BUCKET}/"))
-    return Round(len(names), rows, snapshot_s, latencies, early, len(records) / duration, drained,
+    return Round(len(names), rows, snapshot_s, latencies, early, in_cut, len(records) / duration,
+                 drained,
                  wall, last, steps, touched, passes, equal, trips)
 
 
@@ -477,6 +483,10 @@ def report(label: str, r: Round) -> None:
           f"{statistics.quantiles(first, n=100)[98]:.2f} s; last third p50 "
           f"{statistics.median(last):.2f} s p99 {statistics.quantiles(last, n=100)[98]:.2f} s "
           f"(bounded: {'yes' if statistics.median(last) <= 1.5 * statistics.median(first) else 'NO'})")
+    c = statistics.quantiles(r.in_cut, n=100)
+    print(f"  commit→in a cut (the cuts record's latest cut holds it: the age of the latest cut "
+          f"under load) p50 {c[49]:.2f} s  p90 {c[89]:.2f} s  p99 {c[98]:.2f} s  "
+          f"max {max(r.in_cut):.2f} s")
     if len(r.early) > 1:
         print(f"  first {EARLY_S:.0f} s after the snapshot: p99 "
               f"{statistics.quantiles(r.early, n=100)[98]:.2f} s (steady state p99 {q[98]:.2f} s)")

@@ -211,8 +211,9 @@ def _cut_arguments(sub: argparse._SubParsersAction) -> None:
         "cut", help="print the snapshot id of every mirror table at one source LSN (consistent reads)",
         description="A cut is a source LSN every mirror table has a snapshot at: reading each table "
         "VERSION AS OF its snapshot id shows the source as of that LSN, every transaction whole "
-        "across tables. Read from the tables' own histories. " + _LOCAL_HELP + " Exit codes: 0 "
-        "printed, 1 no such cut, 2 bad input.")
+        "across tables. Read from the cuts record the apply job commits every pass, each cut "
+        "checked against the tables' histories, and from the histories themselves. " + _LOCAL_HELP
+        + " Exit codes: 0 printed, 1 no such cut, 2 bad input.")
     _local_arguments(p)
     p.add_argument("--table", dest="tables", action="append", default=[], metavar="SCHEMA.TABLE",
                    help="a table of the cut (repeatable; default: spec.source.tables)")

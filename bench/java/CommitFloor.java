@@ -39,7 +39,7 @@ import org.apache.iceberg.types.Types;
 
 public final class CommitFloor {
   // the benchmark's tables: id int PRIMARY KEY, v int, note text, at timestamptz
-  private static final Schema SCHEMA =
+  static final Schema SCHEMA =
       new Schema(
           Types.NestedField.required(1, "id", Types.IntegerType.get()),
           Types.NestedField.optional(2, "v", Types.IntegerType.get()),
@@ -53,7 +53,7 @@ public final class CommitFloor {
   private final DataFile first;  // the table's first data file, its rows deleted one per commit
   private int commits = 0;
 
-  private CommitFloor(Table table) throws Exception {
+  CommitFloor(Table table) throws Exception {
     this.table = table;
     this.first = written(0, ROWS);
     table.newAppend().appendFile(first).commit();
@@ -83,8 +83,12 @@ public final class CommitFloor {
     return writer.toDeleteFile();
   }
 
+  Table table() {
+    return table;
+  }
+
   /** One row delta: row `commits` of the first file replaced by a new version of it. */
-  private void commit() throws Exception {
+  void commit() throws Exception {
     commits += 1;
     int id = commits % ROWS;
     DataFile added = written(id, 1);

@@ -564,9 +564,10 @@ class SinkSpec(ApiModel):
         "write.update.mode, write.delete.mode: merge-on-read (a MERGE writes the changed rows and "
         "position deletes, its cost follows the changes; maintenance compacts). The apply job expires "
         "old snapshots by history.expire.max-snapshot-age-ms and history.expire.min-snapshots-to-keep "
-        "(default: 1; time travel reaches that far back). Without max-snapshot-age-ms it keeps 3,600 "
-        "passes, at most Iceberg's 5 days: 60 h at apply.triggerIntervalSeconds 60, 1 h at 1 (every "
-        "commit rewrites the metadata file listing every snapshot kept)."
+        "(default: 1; time travel reaches that far back). Without max-snapshot-age-ms it keeps every "
+        "snapshot of the last 100 passes (at most Iceberg's 5 days) and, for 5 days, those of one "
+        "retained cut an hour, tagged (every commit rewrites the metadata file listing every "
+        "snapshot kept: the count stays bounded)."
     )
 
 

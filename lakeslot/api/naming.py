@@ -37,7 +37,9 @@ another template, a ``mirrorName`` equal to another table's mirror, a mirror and
 table —; validation refuses them for listed tables, preflight for the tables a schema selection
 finds (each is ``Failed``, naming the other, and left out of the publication). A mirror
 also records which ingestion and source table own it (:mod:`lakeslot.mirror.contract`), and the
-jobs refuse to write one owned by another.
+jobs refuse to write one owned by another. Names starting with :data:`CUTS_TABLE` are lakeslot's
+own, never a mirror's: each ingestion's cuts record (:attr:`IngestionNames.cuts_table`,
+:mod:`lakeslot.mirror.cuts`).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from psycopg import sql
 from lakeslot.api.models import PostgresIngestion, SourceSpec
 from lakeslot.api.types import IDENTIFIER_MAX_BYTES
 
+CUTS_TABLE = "_lakeslot_cuts"  # the prefix of the cuts records' names (reserved for them)
 _PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
 
 
@@ -222,6 +225,16 @@ class IngestionNames:
             (schema, name) == (table.schema, table.name) for schema, name, _ in self.overrides) \
             else earlier
 
+    @property
+    def cuts_table(self) -> str:
+        """The ingestion's cuts record in ``spec.sink.namespace`` (:mod:`lakeslot.mirror.cuts`):
+        :data:`CUTS_TABLE`, then the resource's namespace and name (``-`` and ``.`` as ``_``)."""
+        return CUTS_TABLE + re.sub(r"[^a-z0-9]+", "_", f"_{self.namespace}_{self.name}".lower())
+
+    def cuts_identifier(self) -> tuple[str, ...]:
+        """The cuts record's Iceberg identifier: namespace levels + table name."""
+        return (*self.sink_namespace.split("."), self.cuts_table)
+
     def mirror_identifier(self, table: TableName) -> tuple[str, ...]:
         """The mirror table's Iceberg identifier: namespace levels + table name."""
         return (*self.sink_namespace.split("."), self.mirror_table(table))
@@ -230,7 +243,8 @@ class IngestionNames:
                    ) -> dict[TableName, str]:
         """The tables of ``tables`` that cannot have the mirror name they map to, each with why
         and the fix (pure). Two tables collide when their mirrors — or a mirror and another's
-        changelog table — would have one name. In a group of colliding tables, the one table of
+        changelog table — would have one name; a mirror or changelog table whose name starts
+        with :data:`CUTS_TABLE` is refused whatever else. In a group of colliding tables, the one table of
         ``established`` (mirrored before: it keeps its mirror) is left alone when there is
         exactly one; otherwise every table of the group is refused: never a shared mirror."""
         claims: dict[str, list[tuple[TableName, str]]] = {}
@@ -240,6 +254,11 @@ class IngestionNames:
             if self.changelog_suffix:
                 claims.setdefault(mirror + self.changelog_suffix, []).append((table, "changelog"))
         refused: dict[TableName, str] = {}
+        for name, claimants in claims.items():
+            for table, role in claimants if name.startswith(CUTS_TABLE) else ():
+                refused[table] = (f"its {role} table would be {self.sink_namespace}.{name}: names "
+                                  f"starting with {CUTS_TABLE} are reserved for lakeslot's cuts "
+                                  "records")
         for name, claimants in claims.items():
             group = list(dict.fromkeys(t for t, _ in claimants))
             if len(group) < 2:

@@ -22,5 +22,6 @@ It reads staging through :mod:`lakeslot.staging` and writes through :mod:`lakesl
 - Failures: :mod:`.isolation` — the rules (one table's failure never stalls another);
   :mod:`.failures` — their handling (retries, backoff, escalation, lifting an error).
 - After a pass: :mod:`.upkeep` — expiry, compaction, staging's retention; :mod:`.coverage` — an
-  idle table's advance kept in memory until due; :mod:`.outcomes` — what a pass reports.
+  idle table's advance kept in memory until due; :mod:`.cut_record` — the pass's cut, in the
+  cuts record (one commit per pass); :mod:`.outcomes` — what a pass reports.
 """

@@ -21,6 +21,9 @@ Invariants:
 - Readers learn ``C`` from the status document (each table's ``lsn`` with ``committedLsn``
   below it): :func:`lakeslot.mirror.progress.with_coverage`. So an idle table is not shown as
   behind (status, freshness, metrics), and ``lakeslot verify`` does not wait for a commit.
+- Consistent reads do not wait for the commit either: the pass's cut
+  (:mod:`lakeslot.apply.cut_record`) names the table's committed snapshot at ``L`` as its
+  snapshot of the cut at ``C``.
 - An advance is due :data:`COMMIT_AFTER_S` to twice that after the table's first uncommitted
   one, spread by the table's name so tables idle since the same pass do not all commit in the
   same later pass. A ``--once`` run commits every advance at once (nothing outlives it).
@@ -75,7 +78,7 @@ class Coverage:
             return True
         now = self.clock()
         entry = self._covered.get(table)
-        due = entry.due if entry is not None else now + COMMIT_AFTER_S * (1 + _spread(table))
+        due = entry.due if entry is not None else now + COMMIT_AFTER_S * (1 + spread(table))
         if now >= due:
             self._covered.pop(table, None)
             return True
@@ -83,6 +86,6 @@ class Coverage:
         return False
 
 
-def _spread(table: TableName) -> float:
+def spread(table: TableName | str) -> float:
     """A fraction in [0, 1) that depends only on the table's name."""
     return zlib.crc32(str(table).encode()) / 2 ** 32

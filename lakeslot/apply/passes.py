@@ -16,11 +16,14 @@ A pass (:meth:`Passes.run_pass`), every step timed (:class:`lakeslot.apply.outco
    batches the driver will apply itself are reduced by the driver, the rest on the executors.
 5. Every planned table applied (:meth:`~lakeslot.apply.table_pass.TablePass.apply`),
    as many at a time, then the reductions released.
-6. ``maintenance``: escalation of tables that keep failing transiently, upkeep
-   (:mod:`lakeslot.apply.upkeep`: expiry, compaction — at most its share of a pass that applied
-   changes; in a pass that applied none, until new segments are sealed —, retention), lifting
-   the errors of tables that work again.
-7. ``status``: the status document ``<staging>/apply-status.json``.
+6. Escalation of tables that keep failing transiently; ``cut``: the pass's cut in the cuts
+   record (:mod:`lakeslot.apply.cut_record`): one commit, after every table commit of the pass,
+   whatever the number of tables.
+7. ``maintenance``: upkeep
+   (:mod:`lakeslot.apply.upkeep`: expiry, the cuts record's upkeep, compaction — at most its
+   share of a pass that applied changes; in a pass that applied none, until new segments are
+   sealed —, retention), lifting the errors of tables that work again.
+8. ``status``: the status document ``<staging>/apply-status.json``.
 
 Invariants:
 
@@ -53,6 +56,7 @@ from lakeslot import cadence, lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.apply import slots, spread
 from lakeslot.apply.changes import TableError
+from lakeslot.apply.cut_record import CutRecord
 from lakeslot.apply.failures import Exhausted, Failures
 from lakeslot.apply.outcomes import Hooks, PassResult, Steps, TableOutcome, Totals, now_text
 from lakeslot.apply.reduction import Reduction
@@ -89,6 +93,7 @@ class Passes:
         self._seen_end: int | None = None  # the furthest segment end a listing showed
         self.continuous = continuous
         self._news_at = -math.inf  # when maintenance last listed staging for news (monotonic)
+        self.cuts = CutRecord(spark, job, tables)
 
     def run_pass(self) -> PassResult:
         started = time.monotonic()
@@ -144,10 +149,13 @@ class Passes:
         self.hooks("after-tables")
         self.failures.escalate(outcomes)
         ordered = tuple(outcomes[t] for t in self.job.tables)
+        with steps("cut"):  # (before maintenance: the cut is readable as soon as it can be)
+            self.cuts.record(batch.end, ordered)
         busy = time.monotonic() - started  # (the pass so far: maintenance gets a share of it)
         applied = any(o.state == "applied" for o in ordered)
         with steps("maintenance"):
-            self.upkeep.expire(ordered)
+            self.upkeep.expire(ordered, self.cuts.retained)
+            self.upkeep.keep_record(self.cuts.name)
             for table, error in self.upkeep.maintain(
                     ordered, busy if applied else 0.0,
                     wanted=lambda: not applied and self._sealed_since()).items():

@@ -1,6 +1,7 @@
-"""Table upkeep after each apply pass: old snapshots expired, compaction and clean-up where due,
-and staging's retention — work that keeps readers' cost and staging's size flat over time
-(DESIGN.md "Scale"), never work that changes what a table holds.
+"""Table upkeep after each apply pass: old snapshots expired, compaction and clean-up where due
+(the mirrors' and the cuts record's), and staging's retention — work that keeps readers' cost
+and staging's size flat over time (DESIGN.md "Scale"), never work that changes what a table
+holds.
 
 Invariants: every step keeps each table's position (``lakeslot.lsn``); retention deletes only
 sealed segments wholly at or below every table's committed position (failed tables included:
@@ -13,6 +14,7 @@ later, and a table whose maintenance fails otherwise, or keeps failing, is retur
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import threading
@@ -21,21 +23,24 @@ from collections.abc import Callable, Iterator
 
 from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
-from lakeslot.apply import isolation
+from lakeslot.apply import coverage, isolation
 from lakeslot.apply.outcomes import Hooks, TableOutcome, Totals
 from lakeslot.errors import transient_in_spark
-from lakeslot.mirror.contract import history_age_s
+from lakeslot.mirror.contract import LSN_PROPERTY, RETAINED_FOR_S, history_age_s
 from lakeslot.spark import row_delta
 from lakeslot.spark.maintenance import Maintainer
-from lakeslot.spark.session import error_summary
+from lakeslot.spark.session import error_summary, with_commit_properties
 from lakeslot.spark.tables import Tables
 from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import Staging
 
 log = logging.getLogger("lakeslot.apply.job")
 EXPIRE_INTERVAL_S = 3600.0
+EXPIRE_MIN_S = 60.0  # a table's expiry at most this often (a commit: not every pass of a 1 s job)
 MAINTENANCE_LOOK_S = 5.0  # how often maintenance looks at a table's health, at most
 SETTLED_LOOK_S = 600.0  # ... and at an idle table a look found settled (see maintain)
+RECORD_HISTORY_S = 600.0  # the cuts record keeps its own snapshots this long (keep_record)
+RECORD_TRIM_S = 600.0  # ... and its rows no readable cut needs are deleted this often
 
 
 class Upkeep:
@@ -51,7 +56,9 @@ class Upkeep:
         self.stop = stop or threading.Event()  # the job's: set, no further table is maintained
         self.maintainer = Maintainer(spark, spec.sink.maintenance, positions)
         self.expire_interval_s = expire_interval_s
+        self.spark = spark
         self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
+        self._trimmed: dict[str, float] = {}  # the cuts record → when its old rows were deleted
         self._looked: dict[str, float] = {}  # table → monotonic time maintenance last looked
         self._settled: dict[str, float] = {}  # table → when a look found it settled (monotonic)
         self._failures = isolation.Streaks()  # maintenance failures in a row, per table
@@ -69,18 +76,30 @@ class Upkeep:
                 if suffix:
                     yield outcome.source, outcome.target + suffix
 
-    def expire(self, outcomes: tuple[TableOutcome, ...]) -> None:
+    def expire(self, outcomes: tuple[TableOutcome, ...],
+               retained: dict[str, dict[str, int]] | None = None) -> None:
         """Expire old snapshots of the tables this pass committed to, by the tables' own
         ``history.expire.*`` properties, else older than
-        :func:`lakeslot.mirror.contract.history_age_s` (bounded by the trigger interval: the
-        snapshot count stays bounded), each table at most once per ``expire_interval_s`` or an
-        eighth of that age. Failures only log: the data is safe."""
+        :func:`lakeslot.mirror.contract.history_age_s` (the recent window, bounded by the trigger
+        interval: the snapshot count stays bounded), each table at most once per
+        ``expire_interval_s`` or an eighth of that age (at least :data:`EXPIRE_MIN_S`), the
+        tables' turns spread over that interval by name; an idle table whose advance is kept in
+        memory made no snapshot to expire, and waits for its next commit. First
+        the snapshots of the retained cuts not tagged yet (``retained``: mirror → tag → snapshot
+        id, :meth:`lakeslot.apply.cut_record.CutRecord.retained`) are tagged, kept
+        :data:`lakeslot.mirror.contract.RETAINED_FOR_S`; a table's entry goes once tagged.
+        Failures only log: the data is safe."""
         age = history_age_s(self.spec.apply.trigger_interval_seconds)
-        for _, target in self.targets(outcomes):
-            if not first_within(self._expired, target, min(self.expire_interval_s, age / 8)):
+        interval = min(self.expire_interval_s, max(EXPIRE_MIN_S, age / 8))
+        retained = {} if retained is None else retained
+        for _, target in self.targets(tuple(o for o in outcomes if o.committed is None)):
+            if target not in self._expired:  # (spread by name: not every table in one pass)
+                self._expired[target] = time.monotonic() - interval * coverage.spread(target)
+            if not first_within(self._expired, target, interval):
                 continue
             try:
-                self.tables.expire_snapshots(target, age)
+                self.tables.expire_snapshots(target, age, retained.get(target), RETAINED_FOR_S)
+                retained.pop(target, None)
             except transient_in_spark() as e:
                 log.warning("%s: expiring old snapshots failed (retried later): %s", target,
                             error_summary(e))
@@ -157,6 +176,51 @@ class Upkeep:
             else:
                 self._failures.passed(target)
         return failed
+
+    def keep_record(self, name: str) -> None:
+        """The upkeep of the cuts record ``name`` (:mod:`lakeslot.apply.cut_record`: a small
+        file and a snapshot per pass): its snapshots older than :data:`RECORD_HISTORY_S` expired
+        (its rows are the history, not its snapshots); every :data:`RECORD_TRIM_S` (a Spark
+        query and DELETE) the rows no cut still readable needs: those of cuts recorded more than
+        :data:`lakeslot.mirror.contract.RETAINED_FOR_S` ago, and those of the cuts neither
+        retained nor in the recent window (their snapshots are expired) — below the latest full
+        listing older than the window, so that every cut left has its full listing and every
+        row since it; its files compacted where due as a mirror's are. Looked at most every
+        :data:`MAINTENANCE_LOOK_S`. Failures only log (the record is only read, and the next
+        look tries again)."""
+        if not first_within(self._looked, name, MAINTENANCE_LOOK_S) or not self.tables.exists(name):
+            return
+        try:
+            if first_within(self._expired, name, RECORD_HISTORY_S / 8):
+                self.tables.expire_snapshots(name, RECORD_HISTORY_S)
+            if first_within(self._trimmed, name, RECORD_TRIM_S):
+                self._trim(name)
+            if self.spec.sink.maintenance.enabled and not self.stop.is_set():
+                self.maintainer.maintain(self.tables.iceberg_table(name), name)
+        except Exception as e:  # noqa: BLE001 - the record's upkeep never fails a pass
+            log.warning("%s: upkeep of the cuts record failed (tried again later): %s", name,
+                        error_summary(e))
+
+    def _trim(self, name: str) -> None:
+        """Delete the cuts record's rows no readable cut needs (see :meth:`keep_record`), in a
+        commit that keeps its ``lakeslot.lsn`` (the latest cut)."""
+        now = dt.datetime.now(dt.UTC)
+
+        def at(seconds: float) -> str:
+            return f"TIMESTAMP '{now - dt.timedelta(seconds=seconds):%Y-%m-%d %H:%M:%S.%f}+00:00'"
+
+        record = self.tables.qualified(name)
+        window = history_age_s(self.spec.apply.trigger_interval_seconds)
+        # (refreshed first: Spark reads the catalog's cached table object, which the cut
+        # record's commits through an object of its own may have left behind)
+        latest = self.tables.lsn(name)
+        [[floor]] = self.spark.sql(
+            f"SELECT max(cut_lsn) FROM {record} WHERE kind = 'cut' AND full_listing AND "
+            f"recorded_at < {at(window)}").collect()
+        condition = f"recorded_at < {at(RETAINED_FOR_S)}" + (
+            "" if floor is None else f" OR (NOT retained AND cut_lsn < {int(floor)})")
+        with_commit_properties(self.spark, {LSN_PROPERTY: str(latest)},
+                               lambda: self.spark.sql(f"DELETE FROM {record} WHERE {condition}"))
 
     def retention(self, outcomes: tuple[TableOutcome, ...], names: list[SegmentName]) -> int:
         if any(o.lsn is None for o in outcomes):

@@ -84,20 +84,32 @@ TABLE_DEFAULTS = {"write.metadata.delete-after-commit.enabled": "true",
                   "write.delete.mode": "merge-on-read"}
 
 
-# History: each pass commits to every table, so a table's snapshot count is its history's age
-# divided by apply.triggerIntervalSeconds, and every commit rewrites the whole metadata file, which
-# lists them all (measured: 3,600 snapshots make a 2.7 MB file, and a commit cost grows with it).
-# Unless a table sets history.expire.max-snapshot-age-ms itself, the apply job keeps
-# min(Iceberg's 5 days, HISTORY_SNAPSHOTS passes) of history: 5 days at the default trigger of
-# 120 s or more, 60 h at 60 s, 1 h at 1 s.
+# History (docs/maintenance.md "What a mirror keeps"): every commit rewrites the table's metadata
+# file, which lists every snapshot kept (3,600 snapshots: a 2.7 MB file, and a commit cost 2.6×
+# that of a fresh table), so what a table keeps is bounded whatever the trigger:
+# - every snapshot of the last RECENT_PASSES passes (at most Iceberg's 5 days): time travel and
+#   every cut of that window;
+# - beyond it, the snapshots of one *retained* cut per RETAINED_EVERY_S (the cuts record marks it,
+#   lakeslot.mirror.cuts), tagged CUT_TAG_PREFIX + its LSN with a maximum age of RETAINED_FOR_S:
+#   Iceberg's expiry keeps tagged snapshots, and drops the tag once it is older.
+# A table that sets history.expire.max-snapshot-age-ms itself keeps what it says (and the tags).
 MAX_SNAPSHOT_AGE_PROPERTY = "history.expire.max-snapshot-age-ms"
 ICEBERG_MAX_SNAPSHOT_AGE_S = 5 * 24 * 3600.0
-HISTORY_SNAPSHOTS = 3600
+RECENT_PASSES = 100
+RETAINED_EVERY_S = 3600.0
+RETAINED_FOR_S = ICEBERG_MAX_SNAPSHOT_AGE_S
+CUT_TAG_PREFIX = "lakeslot-cut-"
 
 
 def history_age_s(trigger_interval_seconds: float) -> float:
-    """How far back the apply job keeps a table's snapshots when the table does not say."""
-    return min(ICEBERG_MAX_SNAPSHOT_AGE_S, HISTORY_SNAPSHOTS * trigger_interval_seconds)
+    """How far back the apply job keeps every snapshot of a table that does not say (the recent
+    window; retained cuts' snapshots are kept longer, by tag)."""
+    return min(ICEBERG_MAX_SNAPSHOT_AGE_S, RECENT_PASSES * trigger_interval_seconds)
+
+
+def cut_tag(lsn: int) -> str:
+    """The tag that keeps a table's snapshot of the retained cut at ``lsn``."""
+    return f"{CUT_TAG_PREFIX}{lsn:016X}"
 
 
 def table_properties(user: Mapping[str, str]) -> dict[str, str]:

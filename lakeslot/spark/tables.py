@@ -390,13 +390,27 @@ class Tables(Catalog):
     def clear_error(self, table: str) -> None:
         self.set_properties(table, {}, ERROR_PROPERTIES)
 
-    def expire_snapshots(self, table: str, default_age_s: float) -> None:
+    def expire_snapshots(self, table: str, default_age_s: float,
+                         tags: Mapping[str, int] | None = None, tag_age_s: float = 0.0) -> None:
         """Expire old snapshots (and delete the files only they referenced) by the table's own
         history.expire.* settings; snapshots older than ``default_age_s`` when the table sets no
-        maximum age. Iceberg's Java action on the driver, not the Spark procedure: for the few
-        hundred snapshots a mirror keeps it costs milliseconds where the procedure's Spark jobs
-        cost seconds (measured 1-3 s on 2 cores), a stall in the pass's freshness."""
+        maximum age. ``tags`` (name → snapshot id) are set first, each kept ``tag_age_s`` from
+        its snapshot's commit (a snapshot already expired, or a tag already set, is skipped):
+        expiry keeps tagged snapshots. Iceberg's Java action on the driver, not the Spark
+        procedure: for the few hundred snapshots a mirror keeps it costs milliseconds where the
+        procedure's Spark jobs cost seconds (measured 1-3 s on 2 cores), a stall in the pass's
+        freshness."""
         loaded = self.iceberg_table(table)
+        if tags:
+            existing = set(loaded.refs().keySet())
+            wanted = {name: snapshot for name, snapshot in tags.items()
+                      if name not in existing and loaded.snapshot(snapshot) is not None}
+            if wanted:
+                manage = loaded.manageSnapshots()
+                for name, snapshot in wanted.items():
+                    manage = manage.createTag(name, snapshot).setMaxRefAgeMs(
+                        name, int(tag_age_s * 1000))
+                manage.commit()
         expire = loaded.expireSnapshots()
         if MAX_SNAPSHOT_AGE_PROPERTY not in loaded.properties():
             older = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=default_age_s)
@@ -410,3 +424,11 @@ class Tables(Catalog):
                                lambda: self._spark.sql(statement))
         if self.lsn(table) != lsn:
             self.advance(table, lsn)
+
+    def exists(self, table: str) -> bool:
+        return bool(self._catalog.tableExists(self._identifier(self.namespace, table)))
+
+    def cached(self, table: str):
+        """The Java Iceberg table as the catalog has it, not refreshed: with Spark's caching
+        catalog (the default), the object this job's commits and refreshes keep current."""
+        return self._catalog.loadTable(self._identifier(self.namespace, table))
