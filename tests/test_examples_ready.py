@@ -139,7 +139,7 @@ def _point_at_store(api, document: dict, store: ObjectStore, endpoint: str) -> N
     spec["secretEnv"] += [{"name": variable, "secretKeyRef": {"name": secret, "key": key}}
                           for variable, key in (("AWS_ENDPOINT_URL", "endpoint"), ("AWS_REGION", "region"))]
     operator_env.create_secret(api, secret, {keys["AWS_ACCESS_KEY_ID"]: store.access_key,
-                                    keys["AWS_SECRET_ACCESS_KEY"]: store.secret_key,
+                                             keys["AWS_SECRET_ACCESS_KEY"]: store.secret_key,
                                     "endpoint": endpoint, "region": REGION}, namespace=namespace)
 
 
@@ -207,7 +207,7 @@ def _run_pods(api, document: dict, tmp_path: Path, ca_file: Path | None = None) 
     wait_for(lambda: f"{name}-apply" in operator_env.spark_applications(api, namespace), "the apply SparkApplication")
     for application in operator_env.spark_applications(api, namespace):
         operator_env.set_spark_state(api, application, "RUNNING" if application == f"{name}-apply" else "COMPLETED",
-                            namespace=namespace)
+                                     namespace=namespace)
 
 
 def _ready(api, document: dict, tables: int, after: int = -1) -> dict:

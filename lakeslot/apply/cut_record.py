@@ -145,7 +145,7 @@ class CutRecord:
     def _snapshot(self, target: str, lsn: int | None) -> int | None:
         """The current snapshot of ``target`` if it carries ``lsn`` (the catalog's cached table
         object first; refreshed once if it does not)."""
-        table = self.tables.cached(target)
+        table = self.tables.held(target)
         for refresh in (False, True):
             if refresh:
                 table.refresh()
@@ -189,6 +189,6 @@ class CutRecord:
         footer = row_delta.footer(written)
         request = {"from": None, "property": LSN_PROPERTY, "value": str(lsn),
                    "files": [{"path": path, "size": len(written), "footer": len(footer),
-                              "referenced": None}]}
+                              "content": False, "referenced": None}]}  # (written: its footer sent)
         row_delta.validated(java(jvm, f"{ROW_DELTAS}.commit"), table, json.dumps(request),
                             bytearray(footer))

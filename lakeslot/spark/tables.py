@@ -427,8 +427,3 @@ class Tables(Catalog):
 
     def exists(self, table: str) -> bool:
         return bool(self._catalog.tableExists(self._identifier(self.namespace, table)))
-
-    def cached(self, table: str):
-        """The Java Iceberg table as the catalog has it, not refreshed: with Spark's caching
-        catalog (the default), the object this job's commits and refreshes keep current."""
-        return self._catalog.loadTable(self._identifier(self.namespace, table))
