@@ -313,8 +313,8 @@ def test_validation_refuses_listed_tables_that_share_a_mirror():
 
 
 def test_the_cuts_records_names_are_no_mirrors():
-    names = _names([{"schema": "public", "name": "t", "mirrorName": "_lakeslot_cuts_default_x"}])
-    assert names.cuts_table == "_lakeslot_cuts_prod_shop"
+    names = _names([{"schema": "public", "name": "t", "mirrorName": "lakeslot_cuts_default_x"}])
+    assert names.cuts_table == "lakeslot_cuts_prod_shop"
     assert names.cuts_identifier()[-1] == names.cuts_table
     t, plain = TableName("public", "t"), TableName("public", "u")
     refused = names.collisions([t, plain])

@@ -55,7 +55,9 @@ from psycopg import sql
 from lakeslot.api.models import PostgresIngestion, SourceSpec
 from lakeslot.api.types import IDENTIFIER_MAX_BYTES
 
-CUTS_TABLE = "_lakeslot_cuts"  # the prefix of the cuts records' names (reserved for them)
+# the prefix of the cuts records' names (reserved for them); a letter first: REST catalogs (S3
+# Tables, SeaweedFS) refuse a table name that does not start with a letter or a digit
+CUTS_TABLE = "lakeslot_cuts"
 _PLAIN_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_$]*")
 
 

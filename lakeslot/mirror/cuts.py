@@ -10,7 +10,7 @@ transaction in one table and not yet in the other).
 Where cuts come from:
 
 - **The cuts record** (:attr:`lakeslot.api.naming.IngestionNames.cuts_table`,
-  ``_lakeslot_cuts_<namespace>_<name>``, an Iceberg table in the sink namespace,
+  ``lakeslot_cuts_<namespace>_<name>``, an Iceberg table in the sink namespace,
   :data:`RECORD_SCHEMA`): the apply job commits to it once per pass whose batch end
   moved, after every table commit of the pass landed (:mod:`lakeslot.apply.cut_record`). An idle
   table keeps its advance in memory (:mod:`lakeslot.apply.coverage`) and commits it only every
