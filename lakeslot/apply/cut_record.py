@@ -42,7 +42,6 @@ propagates (the pass fails as a whole: it belongs to no table).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -63,8 +62,6 @@ from lakeslot.mirror.contract import (
     cut_tag,
 )
 from lakeslot.spark import row_delta
-from lakeslot.spark.helpers import ROW_DELTAS
-from lakeslot.spark.jvm import java
 from lakeslot.spark.session import error_summary, with_commit_properties
 from lakeslot.spark.tables import Tables, position_of
 from lakeslot.workloads import JobInput
@@ -184,11 +181,4 @@ class CutRecord:
                                    frame.writeTo(self.tables.qualified(self.name)).append)
             self._table = None  # (Spark committed through its own object)
             return
-        [path] = row_delta.locations(jvm, table, [f"cut-{lsn:016x}-{uuid.uuid4().hex}.parquet"])
-        written = row_delta.write(table.io, path, rows, "zstd")
-        footer = row_delta.footer(written)
-        request = {"from": None, "property": LSN_PROPERTY, "value": str(lsn),
-                   "files": [{"path": path, "size": len(written), "footer": len(footer),
-                              "content": False, "referenced": None}]}  # (written: its footer sent)
-        row_delta.validated(java(jvm, f"{ROW_DELTAS}.commit"), table, json.dumps(request),
-                            bytearray(footer))
+        row_delta.append(jvm, table, rows, f"cut-{lsn:016x}-{uuid.uuid4().hex}.parquet", lsn, "zstd")

@@ -672,6 +672,19 @@ def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
     positions.committed(found, pa.Table.from_pylist(added, schema=ENTRIES), lsn, answer)
 
 
+def append(jvm, table, rows: pa.Table, name: str, lsn: int, compression: str) -> dict:
+    """Commit ``rows`` to ``table`` as one new data file named ``name`` (no deletes, no
+    validation from a snapshot), the commit carrying ``lakeslot.lsn = lsn``: the cuts record's
+    commit, through the same ``RowDeltas.commit`` request as :func:`commit`'s."""
+    [path] = locations(jvm, table, [name])
+    written = write(table.io, path, rows, compression)
+    ends = footer(written)
+    request = {"from": None, "property": LSN_PROPERTY, "value": str(lsn),
+               "files": [{"path": path, "size": len(written), "footer": len(ends),
+                          "content": False, "referenced": None}]}  # (written here: its footer sent)
+    return validated(java(jvm, f"{ROW_DELTAS}.commit"), table, json.dumps(request), bytearray(ends))
+
+
 def validated(call: Callable[..., str], *args) -> dict:
     """The JSON answer of a helper's commit ``call`` with ``args``: :class:`Conflict` when
     Iceberg's validation failed it (nothing committed)."""
