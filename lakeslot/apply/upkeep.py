@@ -20,6 +20,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
@@ -29,7 +30,7 @@ from lakeslot.errors import transient_in_spark
 from lakeslot.mirror.contract import LSN_PROPERTY, RETAINED_FOR_S, history_age_s
 from lakeslot.spark import row_delta
 from lakeslot.spark.maintenance import Maintainer
-from lakeslot.spark.session import error_summary, with_commit_properties
+from lakeslot.spark.session import error_summary, make_active, with_commit_properties
 from lakeslot.spark.tables import Tables
 from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import Staging
@@ -50,12 +51,13 @@ class Upkeep:
     def __init__(self, spark, spec, tables: Tables, staging: Staging, hooks: Hooks,
                  totals: Totals, expire_interval_s: float = EXPIRE_INTERVAL_S,
                  stop: threading.Event | None = None,
-                 positions: row_delta.Positions | None = None) -> None:
+                 positions: row_delta.Positions | None = None, threads: int = 1) -> None:
         self.spec, self.tables, self.staging, self.hooks, self.totals = (spec, tables, staging,
                                                                          hooks, totals)
         self.stop = stop or threading.Event()  # the job's: set, no further table is maintained
         self.maintainer = Maintainer(spark, spec.sink.maintenance, positions)
         self.expire_interval_s = expire_interval_s
+        self.threads = threads  # expiries at once (each mostly waits on storage and the catalog)
         self.spark = spark
         self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
         self._trimmed: dict[str, float] = {}  # the cuts record → when its old rows were deleted
@@ -88,21 +90,33 @@ class Upkeep:
         the snapshots of the retained cuts not tagged yet (``retained``: mirror → tag → snapshot
         id, :meth:`lakeslot.apply.cut_record.CutRecord.retained`) are tagged, kept
         :data:`lakeslot.mirror.contract.RETAINED_FOR_S`; a table's entry goes once tagged.
-        Failures only log: the data is safe."""
+        The tables due expire at once (up to :attr:`threads`): on object storage an expiry is a
+        chain of requests (it reads each expired snapshot's manifest list), and one after the
+        other they cost the pass their sum. Failures only log: the data is safe."""
         age = history_age_s(self.spec.apply.trigger_interval_seconds)
         interval = min(self.expire_interval_s, max(EXPIRE_MIN_S, age / 8))
         retained = {} if retained is None else retained
+        due = []
         for _, target in self.targets(tuple(o for o in outcomes if o.committed is None)):
             if target not in self._expired:  # (spread by name: not every table in one pass)
                 self._expired[target] = time.monotonic() - interval * coverage.spread(target)
-            if not first_within(self._expired, target, interval):
-                continue
+            if first_within(self._expired, target, interval):
+                due.append(target)
+
+        def expire(target: str) -> str | None:
             try:
                 self.tables.expire_snapshots(target, age, retained.get(target), RETAINED_FOR_S)
-                retained.pop(target, None)
+                return target
             except transient_in_spark() as e:
                 log.warning("%s: expiring old snapshots failed (retried later): %s", target,
                             error_summary(e))
+                return None
+
+        with ThreadPoolExecutor(min(self.threads, len(due)) or 1, thread_name_prefix="lakeslot-expire",
+                                initializer=make_active, initargs=(self.spark,)) as pool:
+            for done in pool.map(expire, due):
+                if done is not None:
+                    retained.pop(done, None)
 
     def maintain(self, outcomes: tuple[TableOutcome, ...], busy_s: float = 0.0,
                  wanted: Callable[[], bool] = lambda: False) -> dict[TableName, str]:

@@ -51,6 +51,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import psycopg
+import requests
+import requests.adapters
 from pyiceberg.exceptions import (
     ForbiddenError,
     NoSuchTableError,
@@ -254,6 +256,7 @@ def load_tables(catalog: CatalogSpec, idents: Sequence[tuple[str, ...]],
                 from pyiceberg.catalog import load_catalog
 
                 client = load_catalog(catalog.name, **options)
+                _pool_connections(client, LOAD_WORKERS)
 
             def load(ident: tuple[str, ...]) -> Table | None:
                 try:
@@ -270,6 +273,18 @@ def load_tables(catalog: CatalogSpec, idents: Sequence[tuple[str, ...]],
         if (message := explain_error(catalog, e, environ)) is None:
             raise
         raise CatalogAccessError(message) from e
+
+
+def _pool_connections(client: Catalog, size: int) -> None:
+    """Keep ``size`` connections of a REST client open: its HTTP session keeps 10 per host, so
+    :data:`LOAD_WORKERS` threads would reconnect (a round trip more each, and urllib3's "pool is
+    full" warning all over the log). A signing adapter pyiceberg mounted for the catalog's own
+    address stays: the longer prefix wins."""
+    session = getattr(client, "_session", None)
+    if isinstance(session, requests.Session):
+        adapter = requests.adapters.HTTPAdapter(pool_maxsize=size)
+        for prefix in ("http://", "https://"):
+            session.mount(prefix, adapter)
 
 
 def explain_error(catalog: CatalogSpec, error: BaseException,

@@ -48,6 +48,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -79,6 +81,9 @@ from lakeslot.spark.jvm import java
 from lakeslot.spark.session import with_commit_properties
 
 CODECS = {"uncompressed": "none"}
+EXPIRY_THREADS = 16  # the JVM's threads reading manifest lists and deleting files for expiries
+_expiry_pools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # gateway → its pool
+_expiry_pools_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -262,6 +267,18 @@ class Tables(Catalog):
         levels = [self._name, *self.namespace.split("."), table]
         return ".".join(quote(level) for level in levels)
 
+    def _expiry_pool(self):
+        """The JVM's pool for expiries (one per JVM, :data:`EXPIRY_THREADS` daemon threads):
+        Iceberg's default is a pool of as many threads as cores, which on object storage leaves
+        an expiry's reads one after the other."""
+        with _expiry_pools_lock:
+            pool = _expiry_pools.get(self._gateway)
+            if pool is None:
+                pool = java(self._jvm, "org.apache.iceberg.util.ThreadPools.newWorkerPool")(
+                    "lakeslot-expiry", EXPIRY_THREADS)
+                _expiry_pools[self._gateway] = pool
+            return pool
+
     def iceberg_table(self, table: str):
         """The Java Iceberg table, refreshed (Iceberg's ``NoSuchTableException`` when there is
         no such table)."""
@@ -399,7 +416,7 @@ class Tables(Catalog):
         expiry keeps tagged snapshots. Iceberg's Java action on the driver, not the Spark
         procedure: for the few hundred snapshots a mirror keeps it costs milliseconds where the
         procedure's Spark jobs cost seconds (measured 1-3 s on 2 cores), a stall in the pass's
-        freshness."""
+        freshness. It reads the manifest lists and deletes the files on :meth:`_expiry_pool`."""
         loaded = self.iceberg_table(table)
         if tags:
             existing = set(loaded.refs().keySet())
@@ -411,7 +428,8 @@ class Tables(Catalog):
                     manage = manage.createTag(name, snapshot).setMaxRefAgeMs(
                         name, int(tag_age_s * 1000))
                 manage.commit()
-        expire = loaded.expireSnapshots()
+        pool = self._expiry_pool()
+        expire = loaded.expireSnapshots().planWith(pool).executeDeleteWith(pool)
         if MAX_SNAPSHOT_AGE_PROPERTY not in loaded.properties():
             older = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=default_age_s)
             expire = expire.expireOlderThan(int(older.timestamp() * 1000))
