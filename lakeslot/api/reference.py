@@ -38,6 +38,7 @@ Node = dict[str, Any]
 # The examples are files of the repository, outside the documentation site: linked where they are
 # published.
 EXAMPLES_URL = "https://github.com/lakeslot/lakeslot/blob/main/examples"
+CELL_MAX = 300  # characters of a table cell, as on every documentation page; more goes below
 
 
 def _range(node: Node) -> str:
@@ -129,6 +130,33 @@ def _cell(text: str) -> str:
         for part in parts)
 
 
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """A Markdown table of ``rows`` (raw texts; the first names the row). A cell longer than
+    :data:`CELL_MAX` is shortened in the table — to its first sentence, or to "below" for code —
+    and given whole in a list under the table, by the row's name."""
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    notes = []
+    for row in rows:
+        cells = [_cell(text) for text in row]
+        for i, cell in enumerate(cells):
+            if len(cell) > CELL_MAX:
+                notes.append(f"- {cells[0]}, {header[i].lower()}: {cell}")
+                cells[i] = _shortened(cell)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + ("\n\n" + "\n".join(notes) if notes else "")
+
+
+def _shortened(cell: str) -> str:
+    """A long cell's stand-in in its table (see :func:`_table`)."""
+    if cell.startswith(("`", "<code>")):
+        return "(below)"
+    end = cell.find(". ", 0, CELL_MAX - 20)
+    if end > 0:
+        return cell[:end + 1] + " (More below.)"
+    cut = cell.rfind(" ", 0, CELL_MAX - 20)
+    return cell[:cut] + "… (below)"
+
+
 def _default(node: Node, role: str) -> str:
     if "default" in node:
         return f"`{json.dumps(node['default'], ensure_ascii=False)}`"
@@ -136,12 +164,9 @@ def _default(node: Node, role: str) -> str:
 
 
 def _field_table(node: Node, path: str) -> str:
-    lines = ["| Field | Accepts | Default | Description |", "| --- | --- | --- | --- |"]
-    for field_path, child, role in walk_schema(node, path):
-        if role in ("required", "optional"):
-            cells = (f"`{field_path}`", expectation(child), _default(child, role), child["description"])
-            lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
-    return "\n".join(lines)
+    rows = [(f"`{field_path}`", expectation(child), _default(child, role), child["description"])
+            for field_path, child, role in walk_schema(node, path) if role in ("required", "optional")]
+    return _table(("Field", "Accepts", "Default", "Description"), rows)
 
 
 def _rules_table(node: Node, path: str, root: Node | None = None) -> str:
@@ -153,23 +178,17 @@ def _rules_table(node: Node, path: str, root: Node | None = None) -> str:
         for rule in child.get("x-kubernetes-validations", ()):
             field_path = node_path + rule.get("fieldPath", "")
             grouped.setdefault((rule["rule"], rule["message"]), []).append(f"`{field_path}`")
-    lines = ["| Fields | Rule (CEL) | Message |", "| --- | --- | --- |"]
-    for (cel, message), paths in grouped.items():
-        when = " (on update)" if "oldSelf" in cel else ""
-        lines.append(f"| {_cell(', '.join(paths))} | {_cell(f'`{cel}`')}{when} | {_cell(message)} |")
-    return "\n".join(lines)
+    rows = [(", ".join(paths), f"`{cel}`" + (" (on update)" if "oldSelf" in cel else ""), message)
+            for (cel, message), paths in grouped.items()]
+    return _table(("Fields", "Rule (CEL)", "Message"), rows)
 
 
 def _conditions_table() -> str:
-    lines = ["| Type | Meaning |", "| --- | --- |"]
-    lines += [f"| `{type_}` | {_cell(meaning)} |" for type_, meaning in CONDITION_TYPES.items()]
-    return "\n".join(lines)
+    return _table(("Type", "Meaning"), [(f"`{type_}`", meaning) for type_, meaning in CONDITION_TYPES.items()])
 
 
 def _annotations_table() -> str:
-    lines = ["| Annotation | Meaning |", "| --- | --- |"]
-    lines += [f"| `{name}` | {_cell(meaning)} |" for name, meaning in ANNOTATIONS.items()]
-    return "\n".join(lines)
+    return _table(("Annotation", "Meaning"), [(f"`{name}`", meaning) for name, meaning in ANNOTATIONS.items()])
 
 
 def _columns_table() -> str:
