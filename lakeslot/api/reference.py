@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from lakeslot.api.annotations import ANNOTATIONS
@@ -130,7 +130,7 @@ def _cell(text: str) -> str:
         for part in parts)
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+def _table(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
     """A Markdown table of ``rows`` (raw texts; the first names the row). A cell longer than
     :data:`CELL_MAX` is shortened in the table — to its first sentence, or to "below" for code —
     and given whole in a list under the table, by the row's name."""

@@ -134,7 +134,8 @@ class Upkeep:
         maintenance fails otherwise, or :data:`isolation.MAINTENANCE_STREAK` times in a row, is
         returned with why (its reads would only grow slower): it fails alone.
 
-        A look loads the table (a catalog call, and reads its metadata): at most every
+        A look at a table this pass committed to reads it as the commit left it; at another it
+        loads the table (a catalog call, and reads its metadata). Either at most every
         :data:`MAINTENANCE_LOOK_S`, and an idle table that a look found *settled* — nothing can
         fall due before its data changes — is not looked at again until a pass changes it (or
         :data:`SETTLED_LOOK_S` has passed: another writer's commits), so a quiet table costs
@@ -168,7 +169,9 @@ class Upkeep:
             started = True
             try:
                 self.hooks("before-maintenance", source)
-                table = self.tables.iceberg_table(target)
+                # (a table this pass committed to is held as its commit left it: no request)
+                table = (self.tables.iceberg_table(target) if target in idle
+                         else self.tables.held(target))
                 look = self.maintainer.look(table)
                 if self.maintainer.maintain(table, target, idle=target in idle, look=look):
                     self.totals.maintenance["ran"] = self.totals.maintenance.get("ran", 0) + 1

@@ -287,13 +287,22 @@ class Positions:
         self._cache = _Cache(budget)
 
     def find(self, table, described: Described, key: Sequence[tuple[int, str]],
-             keys: pa.Table) -> Found:
+             keys: pa.Table, waiting: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
+             ) -> Found:
         """The live rows of the Java Iceberg ``table`` (as loaded, and as ``described``) whose
         key columns — ``key``: (field ID, current name) — hold one of ``keys`` (distinct;
-        columns named by field ID), at its current snapshot."""
-        ids = [str(i) for i, _ in key]
+        columns named by field ID), at its current snapshot. ``waiting``: around the search
+        when it reads the snapshot's files from object storage (its manifests and data files
+        are not known from this job's commits: a table's first commit in a job)."""
         if described.snapshot is None or described.listing is None:
             return Found(None, self._no_rows(keys))
+        remote = _local(described.listing) is None and self._cache.get(described.listing + FILES) is None
+        with waiting() if remote else contextlib.nullcontext():
+            return self._find(table, described, key, keys)
+
+    def _find(self, table, described: Described, key: Sequence[tuple[int, str]],
+              keys: pa.Table) -> Found:
+        ids = [str(i) for i, _ in key]
         files = self.files(table, described)
         deletes = Deletes(files)
         values = [(i, _values(keys[str(i)])) for i, _ in key]
