@@ -410,7 +410,7 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
         _save_requests(net, Path(staging_dir := tempfile.mkdtemp(prefix="many-tables-requests-")))
         print(f"  (the proxies' requests: {staging_dir}/{{s3,rest}}.jsonl)")
         trips = Trips(net.s3.delay_s, slots.threads(args.table_parallelism
-                                                    or ApplySpec().table_parallelism),
+                                                    or ApplySpec().table_parallelism, network=True),
                       int(totals.get("passes", 0)) - int(begun.get("passes", 0)),
                       len(net.s3.requests), len(net.rest.requests),
                       latency_proxy.commit_trips(net.s3.requests, net.rest.requests,

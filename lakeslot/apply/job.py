@@ -159,7 +159,8 @@ class Applier:
         work = TablePass(spark, job, tables, hooks, self.failures, self.sources,
                          continuous=continuous)
         upkeep = Upkeep(spark, spec, tables, staging, hooks, self.totals, expire_interval_s, stop,
-                        work.small.positions, slots.threads(spec.apply.table_parallelism))
+                        work.small.positions,
+                        slots.threads(spec.apply.table_parallelism, slots.on_network(spec.sink.catalog)))
         self.passes = Passes(spark, job, tables, staging, hooks, self.failures, self.totals, work,
                              Reduction(spark, staging, self.failures), upkeep,
                              max_segments, continuous=continuous)

@@ -88,7 +88,7 @@ class Passes:
         self.max_segments = max_segments
         self.interval = self.spec.apply.trigger_interval_seconds
         self.parallelism = self.spec.apply.table_parallelism
-        self.threads = slots.threads(self.parallelism)  # (each table's work holds a CPU slot)
+        self.threads = slots.threads(self.parallelism, slots.on_network(self.spec.sink.catalog))
         self.lag = cadence.Lag(self.spec.seal_seconds())  # passes behind the seals
         self._seen_end: int | None = None  # the furthest segment end a listing showed
         self.continuous = continuous

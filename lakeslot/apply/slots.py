@@ -2,12 +2,13 @@
 more of them waiting on the network — on object storage and a REST catalog, a table's commit is
 a chain of requests, each tens of milliseconds where the CPU has nothing to do.
 
-A pass runs its tables on :data:`IN_FLIGHT` × ``tableParallelism`` threads
-(:func:`threads`); each table's work holds one of ``tableParallelism`` slots
-(:meth:`Slots.held`) and lets it go only while it waits on the network (:meth:`Slots.waiting`):
-loading a table from a catalog that is not on local disk, the requests of a row delta's commit
-whose files are not. On local disk nothing lets its slot go — the work is the CPU's there, and
-more threads than cores only contend (measured: 32 row-delta threads did worse than eight).
+Where the tables are reached over a network (:func:`on_network`), a pass runs its tables on
+:data:`IN_FLIGHT` × ``tableParallelism`` threads (:func:`threads`); each table's work holds one
+of ``tableParallelism`` slots (:meth:`Slots.held`) and lets it go only while it waits on the
+network (:meth:`Slots.waiting`): loading a table, the requests of a row delta's commit, the
+first read of a snapshot's files. On local disk a pass has ``tableParallelism`` threads and
+nothing lets its slot go — the work is the CPU's there, and more threads than cores only
+contend.
 
 Invariants: at most ``tableParallelism`` threads are between :meth:`Slots.held`'s entry and exit
 outside a :meth:`Slots.waiting` at any time; a thread gets its slot back before it goes on with
@@ -22,12 +23,23 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from lakeslot.api.models import CatalogSpec
+
 IN_FLIGHT = 4  # threads a pass runs per CPU slot: tables whose requests are in flight at once
 
 
-def threads(parallelism: int) -> int:
-    """The threads of a pass's phases run with ``parallelism`` CPU slots."""
-    return parallelism * IN_FLIGHT
+def on_network(catalog: CatalogSpec) -> bool:
+    """Whether the tables are reached over a network: any catalog but a hadoop one on local
+    disk."""
+    return catalog.type != "hadoop" or not (catalog.warehouse or "").startswith(("file:", "/"))
+
+
+def threads(parallelism: int, network: bool) -> int:
+    """The threads of a pass's phases run with ``parallelism`` CPU slots: :data:`IN_FLIGHT`
+    times as many where the tables are reached over a ``network``, else as many (on local disk
+    more threads only contend: measured, 200 busy tables' passes 6.1 s with 8 threads, 8.4 s
+    with 32)."""
+    return parallelism * IN_FLIGHT if network else parallelism
 
 
 class Slots:

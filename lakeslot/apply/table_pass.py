@@ -47,14 +47,13 @@ from pyspark.sql import functions as F
 
 from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
-from lakeslot.apply import changes, ddl, merge, small_batches, spread
+from lakeslot.apply import changes, ddl, merge, slots, small_batches, spread
 from lakeslot.apply.changelog import Changelog
 from lakeslot.apply.changes import TableError
 from lakeslot.apply.coverage import Coverage
 from lakeslot.apply.evolution import Evolution
 from lakeslot.apply.failures import Failures
 from lakeslot.apply.outcomes import Hooks, Steps, TableOutcome
-from lakeslot.apply.slots import Slots
 from lakeslot.apply.small_batches import SmallBatches
 from lakeslot.apply.source_tables import SourceTables
 from lakeslot.mirror import typemap
@@ -98,8 +97,8 @@ class TablePass:
         self.evolution = Evolution(spark, self.spec, tables, hooks, sources)
         self.changelog = Changelog(spark, self.spec, tables)
         self.small = SmallBatches(spark)
-        self.slots = Slots(self.spec.apply.table_parallelism)  # (see lakeslot.apply.slots)
-        self._remote_catalog = self.spec.sink.catalog.type != "hadoop"
+        self.slots = slots.Slots(self.spec.apply.table_parallelism)  # (see lakeslot.apply.slots)
+        self._remote_catalog = slots.on_network(self.spec.sink.catalog)
         # continuous: a failed table waits for its retry time (lakeslot.apply.isolation), an idle
         # table's advance is committed when due; a --once run tries every table, commits them all
         self.honour_retry = continuous
