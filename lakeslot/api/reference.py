@@ -154,7 +154,7 @@ def _shortened(cell: str) -> str:
     if end > 0:
         return cell[:end + 1] + " (More below.)"
     cut = cell.rfind(" ", 0, CELL_MAX - 20)
-    return cell[:cut] + "… (below)"
+    return cell[:cut] + "… (below)" if cut > 0 else "(below)"
 
 
 def _default(node: Node, role: str) -> str:

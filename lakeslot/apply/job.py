@@ -88,7 +88,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from lakeslot.apply import slots, warmup
+from lakeslot.apply import warmup
 from lakeslot.apply.failures import Failures
 from lakeslot.apply.outcomes import ApplyResult, Hooks, PassResult, Totals
 from lakeslot.apply.passes import Passes
@@ -159,8 +159,7 @@ class Applier:
         work = TablePass(spark, job, tables, hooks, self.failures, self.sources,
                          continuous=continuous)
         upkeep = Upkeep(spark, spec, tables, staging, hooks, self.totals, expire_interval_s, stop,
-                        work.small.positions,
-                        slots.threads(spec.apply.table_parallelism, slots.on_network(spec.sink.catalog)))
+                        work.small.positions)
         self.passes = Passes(spark, job, tables, staging, hooks, self.failures, self.totals, work,
                              Reduction(spark, staging, self.failures), upkeep,
                              max_segments, continuous=continuous)

@@ -47,7 +47,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import NoReturn, TypeVar
 
 import pyarrow as pa
@@ -154,7 +153,7 @@ class Passes:
         busy = time.monotonic() - started  # (the pass so far: maintenance gets a share of it)
         applied = any(o.state == "applied" for o in ordered)
         with steps("maintenance"):
-            self.upkeep.expire(ordered, self.cuts.retained)
+            self.upkeep.expire(ordered, self.cuts.retained, self.threads)
             self.upkeep.keep_record(self.cuts.name)
             for table, error in self.upkeep.maintain(
                     ordered, busy if applied else 0.0,
@@ -196,14 +195,8 @@ class Passes:
         def one(table: TableName) -> T | TableOutcome:
             return self.failures.attempt(table, functools.partial(work, table))
 
-        if self.parallelism == 1 or len(tables) < 2:
-            return {table: one(table) for table in tables}
-        # (the active session is the JVM thread's: set once as each thread starts)
-        with ThreadPoolExecutor(min(self.threads, len(tables)),
-                                thread_name_prefix="lakeslot-apply", initializer=make_active,
-                                initargs=(self.spark,)) as pool:
-            futures = {table: pool.submit(one, table) for table in tables}
-        return {table: future.result() for table, future in futures.items()}
+        return slots.each(self.spark, 1 if self.parallelism == 1 else self.threads, tables, one,
+                          "lakeslot-apply")
 
     def until_next_pass(self, started: float) -> float:
         """Seconds until the pass after one that started at the wall time ``started``, just after

@@ -20,17 +20,16 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
-from lakeslot.apply import coverage, isolation
+from lakeslot.apply import coverage, isolation, slots
 from lakeslot.apply.outcomes import Hooks, TableOutcome, Totals
 from lakeslot.errors import transient_in_spark
 from lakeslot.mirror.contract import LSN_PROPERTY, RETAINED_FOR_S, history_age_s
 from lakeslot.spark import row_delta
 from lakeslot.spark.maintenance import Maintainer
-from lakeslot.spark.session import error_summary, make_active, with_commit_properties
+from lakeslot.spark.session import error_summary, with_commit_properties
 from lakeslot.spark.tables import Tables
 from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import Staging
@@ -51,13 +50,12 @@ class Upkeep:
     def __init__(self, spark, spec, tables: Tables, staging: Staging, hooks: Hooks,
                  totals: Totals, expire_interval_s: float = EXPIRE_INTERVAL_S,
                  stop: threading.Event | None = None,
-                 positions: row_delta.Positions | None = None, threads: int = 1) -> None:
+                 positions: row_delta.Positions | None = None) -> None:
         self.spec, self.tables, self.staging, self.hooks, self.totals = (spec, tables, staging,
                                                                          hooks, totals)
         self.stop = stop or threading.Event()  # the job's: set, no further table is maintained
         self.maintainer = Maintainer(spark, spec.sink.maintenance, positions)
         self.expire_interval_s = expire_interval_s
-        self.threads = threads  # expiries at once (each mostly waits on storage and the catalog)
         self.spark = spark
         self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
         self._trimmed: dict[str, float] = {}  # the cuts record → when its old rows were deleted
@@ -79,7 +77,7 @@ class Upkeep:
                     yield outcome.source, outcome.target + suffix
 
     def expire(self, outcomes: tuple[TableOutcome, ...],
-               retained: dict[str, dict[str, int]] | None = None) -> None:
+               retained: dict[str, dict[str, int]] | None = None, threads: int = 1) -> None:
         """Expire old snapshots of the tables this pass committed to, by the tables' own
         ``history.expire.*`` properties, else older than
         :func:`lakeslot.mirror.contract.history_age_s` (the recent window, bounded by the trigger
@@ -90,7 +88,7 @@ class Upkeep:
         the snapshots of the retained cuts not tagged yet (``retained``: mirror → tag → snapshot
         id, :meth:`lakeslot.apply.cut_record.CutRecord.retained`) are tagged, kept
         :data:`lakeslot.mirror.contract.RETAINED_FOR_S`; a table's entry goes once tagged.
-        The tables due expire at once (up to :attr:`threads`): on object storage an expiry is a
+        The tables due expire at once (on up to ``threads``, the pass's): on object storage an expiry is a
         chain of requests (it reads each expired snapshot's manifest list), and one after the
         other they cost the pass their sum. Failures only log: the data is safe."""
         age = history_age_s(self.spec.apply.trigger_interval_seconds)
@@ -112,11 +110,9 @@ class Upkeep:
                             error_summary(e))
                 return None
 
-        with ThreadPoolExecutor(min(self.threads, len(due)) or 1, thread_name_prefix="lakeslot-expire",
-                                initializer=make_active, initargs=(self.spark,)) as pool:
-            for done in pool.map(expire, due):
-                if done is not None:
-                    retained.pop(done, None)
+        for done in slots.each(self.spark, threads, due, expire, "lakeslot-expire").values():
+            if done is not None:
+                retained.pop(done, None)
 
     def maintain(self, outcomes: tuple[TableOutcome, ...], busy_s: float = 0.0,
                  wanted: Callable[[], bool] = lambda: False) -> dict[TableName, str]:
