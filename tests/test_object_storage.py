@@ -640,3 +640,18 @@ def test_a_row_delta_on_object_storage_asks_only_what_its_commit_needs(rest_spar
         read_back = mirror.scan(selected_fields=("id", "v")).to_arrow()
         assert dict(zip(read_back["id"].to_pylist(), read_back["v"].to_pylist(), strict=True)) == model
         rest_spark.sql(f"DROP TABLE counted.{namespace}.{name} PURGE")
+
+
+def test_many_mirrors_loaded_at_once_through_the_rest_catalog_reuse_their_connections(
+        object_store, caplog):
+    """`lakeslot status`, every operator reconcile and `lakeslot run`'s supervision load the
+    mirrors :data:`catalogs.LOAD_WORKERS` at a time through one REST client: its HTTP session
+    keeps that many connections, so none is thrown away and opened again (urllib3 keeps 10 per
+    host unless told, and says "Connection pool is full" for each it discards)."""
+    spec = CatalogSpec.model_validate(object_store.catalog_document())
+    idents = [(f"pooled_{uuid.uuid4().hex[:8]}", f"t{i}") for i in range(8 * catalogs.LOAD_WORKERS)]
+    with caplog.at_level("WARNING", logger="urllib3.connectionpool"):
+        loaded = catalogs.load_tables(spec, idents, object_store.catalog_secrets())
+    assert loaded == [None] * len(idents)
+    assert catalogs.LOAD_WORKERS > 10
+    assert [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()] == []
