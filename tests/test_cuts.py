@@ -11,8 +11,11 @@ reports how far behind the staged, not yet applied transfers leave each table, a
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import subprocess
+import time
+import types
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -342,15 +345,7 @@ def test_expiry_keeps_the_retained_cuts_snapshots_and_a_bounded_history(
     monkeypatch.setattr(cuts, "FULL_LISTING_S", 0.0)  # every cut a full listing
     monkeypatch.setattr(upkeep, "RECORD_TRIM_S", 0.0)  # the record trimmed at every pass
     monkeypatch.setattr(upkeep, "MAINTENANCE_LOOK_S", 0.0)
-    with pgdb.connect() as conn:
-        for table in (A, B):
-            conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, balance bigint NOT NULL)").format(table.sql()))
-            conn.execute(sql.SQL("INSERT INTO {} SELECT i, %s FROM generate_series(0, %s) AS i").format(table.sql()),
-                         (START, ROWS - 1))
-    pipeline = Pipeline.create(spark, pgdb, spark_warehouse, iceberg_namespace,
-                               (tmp_path / "staging").as_uri(), [A, B])
-    pipeline.start_slot()
-    pipeline.snapshot()
+    pipeline = _wallets(pgdb, spark, spark_warehouse, iceberg_namespace, tmp_path)
     ingestion = pipeline.ingestion
     job = Applier(spark, pipeline.job_input(), Hooks(), 256, 3, expire_interval_s=0, continuous=True)
     try:
@@ -380,6 +375,55 @@ def test_expiry_keeps_the_retained_cuts_snapshots_and_a_bounded_history(
     assert _sum(ingestion, dict(kept.snapshots)) == TOTAL
     for table in (A, B):  # the current snapshot, the retained cut's (tagged), the snapshot's
         assert len(pipeline.snapshots(table)) <= 3, pipeline.snapshots(table)
+
+
+@pytest.mark.slow
+def test_a_table_expires_after_a_passes_worth_of_commits_not_after_a_time_alone(
+        pgdb, spark, spark_warehouse, iceberg_namespace, tmp_path, monkeypatch):
+    """When passes are slower than the trigger (hundreds of busy tables), an expiry waits for as
+    many commits as a table committing every pass makes between two expiries: here 3 (no recent
+    window, at most one expiry per 180 s at the 60-s trigger), while the job's clock jumps 200 s
+    a pass — by time alone every pass would expire. So each table's history grows by a snapshot
+    a pass and falls back every third commit: bounded by commits, not paid at every pass."""
+    monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)
+    monkeypatch.setattr(contract, "RECENT_PASSES", 0)
+    monkeypatch.setattr(upkeep, "EXPIRE_MIN_S", 180.0)
+    jump = [0.0]
+    monkeypatch.setattr(upkeep, "time", types.SimpleNamespace(
+        monotonic=lambda: time.monotonic() + jump[0], time=time.time))
+    pipeline = _wallets(pgdb, spark, spark_warehouse, iceberg_namespace, tmp_path)
+    assert pipeline.ingestion.spec.apply.trigger_interval_seconds == 60
+    job = Applier(spark, pipeline.job_input(), Hooks(), 256, 3, continuous=True)
+    counts: dict[TableName, list[int]] = {A: [], B: []}
+    try:
+        for _ in range(7):
+            _transfers(pgdb, 4)
+            pipeline.seal()
+            assert job.passes.run_pass().end is not None
+            jump[0] += 200.0
+            for table in (A, B):
+                counts[table].append(len(pipeline.snapshots(table)))
+    finally:
+        job.close()
+    for table, seen in counts.items():
+        # (a pass that did not grow the history by its commit expired it)
+        expired = [i for i in range(1, len(seen)) if seen[i] != seen[i - 1] + 1]
+        assert len(expired) >= 2 and all(b - a == 3 for a, b in itertools.pairwise(expired)), (
+            table, seen)
+
+
+def _wallets(pgdb, spark, spark_warehouse, iceberg_namespace, tmp_path) -> Pipeline:
+    """Tables A and B of ROWS rows holding START each, snapshotted by a new pipeline."""
+    with pgdb.connect() as conn:
+        for table in (A, B):
+            conn.execute(sql.SQL("CREATE TABLE {} (id int PRIMARY KEY, balance bigint NOT NULL)").format(table.sql()))
+            conn.execute(sql.SQL("INSERT INTO {} SELECT i, %s FROM generate_series(0, %s) AS i").format(table.sql()),
+                         (START, ROWS - 1))
+    pipeline = Pipeline.create(spark, pgdb, spark_warehouse, iceberg_namespace,
+                               (tmp_path / "staging").as_uri(), [A, B])
+    pipeline.start_slot()
+    pipeline.snapshot()
+    return pipeline
 
 
 def _rows(ingestion, table: TableName, snapshot: int) -> list[tuple]:

@@ -58,6 +58,7 @@ class Upkeep:
         self.expire_interval_s = expire_interval_s
         self.spark = spark
         self._expired: dict[str, float] = {}  # table → monotonic time of its last expiry
+        self._commits: dict[str, int] = {}  # table → its commits since then
         self._trimmed: dict[str, float] = {}  # the cuts record → when its old rows were deleted
         self._looked: dict[str, float] = {}  # table → monotonic time maintenance last looked
         self._settled: dict[str, float] = {}  # table → when a look found it settled (monotonic)
@@ -82,8 +83,12 @@ class Upkeep:
         ``history.expire.*`` properties, else older than
         :func:`lakeslot.mirror.contract.history_age_s` (the recent window, bounded by the trigger
         interval: the snapshot count stays bounded), each table at most once per
-        ``expire_interval_s`` or an eighth of that age (at least :data:`EXPIRE_MIN_S`), the
-        tables' turns spread over that interval by name; an idle table whose advance is kept in
+        ``expire_interval_s`` or an eighth of that age (at least :data:`EXPIRE_MIN_S`), and
+        only once it made as many commits since its last expiry as a table committing every
+        pass makes in that time (or ``expire_interval_s`` has passed): what a table keeps stays
+        bounded by commits, not time, and when passes are slower than the trigger (hundreds of
+        busy tables) an expiry is not paid for a handful of snapshots. The
+        tables' turns are spread over that interval by name; an idle table whose advance is kept in
         memory made no snapshot to expire, and waits for its next commit. First
         the snapshots of the retained cuts not tagged yet (``retained``: mirror → tag → snapshot
         id, :meth:`lakeslot.apply.cut_record.CutRecord.retained`) are tagged, kept
@@ -91,14 +96,21 @@ class Upkeep:
         The tables due expire at once (on up to ``threads``, the pass's): on object storage an expiry is a
         chain of requests (it reads each expired snapshot's manifest list), and one after the
         other they cost the pass their sum. Failures only log: the data is safe."""
-        age = history_age_s(self.spec.apply.trigger_interval_seconds)
+        trigger = self.spec.apply.trigger_interval_seconds
+        age = history_age_s(trigger)
         interval = min(self.expire_interval_s, max(EXPIRE_MIN_S, age / 8))
+        commits = math.ceil(interval / max(trigger, 1e-3))  # a pass's commits in that interval
         retained = {} if retained is None else retained
         due = []
+        now = time.monotonic()
         for _, target in self.targets(tuple(o for o in outcomes if o.committed is None)):
             if target not in self._expired:  # (spread by name: not every table in one pass)
-                self._expired[target] = time.monotonic() - interval * coverage.spread(target)
-            if first_within(self._expired, target, interval):
+                self._expired[target] = now - interval * coverage.spread(target)
+                self._commits[target] = int(commits * coverage.spread(target))
+            self._commits[target] += 1
+            if (self._commits[target] >= commits or now - self._expired[target]
+                    >= self.expire_interval_s) and first_within(self._expired, target, interval):
+                self._commits[target] = 0
                 due.append(target)
 
         def expire(target: str) -> str | None:
