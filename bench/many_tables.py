@@ -71,9 +71,11 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -82,11 +84,14 @@ from lakeslot import workloads
 from lakeslot.api.models import GROUP, VERSION, ApplySpec
 from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.apply import slots
-from lakeslot.local import config, objectstore
+from lakeslot.local import config, objectstore, processes
 from lakeslot.local import run as local_run
 from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.source.connection import one_row
 from lakeslot.staging.store import Staging
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 SCHEMA = "app"
 ZIPF_S = 1.1
@@ -294,10 +299,16 @@ class Trips:
     staging: latency_proxy.Reads  # the reads of staging (segments, status documents)
 
 
-def one_round(args, tables: int, rows: int, object_store: bool = False) -> Round:
+def one_round(args, tables: int, rows: int, object_store: bool = False,
+              prepare: Callable[[SparkSession, config.Local, list[TableName]], None] | None = None
+              ) -> Round:
     """``lakeslot run`` in this thread (its signal handling needs the main thread); the writer,
     the observer and the measures in another, which stops the run with SIGTERM as a user would.
-    With ``object_store``: S3 staging and a REST catalog behind :mod:`bench.latency_proxy`."""
+    With ``object_store``: S3 staging and a REST catalog behind :mod:`bench.latency_proxy`.
+    With ``prepare``: first ``lakeslot run --once`` (the snapshot, caught up), then ``prepare``
+    with its Spark session (the mirrors are the run's to change: nothing else commits), then the
+    measured run in the same session (``snapshot_s`` is then the time from its start until the
+    observer sees every mirror)."""
     work = Path(tempfile.mkdtemp(prefix="many-tables-"))
     with contextlib.ExitStack() as stack:
         cluster = stack.enter_context(common.cluster(args.pg))
@@ -325,6 +336,17 @@ def one_round(args, tables: int, rows: int, object_store: bool = False) -> Round
         path.write_text(yaml.safe_dump(document))
         local = config.load(str(path), state_dir=str(work / "state"), environ=environ)
         names = [TableName(SCHEMA, n) for n in table_names(tables)]
+        local_run.configure_logging(local, interactive=True)  # into run.log of the state directory
+        print(f"  (lakeslot run's log: {local.path('run.log')})")
+        session = None
+        if prepare is not None:
+            session = processes.spark_session(local, names, master="local[2]")
+            stack.callback(session.stop)
+            first = local_run.run(local, local_run.Options(once=True, out=io.StringIO(),
+                                                           interactive=False, spark=session))
+            if not first.caught_up:
+                raise SystemExit(f"lakeslot run --once did not catch up: {first.message}")
+            prepare(session, local, names)
         measured: list[Round] = []
         failure: list[BaseException] = []
         started = time.time()
@@ -339,10 +361,9 @@ def one_round(args, tables: int, rows: int, object_store: bool = False) -> Round
                 os.kill(os.getpid(), signal.SIGTERM)
 
         threading.Thread(target=measure, daemon=True).start()
-        local_run.configure_logging(local, interactive=True)  # into run.log of the state directory
-        print(f"  (lakeslot run's log: {local.path('run.log')})")
         result = local_run.run(local, local_run.Options(once=False, out=io.StringIO(),
-                                                        interactive=False, master="local[2]"))
+                                                        interactive=False, master="local[2]",
+                                                        spark=session))
         if failure:
             raise failure[0]
         if not measured:
