@@ -176,14 +176,12 @@ def pipeline(args) -> None:
     def ratio(what: str, f: float, a: float) -> str:
         return f"{what} {f:.2f} → {a:.2f} s (×{a / f:.2f})"
 
-    q = {r: (statistics.quantiles(r.latencies, n=100), statistics.quantiles(r.in_cut, n=100))
-         for r in (fresh, aged)}
+    (fv, fc), (av, ac) = ((statistics.quantiles(r.latencies, n=100),
+                           statistics.quantiles(r.in_cut, n=100)) for r in (fresh, aged))
     print(f"aged ÷ fresh ({args.pipeline} tables, {args.rate:g} txn/s; target ≤ 1.2): "
           + "; ".join([
-              ratio("visible p50", q[fresh][0][49], q[aged][0][49]),
-              ratio("visible p99", q[fresh][0][98], q[aged][0][98]),
-              ratio("in a cut p50", q[fresh][1][49], q[aged][1][49]),
-              ratio("in a cut p99", q[fresh][1][98], q[aged][1][98]),
+              ratio("visible p50", fv[49], av[49]), ratio("visible p99", fv[98], av[98]),
+              ratio("in a cut p50", fc[49], ac[49]), ratio("in a cut p99", fc[98], ac[98]),
               ratio("a pass", fresh.pass_s, aged.pass_s),
               ratio("its delta step", fresh.pass_steps.get("delta", 0.0),
                     aged.pass_steps.get("delta", 0.0))]))

@@ -44,6 +44,7 @@ from lakeslot import cli, lsn_text, workloads
 from lakeslot.api.models import CatalogSpec
 from lakeslot.api.naming import TableName
 from lakeslot.apply import job as apply_job
+from lakeslot.apply import spread
 from lakeslot.filesystems import StorageError
 from lakeslot.local import config, reader_process
 from lakeslot.local.objectstore import STAGING_BUCKET, WAREHOUSE
@@ -105,7 +106,10 @@ def test_s3_staging_and_a_rest_catalog_end_to_end(pgdb, rest_spark, object_store
 
     with db.connect() as conn:  # streamed changes: updates, inserts, deletes
         local_support.change_accounts_and_items(conn)
-    local_support.run_in_process(local, rest_spark, once=True)
+    with monkeypatch.context() as executors:  # reduced by an executor task reading S3 staging
+        executors.setattr(spread, "DRIVER_CHANGES", 0)  # (TaskSegments), on the latest-change
+        executors.setattr(spread, "ONE_TASK_LATEST_CHANGES", 1)  # path: every unit read thrice
+        local_support.run_in_process(local, rest_spark, once=True)
     _assert_equal(local, db, tables, secrets)
     progress = mirror_progress.read(local.ingestion, tables, secrets=secrets)  # what the operator reads
     applied = progress[accounts].lsn

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from bench.latency_proxy import LatencyProxy
-from lakeslot.apply.segment_cache import SegmentCache
+from lakeslot.apply.segment_cache import SegmentCache, TaskSegments
 from lakeslot.local.objectstore import STAGING_BUCKET
 from lakeslot.reader.writer import SegmentWriter
 from lakeslot.staging.segments import SegmentName, SourceIdentity
@@ -96,3 +96,31 @@ def test_a_batch_is_fetched_whole_once_and_read_from_memory_within_its_bounds(pr
     assert small.held == {} and _requests(proxy) == []
     assert _read_all(small, d) == expected[d]
     assert {f for _, f in _requests(proxy)} == {d.filename}
+
+
+def test_an_executor_task_fetches_its_segments_whole_once_within_its_budget(proxied):
+    """An executor task's staging (TaskSegments): the segments of its units fetched whole when
+    made (a HEAD and a GET each), at most its budget; every later read of them — the compact
+    rows', the winners', the folded changes' — from memory, equal to what staging serves; a
+    segment beyond the budget, or larger than the largest held, read from staging as before."""
+    uri, proxy = proxied
+    plain = Staging(uri)
+    a, b, c = (SegmentWriter(plain, start, SOURCE).seal(start + 0x100)
+               for start in (0x100, 0x200, 0x300))
+    one = {s.name: s.size for s in plain.sealed()}[a]
+    assert one is not None
+    expected = {n: _read_all(plain, n) for n in (a, b, c)}
+    proxy.recording.set()
+    task = TaskSegments(uri, [a, b, a, c], budget=2 * one + one // 2)  # (a once; room for two)
+    fetched = _requests(proxy)
+    assert sorted(m for m, _ in fetched) == ["GET", "GET", "HEAD", "HEAD", "HEAD"], fetched
+    held = {f for m, f in fetched if m == "GET"}
+    assert len(held) == 2 and held <= {a.filename, b.filename, c.filename}
+    for _ in range(2):  # read twice: from memory both times, the same as staging serves
+        for name in (a, b, c):
+            assert _read_all(task, name) == expected[name]
+        assert {f for _, f in _requests(proxy)} == {a.filename, b.filename, c.filename} - held
+    small = TaskSegments(uri, [a], largest=one - 1)
+    assert [m for m, _ in _requests(proxy)] == ["HEAD"]
+    assert _read_all(small, a) == expected[a]
+    assert {f for _, f in _requests(proxy)} == {a.filename}

@@ -57,6 +57,7 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
 from lakeslot.api.naming import TableName
+from lakeslot.apply.segment_cache import TaskSegments
 from lakeslot.staging.relations import Relation
 from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import Staging
@@ -91,6 +92,12 @@ def units_of(ids: Iterable[pa.RecordBatch], units: Sequence[Unit], count: int
         for first in batch.column(0).to_pylist():
             for i in range(first, len(units), count):
                 yield i, units[i]
+
+
+def segments(units: Iterable[Unit]) -> list[SegmentName]:
+    """The segments of ``units``, in order, each once."""
+    names = (SegmentName.parse(u[0]) for u in units)
+    return list(dict.fromkeys(n for n in names if n is not None))
 
 
 def taken(rows: pa.Table, local: Sequence[int], floor: int, bounds: pa.Array
@@ -168,11 +175,13 @@ class Keys:
     positions: list[int]  # table index → its position
     layouts: list[Layout | None]  # table index → its layout when covered
 
-    def __call__(self, ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        staging = Staging(self.staging_uri, create=False)
+    def __call__(self, ids: Iterable[pa.RecordBatch], staging: Staging | None = None
+                 ) -> Iterator[pa.RecordBatch]:
+        mine = list(units_of(ids, self.units, self.count))
+        staging = staging or TaskSegments(self.staging_uri, segments(u for _, u in mine))
         bounds = pa.array([self.positions[t] if t >= 0 else NOTHING for t in self.tables] or [0],
                           pa.int64())
-        for unit, (segment, group, floor, local) in units_of(ids, self.units, self.count):
+        for unit, (segment, group, floor, local) in mine:
             rows = staging.read_row_group(SegmentName.parse(segment), group,  # type: ignore[arg-type]
                                           CHANGE_COLUMNS)
             index, gid = taken(rows, local, floor, bounds)
@@ -346,8 +355,9 @@ class Winners:
     layouts: list[Layout | None]
     schema: pa.Schema  # lakeslot.apply.spread.REDUCED
 
-    def __call__(self, pointers: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        staging = Staging(self.staging_uri, create=False)
+    def __call__(self, pointers: Iterable[pa.RecordBatch], staging: Staging | None = None
+                 ) -> Iterator[pa.RecordBatch]:
+        staging = staging or Staging(self.staging_uri, create=False)
         keeps: dict[int, set[int]] = {}
         first: dict[int, int] = {}
         for chosen, rows, _ in pointed(staging, self.units, pointers, CHANGE_COLUMNS):

@@ -13,7 +13,11 @@ parsed from memory. A segment costs two requests in all (pyarrow's ``HEAD``, the
 its Python API opens a file by path only), fetched concurrently with the batch's others.
 
 The Spark executors (the reduction of larger batches, and a MERGE's that falls back from the
-driver's row delta) read staging themselves, as before: they are other processes.
+driver's row delta) are other processes: each task that reads row groups of a batch is given a
+:class:`TaskSegments`, which fetches the segments of its units whole first, :data:`FETCHERS` at
+a time, and parses every later read of them — the compact rows', the winners', the folded
+changes' — from memory (at 30 ms a request, a 6,000-change batch's row groups read part by part
+one after the other cost a 200-table pass half a minute).
 
 Invariants:
 
@@ -29,6 +33,10 @@ Invariants:
   of the current batch are held: those below it (every table's position is past them) are
   dropped when the next batch is read ahead.
 - On a local filesystem nothing is held: reading a file costs no round trip.
+- An executor task holds at most :data:`TASK_BUDGET_BYTES` (its Python memory is Spark's
+  overhead, per core), no segment larger than :data:`LARGEST_BYTES`, and only for the task; a
+  segment is held only when the bytes fetched are the size its open found (a copy replaced in
+  between is read part by part, as before).
 
 Failure modes: a fetch that fails raises the storage's ``OSError`` from the scan, as a read of
 staging there did before (the pass fails as a whole; the next one lists and fetches again).
@@ -50,6 +58,7 @@ from lakeslot.staging.store import Sealed, Staging
 LARGEST_BYTES = 16 << 20  # a segment larger than this is read from staging part by part
 BUDGET_BYTES = 96 << 20  # held at most (the driver's Python memory sits in Spark's overhead)
 FETCHERS = 8  # segments fetched at a time
+TASK_BUDGET_BYTES = 32 << 20  # held at most by one executor task (TaskSegments)
 
 
 class SegmentCache(Staging):
@@ -114,3 +123,36 @@ class SegmentCache(Staging):
         with self._lock:
             held = self._held.get(name)
         return super()._input(name) if held is None else pa.BufferReader(held[1])
+
+
+class TaskSegments(Staging):
+    """Staging as one executor task reads it: the segments ``names`` (its units', in order)
+    fetched whole when it is made, :data:`FETCHERS` at a time (see the module docstring)."""
+
+    def __init__(self, uri: str, names: Sequence[SegmentName], *, largest: int = LARGEST_BYTES,
+                 budget: int = TASK_BUDGET_BYTES, fetchers: int = FETCHERS) -> None:
+        super().__init__(uri, create=False)
+        self._held: dict[SegmentName, pa.Buffer] = {}
+        todo = list(dict.fromkeys(names))
+        if isinstance(self.fs, pafs.LocalFileSystem) or not todo:
+            return
+        lock, room = threading.Lock(), [budget]
+
+        def fetch(name: SegmentName) -> None:
+            with self.fs.open_input_file(self._file(name.filename)) as f:  # (a HEAD: the size)
+                size = f.size()
+                with lock:
+                    if size > min(largest, room[0]):
+                        return
+                    room[0] -= size
+                buffer = f.read_buffer()
+            if buffer.size == size:
+                self._held[name] = buffer
+
+        with ThreadPoolExecutor(min(fetchers, len(todo)),
+                                thread_name_prefix="lakeslot-task-segments") as pool:
+            list(pool.map(fetch, todo))
+
+    def _input(self, name: SegmentName) -> pa.NativeFile:
+        held = self._held.get(name)
+        return super()._input(name) if held is None else pa.BufferReader(held)

@@ -91,6 +91,7 @@ from lakeslot.apply.changes import (
     start_position,
 )
 from lakeslot.apply.latest import NOTHING, Unit
+from lakeslot.apply.segment_cache import TaskSegments
 from lakeslot.source.ddl_capture import PREFIX as DDL_PREFIX
 from lakeslot.staging.relations import Relation
 from lakeslot.staging.segments import SegmentName, chain, tuple_of
@@ -558,7 +559,9 @@ class _OneTask:
     def __call__(self, ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         mine = [i for batch in ids for i in batch.column(0).to_pylist()]
         every = [pa.record_batch([pa.array([0], pa.int64())], names=["id"])]
-        decided = pa.Table.from_batches(list(latest.Group()(self.keys(every))),
+        # (every unit is read here, its winners and folded changes again: fetched once)
+        staging = TaskSegments(self.keys.staging_uri, latest.segments(self.keys.units))
+        decided = pa.Table.from_batches(list(latest.Group()(self.keys(every, staging))),
                                         schema=latest.DECIDED)
 
         def pointers(kind: str, share: bool) -> list[pa.RecordBatch]:
@@ -568,9 +571,9 @@ class _OneTask:
                     chosen["unit"].to_numpy() % self.copies, mine)))
             return chosen.sort_by([("unit", "ascending"), ("row", "ascending")]).to_batches()
 
-        yield from self.winners(pointers("W", share=True))
+        yield from self.winners(pointers("W", share=True), staging)
         if 0 in mine:
-            yield from self.folder(self.picked(pointers("S", share=False)))
+            yield from self.folder(self.picked(pointers("S", share=False), staging))
 
 
 @dataclass(frozen=True)
@@ -581,8 +584,9 @@ class _Picked:
     router: _Router
     units: list[Unit]
 
-    def __call__(self, pointers: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        staging = Staging(self.router.staging_uri, create=False)
+    def __call__(self, pointers: Iterable[pa.RecordBatch], staging: Staging | None = None
+                 ) -> Iterator[pa.RecordBatch]:
+        staging = staging or Staging(self.router.staging_uri, create=False)
         keys: dict[tuple[int, int], list[int] | None] = {}
         for _, rows, gid in latest.pointed(staging, self.units, pointers, latest.CHANGE_COLUMNS):
             yield self.router.route(rows, gid.to_pylist(), keys)
@@ -602,13 +606,15 @@ class _Router:
     staging: Staging | None = None  # the driver's, when it reduces itself; else opened here
 
     def __call__(self, ids: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        staging = self.staging or Staging(self.staging_uri, create=False)
+        mine = list(latest.units_of(ids, self.units, self.count))
+        staging = self.staging or TaskSegments(self.staging_uri,
+                                               latest.segments(u for _, u in mine))
         # each relation's table position; a table not reduced now takes nothing
         bounds = pa.array([self.configs[t].position if t >= 0 else NOTHING
                            for t in self.rel_table] or [0], pa.int64())
         # (gid, epoch) → key positions in the relation, or None (not carried)
         keys: dict[tuple[int, int], list[int] | None] = {}
-        for _, (segment, group, floor, local) in latest.units_of(ids, self.units, self.count):
+        for _, (segment, group, floor, local) in mine:
             rows = staging.read_row_group(SegmentName.parse(segment), group,  # type: ignore[arg-type]
                                           latest.CHANGE_COLUMNS)
             rows, gid = _changes_above(rows, local, floor, bounds)
