@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from bench.latency_proxy import LatencyProxy
+from bench.latency_proxy import ProxyProcess
 from lakeslot import workloads
 from lakeslot.api.models import GROUP, VERSION, PostgresIngestion
 from lakeslot.api.naming import TableName
@@ -109,14 +109,14 @@ def mirror_equals_source(cluster: pgcluster.Cluster, warehouse: str, catalog=Non
 @dataclass(frozen=True)
 class Network:
     """The production configuration on this machine: S3 staging and an Iceberg REST catalog
-    (``weed mini``), each behind a :class:`LatencyProxy` adding the same delay to every request
-    (the catalog's answers name the S3 proxy as the tables' endpoint). lakeslot is given the
-    proxies; a benchmark's independent reads go to ``store`` directly. The catalog's own writes
-    of metadata files are not delayed."""
+    (``weed mini``), each behind a :class:`~bench.latency_proxy.ProxyProcess` adding the same
+    delay to every request (the catalog's answers name the S3 proxy as the tables' endpoint).
+    lakeslot is given the proxies; a benchmark's independent reads go to ``store`` directly. The
+    catalog's own writes of metadata files are not delayed."""
 
     store: objectstore.ObjectStore
-    s3: LatencyProxy
-    rest: LatencyProxy
+    s3: ProxyProcess
+    rest: ProxyProcess
 
     @property
     def staging(self) -> str:
@@ -160,8 +160,8 @@ def network(directory: Path, delay_s: float) -> Iterator[Network]:
     workers read it there, as a run's do)."""
     try:
         with objectstore.running(directory) as store, \
-                LatencyProxy(store.s3_endpoint, delay_s) as s3, \
-                LatencyProxy(store.rest_uri, delay_s, {store.s3_endpoint: s3.uri}) as rest:
+                ProxyProcess(store.s3_endpoint, delay_s) as s3, \
+                ProxyProcess(store.rest_uri, delay_s, {store.s3_endpoint: s3.uri}) as rest:
             net = Network(store, s3, rest)
             saved = {k: os.environ.get(k) for k in net.environment()}
             os.environ.update(net.environment())

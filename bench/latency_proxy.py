@@ -20,6 +20,7 @@ Guarantees:
 - ``rewrite`` replaces strings in the answers (not compressed ones): a REST catalog's
   ``loadTable`` hands out its S3 endpoint in the table's ``config``, which overrides the client's
   own ``s3.endpoint`` — rewritten to the S3 proxy's, the table's files are reached through it too.
+- :class:`ProxyProcess` runs one in a process of its own (what the benchmarks use).
 - While :attr:`LatencyProxy.recording` is set, each request is appended to
   :attr:`LatencyProxy.requests` as a :class:`Request` (monotonic start and end, method, path,
   status, and whether it is an apply commit: :func:`apply_commit_table`).
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import multiprocessing
 import re
 import statistics
 import sys
@@ -43,6 +45,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from multiprocessing.connection import Connection
 from urllib.parse import unquote, urlsplit
 
 from lakeslot.mirror.contract import LSN_PROPERTY
@@ -224,6 +227,52 @@ class LatencyProxy:
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward
 
         return Handler
+
+
+class ProxyProcess:
+    """A :class:`LatencyProxy` (no ``route``) in a process of its own, spawned: a benchmark's
+    proxies forward thousands of requests a pass, and in the measured process they would take
+    its interpreter's lock from the driver they measure — a cost no real network has. The same
+    ``uri``, ``delay_s``, ``recording`` (an event shared with the process) and ``requests`` (a
+    copy, asked of the process)."""
+
+    def __init__(self, upstream: str, delay_s: float, rewrite: dict[str, str] | None = None
+                 ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.delay_s = delay_s
+        self.recording = context.Event()
+        self._conn, theirs = context.Pipe()
+        self._process = context.Process(target=_serve, name="latency-proxy", daemon=True,
+                                         args=(upstream, delay_s, rewrite, self.recording, theirs))
+        self._process.start()
+        self.uri: str = self._conn.recv()
+
+    @property
+    def requests(self) -> list[Request]:
+        self._conn.send("requests")
+        return self._conn.recv()
+
+    def close(self) -> None:
+        if self._process.is_alive():
+            self._conn.send("close")
+            self._process.join(10)
+        self._process.kill()
+
+    def __enter__(self) -> ProxyProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _serve(upstream: str, delay_s: float, rewrite: dict[str, str] | None, recording,
+           conn: Connection) -> None:
+    with LatencyProxy(upstream, delay_s, rewrite) as proxy:
+        proxy.recording = recording
+        conn.send(proxy.uri)
+        while conn.recv() == "requests":
+            with proxy._lock:
+                conn.send(list(proxy.requests))
 
 
 def _address(uri: str) -> tuple[str, int]:

@@ -38,7 +38,7 @@ assertions.
 With ``--object-store`` the production configuration runs after the same round on local disk
 (``--no-local`` skips that one; no reference round): staging in S3 and the mirrors in an Iceberg
 REST catalog with ``S3FileIO`` (``weed mini``, :func:`bench.common.network`), each behind a
-:class:`bench.latency_proxy.LatencyProxy` adding ``--latency-ms`` to every HTTP request. The
+:class:`bench.latency_proxy.ProxyProcess` adding ``--latency-ms`` to every HTTP request. The
 observer reads each table's metadata from the catalog's ``loadTable`` answer (the REST protocol,
 straight to the catalog, not through a proxy) and the mirrors are compared through the catalog
 with pyiceberg. Printed besides: the requests the passes made to S3 and to the catalog, a table
