@@ -10,7 +10,8 @@ status``, ``lakeslot demo``).
   (what the apply job handles and what is copied online: the operator's
   :mod:`lakeslot.control.scheduling`), :mod:`.apply_loop` (the apply job, restarted as needed),
   :mod:`.outages` (staging or the catalog unreachable: waited out, each attempt announced),
-  :mod:`.live_status` (the status each tick: shown, and served on ``/metrics``).
+  :mod:`.live_status` (the status each tick: shown, and served on ``/metrics``),
+  :mod:`.time_share` (the mirrors' reads of both kept to a share of the run's time).
 - :mod:`.reader_process` / :mod:`.deathsig` — the reader child, which never outlives the run;
   :mod:`.tree` — the processes below a process (nothing left behind).
 - :mod:`.state` — the run lock (one run per ingestion) and what the active run started.

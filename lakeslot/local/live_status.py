@@ -4,8 +4,8 @@
 
 Invariants:
 
-- The status takes at most :data:`STATUS_SHARE` of the run's time: after a computation that
-  took longer than that share of the tick, the next waits (:meth:`LiveStatus.due`). It reads
+- The status takes at most :data:`STATUS_SHARE` of the run's time (:mod:`.time_share`: after a
+  computation that took longer than that share of the tick, the next waits). It reads
   every mirror's metadata and checks every source table, in the run's own process: with hundreds
   of tables, computed every tick, it took the apply job's interpreter lock for a tenth of the
   time and more.
@@ -39,6 +39,7 @@ from lakeslot.local import observe
 from lakeslot.local.config import Local
 from lakeslot.local.display import Display
 from lakeslot.local.processes import RunFailed
+from lakeslot.local.time_share import TimeShare
 from lakeslot.observability import metrics, metrics_http, status_report
 
 if TYPE_CHECKING:
@@ -60,11 +61,11 @@ class LiveStatus:
         self.last: PostgresIngestionStatus | None = None
         self.gauges: metrics.Gauges | None = None
         self.metrics_server: WSGIServer | None = None
-        self._next = 0.0  # (monotonic) when the status may be computed again
+        self._share = TimeShare(STATUS_SHARE)
 
     def due(self) -> bool:
         """Whether the status may be computed now (see :data:`STATUS_SHARE`)."""
-        return time.monotonic() >= self._next
+        return self._share.due()
 
     def serve_metrics(self, port: int, host: str) -> None:
         from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -84,15 +85,12 @@ class LiveStatus:
                 apply_seconds: float | None) -> PostgresIngestionStatus | None:
         """The status now, shown and exported; None (the last one kept) when it cannot be
         computed."""
-        started = time.monotonic()
         try:
-            self.last = observe.observe(self.local, activity, staged=self.staged)
+            with self._share.spent():
+                self.last = observe.observe(self.local, activity, staged=self.staged)
         except Exception as e:  # noqa: BLE001 - the display must never stop the pipeline
             log.warning("cannot compute the status: %s", status_report.first_line(e))
             return None
-        finally:
-            took = time.monotonic() - started
-            self._next = started + took / STATUS_SHARE
         self._export(self.last)
         self.display.show(self.last, time.monotonic() - self.started, target,
                           apply_seconds=apply_seconds)

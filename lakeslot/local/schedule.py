@@ -25,7 +25,9 @@ Invariants:
   retention from deleting the changes after the copy's snapshot. A table seen just now is copied
   after the restart that adds it, at the apply job's first pass.
 - The mirrors are read once per finished apply pass, not on every supervision tick: only a pass
-  marks a table, and a restarted apply job makes a pass at once.
+  marks a table, and a restarted apply job makes a pass at once; and those reads take at most
+  :data:`DECISION_SHARE` of the run's time (:mod:`.time_share`: hundreds of mirrors aged a day
+  took half the apply job's interpreter lock), so a decision may wait a few passes.
 - Local mode differs from the operator in one input of :func:`~lakeslot.control.scheduling.plan`
   (:data:`STREAMING`): while it streams, the snapshot's generation, cut-off and ``mode`` play no
   part — the run's start hands the snapshot job every table (under ``mode: never`` every table
@@ -51,6 +53,7 @@ from lakeslot.control import resnapshot, scheduling
 from lakeslot.local import observe, state
 from lakeslot.local.config import Local
 from lakeslot.local.selection import Selection
+from lakeslot.local.time_share import TimeShare
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.progress import MirrorProgress
 from lakeslot.observability import status_report
@@ -60,6 +63,7 @@ log = logging.getLogger("lakeslot.local")
 # The request of a copy made while streaming (see the module docstring): no generation, no
 # cut-off, and tables without a mirror copied whatever spec.snapshot.mode says.
 STREAMING = scheduling.Request(mode="initial")
+DECISION_SHARE = 0.1  # of the run's time, at most, spent reading the mirrors for next_copy
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,7 @@ class Schedule:
         self.copying: tuple[TableName, ...] = ()  # the running copy's tables
         self._copied: dict[TableName, str] = {}  # the last copy's outcome per table (its thread)
         self._decided_at = -1  # the apply passes when next_copy last read the mirrors
+        self._share = TimeShare(DECISION_SHARE)
 
     def _progress(self, tables: list[TableName]) -> dict[TableName, MirrorProgress]:
         return mirror_progress.read(self.local.ingestion, tables,
@@ -152,14 +157,19 @@ class Schedule:
     def next_copy(self, passes: int) -> Copy | None:
         """The tables to copy now, online (no copy may be running): those
         :func:`lakeslot.control.resnapshot.decide` wants again and the joined tables without a
-        mirror that the apply job already waits for; None when nothing is to be copied, or when
-        no apply pass finished since the last decision (``passes``: the passes finished). A
-        request is read from the spec once, at the first call."""
+        mirror that the apply job already waits for; None when nothing is to be copied, when
+        no apply pass finished since the last decision (``passes``: the passes finished), or
+        while the last decision's reads are more than :data:`DECISION_SHARE` of the time since.
+        A request is read from the spec once, at the first call."""
         if self.copying:
             self._copy_finished()
-        if passes == self._decided_at:
+        if passes == self._decided_at or not self._share.due():
             return None
         self._decided_at = passes
+        with self._share.spent():
+            return self._decide()
+
+    def _decide(self) -> Copy | None:
         spec, tables = self.local.ingestion.spec, self.selection.tables
         progress = self._progress(tables)
         self.mirrored = {t for t in tables if progress[t].lsn is not None or t in self.started_empty}
