@@ -93,6 +93,8 @@ TABLE_DEFAULTS = {"write.metadata.delete-after-commit.enabled": "true",
 #   lakeslot.mirror.cuts), tagged CUT_TAG_PREFIX + its LSN with a maximum age of RETAINED_FOR_S:
 #   Iceberg's expiry keeps tagged snapshots, and drops the tag once it is older.
 # A table that sets history.expire.max-snapshot-age-ms itself keeps what it says (and the tags).
+# Expiry runs once a table made a pass's worth of commits since the last (lakeslot.apply.upkeep),
+# so the snapshots beyond the window are bounded by commits too, whatever a pass takes.
 MAX_SNAPSHOT_AGE_PROPERTY = "history.expire.max-snapshot-age-ms"
 ICEBERG_MAX_SNAPSHOT_AGE_S = 5 * 24 * 3600.0
 RECENT_PASSES = 100
