@@ -155,18 +155,21 @@ def main() -> None:
     if args.old:
         report("the retention before (3,600 passes)", measure(1, 3600, 450, 0, args.rounds))
     if args.cut_tables:
-
-        cut = argparse.Namespace(pg="18", skew="uniform", rate=args.rate, seconds=args.seconds,
-                                 table_parallelism=None, latency_ms=0.0)
         for tables in map(int, args.cut_tables.split(",")):
             many_tables.report(f"{tables} busy tables, 1-s trigger",
-                               many_tables.one_round(cut, tables, 100))
+                               many_tables.one_round(_round_options(args), tables, 100))
+
+
+def _round_options(args) -> argparse.Namespace:
+    """:func:`bench.many_tables.one_round`'s options for this benchmark's rounds: PostgreSQL 18,
+    uniform writes at ``--rate`` for ``--seconds``, local disk."""
+    return argparse.Namespace(pg="18", skew="uniform", rate=args.rate, seconds=args.seconds,
+                              table_parallelism=None, latency_ms=0.0)
 
 
 def pipeline(args) -> None:
     """Fresh and aged rounds of ``args.pipeline`` tables, then aged ÷ fresh."""
-    options = argparse.Namespace(pg="18", skew="uniform", rate=args.rate, seconds=args.seconds,
-                                 table_parallelism=None, latency_ms=0.0)
+    options = _round_options(args)
     fresh = many_tables.one_round(options, args.pipeline, args.rows, prepare=lambda *_: None)
     many_tables.report("fresh pipeline", fresh)
     aged = many_tables.one_round(options, args.pipeline, args.rows, prepare=age_mirrors(

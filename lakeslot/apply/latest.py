@@ -95,9 +95,8 @@ def units_of(ids: Iterable[pa.RecordBatch], units: Sequence[Unit], count: int
 
 
 def segments(units: Iterable[Unit]) -> list[SegmentName]:
-    """The segments of ``units``, in order, each once."""
-    names = (SegmentName.parse(u[0]) for u in units)
-    return list(dict.fromkeys(n for n in names if n is not None))
+    """The segments of ``units``, in order (a segment once per unit of it)."""
+    return [n for u in units if (n := SegmentName.parse(u[0])) is not None]
 
 
 def taken(rows: pa.Table, local: Sequence[int], floor: int, bounds: pa.Array

@@ -87,15 +87,15 @@ class Upkeep:
         only once it made as many commits since its last expiry as a table committing every
         pass makes in that time (or ``expire_interval_s`` has passed): what a table keeps stays
         bounded by commits, not time, and when passes are slower than the trigger (hundreds of
-        busy tables) an expiry is not paid for a handful of snapshots. The
-        tables' turns are spread over that interval by name; an idle table whose advance is kept in
-        memory made no snapshot to expire, and waits for its next commit. First
-        the snapshots of the retained cuts not tagged yet (``retained``: mirror → tag → snapshot
-        id, :meth:`lakeslot.apply.cut_record.CutRecord.retained`) are tagged, kept
-        :data:`lakeslot.mirror.contract.RETAINED_FOR_S`; a table's entry goes once tagged.
-        The tables due expire at once (on up to ``threads``, the pass's): on object storage an expiry is a
-        chain of requests (it reads each expired snapshot's manifest list), and one after the
-        other they cost the pass their sum. Failures only log: the data is safe."""
+        busy tables) an expiry is not paid for a handful of snapshots. The tables' turns are
+        spread over that interval by name; an idle table whose advance is kept in memory made
+        no snapshot to expire, and waits for its next commit. First the snapshots of the
+        retained cuts not tagged yet (``retained``: mirror → tag → snapshot id,
+        :meth:`lakeslot.apply.cut_record.CutRecord.retained`) are tagged, kept
+        :data:`lakeslot.mirror.contract.RETAINED_FOR_S`; a table's entry goes once tagged. The
+        tables due expire at once (on up to ``threads``, the pass's): on object storage an
+        expiry is a chain of requests (it reads each expired snapshot's manifest list), and one
+        after the other they cost the pass their sum. Failures only log: the data is safe."""
         trigger = self.spec.apply.trigger_interval_seconds
         age = history_age_s(trigger)
         interval = min(self.expire_interval_s, max(EXPIRE_MIN_S, age / 8))
