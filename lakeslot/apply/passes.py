@@ -149,7 +149,7 @@ class Passes:
         self.failures.escalate(outcomes)
         ordered = tuple(outcomes[t] for t in self.job.tables)
         with steps("cut"):  # (before maintenance: the cut is readable as soon as it can be)
-            self.cuts.record(batch.end, ordered)
+            self.cuts.record(batch.end, ordered, self.threads)
         busy = time.monotonic() - started  # (the pass so far: maintenance gets a share of it)
         applied = any(o.state == "applied" for o in ordered)
         with steps("maintenance"):
