@@ -42,17 +42,19 @@ condition. A SeaweedFS REST catalog answers an unknown warehouse like a missing 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 import requests
 import requests.adapters
+from pyiceberg.catalog.noop import NoopCatalog
 from pyiceberg.exceptions import (
     ForbiddenError,
     NoSuchTableError,
@@ -63,6 +65,7 @@ from pyiceberg.exceptions import (
 )
 from pyiceberg.io import load_file_io
 from pyiceberg.table import StaticTable, Table
+from pyiceberg.table.metadata import TableMetadataUtil
 
 from lakeslot.api.catalog_types import CATALOG_TYPES
 from lakeslot.api.models import CatalogSpec
@@ -227,6 +230,12 @@ def _sql_catalog(name: str, options: tuple[tuple[str, str], ...]) -> Catalog:
 LOAD_WORKERS = 16
 
 
+# A table's metadata as read (its JSON) → what of it to parse. pyiceberg parses a table's whole
+# history: ≈ 45 µs a snapshot, 8.8 ms for a mirror aged a day (185 snapshots) against 0.4 ms for a
+# fresh one, every few seconds for every table a status or a reconcile reads.
+Trim = Callable[[dict[str, Any]], dict[str, Any]]
+
+
 def load_table(catalog: CatalogSpec, ident: tuple[str, ...],
                secrets: Mapping[str, str] | None = None,
                environ: Mapping[str, str] | None = None) -> Table | None:
@@ -236,10 +245,13 @@ def load_table(catalog: CatalogSpec, ident: tuple[str, ...],
 
 def load_tables(catalog: CatalogSpec, idents: Sequence[tuple[str, ...]],
                 secrets: Mapping[str, str] | None = None,
-                environ: Mapping[str, str] | None = None) -> list[Table | None]:
+                environ: Mapping[str, str] | None = None,
+                trim: Trim | None = None) -> list[Table | None]:
     """The current state of each of ``idents`` (None: it does not exist), in their order, through
     one catalog client, :data:`LOAD_WORKERS` at a time; the first failure is raised (explained as
-    :func:`load_table`'s); ``environ``: as :func:`pyiceberg_properties`'s."""
+    :func:`load_table`'s); ``environ``: as :func:`pyiceberg_properties`'s. With ``trim``, each
+    table's metadata is what ``trim`` keeps of it (a hadoop or REST catalog; a jdbc one's is
+    parsed whole): a table for the caller's reads of it only, not to be handed on."""
     options = pyiceberg_properties(catalog, secrets or {}, environ)
     kind = CATALOG_TYPES[catalog.type].pyiceberg
     try:
@@ -248,7 +260,7 @@ def load_tables(catalog: CatalogSpec, idents: Sequence[tuple[str, ...]],
             warehouse = catalog.warehouse
 
             def load(ident: tuple[str, ...]) -> Table | None:
-                return load_hadoop_table(warehouse, ident, options)
+                return load_hadoop_table(warehouse, ident, options, trim)
         else:
             if kind == "sql":
                 client = _sql_catalog(catalog.name, tuple(sorted(options.items())))
@@ -257,6 +269,8 @@ def load_tables(catalog: CatalogSpec, idents: Sequence[tuple[str, ...]],
 
                 client = load_catalog(catalog.name, **options)
                 _pool_connections(client, LOAD_WORKERS)
+                if trim is not None:
+                    _trim_loads(client, trim)
 
             def load(ident: tuple[str, ...]) -> Table | None:
                 try:
@@ -285,6 +299,30 @@ def _pool_connections(client: Catalog, size: int) -> None:
         adapter = requests.adapters.HTTPAdapter(pool_maxsize=size)
         for prefix in ("http://", "https://"):
             session.mount(prefix, adapter)
+
+
+def _trim_loads(client: Catalog, trim: Trim) -> None:
+    """Have a REST client's table loads answered with the metadata ``trim`` keeps: a hook of its
+    HTTP session (the public ``requests`` API: pyiceberg's own parsing and error handling stay as
+    they are) rewrites each successful ``GET …/namespaces/{ns}/tables/{table}`` answer's
+    ``metadata`` before pyiceberg parses it."""
+    session = getattr(client, "_session", None)
+    if not isinstance(session, requests.Session):
+        return
+
+    def trimmed(response: requests.Response, *_args: Any, **_kwargs: Any) -> requests.Response:
+        if (response.status_code == 200 and response.request.method == "GET"
+                and _TABLE_PATH.search(urllib.parse.urlsplit(response.url).path)):
+            answer = response.json()
+            if isinstance(answer.get("metadata"), dict):
+                answer["metadata"] = trim(answer["metadata"])
+                response._content = json.dumps(answer).encode()  # (what .text and .json() read)
+        return response
+
+    session.hooks["response"].append(trimmed)
+
+
+_TABLE_PATH = re.compile(r"/namespaces/[^/]+/tables/[^/]+$")
 
 
 def explain_error(catalog: CatalogSpec, error: BaseException,
@@ -335,8 +373,10 @@ def _explain_jdbc(catalog: CatalogSpec, error: psycopg.OperationalError) -> str:
 
 
 def load_hadoop_table(warehouse: str, ident: tuple[str, ...],
-                      properties: Mapping[str, str] | None = None) -> Table | None:
-    """The current state of a hadoop-catalog table, or None when it does not exist."""
+                      properties: Mapping[str, str] | None = None,
+                      trim: Trim | None = None) -> Table | None:
+    """The current state of a hadoop-catalog table, or None when it does not exist (with
+    ``trim``: its metadata as ``trim`` keeps it, see :func:`load_tables`)."""
     location = "/".join([warehouse.rstrip("/"), *ident])
     io = load_file_io(dict(properties or {}), location)
     hint = io.new_input(f"{location}/metadata/version-hint.text")
@@ -344,5 +384,10 @@ def load_hadoop_table(warehouse: str, ident: tuple[str, ...],
         return None
     with hint.open() as f:
         version = int(f.read().decode().strip())
-    return StaticTable.from_metadata(f"{location}/metadata/v{version}.metadata.json",
-                                     dict(properties or {}))
+    path = f"{location}/metadata/v{version}.metadata.json"
+    if trim is None:
+        return StaticTable.from_metadata(path, dict(properties or {}))
+    with io.new_input(path).open() as f:
+        metadata = TableMetadataUtil.parse_obj(trim(json.loads(f.read())))
+    return StaticTable(identifier=("static-table", path), metadata_location=path,
+                       metadata=metadata, io=io, catalog=NoopCatalog("static-table"))
