@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from psycopg import sql
 
 from lakeslot.api.naming import TableName
-from lakeslot.reader import stream
+from lakeslot.reader import protocol, stream
 from lakeslot.reader.metrics import Metrics
 from lakeslot.staging import segments
 from lakeslot.staging.store import Staging
@@ -261,6 +261,29 @@ def test_idle_database_with_unpublished_writes_advances_the_slot(pgdb, tmp_path)
     names, rows = staged(_staging(tmp_path))
     assert rows == []  # nothing published happened, yet staging records the progress
     assert names[0].start == start and names[-1].end == durable
+
+
+def test_an_idle_stream_waits_for_the_server_instead_of_spinning(pgdb, tmp_path, monkeypatch):
+    """Between its ticks an idle stream waits on the server's socket. A seal time that passed
+    with nothing to seal is no deadline: it was, and every wait of an idle stream returned at
+    once after its first seal period — the reader spent a core on a quiet source (half of one
+    while a benchmark's 1,000 tables were being copied)."""
+    waits: list[float] = []
+    wait_readable = protocol.ReplicationConnection.wait_readable
+
+    def counted(self, timeout: float) -> None:
+        waits.append(timeout)
+        wait_readable(self, timeout)
+
+    monkeypatch.setattr(protocol.ReplicationConnection, "wait_readable", counted)
+    with pgdb.connect() as conn:
+        prepare(conn, _create(conn))
+        background = start_in_background(pgdb, _staging(tmp_path), segment_max_seconds=0.2)
+        try:  # (20 waits: ten seal periods of an idle source)
+            wait_for(lambda: len(waits) >= 20, "the idle stream to wait 20 times")
+        finally:
+            background.finish()
+    assert [t for t in waits[:20] if t <= 0] == [], waits[:20]
 
 
 def test_the_same_range_always_decodes_to_the_same_segment(pgdb, tmp_path):

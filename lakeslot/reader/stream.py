@@ -36,6 +36,7 @@ the reader's health (:mod:`lakeslot.reader.health`) clears a reported problem on
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -197,7 +198,11 @@ class Stream:
             self.check_health()
         if self.on_progress is not None:
             self.on_progress(self.durable, sealed=False)
-        self._next_tick = min(now + TICK_S, self._next_feedback, self._next_health, self.seal_at)
+        # (a seal time that passed with nothing to seal is no deadline: the stream would wake
+        # at once, again and again — a core spent on an idle source)
+        sealable = not self.in_transaction and self.pending_end > self.durable
+        self._next_tick = min(now + TICK_S, self._next_feedback, self._next_health,
+                              self.seal_at if sealable else math.inf)
         return False
 
     def _between_transactions(self, now: float) -> bool:
