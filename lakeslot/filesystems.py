@@ -39,6 +39,12 @@ from dataclasses import dataclass
 
 from pyarrow import fs as pafs
 
+# An S3 file written is one PUT when it is small (below 5 MB), not a multipart upload begun when
+# it opens (three requests one after the other: begin, the part, complete — a sealed segment, a
+# status document): pyarrow's ``allow_delayed_open``. What it costs: a missing bucket or refused
+# keys are told when the file is closed instead of opened; every write here checks its close.
+DELAYED_OPEN = True
+
 
 def filesystem(uri: str, environ: Mapping[str, str] | None = None) -> tuple[pafs.FileSystem, str]:
     """A pyarrow filesystem and path for a URI or local path (Hadoop's s3a/s3n are s3);
@@ -50,7 +56,10 @@ def filesystem(uri: str, environ: Mapping[str, str] | None = None) -> tuple[pafs
     if environ is not None and uri.startswith("s3://"):
         bucket_and_key = uri.removeprefix("s3://")
         return S3Access.of(environ).filesystem(bucket_and_key.split("/", 1)[0]), bucket_and_key
+    if uri.startswith("s3://") and "allow_delayed_open" not in uri:
+        uri += f"{'&' if '?' in uri else '?'}allow_delayed_open={str(DELAYED_OPEN).lower()}"
     return pafs.FileSystem.from_uri(uri)
+
 
 
 @dataclass(frozen=True)
@@ -84,7 +93,7 @@ class S3Access:
             parts = urllib.parse.urlsplit(self.endpoint if "://" in self.endpoint else f"https://{self.endpoint}")
             options.update(endpoint_override=parts.netloc, scheme=parts.scheme)
         options["region"] = self.region or ("us-east-1" if self.endpoint else _bucket_region(bucket))
-        return pafs.S3FileSystem(**options)
+        return pafs.S3FileSystem(**options, allow_delayed_open=DELAYED_OPEN)
 
 
 @functools.lru_cache(maxsize=256)

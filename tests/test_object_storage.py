@@ -527,50 +527,63 @@ def test_segments_on_s3_are_sealed_whole_without_a_rename_and_retention_deletes_
     """Object stores have no rename: a segment is one upload of its final name, visible whole or
     not at all; an upload that fails half-way leaves no object under a sealed name; documents are
     one PUT; retention deletes on S3 too. (SIGKILL mid-upload relies on S3 itself: a multipart
-    upload that is never completed is no object.)"""
-    for name, value in object_store.environment().items():
-        monkeypatch.setenv(name, value)
-    prefix = f"{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}"
-    staging = Staging(f"s3://{prefix}")
-    s3 = staging.fs
+    upload that is never completed is no object.) Every request is counted by a proxy in front
+    of S3: a segment below 5 MB is sealed by one PUT and the HEAD that checks its size — not a
+    multipart upload, three requests one after the other — and a document by one PUT."""
+    with LatencyProxy(object_store.s3_endpoint, 0) as proxy:
+        environment = {**object_store.environment(), "AWS_ENDPOINT_URL": proxy.uri}
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+        prefix = f"{STAGING_BUCKET}/{uuid.uuid4().hex[:12]}"
+        staging = Staging(f"s3://{prefix}")
+        s3 = staging.fs
 
-    def objects() -> list[str]:
-        return sorted(f.base_name for f in s3.get_file_info(pafs.FileSelector(prefix, recursive=True))
-                      if f.type == pafs.FileType.File)
+        def objects() -> list[str]:
+            return sorted(f.base_name for f in s3.get_file_info(pafs.FileSelector(prefix, recursive=True))
+                          if f.type == pafs.FileType.File)
 
-    def seal(name: SegmentName) -> None:
-        temp, local = staging.temporary(name.start)
-        assert not temp.startswith(prefix)  # written locally, uploaded once
-        with local.open_output_stream(temp) as out:
-            out.write(os.urandom(3 << 20))
-        staging.publish(temp, name)
-        assert not os.path.exists(temp)
+        def requests(write) -> list[str]:
+            proxy.requests.clear()
+            proxy.recording.set()
+            try:
+                write()
+            finally:
+                proxy.recording.clear()
+            return [r.method for r in proxy.requests]
 
-    first, second, third = SegmentName(0x10, 0x20), SegmentName(0x20, 0x30), SegmentName(0x30, 0x40)
-    seal(first)
-    assert staging.list() == [first] and objects() == [first.filename]
+        def seal(name: SegmentName) -> None:
+            temp, local = staging.temporary(name.start)
+            assert not temp.startswith(prefix)  # written locally, uploaded once
+            with local.open_output_stream(temp) as out:
+                out.write(os.urandom(3 << 20))
+            staging.publish(temp, name)
+            assert not os.path.exists(temp)
 
-    def half_then_fail(source, destination, source_filesystem, destination_filesystem):
-        with open(source, "rb") as f, destination_filesystem.open_output_stream(destination) as out:
-            out.write(f.read(1 << 20))  # what a broken stream may leave behind on close
-        raise OSError("connection reset during upload")
+        first, second, third = SegmentName(0x10, 0x20), SegmentName(0x20, 0x30), SegmentName(0x30, 0x40)
+        assert requests(lambda: seal(first)) == ["PUT", "HEAD"]
+        assert staging.list() == [first] and objects() == [first.filename]
 
-    monkeypatch.setattr(pafs, "copy_files", half_then_fail)
-    with pytest.raises(OSError, match="connection reset"):
+        def half_then_fail(source, destination, source_filesystem, destination_filesystem):
+            with open(source, "rb") as f, destination_filesystem.open_output_stream(destination) as out:
+                out.write(f.read(1 << 20))  # what a broken stream may leave behind on close
+            raise OSError("connection reset during upload")
+
+        monkeypatch.setattr(pafs, "copy_files", half_then_fail)
+        with pytest.raises(OSError, match="connection reset"):
+            seal(second)
+        assert staging.list() == [first] and objects() == [first.filename]
+        monkeypatch.undo()
+        for name, value in environment.items():
+            monkeypatch.setenv(name, value)
+
         seal(second)
-    assert staging.list() == [first] and objects() == [first.filename]
-    monkeypatch.undo()
-    for name, value in object_store.environment().items():
-        monkeypatch.setenv(name, value)
-
-    seal(second)
-    seal(third)
-    staging.write_apply_status({"passes": 1})
-    assert staging.read_apply_status() == {"passes": 1}
-    assert objects() == sorted([first.filename, second.filename, third.filename, "apply-status.json"])
-    # retention: below every table's position, never the furthest segment
-    assert staging.delete_applied(staging.list(), floor=0x40, cutoff=time.time() + 60) == 2
-    assert staging.list() == [third]
+        seal(third)
+        assert requests(lambda: staging.write_apply_status({"passes": 1})) == ["PUT"]
+        assert staging.read_apply_status() == {"passes": 1}
+        assert objects() == sorted([first.filename, second.filename, third.filename, "apply-status.json"])
+        # retention: below every table's position, never the furthest segment
+        assert staging.delete_applied(staging.list(), floor=0x40, cutoff=time.time() + 60) == 2
+        assert staging.list() == [third]
 
 
 @pytest.mark.slow
