@@ -88,8 +88,8 @@ def age_mirrors(hours: int, recent: int, since_expiry: int, tag_hours: float):
     idle advance commits — in one transaction per mirror, 16 mirrors at a time. Prints the
     mirrors' median snapshots and refs once aged."""
     from lakeslot.api.naming import IngestionNames
-    from lakeslot.apply import slots
     from lakeslot.mirror.contract import LSN_PROPERTY, cut_tag
+    from lakeslot.spark.session import on_threads
     from lakeslot.spark.tables import Tables
 
     def prepare(spark, local, names) -> None:
@@ -114,7 +114,7 @@ def age_mirrors(hours: int, recent: int, since_expiry: int, tag_hours: float):
             return sum(1 for _ in table.snapshots()), table.refs().size()
 
         started = time.monotonic()
-        aged = list(slots.each(spark, 16, names, age, "bench-ageing").values())
+        aged = list(on_threads(spark, 16, names, age, "bench-ageing").values())
         print(f"  aged {len(aged)} mirrors in {time.monotonic() - started:.1f} s: median "
               f"{statistics.median(a[0] for a in aged):.0f} snapshots, "
               f"{statistics.median(a[1] for a in aged):.0f} refs")

@@ -82,8 +82,9 @@ def _assert_read_alike(spec: CatalogSpec, ident: tuple[str, str], secrets=None) 
     trimmed, = catalogs.load_tables(spec, [ident], secrets, trim=mirror_progress.what_progress_reads)
     assert whole is not None and trimmed is not None
     assert len(whole.snapshots()) == 22 and len(whole.metadata.refs) == 2
-    assert trimmed.current_snapshot().summary.operation.value == "replace"
-    assert sorted(s.summary.get(LSN_PROPERTY) or "-" for s in trimmed.snapshots()) == ["-", "10", "30"]
+    summaries = {s.snapshot_id: s.summary for s in trimmed.snapshots() if s.summary is not None}
+    assert summaries[whole.metadata.current_snapshot_id or -1].operation.value == "replace"
+    assert sorted(s.get(LSN_PROPERTY) or "-" for s in summaries.values()) == ["-", "10", "30"]
     progress = mirror_progress.progress_of(trimmed)
     assert progress == mirror_progress.progress_of(whole)
     assert (progress.lsn, progress.rows, progress.resnapshots_last_hour) == (30, 21, 1)

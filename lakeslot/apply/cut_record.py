@@ -53,7 +53,6 @@ from collections.abc import Callable, Mapping, Sequence
 import pyarrow as pa
 
 from lakeslot.api.naming import TableName
-from lakeslot.apply import slots
 from lakeslot.apply.outcomes import TableOutcome
 from lakeslot.errors import transient_in_spark
 from lakeslot.mirror import cuts
@@ -65,7 +64,7 @@ from lakeslot.mirror.contract import (
     cut_tag,
 )
 from lakeslot.spark import row_delta
-from lakeslot.spark.session import error_summary, with_commit_properties
+from lakeslot.spark.session import error_summary, on_threads, with_commit_properties
 from lakeslot.spark.tables import Tables, position_of
 from lakeslot.workloads import JobInput
 
@@ -107,7 +106,7 @@ class CutRecord:
                 return None
             retain = now - self._retained_at >= RETAINED_EVERY_S
             full = retain or not self._recorded or now - self._listed_at >= cuts.FULL_LISTING_S
-            looked = slots.each(self.spark, threads,
+            looked = on_threads(self.spark, threads,
                                 [o for o in outcomes if self._looked_up(o, lsn, full)],
                                 lambda o: self._snapshot(o.target, o.durable), "lakeslot-cut")
             listed = [each for o in outcomes

@@ -61,8 +61,9 @@ from lakeslot.apply.outcomes import Hooks, PassResult, Steps, TableOutcome, Tota
 from lakeslot.apply.reduction import Reduction
 from lakeslot.apply.table_pass import Planned, TablePass
 from lakeslot.apply.upkeep import Upkeep
+from lakeslot.mirror import catalogs
 from lakeslot.mirror.contract import TableState
-from lakeslot.spark.session import make_active
+from lakeslot.spark.session import make_active, on_threads
 from lakeslot.spark.tables import Tables
 from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import Staging
@@ -87,7 +88,7 @@ class Passes:
         self.max_segments = max_segments
         self.interval = self.spec.apply.trigger_interval_seconds
         self.parallelism = self.spec.apply.table_parallelism
-        self.threads = slots.threads(self.parallelism, slots.on_network(self.spec.sink.catalog))
+        self.threads = slots.threads(self.parallelism, catalogs.on_network(self.spec.sink.catalog))
         self.lag = cadence.Lag(self.spec.seal_seconds())  # passes behind the seals
         self._seen_end: int | None = None  # the furthest segment end a listing showed
         self.continuous = continuous
@@ -195,7 +196,7 @@ class Passes:
         def one(table: TableName) -> T | TableOutcome:
             return self.failures.attempt(table, functools.partial(work, table))
 
-        return slots.each(self.spark, 1 if self.parallelism == 1 else self.threads, tables, one,
+        return on_threads(self.spark, 1 if self.parallelism == 1 else self.threads, tables, one,
                           "lakeslot-apply")
 
     def until_next_pass(self, started: float) -> float:

@@ -2,13 +2,13 @@
 more of them waiting on the network — on object storage and a REST catalog, a table's commit is
 a chain of requests, each tens of milliseconds where the CPU has nothing to do.
 
-Where the tables are reached over a network (:func:`on_network`), a pass runs its tables on
-:data:`IN_FLIGHT` × ``tableParallelism`` threads (:func:`threads`); each table's work holds one
-of ``tableParallelism`` slots (:meth:`Slots.held`) and lets it go only while it waits on the
-network (:meth:`Slots.waiting`): loading a table, the requests of a row delta's commit, the
-first read of a snapshot's files. On local disk a pass has ``tableParallelism`` threads and
-nothing lets its slot go — the work is the CPU's there, and more threads than cores only
-contend.
+Where the tables are reached over a network (:func:`lakeslot.mirror.catalogs.on_network`), a
+pass runs its tables on :data:`IN_FLIGHT` × ``tableParallelism`` threads (:func:`threads`, run
+by :func:`lakeslot.spark.session.on_threads`); each table's work holds one of
+``tableParallelism`` slots (:meth:`Slots.held`) and lets it go only while it waits on the network
+(:meth:`Slots.waiting`): loading a table, the requests of a row delta's commit, the first read of
+a snapshot's files. On local disk a pass has ``tableParallelism`` threads and nothing lets its
+slot go — the work is the CPU's there, and more threads than cores only contend.
 
 Invariants: at most ``tableParallelism`` threads are between :meth:`Slots.held`'s entry and exit
 outside a :meth:`Slots.waiting` at any time; a thread gets its slot back before it goes on with
@@ -20,24 +20,10 @@ Failure modes: none of its own: a thread waits for a slot as long as others hold
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TypeVar
-
-from lakeslot.api.models import CatalogSpec
-from lakeslot.spark.session import make_active
-
-K = TypeVar("K")
-V = TypeVar("V")
 
 IN_FLIGHT = 4  # threads a pass runs per CPU slot: tables whose requests are in flight at once
-
-
-def on_network(catalog: CatalogSpec) -> bool:
-    """Whether the tables are reached over a network: any catalog but a hadoop one on local
-    disk."""
-    return catalog.type != "hadoop" or not (catalog.warehouse or "").startswith(("file:", "/"))
 
 
 def threads(parallelism: int, network: bool) -> int:
@@ -46,19 +32,6 @@ def threads(parallelism: int, network: bool) -> int:
     more threads only contend: measured, 200 busy tables' passes 6.1 s with 8 threads, 8.4 s
     with 32)."""
     return parallelism * IN_FLIGHT if network else parallelism
-
-
-def each(spark, threads: int, items: Sequence[K], work: Callable[[K], V], name: str) -> dict[K, V]:
-    """``work`` for each of ``items``, on up to ``threads`` threads named ``name`` of the Spark
-    application ``spark`` (its session made each thread's active one as the thread starts), in
-    ``items``' order — one after the other with one thread or fewer than two items. An error is
-    raised once the items in flight are done."""
-    if threads == 1 or len(items) < 2:
-        return {item: work(item) for item in items}
-    with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix=name,
-                            initializer=make_active, initargs=(spark,)) as pool:
-        futures = {item: pool.submit(work, item) for item in items}
-    return {item: future.result() for item, future in futures.items()}
 
 
 class Slots:

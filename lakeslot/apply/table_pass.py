@@ -56,7 +56,7 @@ from lakeslot.apply.failures import Failures
 from lakeslot.apply.outcomes import Hooks, Steps, TableOutcome
 from lakeslot.apply.small_batches import SmallBatches
 from lakeslot.apply.source_tables import SourceTables
-from lakeslot.mirror import typemap
+from lakeslot.mirror import catalogs, typemap
 from lakeslot.mirror.contract import (
     OWNER_PROPERTY,
     SOURCE_FACTS_PROPERTY,
@@ -98,7 +98,7 @@ class TablePass:
         self.changelog = Changelog(spark, self.spec, tables)
         self.small = SmallBatches(spark)
         self.slots = slots.Slots(self.spec.apply.table_parallelism)  # (see lakeslot.apply.slots)
-        self._remote_catalog = slots.on_network(self.spec.sink.catalog)
+        self._remote_catalog = catalogs.on_network(self.spec.sink.catalog)
         # continuous: a failed table waits for its retry time (lakeslot.apply.isolation), an idle
         # table's advance is committed when due; a --once run tries every table, commits them all
         self.honour_retry = continuous

@@ -23,13 +23,13 @@ from collections.abc import Callable, Iterator
 
 from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
-from lakeslot.apply import coverage, isolation, slots
+from lakeslot.apply import coverage, isolation
 from lakeslot.apply.outcomes import Hooks, TableOutcome, Totals
 from lakeslot.errors import transient_in_spark
 from lakeslot.mirror.contract import LSN_PROPERTY, RETAINED_FOR_S, history_age_s
 from lakeslot.spark import row_delta
 from lakeslot.spark.maintenance import Maintainer
-from lakeslot.spark.session import error_summary, with_commit_properties
+from lakeslot.spark.session import error_summary, on_threads, with_commit_properties
 from lakeslot.spark.tables import Tables
 from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import Staging
@@ -122,7 +122,7 @@ class Upkeep:
                             error_summary(e))
                 return None
 
-        for done in slots.each(self.spark, threads, due, expire, "lakeslot-expire").values():
+        for done in on_threads(self.spark, threads, due, expire, "lakeslot-expire").values():
             if done is not None:
                 retained.pop(done, None)
 

@@ -74,6 +74,12 @@ from lakeslot.filesystems import S3Access, explain
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
 
+def on_network(catalog: CatalogSpec) -> bool:
+    """Whether the tables are reached over a network: any catalog but a hadoop one on local
+    disk."""
+    return catalog.type != "hadoop" or not (catalog.warehouse or "").startswith(("file:", "/"))
+
+
 def folding(catalog: CatalogSpec) -> str | None:
     """``catalog``'s type when its metastore stores table and column names case-insensitively
     (lower-cased): a table with columns that differ only in case cannot be mirrored there

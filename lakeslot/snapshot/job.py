@@ -20,7 +20,9 @@ Steps:
    is copied (created, or replaced in one commit). When nothing is left, no slot is created at all.
 2. The leader exports a snapshot (:mod:`lakeslot.source.exported_snapshot`); the tables are
    planned in a session importing it (:mod:`.plan`); each table opens its Iceberg create/replace
-   transaction (:mod:`lakeslot.spark.tables`).
+   transaction (:mod:`lakeslot.spark.tables`). The looks of step 1 and these openings are a
+   catalog request per table: :data:`CATALOG_THREADS` at once where the catalog is reached over
+   a network (:func:`lakeslot.mirror.catalogs.on_network`), in the tables' order on local disk.
 3. Ranges run as Spark jobs of exactly one task each (``sc.parallelize([range], 1)``), at most
    ``parallelism`` at a time, from a pool of driver threads. A range that fails transiently is
    retried (after Spark's own task retries) up to ``max_attempts`` times, with backoff, inside the
@@ -58,6 +60,7 @@ Nothing to do (no table) or ``max_attempts`` < 1 raises ValueError before anythi
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -69,7 +72,7 @@ from py4j.protocol import Py4JJavaError
 
 from lakeslot.api.models import MiB
 from lakeslot.api.naming import TableName
-from lakeslot.mirror import typemap
+from lakeslot.mirror import catalogs, typemap
 from lakeslot.mirror.contract import (
     GENERATION_PROPERTY,
     OWNER_PROPERTY,
@@ -86,11 +89,16 @@ from lakeslot.source import exported_snapshot, facts
 from lakeslot.source.columns import ColumnOptions
 from lakeslot.source.connection import PASSWORD_ENV, ConnectionSettings, application_name, connect
 from lakeslot.spark import partitions
+from lakeslot.spark.session import on_threads
 from lakeslot.spark.tables import Catalog, MirrorState, MirrorWrite
 from lakeslot.workloads import JobInput
 
 log = logging.getLogger(__name__)
 BACKOFF_CAP_S = 30.0
+# Where the catalog is reached over a network, each table's look (does its mirror exist, whose is
+# it) and the opening of its create transaction are a request each, tens of milliseconds: at
+# 1,000 tables one after the other, minutes before the first range is copied.
+CATALOG_THREADS = 16
 
 
 @dataclass(frozen=True)
@@ -110,6 +118,7 @@ class SnapshotJob:
     min_snapshot_lsn: int = 0
     progress: str | None = None
     max_attempts: int = 3
+    catalog_threads: int = 1  # the tables' catalog requests in flight at once (CATALOG_THREADS)
 
     @classmethod
     def of(cls, job: JobInput, *, progress: str | None = None, max_attempts: int = 3,
@@ -138,7 +147,8 @@ class SnapshotJob:
             target_range_bytes=spec.snapshot.target_range_bytes,
             statement_timeout_seconds=spec.snapshot.statement_timeout_seconds,
             resnapshot_generation=spec.snapshot.resnapshot_generation,
-            min_snapshot_lsn=min_snapshot_lsn, progress=progress, max_attempts=max_attempts)
+            min_snapshot_lsn=min_snapshot_lsn, progress=progress, max_attempts=max_attempts,
+            catalog_threads=CATALOG_THREADS if catalogs.on_network(spec.sink.catalog) else 1)
 
 
 @dataclass(frozen=True)
@@ -191,7 +201,7 @@ def copy(spark, job: SnapshotJob, hooks: Hooks | None = None) -> JobResult:
     try:
         catalog = Catalog(spark, job.catalog)
         catalog.ensure_namespace(job.namespace)
-        todo = _to_copy(catalog, job, progress)
+        todo = _to_copy(spark, catalog, job, progress)
         if todo:
             _snapshot(spark, job, catalog, todo, progress, hooks or Hooks(), cpu)
             _lay_out(spark, job, catalog, [request for request, _ in todo], progress)
@@ -204,11 +214,13 @@ def copy(spark, job: SnapshotJob, hooks: Hooks | None = None) -> JobResult:
                            for t in progress.tables.values()), progress.snapshot_lsn, cpu)
 
 
-def _to_copy(catalog: Catalog, job: SnapshotJob,
+def _to_copy(spark, catalog: Catalog, job: SnapshotJob,
              progress: Progress) -> list[tuple[plan.TableRequest, MirrorState]]:
+    states = on_threads(spark, job.catalog_threads, range(len(job.tables)),
+                        lambda i: catalog.state(job.namespace, job.tables[i].target),
+                        "snapshot-catalog")
     todo = []
-    for request in job.tables:
-        state = catalog.state(job.namespace, request.target)
+    for request, state in zip(job.tables, states.values(), strict=True):
         owned = ownership_problem(state.properties, f"{job.namespace}.{request.target}",
                                   job.ingestion, str(request.source))
         earlier = _earlier_mirror(catalog, job, request) if not state.exists else None
@@ -295,7 +307,7 @@ def _under_one_snapshot(spark, job: SnapshotJob, catalog: Catalog,
         if hooks.on_exported:
             hooks.on_exported(snapshot)
         plans, table_facts = _plan(job, snapshot, [request for request, _ in todo])
-        runs = []
+        begun = []
         for number, ((request, state), table_plan) in enumerate(zip(todo, plans, strict=True)):
             recorded = table_facts.get(request.source)
             if isinstance(table_plan, plan.TableFailure) or recorded is None:
@@ -303,8 +315,10 @@ def _under_one_snapshot(spark, job: SnapshotJob, catalog: Catalog,
                          else f"table {request.source} does not exist as of the snapshot")
                 progress.table(request.source, state="failed", error=error)
                 continue
-            runs.append(_TableRun.begin(job, catalog, snapshot, table_plan, state, recorded,
-                                        number, progress, cpu))
+            begun.append(functools.partial(_TableRun.begin, job, catalog, snapshot, table_plan,
+                                           state, recorded, number, progress, cpu))
+        runs = list(on_threads(spark, job.catalog_threads, range(len(begun)),
+                               lambda i: begun[i](), "snapshot-catalog").values())
         _copy(spark, job, runs, progress.job)
         if hooks.before_release:
             hooks.before_release(snapshot)

@@ -34,7 +34,8 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
@@ -52,6 +53,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 CLASS_PATH = "spark.driver.extraClassPath"
 
 def build_session(
@@ -133,6 +136,19 @@ def make_active(spark: SparkSession) -> None:
     # (resolved once: written out, the name cost a round trip per part, per table of a pass)
     java(_jvm(spark), "org.apache.spark.sql.SparkSession.setActiveSession")(spark._jsparkSession)
     no_delay(spark)
+
+
+def on_threads(spark, threads: int, items: Sequence[K], work: Callable[[K], V], name: str) -> dict[K, V]:
+    """``work`` for each of ``items``, on up to ``threads`` threads named ``name`` of the Spark
+    application ``spark`` (its session made each thread's active one as the thread starts), in
+    ``items``' order — one after the other with one thread or fewer than two items. An error is
+    raised once the items in flight are done."""
+    if threads == 1 or len(items) < 2:
+        return {item: work(item) for item in items}
+    with ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix=name,
+                            initializer=make_active, initargs=(spark,)) as pool:
+        futures = {item: pool.submit(work, item) for item in items}
+    return {item: future.result() for item, future in futures.items()}
 
 
 _connected = threading.local()  # the py4j connection no_delay last saw on this thread
