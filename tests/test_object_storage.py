@@ -640,6 +640,7 @@ def test_a_row_delta_on_object_storage_asks_only_what_its_commit_needs(rest_spar
                 proxy.recording.clear()
             model.update({k: f"v{lsn}-{k}" for k in keys})
             to_table = [r for r in rest.requests if r.path.endswith(f"/tables/{name}")]
+            assert [r for r in rest.requests if r.path.endswith("/metrics")] == []  # (off)
             commits = [(r.method, r.status) for r in to_table if r.commit]
             if advanced is not None:
                 assert commits == [("POST", 409), ("POST", 200)], rest.requests

@@ -29,7 +29,8 @@ class CatalogKind:
 
     needs_uri: bool  # sink.catalog.uri is required (the catalog's endpoint)
     needs_warehouse: bool  # sink.catalog.warehouse is required
-    spark: Mapping[str, str]  # the settings of Iceberg's SparkCatalog that select the type
+    spark: Mapping[str, str]  # Iceberg's SparkCatalog settings that select the type (and its
+    # defaults; sink.catalog.properties win)
     # how pyiceberg opens it: load_catalog's "type", or None: read the table's files in the
     # warehouse (a hadoop catalog, which pyiceberg has no catalog for)
     pyiceberg: str | None
@@ -41,7 +42,10 @@ class CatalogKind:
 CATALOG_TYPES: Mapping[str, CatalogKind] = {
     "hadoop": CatalogKind(needs_uri=False, needs_warehouse=True, spark={"type": "hadoop"},
                           pyiceberg=None, renames_metadata=True, warehouse_path=True),
-    "rest": CatalogKind(needs_uri=True, needs_warehouse=False, spark={"type": "rest"},
+    # (a commit's and a scan's metrics report is a request of its own, on the committing thread,
+    # after the commit: off unless the properties turn it on)
+    "rest": CatalogKind(needs_uri=True, needs_warehouse=False,
+                        spark={"type": "rest", "rest-metrics-reporting-enabled": "false"},
                         pyiceberg="rest"),
     # pyiceberg's SQL catalog reads the tables Iceberg's Java JdbcCatalog keeps (its JDBC URL
     # and jdbc.* options translated: lakeslot.mirror.catalogs.sql_catalog_uri)
