@@ -437,7 +437,9 @@ class CatalogSpec(ApiModel):
     properties: Annotated[StringMap, Field(max_length=CATALOG_PROPERTIES_MAX), credential_properties] = mapping(
         "Further catalog properties, passed through as spark.sql.catalog.<name>.<key>. No "
         "credentials: keys that look like one (credential, token, *secret*, *password*) are "
-        "refused; use secretProperties."
+        "refused; use secretProperties. A rest catalog gets rest-metrics-reporting-enabled: "
+        "'false' unless set here (Iceberg's client would post a metrics report after every "
+        "commit, on the committing thread)."
     )
     secret_properties: Annotated[dict[str, SecretKeyRef], Field(max_length=64),
                                  AfterValidator(_one_variable_per_key)] = mapping(
