@@ -132,7 +132,7 @@ class CutRecord:
     def _looked_up(self, outcome: TableOutcome, lsn: int, full: bool) -> bool:
         """Whether the cut at ``lsn`` lists ``outcome``'s table with its snapshot: a member of
         the cut, in a full listing or when its position changed since the previous cut."""
-        if outcome.state not in MEMBERS or outcome.lsn != lsn:
+        if not _member(outcome, lsn):
             return False
         before = self._recorded.get(outcome.source)
         return full or before is None or before[0] is None or before[1] != outcome.durable
@@ -142,8 +142,7 @@ class CutRecord:
         """``outcome``'s table as the cut at ``lsn`` has it (its snapshot as ``looked`` up);
         None when unchanged since the previous cut recorded (and this is no full listing)."""
         before = self._recorded.get(outcome.source)
-        member = outcome.state in MEMBERS and outcome.lsn == lsn
-        if not member:
+        if not _member(outcome, lsn):
             if not full and before is not None and before[0] is None:
                 return None  # (still absent)
             why = "ahead" if outcome.state in MEMBERS else outcome.state
@@ -198,3 +197,8 @@ class CutRecord:
             self._table = None  # (Spark committed through its own object)
             return
         row_delta.append(jvm, table, rows, f"cut-{lsn:016x}-{uuid.uuid4().hex}.parquet", lsn, "zstd")
+
+
+def _member(outcome: TableOutcome, lsn: int) -> bool:
+    """Whether ``outcome``'s table is part of the cut at ``lsn`` (see the module docstring)."""
+    return outcome.state in MEMBERS and outcome.lsn == lsn

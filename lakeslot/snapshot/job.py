@@ -216,11 +216,11 @@ def copy(spark, job: SnapshotJob, hooks: Hooks | None = None) -> JobResult:
 
 def _to_copy(spark, catalog: Catalog, job: SnapshotJob,
              progress: Progress) -> list[tuple[plan.TableRequest, MirrorState]]:
-    states = on_threads(spark, job.catalog_threads, range(len(job.tables)),
-                        lambda i: catalog.state(job.namespace, job.tables[i].target),
+    states = on_threads(spark, job.catalog_threads, job.tables,
+                        lambda request: catalog.state(job.namespace, request.target),
                         "snapshot-catalog")
     todo = []
-    for request, state in zip(job.tables, states.values(), strict=True):
+    for request, state in states.items():
         owned = ownership_problem(state.properties, f"{job.namespace}.{request.target}",
                                   job.ingestion, str(request.source))
         earlier = _earlier_mirror(catalog, job, request) if not state.exists else None
@@ -317,8 +317,8 @@ def _under_one_snapshot(spark, job: SnapshotJob, catalog: Catalog,
                 continue
             begun.append(functools.partial(_TableRun.begin, job, catalog, snapshot, table_plan,
                                            state, recorded, number, progress, cpu))
-        runs = list(on_threads(spark, job.catalog_threads, range(len(begun)),
-                               lambda i: begun[i](), "snapshot-catalog").values())
+        runs = list(on_threads(spark, job.catalog_threads, begun, lambda begin: begin(),
+                               "snapshot-catalog").values())
         _copy(spark, job, runs, progress.job)
         if hooks.before_release:
             hooks.before_release(snapshot)
