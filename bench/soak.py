@@ -1,7 +1,7 @@
 """Benchmark (soak): a mirror aged to the equivalent of a day at a 1-s trigger against a fresh one,
 in the same run — is a commit as fast after a day as after a minute?
 
-    .venv/bin/python -m bench.soak [--hours 24] [--rounds 40] [--old]
+    .venv/bin/python -m bench.soak [--hours 24] [--rounds 200] [--old]
                                    [--pipeline 200 [--rows 1000]] [--seconds 60] [--rate 100]
                                    [--cut-tables 200,1000]
 
@@ -15,12 +15,15 @@ compaction keeps them to, so only its history ages): one retained cut an hour, t
 :data:`lakeslot.apply.upkeep.EXPIRE_MIN_S` commits a table makes between two expiries (the
 worst point of the cycle). What expiry removed in between leaves no trace in the metadata, so it
 is not committed (a day takes ≈ 200 commits, not 86,400). Then the smallest row delta
-(:mod:`bench.commit_floor`'s) is committed to the fresh and the aged table in turn, ``--rounds``
-timed after as many to warm up: each commit's time, and commit → visible (until a fresh reader's
-``loadTable`` shows it: the metadata a reader parses grows with the history too). Printed: the
-medians, fresh and aged, and aged ÷ fresh (the target: ≤ 1.2). With ``--old``, the same for the
-retention before this one (every snapshot of 3,600 passes, expired every 450: its steady state,
-reached after an hour; ≈ 4,000 commits).
+(:mod:`bench.commit_floor`'s) is committed to the fresh and the aged table in turn (which one
+first alternates), ``--rounds`` timed after 60 to warm up, both histories put back to their size
+after each round (untimed: the fresh table keeps one snapshot, the aged one its window): each
+commit's time, and commit → visible (until a fresh reader's ``loadTable`` shows it: the metadata a
+reader parses grows with the history too). Printed: the medians, fresh and aged, and aged ÷ fresh
+(the target: ≤ 1.2), with the ratio in each half of the rounds (a commit takes ≈ 40 ms, and a few
+milliseconds of noise move the ratio of 40 rounds by ± 0.1: the halves show what is noise).
+With ``--old``, the same for the retention before this one (every snapshot of 3,600 passes,
+expired every 450: its steady state, reached after an hour; ≈ 4,000 commits).
 
 With ``--pipeline N``: the whole pipeline aged against a fresh one, same run —
 :mod:`bench.many_tables` rounds (``lakeslot run`` over N busy tables of ``--rows`` rows at a 1-s
@@ -61,10 +64,14 @@ class Soak:
     snapshots: int  # the aged table's snapshots after ageing
     refs: int  # ... its refs (main and the retained cuts' tags)
     metadata_bytes: int  # ... its metadata file
-    fresh_commit_s: float  # medians of the timed rounds
-    fresh_visible_s: float
-    aged_commit_s: float
-    aged_visible_s: float
+    rounds: tuple[tuple[float, float, float, float], ...]  # fresh commit, visible, aged commit, visible
+
+    def median(self, what: int, rounds: slice = slice(None)) -> float:
+        return statistics.median(r[what] for r in self.rounds[rounds])
+
+    def ratio(self, what: int, rounds: slice = slice(None)) -> float:
+        """Aged ÷ fresh of the medians of ``what`` (0: a commit, 1: commit → visible)."""
+        return self.median(what + 2, rounds) / self.median(what, rounds)
 
 
 def measure(hours: int, recent: int, since_expiry: int, tag_hours: float, rounds: int) -> Soak:
@@ -75,10 +82,10 @@ def measure(hours: int, recent: int, since_expiry: int, tag_hours: float, rounds
         (Path(work) / "warehouse").as_uri(), str(hours), str(recent), str(since_expiry),
         str(tag_hours), str(rounds)])
     aged = next(line.split()[1:] for line in out.splitlines() if line.startswith("aged "))
-    timed = [[int(v) / 1e9 for v in line.split()[1:]] for line in out.splitlines()
-             if line.startswith("round ")]
-    return Soak(hours, int(aged[0]), int(aged[1]), int(aged[2]),
-                *(statistics.median(r[i] for r in timed) for i in range(4)))
+    timed = tuple((fc, fv, ac, av) for fc, fv, ac, av in (
+        [int(v) / 1e9 for v in line.split()[1:]] for line in out.splitlines()
+        if line.startswith("round ")))
+    return Soak(hours, int(aged[0]), int(aged[1]), int(aged[2]), timed)
 
 
 def age_mirrors(hours: int, recent: int, since_expiry: int, tag_hours: float):
@@ -125,17 +132,18 @@ def age_mirrors(hours: int, recent: int, since_expiry: int, tag_hours: float):
 def report(label: str, s: Soak) -> None:
     print(f"{label}: aged {s.hours:g} h at a 1-s trigger → {s.snapshots} snapshots, {s.refs} refs, "
           f"metadata {s.metadata_bytes / 1e6:.2f} MB")
-    print(f"  commit: fresh {s.fresh_commit_s * 1000:.1f} ms, aged {s.aged_commit_s * 1000:.1f} ms "
-          f"(×{s.aged_commit_s / s.fresh_commit_s:.2f}); commit → visible: fresh "
-          f"{s.fresh_visible_s * 1000:.1f} ms, aged {s.aged_visible_s * 1000:.1f} ms "
-          f"(×{s.aged_visible_s / s.fresh_visible_s:.2f}; target ≤ 1.2)")
+    half = len(s.rounds) // 2
+    for what, name in enumerate(("commit", "commit → visible")):
+        print(f"  {name}: fresh {s.median(what) * 1000:.1f} ms, aged {s.median(what + 2) * 1000:.1f}"
+              f" ms (×{s.ratio(what):.2f}; target ≤ 1.2; halves ×{s.ratio(what, slice(half)):.2f},"
+              f" ×{s.ratio(what, slice(half, None)):.2f})")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.soak",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--hours", type=int, default=24)
-    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--old", action="store_true",
                         help="also the retention before this one (3,600 passes of snapshots)")
     parser.add_argument("--cut-tables", default="",

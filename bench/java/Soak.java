@@ -7,9 +7,13 @@
  * since the last expiry, which expires every snapshot older than the window. What expiry would
  * have removed in between leaves no trace in the metadata, so it is not committed at all (the
  * ageing takes <hours> + <recent> + <since-expiry> commits, not one a second).
- * Then rounds of the smallest row delta (CommitFloor's) to both tables, alternating, each timed
- * from the commit's start to a fresh reader's loadTable seeing it (commit → visible at the
- * Iceberg level).
+ * Then rounds of the smallest row delta (CommitFloor's) to both tables, each timed from the
+ * commit's start to a fresh reader's loadTable seeing it (commit → visible at the Iceberg level).
+ * Which table commits first alternates from round to round, and after each round (untimed) both
+ * histories are put back to their size: the fresh table keeps its current snapshot only, the aged
+ * one drops the snapshot that left its window, as lakeslot's expiry would — so the last round
+ * measures the same histories as the first (both tables' metadata logs are full after the
+ * warm-up's rounds, as a mirror's is after 100 passes). WARMUP rounds run before the timed ones.
  *
  * Usage: Soak <warehouse> <hours> <recent> <since-expiry> <tag-hours> <rounds>
  * (<tag-hours> 0: no retained cuts, no tags.)
@@ -56,13 +60,7 @@ public final class Soak {
     for (int commit = 0; commit < recent + sinceExpiry; commit++) {
       aged.newAppend().set("lakeslot.lsn", String.valueOf(++pass)).commit();
     }
-    long oldest = Long.MAX_VALUE;  // the window's first commit: expiry keeps it and later ones
-    int back = 0;
-    for (Snapshot s = aged.currentSnapshot(); s != null && back < recent + sinceExpiry; back++) {
-      oldest = s.timestampMillis();
-      s = s.parentId() == null ? null : aged.snapshot(s.parentId());
-    }
-    aged.expireSnapshots().expireOlderThan(oldest).commit();  // (the snapshot the table was created with)
+    aged.expireSnapshots().expireOlderThan(windowStart(aged, recent + sinceExpiry)).commit();  // (the table's first)
     CommitFloor agedFloor = new CommitFloor(aged);
     Table fresh = catalog.createTable(freshId, CommitFloor.SCHEMA, PartitionSpec.unpartitioned(), props);
     CommitFloor freshFloor = new CommitFloor(fresh);
@@ -75,13 +73,33 @@ public final class Soak {
         .current().metadataFileLocation();
     long bytes = aged.io().newInputFile(location).getLength();
     System.out.println("aged " + snapshots + " " + aged.refs().size() + " " + bytes);
-    for (int round = 0; round < 2 * rounds; round++) {
-      long[] fresh2 = timed(freshFloor, catalog, freshId);
-      long[] aged2 = timed(agedFloor, catalog, agedId);
-      if (round >= rounds) {
+    int window = recent + sinceExpiry;
+    for (int round = 0; round < WARMUP + rounds; round++) {
+      long[] fresh2, aged2;
+      if (round % 2 == 0) {
+        fresh2 = timed(freshFloor, catalog, freshId);
+        aged2 = timed(agedFloor, catalog, agedId);
+      } else {
+        aged2 = timed(agedFloor, catalog, agedId);
+        fresh2 = timed(freshFloor, catalog, freshId);
+      }
+      fresh.expireSnapshots().expireOlderThan(windowStart(fresh, 1)).commit();
+      aged.expireSnapshots().expireOlderThan(windowStart(aged, window + 1)).commit();  // (+ its data's)
+      if (round >= WARMUP) {
         System.out.println("round " + fresh2[0] + " " + fresh2[1] + " " + aged2[0] + " " + aged2[1]);
       }
     }
+  }
+
+  private static final int WARMUP = 60;
+
+  /** When the oldest of the last `window` commits on main was made (expiry keeps it and later). */
+  private static long windowStart(Table table, int window) {
+    Snapshot s = table.currentSnapshot();
+    for (int back = 1; back < window && s.parentId() != null; back++) {
+      s = table.snapshot(s.parentId());
+    }
+    return s.timestampMillis();
   }
 
   /** One row delta: its commit's time, and the time until a fresh reader sees it. */
