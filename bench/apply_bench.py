@@ -53,7 +53,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import common, latency_proxy
-from bench.many_tables import RestReader, visible_lsn
 from lakeslot import cadence, workloads
 from lakeslot.apply import job as apply_job
 from lakeslot.mirror import progress as mirror_progress
@@ -116,16 +115,17 @@ def main() -> None:
         staging = staging if net is None else net.staging
         ingestion = common.ingestion(cluster, staging, warehouse, snapshot={"mode": "never"},
                                      **network_spec)
-        rest = None if net is None else RestReader(net.store.rest_uri, net.store.access_key,
-                                                   net.store.secret_key)
+        answered: list[tuple[float, str, int]] = []  # on object storage: the commits answered
 
         def visible() -> int | None:
             """The mirror's ``lakeslot.lsn``: through lakeslot's progress reader on local disk,
-            from the REST catalog's own answer on object storage (not through the proxy)."""
-            if rest is None:
+            on object storage from the REST catalog's answers to the commits (as
+            :mod:`bench.many_tables` sees them, without loading the table in a loop)."""
+            if net is None:
                 return mirror_progress.read(ingestion, [TABLE])[TABLE].lsn
-            loaded = rest.load("public__bench")
-            return None if loaded is None else visible_lsn(loaded[1])
+            answered.extend(net.rest.commits_since(len(answered)))
+            return max((lsn for _, table, lsn in answered if table.endswith(".public__bench")),
+                       default=None)
         os.environ[workloads.PASSWORD_ENV] = cluster.password
         env = {**os.environ, "LAKESLOT_SOURCE_PASSWORD": cluster.password}
         with open(work / "reader.log", "wb") as reader_log:  # the reader keeps its own descriptor

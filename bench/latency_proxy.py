@@ -23,7 +23,11 @@ Guarantees:
 - :class:`ProxyProcess` runs one in a process of its own (what the benchmarks use).
 - While :attr:`LatencyProxy.recording` is set, each request is appended to
   :attr:`LatencyProxy.requests` as a :class:`Request` (monotonic start and end, method, path,
-  status, and whether it is an apply commit: :func:`apply_commit_table`).
+  status, and the position of an apply commit: :func:`apply_commit`).
+- Every apply commit the catalog accepted, recording or not, is appended to
+  :attr:`LatencyProxy.commits` when its answer was sent (monotonic time, table, position): from
+  then on, any reader loading the table sees it — how the benchmarks observe visibility on a REST
+  catalog without loading every table in a loop (:class:`ProxyProcess.commits_since`).
 
 Failure modes: the upstream unreachable answers 502 (the client sees a network error of its
 own kind and retries as it would); a client that disconnects is dropped silently.
@@ -63,11 +67,16 @@ class Request:
     method: str
     path: str  # unquoted, without the query
     status: int
-    commit: bool  # an apply commit (a POST to a table adding a snapshot with lakeslot.lsn)
+    lsn: int | None  # an apply commit's position (a POST to a table adding a snapshot with it)
+
+    @property
+    def commit(self) -> bool:
+        return self.lsn is not None
 
 
-def apply_commit_table(method: str, path: str, body: bytes) -> str | None:
-    """The table an apply commit to a REST catalog goes to (``namespace.table``), else None."""
+def apply_commit(method: str, path: str, body: bytes) -> tuple[str, int] | None:
+    """The table an apply commit to a REST catalog goes to (``namespace.table``) and the
+    position (``lakeslot.lsn``) of the snapshot it adds, else None."""
     match = TABLE_PATH.match(urlsplit(path).path)
     if method != "POST" or match is None or not body:
         return None
@@ -75,9 +84,11 @@ def apply_commit_table(method: str, path: str, body: bytes) -> str | None:
         updates = json.loads(body).get("updates", [])
     except ValueError:
         return None
-    if any(u.get("action") == "add-snapshot"
-           and LSN_PROPERTY in (u.get("snapshot", {}).get("summary") or {}) for u in updates):
-        return f"{match['namespace']}.{match['table']}"
+    for u in updates:
+        added = u.get("snapshot", {}) if u.get("action") == "add-snapshot" else {}
+        summary = added.get("summary") or {}
+        if LSN_PROPERTY in summary:
+            return f"{match['namespace']}.{match['table']}", int(summary[LSN_PROPERTY])
     return None
 
 
@@ -133,6 +144,7 @@ class LatencyProxy:
         self.rewrite = [(old.encode(), new.encode()) for old, new in (rewrite or {}).items()]
         self.recording = threading.Event()
         self.requests: list[Request] = []
+        self.commits: list[tuple[float, str, int]] = []  # (answered, table, lsn): see above
         self._lock = threading.Lock()
         self._server = Server(("127.0.0.1", 0), self._handler())
         threading.Thread(target=self._server.serve_forever, name="latency-proxy",
@@ -152,10 +164,12 @@ class LatencyProxy:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _record(self, request: Request) -> None:
-        if self.recording.is_set():
-            with self._lock:
+    def _record(self, request: Request, table: str | None) -> None:
+        with self._lock:
+            if self.recording.is_set():
                 self.requests.append(request)
+            if table is not None and request.lsn is not None and request.status == 200:
+                self.commits.append((request.end, table, request.lsn))
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         proxy = self
@@ -190,7 +204,7 @@ class LatencyProxy:
             def _forward(self) -> None:
                 started = time.monotonic()
                 body = read_body(self)
-                commit = apply_commit_table(self.command, self.path, body) is not None
+                table, lsn = apply_commit(self.command, self.path, body) or (None, None)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
                 headers["Content-Length"] = str(len(body))
                 if proxy.rewrite:  # (answers to rewrite must come uncompressed)
@@ -217,7 +231,7 @@ class LatencyProxy:
                     status, reason, answer, answer_headers, length = 502, "Bad Gateway", b"", [], None
                 send_answer(self, status, reason, answer_headers, answer, length)
                 proxy._record(Request(started, time.monotonic(), self.command,
-                                      unquote(urlsplit(self.path).path), status, commit))
+                                      unquote(urlsplit(self.path).path), status, lsn), table)
 
             def finish(self) -> None:
                 super().finish()
@@ -234,7 +248,7 @@ class ProxyProcess:
     proxies forward thousands of requests a pass, and in the measured process they would take
     its interpreter's lock from the driver they measure — a cost no real network has. The same
     ``uri``, ``delay_s``, ``recording`` (an event shared with the process) and ``requests`` (a
-    copy, asked of the process)."""
+    copy, asked of the process); :meth:`commits_since` for the commits (any thread)."""
 
     def __init__(self, upstream: str, delay_s: float, rewrite: dict[str, str] | None = None
                  ) -> None:
@@ -242,6 +256,7 @@ class ProxyProcess:
         self.delay_s = delay_s
         self.recording = context.Event()
         self._conn, theirs = context.Pipe()
+        self._asking = threading.Lock()  # one question on the pipe at a time
         self._process = context.Process(target=_serve, name="latency-proxy", daemon=True,
                                          args=(upstream, delay_s, rewrite, self.recording, theirs))
         self._process.start()
@@ -249,12 +264,20 @@ class ProxyProcess:
 
     @property
     def requests(self) -> list[Request]:
-        self._conn.send("requests")
-        return self._conn.recv()
+        with self._asking:
+            self._conn.send("requests")
+            return self._conn.recv()
+
+    def commits_since(self, index: int) -> list[tuple[float, str, int]]:
+        """:attr:`LatencyProxy.commits` from ``index`` on."""
+        with self._asking:
+            self._conn.send(index)
+            return self._conn.recv()
 
     def close(self) -> None:
         if self._process.is_alive():
-            self._conn.send("close")
+            with self._asking:
+                self._conn.send("close")
             self._process.join(10)
         self._process.kill()
 
@@ -270,9 +293,9 @@ def _serve(upstream: str, delay_s: float, rewrite: dict[str, str] | None, record
     with LatencyProxy(upstream, delay_s, rewrite) as proxy:
         proxy.recording = recording
         conn.send(proxy.uri)
-        while conn.recv() == "requests":
+        while (asked := conn.recv()) != "close":
             with proxy._lock:
-                conn.send(list(proxy.requests))
+                conn.send(list(proxy.requests) if asked == "requests" else proxy.commits[asked:])
 
 
 def _address(uri: str) -> tuple[str, int]:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlsplit
 
-from bench.latency_proxy import Server, apply_commit_table, read_body, send_answer
+from bench.latency_proxy import Server, apply_commit, read_body, send_answer
 
 HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade",
               "proxy-authorization", "proxy-authenticate", "host", "content-length"}
@@ -93,7 +93,7 @@ class CommitProxy:
 
             def _forward(self) -> None:
                 body = read_body(self)
-                table = apply_commit_table(self.command, self.path, body)
+                table, _ = apply_commit(self.command, self.path, body) or (None, None)
                 if table is not None and (action := proxy._take()) is not None:
                     try:
                         action(table)
