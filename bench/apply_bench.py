@@ -115,17 +115,17 @@ def main() -> None:
         staging = staging if net is None else net.staging
         ingestion = common.ingestion(cluster, staging, warehouse, snapshot={"mode": "never"},
                                      **network_spec)
-        answered: list[tuple[float, str, int]] = []  # on object storage: the commits answered
+        answered = None if net is None else net.rest.follow()  # on object storage
+        positions: list[int] = []  # ... the mirror's, as the catalog answered its commits
 
         def visible() -> int | None:
             """The mirror's ``lakeslot.lsn``: through lakeslot's progress reader on local disk,
             on object storage from the REST catalog's answers to the commits (as
             :mod:`bench.many_tables` sees them, without loading the table in a loop)."""
-            if net is None:
+            if answered is None:
                 return mirror_progress.read(ingestion, [TABLE])[TABLE].lsn
-            answered.extend(net.rest.commits_since(len(answered)))
-            return max((lsn for _, table, lsn in answered if table.endswith(".public__bench")),
-                       default=None)
+            positions.extend(lsn for _, table, lsn in answered() if table.endswith(".public__bench"))
+            return max(positions, default=None)
         os.environ[workloads.PASSWORD_ENV] = cluster.password
         env = {**os.environ, "LAKESLOT_SOURCE_PASSWORD": cluster.password}
         with open(work / "reader.log", "wb") as reader_log:  # the reader keeps its own descriptor

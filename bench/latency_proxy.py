@@ -27,7 +27,7 @@ Guarantees:
 - Every apply commit the catalog accepted, recording or not, is appended to
   :attr:`LatencyProxy.commits` when its answer was sent (monotonic time, table, position): from
   then on, any reader loading the table sees it — how the benchmarks observe visibility on a REST
-  catalog without loading every table in a loop (:class:`ProxyProcess.commits_since`).
+  catalog without loading every table in a loop (:meth:`ProxyProcess.follow`).
 
 Failure modes: the upstream unreachable answers 502 (the client sees a network error of its
 own kind and retries as it would); a client that disconnects is dropped silently.
@@ -248,7 +248,7 @@ class ProxyProcess:
     proxies forward thousands of requests a pass, and in the measured process they would take
     its interpreter's lock from the driver they measure — a cost no real network has. The same
     ``uri``, ``delay_s``, ``recording`` (an event shared with the process) and ``requests`` (a
-    copy, asked of the process); :meth:`commits_since` for the commits (any thread)."""
+    copy, asked of the process); :meth:`follow` for the commits."""
 
     def __init__(self, upstream: str, delay_s: float, rewrite: dict[str, str] | None = None
                  ) -> None:
@@ -268,11 +268,20 @@ class ProxyProcess:
             self._conn.send("requests")
             return self._conn.recv()
 
-    def commits_since(self, index: int) -> list[tuple[float, str, int]]:
-        """:attr:`LatencyProxy.commits` from ``index`` on."""
-        with self._asking:
-            self._conn.send(index)
-            return self._conn.recv()
+    def follow(self) -> Callable[[], list[tuple[float, str, int]]]:
+        """A reader of :attr:`LatencyProxy.commits`: each call returns those answered since its
+        previous call (any thread: calls take turns, so none is returned twice or skipped)."""
+        done, turn = 0, threading.Lock()
+
+        def new() -> list[tuple[float, str, int]]:
+            nonlocal done
+            with turn, self._asking:
+                self._conn.send(done)
+                answered: list[tuple[float, str, int]] = self._conn.recv()
+                done += len(answered)
+                return answered
+
+        return new
 
     def close(self) -> None:
         if self._process.is_alive():

@@ -154,12 +154,12 @@ def writer(dsn: str, tables: int, rows: int, skew: str, rate: float, seconds: fl
 class Observer:
     """Each table's ``lakeslot.lsn`` as its metadata shows it, with when it was first seen:
     ``warehouse`` a hadoop catalog's (``file://``), or a REST catalog's commits as its proxy saw
-    them (``commits``: :meth:`bench.latency_proxy.ProxyProcess.commits_since`); last, the cuts
+    them (``commits``: :meth:`bench.latency_proxy.ProxyProcess.follow`); last, the cuts
     record's (``record``: its name; its ``lakeslot.lsn`` is the latest cut)."""
 
     warehouse: str
     tables: list[TableName]
-    commits: Callable[[int], list[tuple[float, str, int]]] | None = None
+    commits: Callable[[], list[tuple[float, str, int]]] | None = None
     record: str | None = None
     seen: list[list[tuple[float, int]]] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
@@ -198,14 +198,11 @@ class Observer:
                 list(pool.map(self.read, order))
                 time.sleep(OBSERVER_PAUSE_S)
 
-    def _follow(self, commits: Callable[[int], list[tuple[float, str, int]]]) -> None:
+    def _follow(self, commits: Callable[[], list[tuple[float, str, int]]]) -> None:
         """The commits' answers as they come (their monotonic times made wall-clock times)."""
         index, wall = {name: t for t, name in enumerate(self.names)}, time.time() - time.monotonic()
-        done = 0
         while not self.stopping.is_set():
-            new = commits(done)
-            done += len(new)
-            for answered, table, lsn in new:
+            for answered, table, lsn in commits():
                 if (t := index.get(table.split(".", 1)[-1])) is not None:
                     self._saw(t, answered + wall, lsn)
             time.sleep(OBSERVER_PAUSE_S)
@@ -227,7 +224,7 @@ def visible_lsn(metadata: dict) -> int | None:
 
 
 def observe(warehouse: str, tables: list[TableName], conn,
-            commits: Callable[[int], list[tuple[float, str, int]]] | None = None,
+            commits: Callable[[], list[tuple[float, str, int]]] | None = None,
             record: str | None = None) -> None:
     """The observer: in its own process reading a hadoop catalog (its reads took the apply
     job's interpreter lock when it ran in a thread of the run's process), in a thread following a
@@ -360,7 +357,7 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
         multiprocessing.get_context("spawn").Process(
             target=observe, args=(warehouse, names, theirs, None, record), daemon=True) \
         if net is None else threading.Thread(
-            target=observe, args=(warehouse, names, theirs, net.rest.commits_since, record),
+            target=observe, args=(warehouse, names, theirs, net.rest.follow(), record),
             daemon=True)
     watcher.start()
     snapshot_s = _expect(mine, "snapshotted") - started  # every mirror has its snapshot

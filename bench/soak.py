@@ -64,7 +64,7 @@ class Soak:
     snapshots: int  # the aged table's snapshots after ageing
     refs: int  # ... its refs (main and the retained cuts' tags)
     metadata_bytes: int  # ... its metadata file
-    rounds: tuple[tuple[float, float, float, float], ...]  # fresh commit, visible, aged commit, visible
+    rounds: tuple[tuple[float, ...], ...]  # each: fresh commit, visible, aged commit, visible
 
     def median(self, what: int, rounds: slice = slice(None)) -> float:
         return statistics.median(r[what] for r in self.rounds[rounds])
@@ -82,9 +82,8 @@ def measure(hours: int, recent: int, since_expiry: int, tag_hours: float, rounds
         (Path(work) / "warehouse").as_uri(), str(hours), str(recent), str(since_expiry),
         str(tag_hours), str(rounds)])
     aged = next(line.split()[1:] for line in out.splitlines() if line.startswith("aged "))
-    timed = tuple((fc, fv, ac, av) for fc, fv, ac, av in (
-        [int(v) / 1e9 for v in line.split()[1:]] for line in out.splitlines()
-        if line.startswith("round ")))
+    timed = tuple(tuple(int(v) / 1e9 for v in line.split()[1:]) for line in out.splitlines()
+                  if line.startswith("round "))
     return Soak(hours, int(aged[0]), int(aged[1]), int(aged[2]), timed)
 
 

@@ -57,10 +57,11 @@ public final class Soak {
       aged.manageSnapshots().createTag(tag, aged.currentSnapshot().snapshotId())
           .setMaxRefAgeMs(tag, (long) (tagHours * 3600 * 1000)).commit();
     }
-    for (int commit = 0; commit < recent + sinceExpiry; commit++) {
+    int window = recent + sinceExpiry;
+    for (int commit = 0; commit < window; commit++) {
       aged.newAppend().set("lakeslot.lsn", String.valueOf(++pass)).commit();
     }
-    aged.expireSnapshots().expireOlderThan(windowStart(aged, recent + sinceExpiry)).commit();  // (the table's first)
+    aged.expireSnapshots().expireOlderThan(windowStart(aged, window)).commit();  // (the table's first)
     CommitFloor agedFloor = new CommitFloor(aged);
     Table fresh = catalog.createTable(freshId, CommitFloor.SCHEMA, PartitionSpec.unpartitioned(), props);
     CommitFloor freshFloor = new CommitFloor(fresh);
@@ -73,7 +74,6 @@ public final class Soak {
         .current().metadataFileLocation();
     long bytes = aged.io().newInputFile(location).getLength();
     System.out.println("aged " + snapshots + " " + aged.refs().size() + " " + bytes);
-    int window = recent + sinceExpiry;
     for (int round = 0; round < WARMUP + rounds; round++) {
       long[] fresh2, aged2;
       if (round % 2 == 0) {
