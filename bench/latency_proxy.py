@@ -263,6 +263,10 @@ class ProxyProcess:
         self.uri: str = self._conn.recv()
 
     @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
     def requests(self) -> list[Request]:
         with self._asking:
             self._conn.send("requests")

@@ -80,7 +80,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from bench import commit_floor, common, latency_proxy
+from bench import commit_floor, common, cpu_use, latency_proxy
 from lakeslot import workloads
 from lakeslot.api.models import GROUP, VERSION, ApplySpec
 from lakeslot.api.naming import IngestionNames, TableName
@@ -261,7 +261,9 @@ class Round:
     touched: int  # tables that had changes applied (the apply job's totals)
     passes: int
     equal: bool
+    cpu: cpu_use.Summary | None  # the machine's CPU during the writes, per process group
     network: Trips | None = None  # on object storage: the requests of the writes' passes
+    cpu_committing: cpu_use.Summary | None = None  # ... while table commits were in flight
 
 
 @dataclass(frozen=True)
@@ -369,12 +371,16 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
         net.s3.recording.set()
         net.rest.recording.set()
     process.start()
+    proxies = frozenset() if net is None else frozenset({net.s3.pid, net.rest.pid})
+    cpu = contextlib.ExitStack()
+    sampler = cpu.enter_context(cpu_use.CpuUse(_CpuGroups(os.getpid(), process.pid, proxies)))
     marks: list[dict] = []  # the apply job's totals when the last third of the writes begins
     mark = threading.Timer(args.seconds * 2 / 3, lambda: marks.append(_totals(staging)))
     mark.start()
     records = receive.recv()
     process.join()
     writer_done = time.time()
+    cpu.close()
     mark.join()
     marks.append(_totals(staging))  # ... and when they end
     wanted = [0] * len(names)
@@ -406,8 +412,9 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
         if committed - records[0][2] <= EARLY_S:
             early.append(visible - committed)
     duration = records[-1][2] - records[0][2]
-    trips = None
+    trips, committing = None, None
     if net is not None:
+        committing = sampler.summary((r.start, r.end) for r in net.rest.requests if r.commit)
         _save_requests(net, Path(staging_dir := tempfile.mkdtemp(prefix="many-tables-requests-")))
         print(f"  (the proxies' requests: {staging_dir}/{{s3,rest}}.jsonl)")
         trips = Trips(net.s3.delay_s, slots.threads(args.table_parallelism
@@ -419,7 +426,32 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
                       latency_proxy.reads(net.s3.requests, f"/{objectstore.STAGING_BUCKET}/"))
     return Round(len(names), rows, snapshot_s, latencies, early, in_cut, len(records) / duration,
                  drained,
-                 wall, last, steps, touched, passes, equal, trips)
+                 wall, last, steps, touched, passes, equal, sampler.summary(), trips, committing)
+
+
+@dataclass(frozen=True)
+class _CpuGroups:
+    """The process groups of :class:`bench.cpu_use.CpuUse`: what a production deployment runs
+    elsewhere (the catalog and S3, the proxies standing for the network, PostgreSQL, the
+    application writing) apart from lakeslot (``root``, this process, which runs ``lakeslot
+    run``, and its children: the Spark JVM and its Python workers, the reader)."""
+
+    root: int
+    writer: int | None
+    proxies: frozenset[int | None] = frozenset()
+
+    def __call__(self, pid: int, comm: str, ancestors: list[int]) -> str | None:
+        if pid in self.proxies:
+            return "the proxies"
+        if comm == "weed":
+            return "the catalog and S3 (weed)"
+        if comm.startswith("postgres"):
+            return "PostgreSQL"
+        if pid == self.writer:
+            return "the writer"
+        if pid == self.root or self.root in ancestors:
+            return "lakeslot run (Spark, the reader)"
+        return None
 
 
 def _save_requests(net: common.Network, directory: Path) -> None:
@@ -499,6 +531,10 @@ def report(label: str, r: Round) -> None:
     print(f"  a pass of the last third of the writes: {r.pass_last_s:.3f} s on average")
     print(f"  drained {r.drained_s:.1f} s after the writer stopped; every mirror equal to its "
           f"source (pyiceberg, every column of every row): {r.equal}")
+    if r.cpu is not None:
+        print(f"  the machine during the writes: {r.cpu.text()}")
+    if r.cpu_committing is not None:
+        print(f"  ... while table commits were in flight: {r.cpu_committing.text()}")
     if r.network is not None:
         report_network(r, r.network)
 
