@@ -23,6 +23,7 @@ sources, and neither the password nor the S3 secret key shows in any output.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -41,7 +42,7 @@ from pyiceberg.exceptions import ForbiddenError
 
 from bench.latency_proxy import LatencyProxy
 from lakeslot import cli, lsn_text, workloads
-from lakeslot.api.models import CatalogSpec
+from lakeslot.api.models import CatalogSpec, MaintenanceSpec
 from lakeslot.api.naming import TableName
 from lakeslot.apply import job as apply_job
 from lakeslot.apply import spread
@@ -53,6 +54,7 @@ from lakeslot.mirror import catalogs, cuts
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.contract import LSN_PROPERTY
 from lakeslot.spark import row_delta
+from lakeslot.spark.maintenance import Maintainer
 from lakeslot.spark.tables import Tables
 from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import TEMP_PREFIX, Staging
@@ -587,6 +589,20 @@ def test_segments_on_s3_are_sealed_whole_without_a_rename_and_retention_deletes_
 
 
 @pytest.mark.slow
+@contextlib.contextmanager
+def _behind_proxies(spark, store, name: str, delay_s: float):
+    """Spark's catalog ``name``: ``store``'s REST catalog and S3, each behind a
+    :class:`LatencyProxy` adding ``delay_s`` (the catalog's answers name the S3 proxy as the
+    tables' endpoint). Yields the proxies (S3's, the catalog's)."""
+    with LatencyProxy(store.s3_endpoint, delay_s) as s3, \
+            LatencyProxy(store.rest_uri, delay_s, {store.s3_endpoint: s3.uri}) as rest:
+        document = store.catalog_document()
+        define_catalog(spark, {**document, "name": name, "uri": rest.uri,
+                               "properties": {**document["properties"], "s3.endpoint": s3.uri}},
+                       store.catalog_secrets())
+        yield s3, rest
+
+
 def test_a_row_delta_on_object_storage_asks_only_what_its_commit_needs(rest_spark, object_store):
     """The driver's row delta against the REST catalog and S3, every request counted by proxies
     in front of both (the catalog's answers name the S3 proxy as the tables' endpoint): once the
@@ -604,12 +620,7 @@ def test_a_row_delta_on_object_storage_asks_only_what_its_commit_needs(rest_spar
     schema = pa.schema([pa.field("id", pa.int64(), False, {fid: b"1"}),
                         pa.field("v", pa.string(), True, {fid: b"2"}),
                         pa.field("_lakeslot_lsn", pa.int64(), True, {fid: b"3"})])
-    with LatencyProxy(store.s3_endpoint, 0) as s3, \
-            LatencyProxy(store.rest_uri, 0, {store.s3_endpoint: s3.uri}) as rest:
-        document = store.catalog_document()
-        document = {**document, "name": "counted", "uri": rest.uri,
-                    "properties": {**document["properties"], "s3.endpoint": s3.uri}}
-        define_catalog(rest_spark, document, store.catalog_secrets())
+    with _behind_proxies(rest_spark, store, "counted", 0) as (s3, rest):
         rest_spark.sql(f"CREATE NAMESPACE IF NOT EXISTS counted.{namespace}")
         rest_spark.sql(f"CREATE TABLE counted.{namespace}.{name} (id bigint NOT NULL, v string, "
                        "_lakeslot_lsn bigint) USING iceberg TBLPROPERTIES ('format-version'='2')")
@@ -673,3 +684,71 @@ def test_many_mirrors_loaded_at_once_through_the_rest_catalog_reuse_their_connec
     assert loaded == [None] * len(idents)
     assert catalogs.LOAD_WORKERS > 10
     assert [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()] == []
+
+
+def _most_at_once(requests) -> int:
+    """The most of ``requests`` in flight at one moment."""
+    edges = sorted([(r.start, 1) for r in requests] + [(r.end, -1) for r in requests])
+    most = now = 0
+    for _, step in edges:
+        now += step
+        most = max(most, now)
+    return most
+
+
+def test_a_small_table_compacted_on_the_driver_on_object_storage_reads_its_files_at_once(
+        rest_spark, object_store):
+    """A small mirror's compaction on the driver against the REST catalog and S3, behind proxies
+    adding 50 ms to every request: after eight merge-on-read commits (a data file each, their
+    deletes, their manifests) its manifests are read several at a time, as are its data files
+    (with their delete files), not one after the other; its commit and the manifests' rewrite
+    after it are a request to the catalog each, with no load of the table before or between.
+    Read back through the catalog by pyiceberg: the same rows, in one data file, no delete file
+    left."""
+    store = object_store
+    namespace, name = f"compacted_{uuid.uuid4().hex[:8]}", "t"
+    with _behind_proxies(rest_spark, store, "compacting", 0.05) as (s3, rest):
+        table = f"compacting.{namespace}.{name}"
+        rest_spark.sql(f"CREATE NAMESPACE IF NOT EXISTS compacting.{namespace}")
+        rest_spark.sql(f"CREATE TABLE {table} (id bigint NOT NULL, v string) USING iceberg "
+                       "TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read', "
+                       "'write.update.mode'='merge-on-read')")
+        rest_spark.sql(f"INSERT INTO {table} SELECT id, CAST(id AS string) FROM range(0, 200, 1, 1)")
+        for n in range(7):
+            rest_spark.sql(f"UPDATE {table} SET v = 'u{n}' WHERE id % 7 = {n}")
+        spec = CatalogSpec.model_validate(store.catalog_document())
+
+        def read_back():
+            mirror = catalogs.load_table(spec, (namespace, name), store.catalog_secrets())
+            assert mirror is not None
+            return mirror, sorted(mirror.scan().to_arrow().to_pylist(), key=lambda r: r["id"])
+
+        mirror, before = read_back()
+        assert int(mirror.current_snapshot().summary["total-data-files"]) >= 8
+        assert int(mirror.current_snapshot().summary["total-delete-files"]) >= 1
+        java_table = Tables(rest_spark, "compacting", namespace).iceberg_table(name)
+        for proxy in (s3, rest):
+            proxy.requests.clear()
+            proxy.recording.set()
+        outcome = Maintainer(rest_spark, MaintenanceSpec(), row_delta.Positions()).maintain(
+            java_table, name, idle=True)
+        for proxy in (s3, rest):
+            proxy.recording.clear()
+        assert outcome is not None and "on the driver" in outcome, outcome
+        gets = [r for r in s3.requests if r.method == "GET"]
+        manifests = [r for r in gets if r.path.endswith(".avro") and "/snap-" not in r.path]
+        data = [r for r in gets if r.path.endswith(".parquet")]
+        assert len(manifests) >= 8 and _most_at_once(manifests) >= 4, s3.requests
+        assert len(data) >= 8 and _most_at_once(data) >= 4, s3.requests
+        to_table = [(r.method, r.status) for r in rest.requests
+                    if r.path.endswith(f"/tables/{name}")]
+        # its commit, then the manifests' rewrite: no load before or between them; the one load
+        # is the maintenance record's property update, last
+        assert to_table[:2] == [("POST", 200)] * 2 and to_table[2:] == [("GET", 200), ("POST", 200)], \
+            rest.requests
+        assert "manifests rewritten" in outcome, outcome
+        mirror, after = read_back()
+        assert after == before  # every column of every row
+        summary = mirror.current_snapshot().summary
+        assert (summary["total-data-files"], summary["total-delete-files"]) == ("1", "0")
+        rest_spark.sql(f"DROP TABLE {table} PURGE")

@@ -35,6 +35,7 @@ interrupted: a compaction started near the end of the budget finishes.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import logging
 import math
@@ -55,7 +56,7 @@ from lakeslot.mirror.contract import (
 from lakeslot.mirror.maintenance_policy import MANIFESTS_PER_SNAPSHOT, Health, Record, due
 from lakeslot.spark import driver_compaction, row_delta
 from lakeslot.spark.helpers import MANIFESTS, loaded
-from lakeslot.spark.session import each, error_summary, execute, iceberg_actions
+from lakeslot.spark.session import each, error_summary, execute, iceberg_actions, on_threads
 from lakeslot.spark.tables import position_of, python_dict
 
 log = logging.getLogger(__name__)
@@ -64,6 +65,9 @@ log = logging.getLogger(__name__)
 # object stores (hadoop-aws), and without usePrefixListing Iceberg failed with 'No FileSystem for
 # scheme "s3"' (seen with S3FileIO on SeaweedFS).
 HADOOP_LISTED = ("file:", "/", "hdfs:")
+# a driver compaction's data files (each with its delete files) on object storage read at once,
+# at most
+COMPACTION_READS = 8
 
 
 @dataclass(frozen=True)
@@ -149,7 +153,9 @@ class Maintainer:
             try:
                 done = driver_compaction.compact(
                     self._jvm, table, self._positions, _summary(lsn, "compaction"),
-                    self._session_codec, look.health.bytes, look.target_file_bytes)
+                    self._session_codec, look.health.bytes, look.target_file_bytes,
+                    functools.partial(on_threads, self._spark, COMPACTION_READS,
+                                      name="lakeslot-compaction-read"))
             except row_delta.Unsupported as e:
                 log.debug("%s: compacted by Spark: %s", table.name(), e)
             else:
@@ -164,7 +170,7 @@ class Maintainer:
             removed = result.removedDeleteFilesCount() + self._drop_dangling_deletes(table, lsn)
             text = (f"compacted ({why}): {result.rewrittenDataFilesCount()} data files rewritten "
                     f"into {result.addedDataFilesCount()}, {removed} delete files removed")
-        table.refresh()
+            table.refresh()  # (the driver's commit left ``table`` as it made it: no request)
         manifests = table.currentSnapshot().allManifests(table.io()).size()
         if manifests > MANIFESTS_PER_SNAPSHOT:
             replaced, created = self._rewrite_manifests(table, lsn, left)

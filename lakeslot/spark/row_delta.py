@@ -200,7 +200,7 @@ class _JavaFile(io.RawIOBase):
         super().close()
 
 
-def _local(location: str) -> str | None:
+def local_path(location: str) -> str | None:
     """The path of a location on local disk (``file:/p``, ``file:///p`` or ``/p``), else None."""
     if location.startswith("file://"):
         location = location[len("file://"):]
@@ -212,7 +212,7 @@ def _local(location: str) -> str | None:
 def _open(location: str, files: Callable[[], Any]) -> io.RawIOBase | io.BufferedReader:
     """The file at ``location``, readable: from local disk, else through the Java ``FileIO``
     that ``files`` returns (asked only then: a py4j round trip)."""
-    if (local := _local(location)) is not None:
+    if (local := local_path(location)) is not None:
         return open(local, "rb")
     return _JavaFile(files().newInputFile(location))
 
@@ -296,7 +296,7 @@ class Positions:
         are not known from this job's commits: a table's first commit in a job)."""
         if described.snapshot is None or described.listing is None:
             return Found(None, self._no_rows(keys))
-        remote = _local(described.listing) is None and self._cache.get(described.listing + FILES) is None
+        remote = local_path(described.listing) is None and self._cache.get(described.listing + FILES) is None
         with waiting() if remote else contextlib.nullcontext():
             return self._find(table, described, key, keys)
 
@@ -659,7 +659,7 @@ def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
     for path, (content, referenced) in zip(paths, contents, strict=True):
         encoded = parquet(content, compression)
         ends = footer(encoded)
-        if (local := _local(path)) is not None:  # written here; only its footer crosses py4j
+        if (local := local_path(path)) is not None:  # written here; only its footer crosses py4j
             _write_local(local, encoded)
             sent.append(ends)
         else:  # written by the Java side, all the commit's files at once
@@ -675,7 +675,7 @@ def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
             positions.remember(path, content)
             added.append(_entry(path, DataFileContent.POSITION_DELETES, referenced))
     request = {"from": found.snapshot, "property": LSN_PROPERTY, "value": str(lsn), "files": files}
-    with waiting() if any(_local(p) is None for p in paths) else contextlib.nullcontext():
+    with waiting() if any(local_path(p) is None for p in paths) else contextlib.nullcontext():
         answer = validated(java(jvm, f"{ROW_DELTAS}.commit"), table, json.dumps(request),
                            bytearray(b"".join(sent)))
     positions.committed(found, pa.Table.from_pylist(added, schema=ENTRIES), lsn, answer)
@@ -765,7 +765,7 @@ def write(files: Callable[[], Any], path: str, rows: pa.Table, compression: str)
     through the Java ``FileIO`` that ``files`` returns, with no existence check first); returns
     the file's bytes."""
     data = parquet(rows, compression)
-    if (local := _local(path)) is not None:
+    if (local := local_path(path)) is not None:
         _write_local(local, data)
         return data
     out = files().newOutputFile(path).createOrOverwrite()

@@ -157,8 +157,7 @@ final class CommitOperations implements TableOperations {
     @Override
     public OutputFile newOutputFile(String path) {
       OutputFile file = io.newOutputFile(path);
-      return path.endsWith(".avro") && !path.startsWith("/") && !path.startsWith("file:")
-          ? new Deferred(file) : file;
+      return path.endsWith(".avro") && !RowDeltas.local(path) ? new Deferred(file) : file;
     }
 
     @Override

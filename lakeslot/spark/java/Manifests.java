@@ -11,6 +11,9 @@
  * unpartitioned table only: one group is what a partition-clustered rewrite gives it; the
  * caller rewrites a partitioned table's manifests with Spark's action, which keeps them
  * clustered by partition.
+ *
+ * Round trips: where the table's files are not on local disk its manifests are read several at
+ * a time and the commit goes through CommitOperations, as a compaction's (Compactions.java).
  */
 package lakeslot.iceberg;
 
@@ -24,7 +27,8 @@ import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecut
 import org.apache.iceberg.util.JsonUtil;
 
 public final class Manifests {
-  // (Iceberg waits for its worker pool by polling every 10 ms: manifests are read on this thread)
+  // (Iceberg waits for its worker pool by polling every 10 ms: manifests on local disk are read
+  // on this thread)
   private static final ExecutorService DIRECT = MoreExecutors.newDirectExecutorService();
 
   private Manifests() {}
@@ -37,9 +41,12 @@ public final class Manifests {
    */
   public static String rewrite(Table table, String properties) {
     Preconditions.checkArgument(table.spec().isUnpartitioned(), "%s is partitioned", table.name());
-    RewriteManifests rewrite = table.rewriteManifests().clusterBy(file -> "").scanManifestsWith(DIRECT);
+    boolean remote = !RowDeltas.local(table.location());
+    Table committing = remote ? RowDeltas.known(table) : table;
+    RewriteManifests rewrite = committing.rewriteManifests().clusterBy(file -> "")
+        .scanManifestsWith(remote ? RowDeltas.WRITERS : DIRECT);
     RowDeltas.summarized(rewrite, JsonUtil.parse(properties, node -> node)).commit();
-    Snapshot current = table.currentSnapshot();
+    Snapshot current = table.currentSnapshot();  // (CommitOperations holds the table's own)
     Map<String, String> summary = current.summary();
     return JsonUtil.generate(
         gen -> {

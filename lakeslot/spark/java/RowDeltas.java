@@ -62,8 +62,9 @@ public final class RowDeltas {
   // calling thread instead
   private static final ExecutorService DIRECT = MoreExecutors.newDirectExecutorService();
   // a commit's files are written at once, each on a thread of its own (daemons: idle ones end;
-  // the metadata files' uploads too: CommitOperations)
-  private static final ExecutorService WRITERS =
+  // the metadata files' uploads too: CommitOperations; a remote compaction's manifest reads:
+  // Compactions)
+  static final ExecutorService WRITERS =
       Executors.newCachedThreadPool(
           task -> {
             Thread thread = new Thread(task, "lakeslot-row-delta-writer");
@@ -223,6 +224,11 @@ public final class RowDeltas {
     }
     return new BaseTable(new CommitOperations(((HasTableOperations) table).operations(), WRITERS), table.name(),
         table instanceof BaseTable ? ((BaseTable) table).reporter() : LoggingMetricsReporter.instance());
+  }
+
+  /** Whether {@code location} is on local disk (a path, or a file: URI). */
+  static boolean local(String location) {
+    return location.startsWith("/") || location.startsWith("file:");
   }
 
   /** The data file of {@code table} at {@code path}, Parquet, its metrics from its footer. */
