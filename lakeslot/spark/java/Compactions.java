@@ -82,8 +82,8 @@ public final class Compactions {
       deleteFiles.add(listed(manifests, () -> ManifestFiles.readDeleteManifest(manifest, io, table.specs())));
     }
     int data = 0;
-    for (Future<List<DataFile>> listed : dataFiles) {
-      for (DataFile file : done(listed)) {
+    for (Future<List<DataFile>> reading : dataFiles) {
+      for (DataFile file : done(reading)) {
         ValidationException.check(read.remove(file.location()), "data file %s was not read", file.location());
         rewrite = rewrite.deleteFile(file);
         data++;
@@ -91,8 +91,8 @@ public final class Compactions {
     }
     ValidationException.check(read.isEmpty(), "data files %s are not in snapshot %s", read, from);
     int deletes = 0;
-    for (Future<List<DeleteFile>> listed : deleteFiles) {
-      for (DeleteFile file : done(listed)) {
+    for (Future<List<DeleteFile>> reading : deleteFiles) {
+      for (DeleteFile file : done(reading)) {
         ValidationException.check(file.content() == FileContent.POSITION_DELETES,
             "%s holds %s", file.location(), file.content());
         rewrite = rewrite.deleteFile(file);
