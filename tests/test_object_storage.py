@@ -609,7 +609,9 @@ def test_a_row_delta_on_object_storage_asks_only_what_its_commit_needs(rest_spar
     table is loaded (a pass's one request) and has a commit of this job behind it, a commit is
     five PUTs — its two files, its two manifests, its manifest list: no existence check, no
     read of the parent's manifest list, none of the new one after the commit — and one commit to
-    the catalog, no reload before or after it. A commit that starts from a table another writer
+    the catalog, no reload before or after it; finding the rows of its keys reads nothing, and
+    on the table's first commit one request for each file it reads, but for the manifest list's
+    size and the data file's. A commit that starts from a table another writer
     committed to since it was loaded is refused by the catalog (409), reloads, and lands on top
     of the other commit. Read back through the catalog by pyiceberg, the table equals the model
     of every change."""
@@ -633,8 +635,20 @@ def test_a_row_delta_on_object_storage_asks_only_what_its_commit_needs(rest_spar
         for lsn in range(2, 6):
             table = tables.iceberg_table(name)  # (a pass's load)
             keys = [lsn, 50 + lsn]
+            s3.requests.clear()
+            s3.recording.set()
             found = positions.find(table, row_delta.describe(jvm, table), key,
                                    pa.table({"1": pa.array(keys, pa.int64())}))
+            s3.recording.clear()
+            if lsn == 2:  # the table's first: its manifest list (its size first, which nothing
+                # gives), then its manifest and its data file, each whole in one read — the
+                # manifest's length is in the list; the data file's is asked, not its parts
+                kinds = [(r.method, "list" if "/snap-" in r.path else r.path.rsplit(".", 1)[-1])
+                         for r in s3.requests]
+                assert kinds == [("HEAD", "list"), ("GET", "list"), ("GET", "avro"),
+                                 ("HEAD", "parquet"), ("GET", "parquet")], s3.requests
+            else:  # (known from this job's commit: nothing read)
+                assert s3.requests == [], s3.requests
             rows = pa.table([pa.array(keys, pa.int64()), pa.array([f"v{lsn}-{k}" for k in keys]),
                              pa.array([lsn] * 2, pa.int64())], schema=schema)
             advanced = None

@@ -114,6 +114,9 @@ DELETES = pa.schema([pa.field("file_path", pa.string(), False, {FIELD_ID: str(FI
 LIVE = "#live"  # a data file's live rows are cached under its path and this (Positions._live)
 FILES = "#files"  # a snapshot's live files are cached under its manifest list's path and this
 READ_CHUNK = 8 << 20  # bytes per call across py4j when a file is read
+# a remote file of at most this size is fetched whole by its first read: one request, where a
+# Parquet reader's seeks (its footer, then its columns) cost a request each on object storage
+WHOLE_BYTES = 4 << 20
 # a manifest entry as the planning reads it: the spec's v2 fields, and the data file's
 # referenced_data_file (pyiceberg's v2 read schema leaves it out)
 _DATA_FILE = StructType(*DATA_FILE_TYPE[2].fields,
@@ -160,12 +163,14 @@ class Conflict(Exception):
 
 
 class _JavaFile(io.RawIOBase):
-    """A readable, seekable file over an Iceberg ``InputFile`` (for pyarrow's Parquet reader)."""
+    """A readable, seekable file over an Iceberg ``InputFile`` (for pyarrow's Parquet reader);
+    one of at most :data:`WHOLE_BYTES` is fetched whole by its first read."""
 
     def __init__(self, input_file) -> None:
         self._size = input_file.getLength()
         self._stream = input_file.newStream()
         self._at = 0
+        self._whole: bytes | None = None
 
     def readable(self) -> bool:
         return True
@@ -183,6 +188,14 @@ class _JavaFile(io.RawIOBase):
 
     def readinto(self, buffer) -> int:
         wanted = min(len(buffer), self._size - self._at)
+        if self._whole is None and wanted > 0 and self._size <= WHOLE_BYTES:
+            self._stream.seek(0)
+            self._whole = bytes(self._stream.readNBytes(self._size))
+        if self._whole is not None:
+            chunk = self._whole[self._at:self._at + wanted]
+            buffer[:len(chunk)] = chunk
+            self._at += len(chunk)
+            return len(chunk)
         done = 0
         while done < wanted:
             self._stream.seek(self._at + done)
@@ -209,12 +222,15 @@ def local_path(location: str) -> str | None:
     return location if location.startswith("/") else None
 
 
-def _open(location: str, files: Callable[[], Any]) -> io.RawIOBase | io.BufferedReader:
+def _open(location: str, files: Callable[[], Any], length: int | None = None
+          ) -> io.RawIOBase | io.BufferedReader:
     """The file at ``location``, readable: from local disk, else through the Java ``FileIO``
-    that ``files`` returns (asked only then: a py4j round trip)."""
+    that ``files`` returns (asked only then: a py4j round trip); ``length``: its length, when
+    known (not asked of the store then)."""
     if (local := local_path(location)) is not None:
         return open(local, "rb")
-    return _JavaFile(files().newInputFile(location))
+    return _JavaFile(files().newInputFile(location) if length is None
+                     else files().newInputFile(location, length))
 
 
 @dataclass(frozen=True)
@@ -536,11 +552,12 @@ def _may_hold(data: dict, field_id: int, values: list[Any] | None) -> bool:
     return at < len(values) and values[at] <= high
 
 
-def _entries(files: FileIO, manifest: ManifestFile) -> pa.Table:
+def _entries(files: _JavaIO, manifest: ManifestFile) -> pa.Table:
     """The live entries of ``manifest`` (:data:`ENTRIES`), data sequence numbers inherited as
     the spec says (an added entry without one has its manifest's)."""
     rows = []
-    with AvroFile[Record](files.new_input(manifest.manifest_path), _ENTRY) as reader:
+    with AvroFile[Record](files.new_input(manifest.manifest_path, manifest.manifest_length),
+                          _ENTRY) as reader:
         for entry in reader:
             status, written = entry[_IN_ENTRY["status"]], entry[_IN_ENTRY["sequence_number"]]
             if status == ManifestEntryStatus.DELETED.value:
@@ -565,8 +582,9 @@ class _JavaIO(FileIO):
         super().__init__()
         self._io = java_io
 
-    def new_input(self, location: str) -> InputFile:
-        with _open(location, lambda: self._io) as raw:
+    def new_input(self, location: str, length: int | None = None) -> InputFile:
+        """``length``: the file's, when known (none asked of the store then)."""
+        with _open(location, lambda: self._io, length) as raw:
             return _Bytes(location, raw.read())
 
     def new_output(self, location: str) -> OutputFile:
