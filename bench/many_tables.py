@@ -371,16 +371,14 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
         net.s3.recording.set()
         net.rest.recording.set()
     process.start()
-    proxies = frozenset() if net is None else frozenset({net.s3.pid, net.rest.pid})
-    cpu = contextlib.ExitStack()
-    sampler = cpu.enter_context(cpu_use.CpuUse(_CpuGroups(os.getpid(), process.pid, proxies)))
     marks: list[dict] = []  # the apply job's totals when the last third of the writes begins
     mark = threading.Timer(args.seconds * 2 / 3, lambda: marks.append(_totals(staging)))
     mark.start()
-    records = receive.recv()
-    process.join()
-    writer_done = time.time()
-    cpu.close()
+    proxies = frozenset() if net is None else frozenset({net.s3.pid, net.rest.pid})
+    with cpu_use.CpuUse(_CpuGroups(os.getpid(), process.pid, proxies)) as sampler:
+        records = receive.recv()
+        process.join()
+        writer_done = time.time()
     mark.join()
     marks.append(_totals(staging))  # ... and when they end
     wanted = [0] * len(names)
