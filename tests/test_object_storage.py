@@ -588,7 +588,6 @@ def test_segments_on_s3_are_sealed_whole_without_a_rename_and_retention_deletes_
         assert staging.list() == [third]
 
 
-@pytest.mark.slow
 @contextlib.contextmanager
 def _behind_proxies(spark, store, name: str, delay_s: float):
     """Spark's catalog ``name``: ``store``'s REST catalog and S3, each behind a
@@ -603,6 +602,7 @@ def _behind_proxies(spark, store, name: str, delay_s: float):
         yield s3, rest
 
 
+@pytest.mark.slow
 def test_a_row_delta_on_object_storage_asks_only_what_its_commit_needs(rest_spark, object_store):
     """The driver's row delta against the REST catalog and S3, every request counted by proxies
     in front of both (the catalog's answers name the S3 proxy as the tables' endpoint): once the

@@ -61,10 +61,6 @@ LIMIT_BYTES = 32 << 20  # a table's files compacted on the driver, at most (comp
 Each = Callable[[Sequence[int], Callable[[int], pa.Table]], dict[int, pa.Table]]
 
 
-def _in_turn(items: Sequence[int], work: Callable[[int], pa.Table]) -> dict[int, pa.Table]:
-    return {item: work(item) for item in items}
-
-
 @dataclass(frozen=True)
 class Compacted:
     """What a compaction replaced (data and delete files), and the live files it left
@@ -82,13 +78,13 @@ def available(jvm) -> bool:
 
 
 def compact(jvm, table, positions: row_delta.Positions, properties: Mapping[str, str],
-            session_codec: str | None, size: int, target_file_bytes: int,
-            each: Each | None = None) -> Compacted:
+            session_codec: str | None, size: int, target_file_bytes: int, each: Each
+            ) -> Compacted:
     """Compact the Java Iceberg ``table`` (refreshed), whose files hold ``size`` bytes, into one
     data file, committed with ``properties`` in its summary (see the module docstring);
-    ``session_codec``: the session's Iceberg codec, if it sets one; ``each``: how files not on
-    local disk are read (all at once: :func:`lakeslot.spark.session.on_threads`), one after the
-    other without it."""
+    ``session_codec``: the session's Iceberg codec, if it sets one; ``each``: how the data files
+    are read (several at once where they are not on local disk:
+    :func:`lakeslot.spark.session.on_threads`)."""
     if size > min(LIMIT_BYTES, target_file_bytes):
         raise row_delta.Unsupported(f"its {size} bytes of files are more than the driver "
                                     "compacts")
@@ -116,8 +112,7 @@ def compact(jvm, table, positions: row_delta.Positions, properties: Mapping[str,
             [read[str(i)].cast(field.type) for i, field in zip(ids, arrow, strict=True)],
             schema=arrow)
 
-    remote = bool(data) and row_delta.local_path(data[0]["file_path"]) is None
-    parts = list((each if remote and each else _in_turn)(range(len(data)), live).values())
+    parts = list(each(range(len(data)), live).values())
     rows = pa.concat_tables(parts) if parts else arrow.empty_table()
     request: dict = {"from": described.snapshot, "data": [e["file_path"] for e in data],
                      "file": None, "properties": dict(properties)}

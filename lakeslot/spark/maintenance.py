@@ -151,10 +151,13 @@ class Maintainer:
         if self._positions is not None:
             assert look.health is not None  # (maintain compacts only a table with a snapshot)
             try:
+                # (its files read several at once where they are not on local disk, as the Java
+                # side reads its manifests: Compactions.java)
+                reads = COMPACTION_READS if row_delta.local_path(table.location()) is None else 1
                 done = driver_compaction.compact(
                     self._jvm, table, self._positions, _summary(lsn, "compaction"),
                     self._session_codec, look.health.bytes, look.target_file_bytes,
-                    functools.partial(on_threads, self._spark, COMPACTION_READS,
+                    functools.partial(on_threads, self._spark, reads,
                                       name="lakeslot-compaction-read"))
             except row_delta.Unsupported as e:
                 log.debug("%s: compacted by Spark: %s", table.name(), e)

@@ -42,15 +42,10 @@ import org.apache.iceberg.Table;
 import org.apache.iceberg.exceptions.ValidationException;
 import org.apache.iceberg.io.FileIO;
 import org.apache.iceberg.relocated.com.google.common.base.Preconditions;
-import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
 import org.apache.iceberg.shaded.com.fasterxml.jackson.databind.JsonNode;
 import org.apache.iceberg.util.JsonUtil;
 
 public final class Compactions {
-  // (Iceberg waits for its worker pool by polling every 10 ms: manifests on local disk are read
-  // on this thread)
-  private static final ExecutorService DIRECT = MoreExecutors.newDirectExecutorService();
-
   private Compactions() {}
 
   /**
@@ -70,7 +65,7 @@ public final class Compactions {
     FileIO io = table.io();
     Set<String> read = new HashSet<>(RowDeltas.strings(asked.get("data")));
     boolean remote = !RowDeltas.local(table.location());
-    ExecutorService manifests = remote ? RowDeltas.WRITERS : DIRECT;
+    ExecutorService manifests = remote ? RowDeltas.WRITERS : RowDeltas.DIRECT;
     Table committing = remote ? RowDeltas.known(table) : table;
     RewriteFiles rewrite = committing.newRewrite().validateFromSnapshot(from).scanManifestsWith(manifests);
     List<Future<List<DataFile>>> dataFiles = new ArrayList<>();

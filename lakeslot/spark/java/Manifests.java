@@ -18,19 +18,13 @@
 package lakeslot.iceberg;
 
 import java.util.Map;
-import java.util.concurrent.ExecutorService;
 import org.apache.iceberg.RewriteManifests;
 import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.Table;
 import org.apache.iceberg.relocated.com.google.common.base.Preconditions;
-import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
 import org.apache.iceberg.util.JsonUtil;
 
 public final class Manifests {
-  // (Iceberg waits for its worker pool by polling every 10 ms: manifests on local disk are read
-  // on this thread)
-  private static final ExecutorService DIRECT = MoreExecutors.newDirectExecutorService();
-
   private Manifests() {}
 
   /**
@@ -44,7 +38,7 @@ public final class Manifests {
     boolean remote = !RowDeltas.local(table.location());
     Table committing = remote ? RowDeltas.known(table) : table;
     RewriteManifests rewrite = committing.rewriteManifests().clusterBy(file -> "")
-        .scanManifestsWith(remote ? RowDeltas.WRITERS : DIRECT);
+        .scanManifestsWith(remote ? RowDeltas.WRITERS : RowDeltas.DIRECT);
     RowDeltas.summarized(rewrite, JsonUtil.parse(properties, node -> node)).commit();
     Snapshot current = table.currentSnapshot();  // (CommitOperations holds the table's own)
     Map<String, String> summary = current.summary();

@@ -59,8 +59,8 @@ import org.apache.iceberg.util.JsonUtil;
 
 public final class RowDeltas {
   // Iceberg waits for its worker pool by polling every 10 ms: manifests are scanned on the
-  // calling thread instead
-  private static final ExecutorService DIRECT = MoreExecutors.newDirectExecutorService();
+  // calling thread instead (on local disk, by Compactions and Manifests too)
+  static final ExecutorService DIRECT = MoreExecutors.newDirectExecutorService();
   // a commit's files are written at once, each on a thread of its own (daemons: idle ones end;
   // the metadata files' uploads too: CommitOperations; a remote compaction's manifest reads:
   // Compactions)
