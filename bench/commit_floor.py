@@ -68,7 +68,7 @@ def run_java(main: str, arguments: Callable[[str], list[str]]) -> str:
     built = helpers.ensure_built()
     class_path = [*map(str, jars.ensure_jars()),
                   str(Path(pyspark.__file__).parent / "jars" / "*"),
-                  *([str(built.hadoop)] if built else [])]
+                  *([str(built.system)] if built else [])]
     with tempfile.TemporaryDirectory(prefix="commit-floor-") as work:
         _run([javac, "-nowarn", "-cp", os.pathsep.join(class_path), "-d", work,
               *map(str, sorted(SOURCE.parent.glob("*.java")))])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import threading
 
 import pytest
 
@@ -70,6 +71,40 @@ def test_the_row_deltas_class_is_loaded_beside_icebergs(built, spark):
     assert iceberg.getName() == "org.apache.iceberg.Table"
     assert str(built.iceberg) in spark.conf.get("spark.jars")
     assert str(built.iceberg) not in spark.conf.get("spark.driver.extraClassPath")
+
+
+def _nagle(spark) -> list[bool]:
+    """Whether each of py4j's connections has Nagle's algorithm on at the JVM's end."""
+    jvm = spark._jvm
+    field = jvm.java.lang.Class.forName("py4j.GatewayServer").getDeclaredField("connections")
+    field.setAccessible(True)
+    connections = field.get(spark.sparkContext._gateway.java_gateway_server).toArray()
+    return [not c.getSocket().getTcpNoDelay() for c in connections]
+
+
+def test_py4j_replies_are_not_held_back_on_any_threads_connection(built, spark):
+    """Every Python thread talks to the JVM on a connection of its own; py4j writes a reply over
+    8 KB in two writes, and with Nagle's algorithm on the JVM's end the second waited up to 40 ms
+    for the Python end's delayed acknowledgement. A thread that starts after the session, and
+    never made it active, gets a connection without it too."""
+    before = len(_nagle(spark))
+    called, release = threading.Event(), threading.Event()
+
+    def talk() -> None:
+        spark._jvm.java.lang.System.nanoTime()  # (this thread's connection opens)
+        called.set()
+        release.wait(60)
+
+    thread = threading.Thread(target=talk)
+    thread.start()
+    try:
+        assert called.wait(60)
+        nagle = _nagle(spark)
+        assert len(nagle) > before  # the new thread's connection is among them
+        assert not any(nagle)
+    finally:
+        release.set()
+        thread.join()
 
 
 def test_without_a_jdk_sessions_keep_hadoops_file_system(monkeypatch, caplog):

@@ -15,17 +15,20 @@ class path: where Python talking to Spark's JVM, or a Spark job, cost more than 
   rewrite after a compaction (:mod:`lakeslot.spark.maintenance`) on the driver, not a Spark job.
 - ``lakeslot.iceberg.Compactions`` (:data:`COMPACTIONS`, ``java/Compactions.java``): the commit
   of a small table's compaction on the driver (:mod:`lakeslot.spark.driver_compaction`).
+- ``lakeslot.py4j.NoDelay`` (:data:`NO_DELAY`, ``java/NoDelay.java``): Nagle's algorithm off on
+  py4j's connections, once per JVM (:func:`lakeslot.spark.session.no_delay`).
 
 Guarantees:
 
-- :func:`ensure_built` compiles the sources with ``javac`` against pyspark's Hadoop client jar and
-  the Iceberg jars sessions load (:func:`lakeslot.spark.jars.ensure_jars`), once per (sources,
+- :func:`ensure_built` compiles the sources with ``javac`` against pyspark's Hadoop client and py4j
+  jars and the Iceberg jars sessions load (:func:`lakeslot.spark.jars.ensure_jars`), once per (sources,
   those jars): the jar's name carries their hash, so an upgrade or an edited source builds anew.
   It is written under a temporary name and renamed into place when complete, under the jar
   cache's lock (:mod:`lakeslot.spark.jars`).
 - They are two jars (:class:`Built`), for two class loaders. Sessions built by
-  :func:`lakeslot.spark.session.build_session` put the Hadoop one on the driver's system class
-  path (Hadoop loads ``fs.file.impl`` from there) and name :data:`FS_CLASS` in :data:`FS_IMPL`,
+  :func:`lakeslot.spark.session.build_session` put the ``system`` one (``lakeslot.hadoop``,
+  ``lakeslot.py4j``) on the driver's system class path (Hadoop loads ``fs.file.impl`` from there;
+  py4j's classes are there) and name :data:`FS_CLASS` in :data:`FS_IMPL`,
   unless their conf names its own ``spark.hadoop.fs.file.impl``; the Iceberg one goes with
   Iceberg's jars (``spark.jars``: a class on the system class path cannot see them). The
   container image compiles the same sources into Spark's jars (the Dockerfile's ``helpers``
@@ -63,30 +66,35 @@ FS_CLASS = "lakeslot.hadoop.LocalFileSystem"
 ROW_DELTAS = "lakeslot.iceberg.RowDeltas"
 MANIFESTS = "lakeslot.iceberg.Manifests"
 COMPACTIONS = "lakeslot.iceberg.Compactions"
+NO_DELAY = "lakeslot.py4j.NoDelay"
 SOURCES = tuple(sorted((Path(__file__).parent / "java").glob("*.java")))
 FS_IMPL = "spark.hadoop.fs.file.impl"
 RELEASE = "11"  # the Java release the classes target (Iceberg 1.10's own)
 
 
 def loaded(jvm, name: str):
-    """The helper class ``name`` (:data:`ROW_DELTAS`, :data:`MANIFESTS`, :data:`COMPACTIONS`)
-    in ``jvm``, or None where the helpers could not be built (see the module docstring)."""
+    """The helper class ``name`` (:data:`ROW_DELTAS`, :data:`MANIFESTS`, :data:`COMPACTIONS`,
+    :data:`NO_DELAY`) in ``jvm``, or None where the helpers could not be built (see the module docstring)."""
     found = java(jvm, name)
     return found if isinstance(found, JavaClass) else None
 
 
 class Built(NamedTuple):
-    """The compiled helpers: a jar per package, for the class loader that loads its kind."""
+    """The compiled helpers: a jar per class loader (:data:`PACKAGES`: what each holds)."""
 
-    hadoop: Path  # lakeslot.hadoop: the driver's system class path
-    iceberg: Path  # lakeslot.iceberg: beside Iceberg's jars
+    system: Path  # the driver's system class path
+    iceberg: Path  # beside Iceberg's jars
 
 
-def hadoop_api_jar() -> Path:
-    """pyspark's Hadoop client API jar (the Hadoop classes the sources compile against)."""
-    found = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+PACKAGES = {"system": ("hadoop", "py4j"), "iceberg": ("iceberg",)}  # Built's jars: lakeslot.<p>
+
+
+def pyspark_jar(name: str) -> Path:
+    """pyspark's jar ``name``-<version> (Hadoop's client API, py4j: classes the sources compile
+    against)."""
+    found = sorted((Path(pyspark.__file__).parent / "jars").glob(f"{name}-*.jar"))
     if not found:
-        raise FileNotFoundError(f"no hadoop-client-api jar in {Path(pyspark.__file__).parent / 'jars'}")
+        raise FileNotFoundError(f"no {name} jar in {Path(pyspark.__file__).parent / 'jars'}")
     return found[-1]
 
 
@@ -100,7 +108,7 @@ def ensure_built() -> Built | None:
                  "take the MERGE instead of the driver's row delta")
         return None
     try:
-        against = [hadoop_api_jar(), *jars.ensure_jars()]
+        against = [pyspark_jar("hadoop-client-api"), pyspark_jar("py4j"), *jars.ensure_jars()]
         digest = hashlib.sha256(b"".join(s.name.encode() + s.read_bytes() for s in SOURCES)
                                 + "\n".join(j.name for j in against).encode()).hexdigest()[:16]
         jars_dir = jars.cache_dir() / "jars"
@@ -126,5 +134,6 @@ def _build(javac: str, against: list[Path], built: Built) -> None:
                          *map(str, SOURCES)], "compiling lakeslot's Java helpers")
         for kind, jar in zip(Built._fields, built, strict=True):
             with jars.atomic_output(jar) as tmp, zipfile.ZipFile(tmp, "w") as out:
-                for path in sorted((classes / "lakeslot" / kind).rglob("*.class")):
+                for path in sorted(p for package in PACKAGES[kind]
+                                   for p in (classes / "lakeslot" / package).rglob("*.class")):
                     out.write(path, path.relative_to(classes).as_posix())

@@ -15,9 +15,8 @@ Invariants:
   spawn ``chmod`` per file, the row delta's commit.
   It must create the process's SparkSession: like ``getOrCreate`` it would reuse a running one,
   on which the static settings (jars, extensions, JVM options) no longer take effect.
-- py4j's replies are not held back (:func:`no_delay`): every thread that talks to the JVM goes
-  through :func:`make_active` first, which turns Nagle's algorithm off on the JVM's end of the
-  connections it finds.
+- py4j's replies are not held back (:func:`no_delay`): every session built here turns Nagle's
+  algorithm off on the JVM's end of py4j's connections, those of threads to come included.
 - ``with_commit_properties`` sets Iceberg snapshot summary properties on every Iceberg commit made
   by ``action`` on the calling thread (the only way to tag a SQL ``MERGE`` commit in Spark 3.5,
   which has no DataFrame merge API). It relies on PySpark's pinned-thread mode (the default): the
@@ -32,8 +31,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -86,7 +83,7 @@ def build_session(
     }
     # the JDBC driver (jars.system_class_path says why) and the helpers (Hadoop loads the file
     # system from there) on the system class path, after what ``extra_conf`` puts there
-    if system_jars := [*jars.system_class_path(jar_paths), *([built.hadoop] if built else [])]:
+    if system_jars := [*jars.system_class_path(jar_paths), *([built.system] if built else [])]:
         conf[CLASS_PATH] = os.pathsep.join([*filter(None, [conf.get(CLASS_PATH)]), *map(str, system_jars)])
     builder = SparkSession.builder.appName(app_name).master(master)
     for key, value in conf.items():
@@ -118,7 +115,7 @@ def job_session(job: JobInput, app_name: str, *, master: str | None = None) -> S
 
 def iceberg_actions(spark: SparkSession):
     """Iceberg's Spark actions (``SparkActions``) on ``spark``; run them with :func:`execute`."""
-    return _jvm(spark).org.apache.iceberg.spark.actions.SparkActions.get(spark._jsparkSession)
+    return java(_jvm(spark), "org.apache.iceberg.spark.actions.SparkActions.get")(spark._jsparkSession)
 
 
 def _jvm(spark: SparkSession):
@@ -131,11 +128,9 @@ def make_active(spark: SparkSession) -> None:
     """Make ``spark`` the active session of the calling JVM thread. Spark resolves catalogs
     through the active session's conf: on a JVM thread without one (a Python thread other than
     the one that built the session; and now and then the apply job's own thread, whose session
-    it had set) loading a catalog fails ("spark.sql.catalog.<name> is not defined"). The
-    thread's py4j connection is then set not to hold replies back (:func:`no_delay`)."""
+    it had set) loading a catalog fails ("spark.sql.catalog.<name> is not defined")."""
     # (resolved once: written out, the name cost a round trip per part, per table of a pass)
     java(_jvm(spark), "org.apache.spark.sql.SparkSession.setActiveSession")(spark._jsparkSession)
-    no_delay(spark)
 
 
 def on_threads(spark, threads: int, items: Sequence[K], work: Callable[[K], V], name: str) -> dict[K, V]:
@@ -151,33 +146,22 @@ def on_threads(spark, threads: int, items: Sequence[K], work: Callable[[K], V], 
     return {item: future.result() for item, future in futures.items()}
 
 
-_connected = threading.local()  # the py4j connection no_delay last saw on this thread
-
-
 def no_delay(spark: SparkSession) -> None:
-    """Turn Nagle's algorithm off on the JVM's end of py4j's connections, once per connection a
-    Python thread uses. py4j writes a reply larger than its 8 KB buffer in two writes; with
-    Nagle on, the second waits for the first's acknowledgement, which the Python end delays by
-    up to 40 ms: a 10 KB reply (a manifest, a table's properties, a wide schema) took 45 ms, and
-    5 ms with it off. py4j offers no setting: its server's connections are reached by
-    reflection; where that fails (another py4j), replies are only slower."""
-    client = spark.sparkContext._gateway._gateway_client  # type: ignore[union-attr]
-    mine = client.get_thread_connection() if hasattr(client, "get_thread_connection") else None
-    seen = getattr(_connected, "connection", None)
-    if mine is None or (seen is not None and seen() is mine):
+    """Turn Nagle's algorithm off on the JVM's end of py4j's connections, those open and those
+    to come (each Python thread that talks to the JVM has one), once per JVM: lakeslot's
+    ``NoDelay`` (:mod:`lakeslot.spark.helpers`) listens to py4j's server. py4j writes a reply
+    larger than its 8 KB buffer in two writes; with Nagle on, the second waits for the first's
+    acknowledgement, which the Python end delays by up to 40 ms: a 10 KB reply (a manifest, a
+    table's properties, a wide schema) took 45 ms, and 5 ms with it off. py4j offers no setting;
+    without the helpers (no JDK) or with another py4j, replies are only slower."""
+    jvm = _jvm(spark)
+    listener = helpers.loaded(jvm, helpers.NO_DELAY)
+    if listener is None:
         return
-    _connected.connection = weakref.ref(mine)
     try:
-        server = spark.sparkContext._gateway.java_gateway_server  # type: ignore[union-attr]
-        field = server.getClass().getSuperclass().getDeclaredField("connections")
-        field.setAccessible(True)
-        connections = field.get(server)
-        for number in range(connections.size()):
-            socket = connections.get(number).getSocket()
-            if not socket.getTcpNoDelay():
-                socket.setTcpNoDelay(True)
+        listener.install(spark.sparkContext._gateway.java_gateway_server)  # type: ignore[union-attr]
     except Exception as e:  # noqa: BLE001 - only a matter of speed
-        log.debug("py4j's connections keep Nagle's algorithm: %s", e)
+        log.info("py4j's connections keep Nagle's algorithm: %s", e)
 
 
 def each(iterable):
@@ -217,12 +201,11 @@ def with_commit_properties(spark: SparkSession, properties: Mapping[str, str], a
             implements: ClassVar[list[str]] = ["java.util.concurrent.Callable"]
 
     jvm = _jvm(spark)
-    props = jvm.java.util.HashMap()
+    props = java(jvm, "java.util.HashMap")()
     for key, value in properties.items():
         props.put(key, value)
-    jvm.org.apache.iceberg.spark.CommitMetadata.withCommitProperties(
-        props, _Callable(), jvm.java.lang.Class.forName("java.lang.Exception")
-    )
+    java(jvm, "org.apache.iceberg.spark.CommitMetadata.withCommitProperties")(
+        props, _Callable(), java(jvm, "java.lang.Class.forName")("java.lang.Exception"))
     if errors:
         raise errors[0]
     return results[0]

@@ -5,7 +5,7 @@
  * RawLocalFileSystem sets the permission of every file and directory it creates by spawning
  * `chmod`: twice per file with its checksum file. This class is Hadoop's own LocalFileSystem
  * (checksums included) over a raw layer whose only change is setPermission: the same nine
- * permission bits, set in-process. Built by lakeslot/spark/local_files.py; see its docstring.
+ * permission bits, set in-process. Built by lakeslot/spark/helpers.py; see its docstring.
  */
 package lakeslot.hadoop;
 
