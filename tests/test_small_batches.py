@@ -133,15 +133,15 @@ def test_a_compaction_between_finding_positions_and_committing_is_refused_and_th
     refused: list[str] = []
     original = row_delta.commit
 
-    def compacted_first(jvm, table, *rest):
+    def compacted_first(jvm, table, *rest, **named):
         if str(table.name()).endswith(pipeline.job_input().names.mirror_table(ORDERS)):
             _compact(pipeline, ORDERS)
             try:
-                return original(jvm, table, *rest)
+                return original(jvm, table, *rest, **named)
             except row_delta.Conflict as e:
                 refused.append(str(e))
                 raise
-        return original(jvm, table, *rest)
+        return original(jvm, table, *rest, **named)
 
     monkeypatch.setattr(row_delta, "commit", compacted_first)
     with pipeline.pgdb.connect() as conn:

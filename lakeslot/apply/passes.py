@@ -4,7 +4,8 @@ which tables go through which phase, in what order, and what the pass reports.
 
 A pass (:meth:`Passes.run_pass`), every step timed (:class:`lakeslot.apply.outcomes.Steps`):
 
-1. ``prepare``: every table's mirror (:meth:`~lakeslot.apply.table_pass.TablePass.prepare`),
+1. ``prepare``: every table's mirror (:meth:`~lakeslot.apply.table_pass.TablePass.prepare`: read
+   from the catalog, or as the last pass left it when it went through that pass),
    ``apply.tableParallelism`` at a time on the CPU, more waiting on the network
    (:mod:`lakeslot.apply.slots`);
    staging is listed; a table whose position is below the first staged segment is cut off (a
@@ -162,6 +163,7 @@ class Passes:
                 outcomes[table] = self.failures.retryable(table, error)
             ordered = tuple(outcomes[t] for t in self.job.tables)
             self.failures.recovered(ordered)
+            self.work.settle(ordered)
             deleted = self.upkeep.retention(ordered, staged)
         self.hooks("after-retention")
         result = PassResult(batch.end, len(batch.segments) == self.max_segments, ordered, deleted,

@@ -120,7 +120,9 @@ class SmallBatches:
         this pass's schema changes, described by ``state``) at ``lsn``; ``keeps``: the columns
         (positions in ``layout``) some row keeps from the mirror; ``waiting``: around the
         commit's requests when they cross a network (:func:`lakeslot.spark.row_delta.commit`).
-        False when the MERGE must do it (nothing was committed)."""
+        False when the MERGE must do it (nothing was committed);
+        :class:`lakeslot.mirror.contract.Moved` when the table is no longer at ``state``'s
+        position (nothing committed)."""
         if not len(rows) or "values" not in rows.column_names:
             return False  # (nothing reduced: the MERGE path advances the table)
         if not row_delta.writes_every_column(state.schema):
@@ -164,7 +166,8 @@ class SmallBatches:
             new = pa.Table.from_arrays(columns, schema=arrow)
             row_delta.commit(self._jvm, java_table, self.positions, found,
                              found.deletes(keys), new, key, lsn,
-                             row_delta.compression(self._session_codec, described), waiting)
+                             row_delta.compression(self._session_codec, described), waiting,
+                             since=state.lsn)
         except (row_delta.Conflict, row_delta.Unsupported) as e:
             log.info("%s: applied by a MERGE instead of the driver's row delta: %s", table, e)
             return False

@@ -18,6 +18,16 @@
 
 Invariants:
 
+- A table is read from the catalog when the job does not know it (its first pass, any pass after
+  one it did not go through: failed, retrying, waiting), at least every :data:`REREAD_S` (spread
+  by name), and in every pass of a job that writes a changelog; otherwise it is taken as the
+  job's last pass left it — the job's own commits and reads, held by Spark's catalog, without a
+  request (the read was a request per table per pass: at 30 ms a request, and a catalog on the
+  same two cores, a tenth of a pass and a quarter of the driver JVM's CPU at 200 tables).
+  Another job's commit in between (a re-snapshot) is found by the commit: the row delta's retry,
+  the advance and the MERGE each check the table's position first
+  (:class:`lakeslot.mirror.contract.Moved`: nothing committed), and the table is ``retrying``
+  until the next pass reads it and plans it again.
 - One apply rule (DESIGN.md rule 3): the table takes exactly the changes above its position,
   and each commit records the position it reflects; every commit before the MERGE (schema,
   backfill, changelog) keeps or precedes it, so a crash between any two leaves the table at a
@@ -47,7 +57,7 @@ from pyspark.sql import functions as F
 
 from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
-from lakeslot.apply import changes, ddl, merge, slots, small_batches, spread
+from lakeslot.apply import changes, coverage, ddl, merge, slots, small_batches, spread
 from lakeslot.apply.changelog import Changelog
 from lakeslot.apply.changes import TableError
 from lakeslot.apply.coverage import Coverage
@@ -60,6 +70,7 @@ from lakeslot.mirror import catalogs, typemap
 from lakeslot.mirror.contract import (
     OWNER_PROPERTY,
     SOURCE_FACTS_PROPERTY,
+    Moved,
     TableState,
     ownership,
     ownership_problem,
@@ -74,6 +85,8 @@ from lakeslot.staging.relations import Relation
 from lakeslot.workloads import JobInput
 
 log = logging.getLogger("lakeslot.apply.job")
+REREAD_S = 60.0  # a table the job knows is read from the catalog at least this often (× 0.5–1.5)
+WENT_THROUGH = ("applied", "advanced", "current")  # the outcomes after which the job knows a table
 
 
 @dataclass(frozen=True)
@@ -105,12 +118,19 @@ class TablePass:
         self.coverage = Coverage(keep=continuous)
         self.steps = Steps()  # this pass's
         self._unique: dict[TableName, bool] = {}  # this pass's: see _check_unique
+        self._known: set[TableName] = set()  # went through the last pass (see the docstring)
+        self._reread: dict[TableName, float] = {}  # when each table is read again (monotonic)
 
     def begin(self, steps: Steps) -> None:
         """A new pass, timed in ``steps``: what the last one read from the source is forgotten."""
         self.steps, self._unique = steps, {}
         self.sources.new_pass()
         self.evolution.new_pass()
+
+    def settle(self, outcomes: tuple[TableOutcome, ...]) -> None:
+        """The pass's final ``outcomes``: the tables the next pass may take as this one left
+        them (see the module docstring)."""
+        self._known = {o.source for o in outcomes if o.state in WENT_THROUGH}
 
     def read_messages(self, batch: spread.Batch) -> None:
         """Read the batch's DDL messages, once for every table's :meth:`plan`."""
@@ -124,8 +144,7 @@ class TablePass:
 
     def _prepare(self, table: TableName) -> TableState | TableOutcome:
         target = self.job.names.mirror_table(table)
-        with self._network():
-            state = self.tables.load(target)
+        state = self._read(table, target)
         if state is None:
             if self.spec.snapshot.mode == "initial":
                 return TableOutcome(table, target, "waiting", None,
@@ -160,6 +179,18 @@ class TablePass:
             raise TableError(f"{table}: the mirror table has no identifier fields (key); set "
                              "keyColumns for the table and re-snapshot it")
         return self.coverage.state(table, state)
+
+    def _read(self, table: TableName, target: str) -> TableState | None:
+        """The table's state: as the catalog has it, or as the job's last pass left it (see the
+        module docstring)."""
+        now = time.monotonic()
+        if (table in self._known and now < self._reread.get(table, now)
+                and not self.spec.sink.changelog.enabled):
+            return self.tables.load(target, refresh=False)
+        with self._network():
+            state = self.tables.load(target)
+        self._reread[table] = now + REREAD_S * (0.5 + coverage.spread(table))
+        return state
 
     def _network(self) -> AbstractContextManager[None]:
         """Around a request to the catalog: the table's CPU slot let go while it waits, where the
@@ -281,7 +312,12 @@ class TablePass:
         ``small``: its reduced rows when it takes the driver's path), in a CPU slot let go
         while a row delta's commit waits on the network (:mod:`lakeslot.apply.slots`)."""
         with self.slots.held():
-            return self._apply(table, planned, batch, reduced, small)
+            try:
+                return self._apply(table, planned, batch, reduced, small)
+            except Moved as e:  # (nothing committed: the next pass reads it and plans again)
+                self._known.discard(table)
+                return self.failures.retrying(table, f"{table}: {e}; its changes are applied "
+                                              "from there in the next pass")
 
     def _apply(self, table: TableName, planned: Planned, batch: spread.Batch,
                reduced: spread.Reduced | None, small: pa.Table | None) -> TableOutcome:
@@ -313,7 +349,7 @@ class TablePass:
                     and not self.coverage.commit_due(table, state, lsn):
                 return TableOutcome(table, target, "advanced", lsn, committed=state.lsn)
             with self._network():
-                self.tables.advance(target, lsn)
+                self.tables.advance(target, lsn, since=state.lsn)
             return TableOutcome(table, target, "advanced", lsn, ddl=applied)
         if small is not None:
             self.hooks("before-merge", table)
@@ -326,6 +362,8 @@ class TablePass:
                 self.hooks("after-merge", table)
                 return TableOutcome(table, target, "applied", lsn, changes=scanned.changes,
                                     ddl=applied)
+        with self._network():  # (a MERGE reads the table as Spark's catalog holds it)
+            self.tables.expect(target, state.lsn)
         qualified = self.tables.qualified(target)
         check_unique = config.check_unique and not scanned.truncates
         with self.steps("parse"):

@@ -23,7 +23,9 @@ Invariants:
   A table from before these properties existed is adopted: the apply job records them.
 - Columns: the source's, plus :data:`LSN_COLUMN` (commit LSN of the row's last change) in the
   mirror; the changelog table adds :data:`OP_COLUMN` and :data:`SEQ_COLUMN`.
-- :class:`TableState` reads a table's properties by these rules (what the apply job decides on).
+- :class:`TableState` reads a table's properties by these rules (what the apply job decides on);
+  a commit planned from a state whose position the table no longer has is refused
+  (:class:`Moved`).
 - Tables lakeslot creates are format v2 with :data:`TABLE_DEFAULTS` unless
   ``sink.tableProperties`` says otherwise (format v2 is not negotiable).
 """
@@ -151,6 +153,12 @@ def ownership_problem(properties: Mapping[str, str], mirror: str, owner: str,
             f"{owner}: lakeslot never writes one table's changes into another's mirror; give "
             f"{table} another mirror name (mirrorName in spec.source.tables, "
             "sink.tableNameTemplate or sink.namespace)")
+
+
+class Moved(Exception):
+    """A table's position is no longer the one a commit was planned from: another job committed
+    to it since it was read (a re-snapshot). Nothing was committed; the change is planned again
+    from the table as it is."""
 
 
 @dataclass(frozen=True)

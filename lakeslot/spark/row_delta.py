@@ -29,7 +29,8 @@ Invariants:
   the commit with the files' metrics computed by Iceberg from their footers (not read back),
   JSON in and out. The commit starts from the table as the caller loaded it (no reload: the
   catalog checks the commit's requirements, and Iceberg reloads and retries one that fails
-  them) and ends with its answer's state (no reload after it). Done call by call from Python,
+  them — only from the position the caller planned from) and ends with its answer's state (no
+  reload after it). Done call by call from Python,
   a row delta took about forty py4j round trips and as many again to release their results'
   proxies. A JVM without the class (:func:`available`) is the caller's to handle: it applies
   the batch another way.
@@ -48,7 +49,8 @@ Invariants:
   (the commit scans manifests on the calling thread for the same reason).
 
 Failure modes: :class:`Conflict` (validation failed: retry another way), :class:`Unsupported`
-(before anything is written); any other error is storage's or the catalog's (transient, or the
+(before anything is written), :class:`lakeslot.mirror.contract.Moved` (the table moved since the
+caller read it: plan again); any other error is storage's or the catalog's (transient, or the
 table's own failure) and leaves the table as it was (a commit either lands whole or not at all).
 """
 
@@ -102,7 +104,7 @@ from pyiceberg.types import (
     TimestamptzType,
 )
 
-from lakeslot.mirror.contract import LSN_PROPERTY
+from lakeslot.mirror.contract import LSN_PROPERTY, Moved
 from lakeslot.spark.helpers import ROW_DELTAS, loaded
 from lakeslot.spark.jvm import java
 
@@ -654,13 +656,16 @@ def compression(session_codec: str | None, described: Described) -> str:
 def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
            rows: pa.Table | None, key: Sequence[tuple[int, str]], lsn: int,
            compression: str,
-           waiting: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext) -> None:
+           waiting: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext, *,
+           since: int | None = None) -> None:
     """Commit ``rows`` (the table's columns, Iceberg's Arrow types and field IDs; None or empty:
     none) and the position ``deletes`` (:data:`DELETES`, in order) to the Java Iceberg ``table``
     as one ``RowDelta`` tagged ``lakeslot.lsn = lsn``, validated from the snapshot where the
     deleted rows were ``found`` (:class:`Conflict` if another commit since removed a file it
-    deletes from or added deletes). ``key``: (field ID, name) of the key columns. The files are
-    written here; their metrics and the commit are ``RowDeltas.commit``'s, in one call."""
+    deletes from or added deletes); ``since``: the position the change was planned from, which
+    a retry after the catalog refused the first attempt requires (:class:`Moved` otherwise).
+    ``key``: (field ID, name) of the key columns. The files are written here; their metrics and
+    the commit are ``RowDeltas.commit``'s, in one call."""
     name = f"delta-{lsn:016x}-{uuid.uuid4().hex}"  # (the snapshot's workers write lakeslot-…)
     targets = pc.unique(deletes["file_path"]).to_pylist()  # the data files it deletes from
     contents: list[tuple[pa.Table, str | None]] = []  # (what each file holds, its data file)
@@ -692,7 +697,8 @@ def commit(jvm, table, positions: Positions, found: Found, deletes: pa.Table,
         else:
             positions.remember(path, content)
             added.append(_entry(path, DataFileContent.POSITION_DELETES, referenced))
-    request = {"from": found.snapshot, "property": LSN_PROPERTY, "value": str(lsn), "files": files}
+    request = {"from": found.snapshot, "property": LSN_PROPERTY, "value": str(lsn), "files": files,
+               "position": None if since is None else str(since)}
     with waiting() if any(local_path(p) is None for p in paths) else contextlib.nullcontext():
         answer = validated(java(jvm, f"{ROW_DELTAS}.commit"), table, json.dumps(request),
                            bytearray(b"".join(sent)))
@@ -714,12 +720,16 @@ def append(jvm, table, rows: pa.Table, name: str, lsn: int, compression: str) ->
 
 def validated(call: Callable[..., str], *args) -> dict:
     """The JSON answer of a helper's commit ``call`` with ``args``: :class:`Conflict` when
-    Iceberg's validation failed it (nothing committed)."""
+    Iceberg's validation failed it, :class:`Moved` when the table moved since the caller read it
+    (nothing committed)."""
     try:
         return json.loads(call(*args))
     except Py4JJavaError as e:
-        if e.java_exception.getClass().getName().endswith("ValidationException"):
+        name = e.java_exception.getClass().getName()
+        if name.endswith("ValidationException"):
             raise Conflict(str(e.java_exception.getMessage())) from None
+        if name.endswith("CommitOperations$Moved"):
+            raise Moved(str(e.java_exception.getMessage())) from None
         raise
 
 

@@ -29,14 +29,19 @@ Invariants:
   the apply job fills the existing rows and then removes the marker.
 - A definite error of the apply job is recorded on the table itself (:meth:`Tables.record_error`,
   see :mod:`lakeslot.mirror.contract` for when it is in force).
-- Tables are re-read (``refresh``) before every decision: another job (a re-snapshot) may have
-  committed since, and Spark's catalog caches table objects — the objects every read and commit
-  here goes through, Spark's too (a refresh is one request to the catalog; Iceberg keeps the
-  metadata it holds, and the manifest lists it read with it, when no one committed since). One
-  commit does not re-read first: the driver's row delta (:meth:`Tables.held`), right after this
-  pass's decisions, from the table as this job last read or committed it — the catalog checks
-  the commit's requirements against the table, and Iceberg re-reads and retries a commit that
-  fails them.
+- Spark's catalog caches table objects — the objects every read and commit here goes through,
+  Spark's too —, and this job's commits leave them as the catalog's answers said. A table is
+  re-read (``refresh``: one request to the catalog; Iceberg keeps the metadata it holds, and the
+  manifest lists it read with it, when no one committed since) where another job (a
+  re-snapshot) may have committed since and the caller cannot tell: the apply job reads a table
+  it knows from its own last pass as that pass left it (:meth:`Tables.load` without refresh, see
+  :mod:`lakeslot.apply.table_pass`), and its commits then check that the table is still where
+  it was read: the driver's row delta from the table as held (:meth:`Tables.held`) — the
+  catalog checks the commit's requirements against the table, and Iceberg re-reads and retries
+  a commit that fails them only from the position it was planned from (``CommitOperations``) —,
+  the advance of an idle table and the MERGE after a refresh (:meth:`Tables.advance`,
+  :meth:`Tables.expect`): :class:`lakeslot.mirror.contract.Moved` otherwise, nothing
+  committed.
 
 Failure modes: an existing table with data and no lakeslot marks is refused by the snapshot (it
 is not ours: replacing it would destroy someone's data); a concurrent commit to the same table
@@ -74,6 +79,7 @@ from lakeslot.mirror.contract import (
     RESNAPSHOT_SUMMARY,
     RETRY_AT_PROPERTY,
     SNAPSHOT_LSN_PROPERTY,
+    Moved,
     TableState,
 )
 from lakeslot.spark import partitions
@@ -290,9 +296,11 @@ class Tables(Catalog):
         requirements the catalog checks (see the module docstring)."""
         return self._catalog.loadTable(self._identifier(self.namespace, table))
 
-    def load(self, table: str) -> TableState | None:
+    def load(self, table: str, *, refresh: bool = True) -> TableState | None:
+        """The table's state, read from the catalog; without ``refresh``, as this job last read
+        or committed it (:meth:`held`: no request)."""
         try:
-            loaded = self.iceberg_table(table)
+            loaded = self.iceberg_table(table) if refresh else self.held(table)
         except Py4JJavaError as e:
             if _no_such_table(e):
                 return None
@@ -325,9 +333,19 @@ class Tables(Catalog):
         loaded = self.iceberg_table(table)
         return partitions.evolve(self._jvm, loaded, loaded, fields)
 
-    def advance(self, table: str, lsn: int) -> None:
-        """An empty commit recording that the table reflects ``lsn`` (no data changes)."""
-        self.iceberg_table(table).newAppend().set(LSN_PROPERTY, str(lsn)).commit()
+    def advance(self, table: str, lsn: int, since: int | None = None) -> None:
+        """An empty commit recording that the table reflects ``lsn`` (no data changes);
+        :class:`Moved` when the table is no longer at ``since`` (None: not checked)."""
+        loaded = self.iceberg_table(table)
+        if since is not None and (now := position_of(loaded)) != since:
+            raise Moved(f"the table moved from position {since} to {now} since it was read")
+        loaded.newAppend().set(LSN_PROPERTY, str(lsn)).commit()
+
+    def expect(self, table: str, since: int | None) -> None:
+        """:class:`Moved` unless the table, as the catalog has it now, is at ``since`` (one
+        request: the table is refreshed, for whatever reads it next)."""
+        if (now := self.lsn(table)) != since:
+            raise Moved(f"the table moved from position {since} to {now} since it was read")
 
     def lsn(self, table: str) -> int | None:
         return position_of(self.iceberg_table(table))

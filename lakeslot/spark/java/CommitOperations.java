@@ -12,6 +12,12 @@
  *   refresh reloads (Iceberg's retry starts from the table as it is, and validates the row
  *   delta against the snapshots in between as always).
  * - No reload after it: the commit's answer carries the new metadata, which the operations hold.
+ * - A retry never applies a change to a table that moved: with the position the caller read the
+ *   table at (its "lakeslot.lsn", the property named), the reload after a refused attempt must
+ *   find the table still there, or the commit fails with Moved before anything is retried —
+ *   another job committed to the table (a re-snapshot), and the change was planned from a
+ *   position that is no longer the table's. (A compaction keeps the position: the retry goes on,
+ *   and Iceberg's validation decides as always.)
  * - The commit's metadata files (its manifests, its manifest list: new names, Avro) are not on
  *   the commit's path one after the other: each is uploaded when its writer closes, on a thread
  *   of its own, and the catalog's commit waits for every upload first — a commit never names a
@@ -21,7 +27,7 @@
  *   back: no request); a delete waits for its upload. Files on local disk are written in place.
  *
  * Failure modes: the delegate's own (storage or catalog errors, CommitFailedException,
- * CommitStateUnknownException), unchanged.
+ * CommitStateUnknownException), unchanged; Moved (above), nothing committed.
  */
 package lakeslot.iceberg;
 
@@ -32,6 +38,7 @@ import java.util.Map;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.ExecutorService;
+import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.TableMetadata;
 import org.apache.iceberg.TableOperations;
 import org.apache.iceberg.encryption.EncryptionManager;
@@ -46,11 +53,19 @@ import org.apache.iceberg.io.SeekableInputStream;
 final class CommitOperations implements TableOperations {
   private final TableOperations ops;
   private final Uploads io;
+  private final String property;
+  private final String position;
   private volatile boolean stale = false;
 
-  CommitOperations(TableOperations ops, ExecutorService uploads) {
+  /**
+   * {@code ops} for one commit; {@code position}: the value of the snapshot property {@code
+   * property} the table had when the caller read it (null: not checked).
+   */
+  CommitOperations(TableOperations ops, ExecutorService uploads, String property, String position) {
     this.ops = ops;
     this.io = new Uploads(ops.io(), uploads);
+    this.property = property;
+    this.position = position;
   }
 
   @Override
@@ -60,7 +75,35 @@ final class CommitOperations implements TableOperations {
 
   @Override
   public TableMetadata refresh() {
-    return stale ? ops.refresh() : ops.current();
+    if (!stale) {
+      return ops.current();
+    }
+    TableMetadata fresh = ops.refresh();
+    if (position != null && !position.equals(position(fresh, property))) {
+      throw new Moved(position, position(fresh, property));
+    }
+    return fresh;
+  }
+
+  /**
+   * The value of {@code property} in the current snapshot's summary of {@code metadata}; a
+   * "replace" snapshot without it (a compaction) has its parent's. Null without either.
+   */
+  static String position(TableMetadata metadata, String property) {
+    Snapshot snapshot = metadata.currentSnapshot();
+    while (snapshot != null && snapshot.summary().get(property) == null
+        && "replace".equals(snapshot.operation()) && snapshot.parentId() != null) {
+      snapshot = metadata.snapshot(snapshot.parentId());
+    }
+    return snapshot == null ? null : snapshot.summary().get(property);
+  }
+
+  /** The table's position is no longer the one the commit was planned from: nothing committed. */
+  public static final class Moved extends RuntimeException {
+    Moved(String from, String to) {
+      super("the table moved from position " + from + " to " + to
+          + " since it was read (another job committed to it)");
+    }
   }
 
   @Override

@@ -66,7 +66,7 @@ public final class Compactions {
     Set<String> read = new HashSet<>(RowDeltas.strings(asked.get("data")));
     boolean remote = !RowDeltas.local(table.location());
     ExecutorService manifests = remote ? RowDeltas.WRITERS : RowDeltas.DIRECT;
-    Table committing = remote ? RowDeltas.known(table) : table;
+    Table committing = remote ? RowDeltas.known(table, null, null) : table;
     RewriteFiles rewrite = committing.newRewrite().validateFromSnapshot(from).scanManifestsWith(manifests);
     List<Future<List<DataFile>>> dataFiles = new ArrayList<>();
     for (ManifestFile manifest : snapshot.dataManifests(io)) {

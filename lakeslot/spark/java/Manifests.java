@@ -36,7 +36,7 @@ public final class Manifests {
   public static String rewrite(Table table, String properties) {
     Preconditions.checkArgument(table.spec().isUnpartitioned(), "%s is partitioned", table.name());
     boolean remote = !RowDeltas.local(table.location());
-    Table committing = remote ? RowDeltas.known(table) : table;
+    Table committing = remote ? RowDeltas.known(table, null, null) : table;
     RewriteManifests rewrite = committing.rewriteManifests().clusterBy(file -> "")
         .scanManifestsWith(remote ? RowDeltas.WRITERS : RowDeltas.DIRECT);
     RowDeltas.summarized(rewrite, JsonUtil.parse(properties, node -> node)).commit();

@@ -121,7 +121,8 @@ public final class RowDeltas {
   /**
    * Commit one row delta. {@code request} (JSON): "from" (the snapshot the positions were found
    * in, or null for a table without one), "property" and "value" (set in the snapshot's
-   * summary), "files": each {"path", "size", "footer" (its Parquet footer's length),
+   * summary), "position" (optional: the value of "property" the caller read the table at, which
+   * a retry requires: CommitOperations), "files": each {"path", "size", "footer" (its Parquet footer's length),
    * "content" (true: {@code bytes} holds the whole file, written here; false: only its footer,
    * the file is written already), "referenced" (null: a data file; else a position-delete file
    * of that data file)}, their bytes following each other in {@code bytes} in the files' order.
@@ -130,7 +131,9 @@ public final class RowDeltas {
    */
   public static String commit(Table table, String request, byte[] bytes) {
     JsonNode asked = JsonUtil.parse(request, node -> node);
-    Table known = known(table);
+    String property = asked.get("property").asText();
+    JsonNode position = asked.get("position");
+    Table known = known(table, property, position == null || position.isNull() ? null : position.asText());
     PartitionSpec spec = table.spec();
     RowDelta delta = known.newRowDelta().scanManifestsWith(DIRECT);
     if (!asked.get("from").isNull()) {
@@ -183,7 +186,7 @@ public final class RowDeltas {
     if (!referenced.isEmpty()) {
       delta = delta.validateDataFilesExist(referenced);
     }
-    delta.set(asked.get("property").asText(), asked.get("value").asText()).commit();
+    delta.set(property, asked.get("value").asText()).commit();
     Snapshot current = table.currentSnapshot();
     return JsonUtil.generate(
         gen -> {
@@ -216,13 +219,16 @@ public final class RowDeltas {
 
   /**
    * {@code table} as its operations hold it now, for one commit through {@link
-   * CommitOperations}: no reload before it or after it, its metadata files uploaded at once.
+   * CommitOperations}: no reload before it or after it, its metadata files uploaded at once; a
+   * retry only from the {@code position} (the value of the snapshot property {@code property};
+   * null: any) the caller read the table at.
    */
-  static Table known(Table table) {
+  static Table known(Table table, String property, String position) {
     if (!(table instanceof HasTableOperations)) {
       return table;
     }
-    return new BaseTable(new CommitOperations(((HasTableOperations) table).operations(), WRITERS), table.name(),
+    return new BaseTable(
+        new CommitOperations(((HasTableOperations) table).operations(), WRITERS, property, position), table.name(),
         table instanceof BaseTable ? ((BaseTable) table).reporter() : LoggingMetricsReporter.instance());
   }
 
