@@ -146,7 +146,7 @@ def test_a_mirror_copied_again_by_another_job_is_found_by_the_commit_and_applied
         for table in (MAIN, IDLE):
             assert _outcome(fourth, table).state == "applied"
             assert last(table)[1] == fourth.end - 1
-        assert _outcome(fourth, KEYLESS).state == "current"  # (applied in the third)
+        assert _outcome(fourth, KEYLESS).state in ("current", "advanced")  # (applied in the third)
         for table in (MAIN, KEYLESS, IDLE):
             assert_mirror_equals_source(pipeline, spark_warehouse, table)
     finally:

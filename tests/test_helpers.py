@@ -117,3 +117,32 @@ def test_without_a_jdk_sessions_keep_hadoops_file_system(monkeypatch, caplog):
         assert "small batches take the MERGE" in caplog.text
     finally:
         helpers.ensure_built.cache_clear()
+
+
+def test_a_mirrors_state_read_in_one_call_is_the_one_read_call_by_call(built, spark, iceberg_namespace,
+                                                                        monkeypatch):
+    """TableStates: the position (through a compaction's replace snapshot, which carries none:
+    its parent's), the schema with its field IDs, every property — as the calls one by one
+    read them (the path without the helpers)."""
+    from lakeslot.spark.session import with_commit_properties
+    from lakeslot.spark.tables import Tables
+
+    catalog, namespace = iceberg_namespace.split(".", 1)
+    name = f"{iceberg_namespace}.states"
+    spark.sql(f"CREATE TABLE {name} (id bigint NOT NULL, `odd \"name\" é` string, tags array<int>) "
+              "USING iceberg TBLPROPERTIES ('format-version'='2', 'lakeslot.owner'='ns/x')")
+    for lsn in (41, 42):
+        def insert(lsn: int = lsn) -> None:
+            spark.sql(f"INSERT INTO {name} VALUES ({lsn}, 'v', array(1))")
+
+        with_commit_properties(spark, {"lakeslot.lsn": str(lsn)}, insert)
+    spark.sql(f"CALL {catalog}.system.rewrite_data_files(table => '{namespace}.states', "
+              "options => map('min-input-files', '1'))")
+    tables = Tables(spark, catalog, namespace)
+    assert tables.iceberg_table("states").currentSnapshot().operation() == "replace"
+    one_call = tables.load("states")
+    monkeypatch.setattr(helpers, "loaded", lambda jvm, name: None)
+    by_calls = tables.load("states")
+    assert one_call == by_calls
+    assert one_call is not None and one_call.lsn == 42 and one_call.properties["lakeslot.owner"] == "ns/x"
+    assert [f.name for f in one_call.schema.fields] == ["id", 'odd "name" é', "tags"]

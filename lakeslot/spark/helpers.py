@@ -15,6 +15,8 @@ class path: where Python talking to Spark's JVM, or a Spark job, cost more than 
   rewrite after a compaction (:mod:`lakeslot.spark.maintenance`) on the driver, not a Spark job.
 - ``lakeslot.iceberg.Compactions`` (:data:`COMPACTIONS`, ``java/Compactions.java``): the commit
   of a small table's compaction on the driver (:mod:`lakeslot.spark.driver_compaction`).
+- ``lakeslot.iceberg.TableStates`` (:data:`TABLE_STATES`, ``java/TableStates.java``): a mirror's
+  position, schema and properties in one call (:meth:`lakeslot.spark.tables.Tables.load`).
 - ``lakeslot.py4j.NoDelay`` (:data:`NO_DELAY`, ``java/NoDelay.java``): Nagle's algorithm off on
   py4j's connections, once per JVM (:func:`lakeslot.spark.session.no_delay`).
 
@@ -67,6 +69,7 @@ ROW_DELTAS = "lakeslot.iceberg.RowDeltas"
 MANIFESTS = "lakeslot.iceberg.Manifests"
 COMPACTIONS = "lakeslot.iceberg.Compactions"
 NO_DELAY = "lakeslot.py4j.NoDelay"
+TABLE_STATES = "lakeslot.iceberg.TableStates"
 SOURCES = tuple(sorted((Path(__file__).parent / "java").glob("*.java")))
 FS_IMPL = "spark.hadoop.fs.file.impl"
 RELEASE = "11"  # the Java release the classes target (Iceberg 1.10's own)
@@ -74,7 +77,8 @@ RELEASE = "11"  # the Java release the classes target (Iceberg 1.10's own)
 
 def loaded(jvm, name: str):
     """The helper class ``name`` (:data:`ROW_DELTAS`, :data:`MANIFESTS`, :data:`COMPACTIONS`,
-    :data:`NO_DELAY`) in ``jvm``, or None where the helpers could not be built (see the module docstring)."""
+    :data:`TABLE_STATES`, :data:`NO_DELAY`) in ``jvm``, or None where the helpers could not be
+    built (see the module docstring)."""
     found = java(jvm, name)
     return found if isinstance(found, JavaClass) else None
 

@@ -52,6 +52,7 @@ makes Iceberg retry or fail; catalog and Spark errors surface as ``py4j`` errors
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import threading
 import weakref
@@ -82,7 +83,7 @@ from lakeslot.mirror.contract import (
     Moved,
     TableState,
 )
-from lakeslot.spark import partitions
+from lakeslot.spark import helpers, partitions
 from lakeslot.spark.jvm import java
 from lakeslot.spark.session import with_commit_properties
 
@@ -235,10 +236,16 @@ def python_dict(jvm, java_map) -> dict[str, str]:
         java_map))
 
 
+@functools.lru_cache(maxsize=4096)
+def _schema(text: str) -> Schema:
+    """A schema's JSON parsed (pyiceberg's schemas are immutable: shared by every state read
+    with the same schema, parsed once)."""
+    return Schema.model_validate_json(text)
+
+
 def schema_of(jvm, table) -> Schema:
     """The Java Iceberg ``table``'s current schema, as pyiceberg's (field IDs kept)."""
-    return Schema.model_validate_json(
-        java(jvm, "org.apache.iceberg.SchemaParser.toJson")(table.schema()))
+    return _schema(java(jvm, "org.apache.iceberg.SchemaParser.toJson")(table.schema()))
 
 
 def position_of(table) -> int | None:
@@ -305,8 +312,12 @@ class Tables(Catalog):
             if _no_such_table(e):
                 return None
             raise
-        return TableState(position_of(loaded), schema_of(self._jvm, loaded),
-                          python_dict(self._jvm, loaded.properties()))
+        if helpers.loaded(self._jvm, helpers.TABLE_STATES) is None:
+            return TableState(position_of(loaded), schema_of(self._jvm, loaded),
+                              python_dict(self._jvm, loaded.properties()))
+        read = json.loads(java(self._jvm, f"{helpers.TABLE_STATES}.of")(loaded, LSN_PROPERTY))
+        return TableState(None if read["position"] is None else int(read["position"]),
+                          _schema(read["schema"]), read["properties"])
 
     def create(self, table: str, schema: Schema, properties: dict[str, str], lsn: int,
                partition: Sequence[PartitionField] = ()) -> None:
