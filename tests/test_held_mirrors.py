@@ -18,20 +18,16 @@ from psycopg import sql
 
 from lakeslot.apply import table_pass
 from lakeslot.apply.job import Applier
-from lakeslot.apply.outcomes import Hooks, PassResult, TableOutcome
+from lakeslot.apply.outcomes import Hooks, PassResult
 from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.mirror.contract import LSN_PROPERTY, Moved
 from lakeslot.snapshot import job as snapshot_job
 from lakeslot.spark import row_delta
-from tests.support.apply_support import assert_mirror_equals_source, lsn_now, workload_pipeline
+from tests.support.apply_support import assert_mirror_equals_source, lsn_now, outcome, workload_pipeline
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN, Workload
 from tests.support.fixtures_spark import CATALOG
 
 OTHER = "other_job"  # the second Spark catalog: another job's client of the same warehouse
-
-
-def _outcome(result: PassResult, table) -> TableOutcome:
-    return next(o for o in result.tables if o.source == table)
 
 
 @pytest.mark.parametrize("pg", ["pg18"], indirect=True)  # (no version-specific part)
@@ -107,13 +103,13 @@ def test_a_mirror_copied_again_by_another_job_is_found_by_the_commit_and_applied
     try:
         changes(1)
         first = next_pass()  # every mirror read from the catalog: the job knows none yet
-        assert all(_outcome(first, t).state == "applied" for t in (MAIN, KEYLESS, IDLE))
+        assert all(outcome(first, t).state == "applied" for t in (MAIN, KEYLESS, IDLE))
         assert all(prepared(t) == [True] for t in (MAIN, KEYLESS, IDLE))
 
         changes(2)
         second = next_pass()  # taken as the first pass left them: no read
         assert all(prepared(t) == [False] for t in (MAIN, KEYLESS, IDLE))
-        assert all(_outcome(second, t).state == "applied" for t in (MAIN, KEYLESS, IDLE))
+        assert all(outcome(second, t).state == "applied" for t in (MAIN, KEYLESS, IDLE))
         for table in (MAIN, KEYLESS, IDLE):
             assert_mirror_equals_source(pipeline, spark_warehouse, table)
 
@@ -132,10 +128,10 @@ def test_a_mirror_copied_again_by_another_job_is_found_by_the_commit_and_applied
         third = next_pass()  # planned from the held state: each commit finds the table moved
         assert all(prepared(t) == [False] for t in (MAIN, KEYLESS, IDLE))
         for table in (MAIN, IDLE):
-            outcome = _outcome(third, table)
-            assert outcome.state == "retrying" and "moved" in (outcome.error or ""), outcome
+            refusal = outcome(third, table)
+            assert refusal.state == "retrying" and "moved" in (refusal.error or ""), refusal
             assert last(table) == moved[table]  # nothing committed
-        assert _outcome(third, KEYLESS).state == "applied"
+        assert outcome(third, KEYLESS).state == "applied"
         # IDLE's small batch takes the driver's row delta: the catalog refused its first attempt,
         # and the retry's reload found the table moved (not Iceberg's validation, then a MERGE)
         assert pipeline.job_input().names.mirror_table(IDLE) in refused
@@ -144,9 +140,9 @@ def test_a_mirror_copied_again_by_another_job_is_found_by_the_commit_and_applied
         assert prepared(MAIN) == prepared(IDLE) == [True] and prepared(KEYLESS) == [False]
         assert fourth.end is not None
         for table in (MAIN, IDLE):
-            assert _outcome(fourth, table).state == "applied"
+            assert outcome(fourth, table).state == "applied"
             assert last(table)[1] == fourth.end - 1
-        assert _outcome(fourth, KEYLESS).state in ("current", "advanced")  # (applied in the third)
+        assert outcome(fourth, KEYLESS).state in ("current", "advanced")  # (applied in the third)
         for table in (MAIN, KEYLESS, IDLE):
             assert_mirror_equals_source(pipeline, spark_warehouse, table)
     finally:

@@ -23,7 +23,7 @@ from lakeslot.source import ddl_capture
 from lakeslot.staging import apply_status
 from lakeslot.staging.store import Staging
 from lakeslot.verify import mirror as verify_mirror
-from tests.support.apply_support import assert_mirror_equals_source, workload_pipeline
+from tests.support.apply_support import assert_mirror_equals_source, outcome, workload_pipeline
 from tests.support.apply_workload import IDLE, KEYLESS, MAIN, Workload
 
 
@@ -33,10 +33,6 @@ class _Clock:
 
     def __call__(self) -> float:
         return self.now
-
-
-def _outcome(result: PassResult, table) -> TableOutcome:
-    return next(o for o in result.tables if o.source == table)
 
 
 @pytest.mark.parametrize("pg", ["pg18"], indirect=True)  # (no version-specific part)
@@ -63,7 +59,7 @@ def test_an_idle_table_is_covered_in_memory_and_committed_when_due(
         sealed = pipeline.seal()
         result = job.passes.run_pass()
         assert result.end is not None and result.end >= sealed
-        assert _outcome(result, MAIN).state == "applied"
+        assert outcome(result, MAIN).state == "applied"
         return result, result.end - 1
 
     def assert_equal() -> None:
@@ -75,7 +71,7 @@ def test_an_idle_table_is_covered_in_memory_and_committed_when_due(
         # passes that do not touch IDLE: no commit on it, covered to each batch end
         for round_ in (1, 2):
             result, end = busy_pass(job, 4 + round_)
-            idle = _outcome(result, IDLE)
+            idle = outcome(result, IDLE)
             assert (idle.state, idle.committed, idle.lsn) == ("advanced", committed,
                                                               end), idle
             assert pipeline.snapshots(IDLE) == snapshotted
@@ -86,7 +82,7 @@ def test_an_idle_table_is_covered_in_memory_and_committed_when_due(
             read = mirror_progress.read(ingestion, [IDLE, MAIN],
                                         covered=apply_status.covered(document))
             assert read[IDLE].lsn == end
-            assert read[MAIN].lsn == _outcome(result, MAIN).lsn
+            assert read[MAIN].lsn == outcome(result, MAIN).lsn
             # retention (0 s) keeps every segment above the committed position
             assert staging.list()[0].start <= committed + 1
             assert_equal()
@@ -101,7 +97,7 @@ def test_an_idle_table_is_covered_in_memory_and_committed_when_due(
         job.close()
         job = applier()
         result, end = busy_pass(job)
-        idle = _outcome(result, IDLE)
+        idle = outcome(result, IDLE)
         assert (idle.state, idle.committed) == ("advanced", committed)
         assert pipeline.snapshots(IDLE) == snapshotted
         assert_equal()
@@ -110,7 +106,7 @@ def test_an_idle_table_is_covered_in_memory_and_committed_when_due(
         with pgdb.connect() as conn:
             conn.execute(sql.SQL("UPDATE {} SET v = 'moved' WHERE id = 1").format(IDLE.sql()))
         result, end = busy_pass(job)
-        idle = _outcome(result, IDLE)
+        idle = outcome(result, IDLE)
         assert (idle.state, idle.committed, idle.lsn) == ("applied", None, end)
         assert pipeline.snapshots(IDLE)[-1][1] == end
         committed = end
@@ -118,11 +114,11 @@ def test_an_idle_table_is_covered_in_memory_and_committed_when_due(
 
         # idle again: covered; once due (300-600 s later), its advance is committed
         result, end = busy_pass(job)
-        assert _outcome(result, IDLE).committed == committed
+        assert outcome(result, IDLE).committed == committed
         assert pipeline.snapshots(IDLE)[-1][1] == committed
         clock.now += 2 * COMMIT_AFTER_S
         result, end = busy_pass(job)
-        idle = _outcome(result, IDLE)
+        idle = outcome(result, IDLE)
         assert (idle.state, idle.committed, idle.lsn) == ("advanced", None, end)
         assert pipeline.snapshots(IDLE)[-1][1] == end
         assert apply_status.covered(staging.read_apply_status()) == {}
@@ -137,7 +133,7 @@ def test_an_idle_table_is_covered_in_memory_and_committed_when_due(
     pipeline.seal()
     once = pipeline.apply().last
     assert once is not None
-    idle = _outcome(once, IDLE)
+    idle = outcome(once, IDLE)
     assert (idle.state, idle.committed) == ("advanced", None)
     assert pipeline.snapshots(IDLE)[-1][1] == idle.lsn
     assert_equal()
@@ -175,8 +171,8 @@ def test_with_the_event_trigger_an_idle_table_is_covered_in_memory_too(
             pipeline.seal()
             result = job.passes.run_pass()
             assert job.sources.capture is not None  # (the trigger's messages are replayed)
-            assert _outcome(result, MAIN).state == "applied"
-            idle = _outcome(result, IDLE)
+            assert outcome(result, MAIN).state == "applied"
+            idle = outcome(result, IDLE)
             assert (idle.state, idle.committed) == ("advanced", snapshotted[-1][1]), idle
             assert pipeline.snapshots(IDLE) == snapshotted  # no commit on it
     finally:

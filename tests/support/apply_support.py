@@ -18,6 +18,7 @@ from lakeslot import workloads
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import TableName
 from lakeslot.apply import job as apply_job
+from lakeslot.apply.outcomes import PassResult, TableOutcome
 from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.staging.store import Staging
 from spark_jobs import apply as apply_entry
@@ -202,3 +203,8 @@ def assert_table_equals_source(pgdb: Database, loaded, table: TableName) -> None
     mirrored = sorted(tuple(normal(v) for v in row.values()) for row in data.to_pylist())
     assert len(mirrored) == len(expected), (table, len(mirrored), len(expected))
     assert mirrored == expected, table
+
+
+def outcome(result: PassResult, table: TableName) -> TableOutcome:
+    """``table``'s outcome in the pass ``result``."""
+    return next(o for o in result.tables if o.source == table)
