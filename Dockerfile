@@ -51,9 +51,9 @@ RUN set -eux; \
     echo "$(curl -fsSL "${url}.sha1")  ${jar}" | sha1sum -c -; \
     echo "${POSTGRES_JDBC_SHA256}  ${jar}" | sha256sum -c -
 
-# lakeslot's Java helpers (lakeslot/spark/java: the row delta's RowDeltas, the local file
-# system), compiled against the Iceberg jars above and Spark's own, as lakeslot/spark/helpers.py
-# compiles them where a JDK is; the image itself has only the runtime.
+# lakeslot's Java helpers (lakeslot/spark/java; lakeslot/spark/helpers.py says what each is for),
+# compiled against the Iceberg jars above and Spark's own (py4j's among them), as
+# lakeslot/spark/helpers.py compiles them where a JDK is; the image itself has only the runtime.
 FROM ${PYTHON_IMAGE} AS helpers
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jdk-headless \
