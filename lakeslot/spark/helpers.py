@@ -22,16 +22,17 @@ class path: where Python talking to Spark's JVM, or a Spark job, cost more than 
 
 Guarantees:
 
-- :func:`ensure_built` compiles the sources with ``javac`` against pyspark's Hadoop client and py4j
-  jars and the Iceberg jars sessions load (:func:`lakeslot.spark.jars.ensure_jars`), once per (sources,
-  those jars): the jar's name carries their hash, so an upgrade or an edited source builds anew.
+- :func:`ensure_built` compiles the sources with ``javac`` against pyspark's Hadoop client and
+  py4j jars and the Iceberg jars sessions load (:func:`lakeslot.spark.jars.ensure_jars`), once per
+  (sources, those jars): the jar's name carries their hash, so an upgrade or an edited source
+  builds anew.
   It is written under a temporary name and renamed into place when complete, under the jar
   cache's lock (:mod:`lakeslot.spark.jars`).
 - They are two jars (:class:`Built`), for two class loaders. Sessions built by
   :func:`lakeslot.spark.session.build_session` put the ``system`` one (``lakeslot.hadoop``,
   ``lakeslot.py4j``) on the driver's system class path (Hadoop loads ``fs.file.impl`` from there;
-  py4j's classes are there) and name :data:`FS_CLASS` in :data:`FS_IMPL`,
-  unless their conf names its own ``spark.hadoop.fs.file.impl``; the Iceberg one goes with
+  py4j's classes are there) and name :data:`FS_CLASS` in :data:`FS_IMPL`, unless their conf
+  names its own ``spark.hadoop.fs.file.impl``; the Iceberg one goes with
   Iceberg's jars (``spark.jars``: a class on the system class path cannot see them). The
   container image compiles the same sources into Spark's jars (the Dockerfile's ``helpers``
   stage): Spark jobs on Kubernetes have ``RowDeltas``; their warehouse and staging are on object
@@ -40,8 +41,9 @@ Guarantees:
 Failure modes: no ``javac`` (a Java runtime without the JDK) or a failed compile:
 :func:`ensure_built` returns ``None`` and says why once in the log (at info level for a missing
 JDK, as a warning with javac's output for a failed compile). Sessions then use Hadoop's stock
-local file system (the same results, slower on local disk), and small batches take the MERGE
-(:func:`lakeslot.spark.row_delta.available`).
+local file system (the same results, slower on local disk), small batches take the MERGE
+(:func:`lakeslot.spark.row_delta.available`), a mirror's state is read call by call, and py4j's
+replies keep Nagle's algorithm (slower, the same results).
 """
 
 from __future__ import annotations
