@@ -22,7 +22,7 @@ from typing import TypeVar
 from lakeslot.api.naming import IngestionNames, TableName
 from lakeslot.api.partitioning import PartitionSpecError
 from lakeslot.apply import isolation, merge
-from lakeslot.apply.outcomes import TableOutcome, Totals, now_text
+from lakeslot.apply.outcomes import WENT_THROUGH, TableOutcome, Totals, now_text
 from lakeslot.errors import DefiniteError, transient_in_spark
 from lakeslot.mirror import typemap
 from lakeslot.spark.session import error_summary
@@ -99,7 +99,7 @@ class Failures:
         """A table failing transiently pass after pass while others pass is failed alone (it
         would otherwise cost every pass its retries), :data:`isolation.TRANSIENT_STREAK` in a row.
         (A table that is current passes too: its catalog and staging answered.)"""
-        passing = any(o.state in ("applied", "advanced", "current") for o in outcomes.values())
+        passing = any(o.state in WENT_THROUGH for o in outcomes.values())
         for table, outcome in list(outcomes.items()):
             if outcome.state != "retrying":
                 self._streaks.passed(table)
@@ -110,8 +110,7 @@ class Failures:
     def recovered(self, outcomes: tuple[TableOutcome, ...]) -> None:
         """Lift the retryable error of each failed table that was tried again and worked."""
         for outcome in outcomes:
-            if outcome.source in self.retried_now and outcome.state in (
-                    "applied", "advanced", "current"):
+            if outcome.source in self.retried_now and outcome.state in WENT_THROUGH:
                 log.info("%s: works again; its error is lifted", outcome.source)
                 self.tables.clear_error(outcome.target)
 

@@ -20,6 +20,9 @@ from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.apply import spread
 
+# the outcomes of a table its pass went through: its catalog and staging answered, and its mirror
+# reflects the pass's batch end (applied, or advanced to it) or already did (current)
+WENT_THROUGH = ("applied", "advanced", "current")
 POINTS = ("batch-read", "after-evolve", "after-changelog", "before-merge", "after-merge",
           "after-tables", "before-maintenance", "after-retention")
 

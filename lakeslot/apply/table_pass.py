@@ -63,7 +63,7 @@ from lakeslot.apply.changes import TableError
 from lakeslot.apply.coverage import Coverage
 from lakeslot.apply.evolution import Evolution
 from lakeslot.apply.failures import Failures
-from lakeslot.apply.outcomes import Hooks, Steps, TableOutcome
+from lakeslot.apply.outcomes import WENT_THROUGH, Hooks, Steps, TableOutcome
 from lakeslot.apply.small_batches import SmallBatches
 from lakeslot.apply.source_tables import SourceTables
 from lakeslot.mirror import catalogs, typemap
@@ -86,7 +86,6 @@ from lakeslot.workloads import JobInput
 
 log = logging.getLogger("lakeslot.apply.job")
 REREAD_S = 60.0  # a table the job knows is read from the catalog at least this often (× 0.5–1.5)
-WENT_THROUGH = ("applied", "advanced", "current")  # the outcomes after which the job knows a table
 
 
 @dataclass(frozen=True)

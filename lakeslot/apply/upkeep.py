@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from lakeslot import lsn_text
 from lakeslot.api.naming import TableName
 from lakeslot.apply import coverage, isolation
-from lakeslot.apply.outcomes import Hooks, TableOutcome, Totals
+from lakeslot.apply.outcomes import WENT_THROUGH, Hooks, TableOutcome, Totals
 from lakeslot.errors import transient_in_spark
 from lakeslot.mirror.contract import LSN_PROPERTY, RETAINED_FOR_S, history_age_s
 from lakeslot.spark import row_delta
@@ -158,7 +158,7 @@ class Upkeep:
         # quiet source: such a table is looked at too, its delete files are compacted away)
         idle = {target for _, target in self.targets(outcomes, ("advanced", "current"))}
         failed: dict[TableName, str] = {}
-        targets = list(self.targets(outcomes, ("applied", "advanced", "current")))
+        targets = list(self.targets(outcomes, WENT_THROUGH))
         turn = next((i for i, (_, t) in enumerate(targets) if t == self._turn), 0)
         started = False  # (whether a table was looked at in this pass)
         for source, target in targets[turn:] + targets[:turn]:

@@ -30,10 +30,9 @@ Invariants:
   JSON in and out. The commit starts from the table as the caller loaded it (no reload: the
   catalog checks the commit's requirements, and Iceberg reloads and retries one that fails
   them — only from the position the caller planned from) and ends with its answer's state (no
-  reload after it). Done call by call from Python,
-  a row delta took about forty py4j round trips and as many again to release their results'
-  proxies. A JVM without the class (:func:`available`) is the caller's to handle: it applies
-  the batch another way.
+  reload after it). Done call by call from Python, a row delta took about forty py4j round
+  trips and as many again to release their results' proxies. A JVM without the class
+  (:func:`available`) is the caller's to handle: it applies the batch another way.
 - Format v2 position deletes, one delete file per data file it deletes from (file-scoped,
   ``referencedDataFile`` set: a scan pairs it with that file only). A table with equality
   deletes, or partitioned, is not handled here (:class:`Unsupported`: the caller uses its

@@ -260,6 +260,12 @@ def position_of(table) -> int | None:
     return int(value) if value is not None else None
 
 
+def _still_at(since: int | None, now: int | None) -> None:
+    """:class:`Moved` unless a table read at position ``since`` is at ``now``."""
+    if now != since:
+        raise Moved(f"the table moved from position {since} to {now} since it was read")
+
+
 def _no_such_table(error: Py4JJavaError) -> bool:
     return error.java_exception.getClass().getName().endswith(".NoSuchTableException")
 
@@ -348,15 +354,14 @@ class Tables(Catalog):
         """An empty commit recording that the table reflects ``lsn`` (no data changes);
         :class:`Moved` when the table is no longer at ``since`` (None: not checked)."""
         loaded = self.iceberg_table(table)
-        if since is not None and (now := position_of(loaded)) != since:
-            raise Moved(f"the table moved from position {since} to {now} since it was read")
+        if since is not None:
+            _still_at(since, position_of(loaded))
         loaded.newAppend().set(LSN_PROPERTY, str(lsn)).commit()
 
     def expect(self, table: str, since: int | None) -> None:
         """:class:`Moved` unless the table, as the catalog has it now, is at ``since`` (one
         request: the table is refreshed, for whatever reads it next)."""
-        if (now := self.lsn(table)) != since:
-            raise Moved(f"the table moved from position {since} to {now} since it was read")
+        _still_at(since, self.lsn(table))
 
     def lsn(self, table: str) -> int | None:
         return position_of(self.iceberg_table(table))

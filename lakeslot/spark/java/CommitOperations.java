@@ -79,8 +79,11 @@ final class CommitOperations implements TableOperations {
       return ops.current();
     }
     TableMetadata fresh = ops.refresh();
-    if (position != null && !position.equals(position(fresh, property))) {
-      throw new Moved(position, position(fresh, property));
+    if (position != null) {
+      String now = position(fresh, property);
+      if (!position.equals(now)) {
+        throw new Moved(position, now);
+      }
     }
     return fresh;
   }

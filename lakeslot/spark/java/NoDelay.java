@@ -5,7 +5,7 @@
  * Built for cost: done from Python, it was three py4j calls per connection the server had, made
  * by every new Python thread (each has a connection of its own), and a connection that closed
  * meanwhile made an error whose translation cost PySpark failed class lookups through every jar
- * — a sixth of the driver JVM's samples in a pass of 200 tables on object storage. Here a
+ * — a fifth of the driver JVM's samples in a pass of 200 tables on object storage. Here a
  * listener of the server sets each connection as it starts, and install sets those open already.
  *
  * Invariants: installed at most once per server (a second session in the same JVM finds it);

@@ -122,12 +122,12 @@ public final class RowDeltas {
    * Commit one row delta. {@code request} (JSON): "from" (the snapshot the positions were found
    * in, or null for a table without one), "property" and "value" (set in the snapshot's
    * summary), "position" (optional: the value of "property" the caller read the table at, which
-   * a retry requires: CommitOperations), "files": each {"path", "size", "footer" (its Parquet footer's length),
-   * "content" (true: {@code bytes} holds the whole file, written here; false: only its footer,
-   * the file is written already), "referenced" (null: a data file; else a position-delete file
-   * of that data file)}, their bytes following each other in {@code bytes} in the files' order.
-   * Returns the table's current snapshot afterwards, as JSON: "snapshot", "parent" (null:
-   * none), "sequence", "manifest_list", "summary".
+   * a retry requires: CommitOperations), "files": each {"path", "size", "footer" (its Parquet
+   * footer's length), "content" (true: {@code bytes} holds the whole file, written here; false:
+   * only its footer, the file is written already), "referenced" (null: a data file; else a
+   * position-delete file of that data file)}, their bytes following each other in {@code bytes}
+   * in the files' order. Returns the table's current snapshot afterwards, as JSON: "snapshot",
+   * "parent" (null: none), "sequence", "manifest_list", "summary".
    */
   public static String commit(Table table, String request, byte[] bytes) {
     JsonNode asked = JsonUtil.parse(request, node -> node);
