@@ -68,10 +68,18 @@ class Request:
     path: str  # unquoted, without the query
     status: int
     lsn: int | None  # an apply commit's position (a POST to a table adding a snapshot with it)
+    client: str = ""  # the first product of its User-Agent (PyIceberg, Apache-HttpClient, ...)
 
     @property
     def commit(self) -> bool:
         return self.lsn is not None
+
+
+def client_of(user_agent: str | None) -> str:
+    """Who asked, as a request's ``User-Agent`` names itself first: ``PyIceberg/0.9.1 …`` →
+    ``PyIceberg`` (the progress readers), ``Apache-HttpClient/5.4 …`` → ``Apache-HttpClient``
+    (Iceberg's Java REST client: the apply job); ``"-"`` without one."""
+    return (user_agent or "-").split("/", 1)[0].split(" ", 1)[0] or "-"
 
 
 def apply_commit(method: str, path: str, body: bytes) -> tuple[str, int] | None:
@@ -231,7 +239,8 @@ class LatencyProxy:
                     status, reason, answer, answer_headers, length = 502, "Bad Gateway", b"", [], None
                 send_answer(self, status, reason, answer_headers, answer, length)
                 proxy._record(Request(started, time.monotonic(), self.command,
-                                      unquote(urlsplit(self.path).path), status, lsn), table)
+                                      unquote(urlsplit(self.path).path), status, lsn,
+                                      client_of(self.headers.get("User-Agent"))), table)
 
             def finish(self) -> None:
                 super().finish()

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import collections
 import contextlib
 import dataclasses
 import io
@@ -277,6 +278,7 @@ class Trips:
     rest: int  # requests to the catalog
     commits: latency_proxy.CommitTrips
     staging: latency_proxy.Reads  # the reads of staging (segments, status documents)
+    callers: dict[str, int]  # catalog requests by method and client ("GET PyIceberg": n)
 
 
 def one_round(args, tables: int, rows: int, object_store: bool = False,
@@ -421,7 +423,9 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
                       len(net.s3.requests), len(net.rest.requests),
                       latency_proxy.commit_trips(net.s3.requests, net.rest.requests,
                                                  _warehouse_table, _mirror_table),
-                      latency_proxy.reads(net.s3.requests, f"/{objectstore.STAGING_BUCKET}/"))
+                      latency_proxy.reads(net.s3.requests, f"/{objectstore.STAGING_BUCKET}/"),
+                      dict(collections.Counter(f"{r.method} {r.client}"
+                                               for r in net.rest.requests).most_common()))
     return Round(len(names), rows, snapshot_s, latencies, early, in_cut, len(records) / duration,
                  drained,
                  wall, last, steps, touched, passes, equal, sampler.summary(), trips, committing)
@@ -544,6 +548,8 @@ def report_network(r: Round, n: Trips) -> None:
     print(f"  on the network ({n.delay_s * 1000:.0f} ms added to each request): {n.passes} passes "
           f"during the writes made {n.s3} S3 requests ({n.s3 / passes:.0f} a pass) and {n.rest} "
           f"catalog requests ({n.rest / passes:.0f} a pass)")
+    print("  the catalog's requests by method and client: "
+          + ", ".join(f"{k} {v}" for k, v in n.callers.items()))
     print(f"  staging: {n.staging.line(n.delay_s)}")
     if c.commits:
         per_pass = c.commits / passes
