@@ -31,9 +31,12 @@ Invariants:
   see :mod:`lakeslot.mirror.contract` for when it is in force).
 - Spark's catalog caches table objects — the objects every read and commit here goes through,
   Spark's too —, and this job's commits leave them as the catalog's answers said. A table is
-  re-read (``refresh``: one request to the catalog; Iceberg keeps the metadata it holds, and the
-  manifest lists it read with it, when no one committed since) where another job (a
-  re-snapshot) may have committed since and the caller cannot tell: the apply job reads a table
+  re-read with one request to the catalog (:meth:`Catalog.java_table`: ``refresh`` of the object
+  Spark's catalog holds — Iceberg keeps the metadata it holds, and the manifest lists it read
+  with it, when no one committed since —, or, where the catalog may have dropped it, unused
+  here for half its cache's expiry, a load of a new one: not a load and then a refresh, two
+  requests where the first answered already) where another job (a re-snapshot) may have
+  committed since and the caller cannot tell: the apply job reads a table
   it knows from its own last pass as that pass left it (:meth:`Tables.load` without refresh, see
   :mod:`lakeslot.apply.table_pass`), and its commits then check that the table is still where
   it was read: the driver's row delta from the table as held (:meth:`Tables.held`) — the
@@ -54,7 +57,9 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import json
+import math
 import threading
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -120,6 +125,8 @@ class Catalog:
         self._catalog = (spark._jsparkSession.sessionState().catalogManager().catalog(name)
                          .icebergCatalog())
         self._identifiers: dict[tuple[str, str], object] = {}
+        self._hold_s = cache_hold_s(spark.conf, name)
+        self._accessed: dict[tuple[str, str], float] = {}  # (monotonic) the last load through here
 
     def _namespace(self, namespace: str):
         levels = namespace.split(".")
@@ -160,10 +167,18 @@ class Catalog:
             snapshot = loaded.snapshot(parent) if parent is not None else None
         return MirrorState(True, None, current is not None, properties=properties)
 
-    def java_table(self, namespace: str, table: str):
-        """The Java Iceberg table, refreshed."""
-        loaded = self._catalog.loadTable(self._identifier(namespace, table))
-        loaded.refresh()
+    def java_table(self, namespace: str, table: str, *, fresh: bool = True):
+        """The Java Iceberg table: ``fresh``, as the catalog has it now, with one request — the
+        object Spark's catalog holds, refreshed, or a new one where it may hold none (see the
+        module docstring); else as Spark's catalog holds it (loaded when it holds none)."""
+        ident, key, now = self._identifier(namespace, table), (namespace, table), time.monotonic()
+        held = now - self._accessed.get(key, -math.inf) < self._hold_s
+        if fresh and not held:  # (an object it holds all the same is dropped, not trusted)
+            self._catalog.invalidateTable(ident)
+        loaded = self._catalog.loadTable(ident)
+        if fresh and held:
+            loaded.refresh()
+        self._accessed[key] = now
         return loaded
 
     def begin(self, namespace: str, table: str, schema: Schema, properties: dict[str, str],
@@ -227,6 +242,18 @@ class MirrorWrite:
         append.commit()
         partitions.evolve(self._jvm, self._txn, self._txn.table(), self._partition)
         self._txn.commitTransaction()
+
+
+def cache_hold_s(conf, catalog: str) -> float:
+    """How long after a table's last load Spark's catalog ``catalog`` surely still holds its
+    object (Iceberg's ``CachingCatalog`` drops one ``cache.expiration-interval-ms`` after its
+    last access: 30 s by default, never at -1): half that interval; 0 when it holds none
+    (``cache-enabled`` false, or an interval of 0). ``conf``: the session's ``spark.conf``."""
+    prefix = f"spark.sql.catalog.{catalog}."
+    if str(conf.get(prefix + "cache-enabled", "true")).strip().lower() != "true":
+        return 0.0
+    interval_ms = int(conf.get(prefix + "cache.expiration-interval-ms", "30000"))
+    return math.inf if interval_ms < 0 else interval_ms / 2000
 
 
 def python_dict(jvm, java_map) -> dict[str, str]:
@@ -307,7 +334,7 @@ class Tables(Catalog):
         """The Java Iceberg table as Spark's catalog holds it — as this job last read or
         committed it —, without a request (loaded when it holds none): for a commit whose
         requirements the catalog checks (see the module docstring)."""
-        return self._catalog.loadTable(self._identifier(self.namespace, table))
+        return self.java_table(self.namespace, table, fresh=False)
 
     def load(self, table: str, *, refresh: bool = True) -> TableState | None:
         """The table's state, read from the catalog; without ``refresh``, as this job last read
