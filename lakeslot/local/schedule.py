@@ -25,7 +25,9 @@ Invariants:
   retention from deleting the changes after the copy's snapshot. A table seen just now is copied
   after the restart that adds it, at the apply job's first pass.
 - The mirrors are read once per finished apply pass, not on every supervision tick: only a pass
-  marks a table, and a restarted apply job makes a pass at once; and those reads take at most
+  marks a table, and a restarted apply job makes a pass at once — the first read waits for the
+  first pass (the run's start has just read them all: at 1,000 mirrors on a network catalog a
+  read before it held the first pass back by seconds); and those reads take at most
   :data:`DECISION_SHARE` of the run's time (:mod:`.time_share`: hundreds of mirrors aged a day
   took half the apply job's interpreter lock), so a decision may wait a few passes.
 - Local mode differs from the operator in one input of :func:`~lakeslot.control.scheduling.plan`
@@ -98,7 +100,7 @@ class Schedule:
         self.apply_tables: tuple[TableName, ...] = ()  # the running apply job's tables
         self.copying: tuple[TableName, ...] = ()  # the running copy's tables
         self._copied: dict[TableName, str] = {}  # the last copy's outcome per table (its thread)
-        self._decided_at = -1  # the apply passes when next_copy last read the mirrors
+        self._decided_at = 0  # the apply passes when next_copy last read the mirrors
         self._share = TimeShare(DECISION_SHARE)
 
     def _progress(self, tables: list[TableName]) -> dict[TableName, MirrorProgress]:
@@ -158,7 +160,8 @@ class Schedule:
         """The tables to copy now, online (no copy may be running): those
         :func:`lakeslot.control.resnapshot.decide` wants again and the joined tables without a
         mirror that the apply job already waits for; None when nothing is to be copied, when
-        no apply pass finished since the last decision (``passes``: the passes finished), or
+        no apply pass finished since the last decision or the run's start (``passes``: the
+        passes finished), or
         while the last decision's reads are more than :data:`DECISION_SHARE` of the time since.
         A request is read from the spec once, at the first call."""
         if self.copying:
