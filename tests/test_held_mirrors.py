@@ -147,3 +147,15 @@ def test_a_mirror_copied_again_by_another_job_is_found_by_the_commit_and_applied
             assert_mirror_equals_source(pipeline, spark_warehouse, table)
     finally:
         job.close()
+
+
+def test_a_job_of_many_tables_reads_the_ones_it_knows_again_at_a_bounded_rate():
+    """Each known table is read again at least every REREAD_S on average — less often in a job
+    of more tables than the catalog would then answer REREADS_PER_S loads a second for."""
+    for tables in (1, 10, 200, 300, 301, 1000, 10_000):
+        every = table_pass.reread_every_s(tables)
+        assert every >= table_pass.REREAD_S
+        assert tables / every <= table_pass.REREADS_PER_S
+        if tables <= table_pass.REREAD_S * table_pass.REREADS_PER_S:
+            assert every == table_pass.REREAD_S
+    assert table_pass.reread_every_s(1000) == 200.0
