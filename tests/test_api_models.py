@@ -4,6 +4,7 @@ conditions, LSNs, times and update (transition) rules."""
 from __future__ import annotations
 
 import functools
+import math
 import re
 from datetime import UTC, datetime, timedelta, timezone
 from typing import get_args
@@ -37,7 +38,8 @@ from lakeslot.api.naming import (
 )
 from lakeslot.api.reference import walk_schema
 from lakeslot.api.validation import parse_resource, problems_of, validate_text, validate_update
-from lakeslot.mirror.catalogs import folding, pyiceberg_properties, spark_conf
+from lakeslot.mirror.catalogs import TABLE_CACHE_EXPIRY_MS, folding, pyiceberg_properties, spark_conf
+from lakeslot.spark.tables import cache_hold_s
 from tests.api_cases import EXAMPLES, UPDATE_CASES, apply_edits, base_document
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -493,6 +495,23 @@ def test_secret_names_like_lakeslots_but_not_its_own_are_accepted():
 
 
 # ---------------------------------------------------------------------------- catalog types
+
+
+def test_spark_holds_the_mirrors_for_minutes_unless_the_catalog_properties_say_otherwise():
+    """The apply job's held mirrors (lakeslot.apply.table_pass) outlive a pass of more than
+    Iceberg's 30-s default; the catalog's own properties win, and what the job takes as held
+    follows them (lakeslot.spark.tables.cache_hold_s: half the expiry)."""
+    key = "spark.sql.catalog.c.cache.expiration-interval-ms"
+    ours = spark_conf(CatalogSpec(name="c", type="hadoop", warehouse="/w"))
+    assert ours[key] == str(TABLE_CACHE_EXPIRY_MS) and TABLE_CACHE_EXPIRY_MS >= 300_000
+    assert cache_hold_s(ours, "c") == TABLE_CACHE_EXPIRY_MS / 2000
+    for properties, held_s in (({"cache.expiration-interval-ms": "5000"}, 2.5),
+                               ({"cache.expiration-interval-ms": "-1"}, math.inf),
+                               ({"cache.expiration-interval-ms": "0"}, 0.0),
+                               ({"cache-enabled": "false"}, 0.0)):
+        conf = spark_conf(CatalogSpec(name="c", type="hadoop", warehouse="/w", properties=properties))
+        assert {k: conf[f"spark.sql.catalog.c.{k}"] for k in properties} == properties
+        assert cache_hold_s(conf, "c") == held_s
 
 
 @pytest.mark.parametrize("kind", sorted(CATALOG_TYPES))

@@ -439,7 +439,10 @@ class CatalogSpec(ApiModel):
         "credentials: keys that look like one (credential, token, *secret*, *password*) are "
         "refused; use secretProperties. A rest catalog gets rest-metrics-reporting-enabled: "
         "'false' unless set here (Iceberg's client would post a metrics report after every "
-        "commit, on the committing thread)."
+        "commit, on the committing thread), and every catalog cache.expiration-interval-ms: "
+        "'600000' (Spark holds the mirrors the apply job commits to for 10 minutes after their "
+        "last use, not Iceberg's 30 s: a longer pass would load every table it did not change "
+        "again)."
     )
     secret_properties: Annotated[dict[str, SecretKeyRef], Field(max_length=64),
                                  AfterValidator(_one_variable_per_key)] = mapping(

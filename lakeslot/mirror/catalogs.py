@@ -101,12 +101,21 @@ def hadoop_catalog(warehouse: str | Path, name: str = "lakeslot") -> CatalogSpec
 
 # Spark ---------------------------------------------------------------------------------------
 
+# How long Spark's catalog holds a table object after its last use (Iceberg's default: 30 s). The
+# apply job commits to and reads the mirrors it knows through the objects it holds
+# (lakeslot.apply.table_pass, lakeslot.spark.tables): with passes of more than 30 s (1,000 tables
+# on a network catalog) every table a pass did not change was dropped and loaded again by the next.
+TABLE_CACHE_EXPIRY_MS = 600_000
+
+
 def spark_conf(catalog: CatalogSpec) -> dict[str, str]:
-    """``spark.sql.catalog.<name>.*`` for ``sink.catalog`` (without its Secret-backed properties)."""
+    """``spark.sql.catalog.<name>.*`` for ``sink.catalog`` (without its Secret-backed properties;
+    ``sink.catalog.properties`` override lakeslot's settings, :data:`TABLE_CACHE_EXPIRY_MS` too)."""
     prefix = f"spark.sql.catalog.{catalog.name}"
     conf = {prefix: "org.apache.iceberg.spark.SparkCatalog"}
     kind = CATALOG_TYPES[catalog.type]
-    settings = {**kind.spark, **catalog.properties}
+    settings = {"cache.expiration-interval-ms": str(TABLE_CACHE_EXPIRY_MS), **kind.spark,
+                **catalog.properties}
     if catalog.uri:
         settings["uri"] = catalog.uri
     if catalog.warehouse:
