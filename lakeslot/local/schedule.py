@@ -161,9 +161,9 @@ class Schedule:
         :func:`lakeslot.control.resnapshot.decide` wants again and the joined tables without a
         mirror that the apply job already waits for; None when nothing is to be copied, when
         no apply pass finished since the last decision or the run's start (``passes``: the
-        passes finished), or
-        while the last decision's reads are more than :data:`DECISION_SHARE` of the time since.
-        A request is read from the spec once, at the first call."""
+        passes finished), or while the last decision's reads are more than
+        :data:`DECISION_SHARE` of the time since. A request is read from the spec once, at the
+        first call."""
         if self.copying:
             self._copy_finished()
         if passes == self._decided_at or not self._share.due():
