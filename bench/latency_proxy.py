@@ -23,7 +23,8 @@ Guarantees:
 - :class:`ProxyProcess` runs one in a process of its own (what the benchmarks use).
 - While :attr:`LatencyProxy.recording` is set, each request is appended to
   :attr:`LatencyProxy.requests` as a :class:`Request` (monotonic start and end, method, path,
-  status, and the position of an apply commit: :func:`apply_commit`).
+  status, the position of an apply commit — :func:`apply_commit` — and the client that sent it:
+  :func:`client_of`).
 - Every apply commit the catalog accepted, recording or not, is appended to
   :attr:`LatencyProxy.commits` when its answer was sent (monotonic time, table, position): from
   then on, any reader loading the table sees it — how the benchmarks observe visibility on a REST
