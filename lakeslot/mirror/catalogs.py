@@ -106,6 +106,7 @@ def hadoop_catalog(warehouse: str | Path, name: str = "lakeslot") -> CatalogSpec
 # (lakeslot.apply.table_pass, lakeslot.spark.tables): with passes of more than 30 s (1,000 tables
 # on a network catalog) every table a pass did not change was dropped and loaded again by the next.
 TABLE_CACHE_EXPIRY_MS = 600_000
+TABLE_CACHE_EXPIRY_PROPERTY = "cache.expiration-interval-ms"  # (Iceberg's name for it)
 
 
 def spark_conf(catalog: CatalogSpec) -> dict[str, str]:
@@ -114,7 +115,7 @@ def spark_conf(catalog: CatalogSpec) -> dict[str, str]:
     prefix = f"spark.sql.catalog.{catalog.name}"
     conf = {prefix: "org.apache.iceberg.spark.SparkCatalog"}
     kind = CATALOG_TYPES[catalog.type]
-    settings = {"cache.expiration-interval-ms": str(TABLE_CACHE_EXPIRY_MS), **kind.spark,
+    settings = {TABLE_CACHE_EXPIRY_PROPERTY: str(TABLE_CACHE_EXPIRY_MS), **kind.spark,
                 **catalog.properties}
     if catalog.uri:
         settings["uri"] = catalog.uri

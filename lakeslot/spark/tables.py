@@ -70,6 +70,7 @@ from pyiceberg.types import IcebergType, ListType
 
 from lakeslot.api.models import MiB
 from lakeslot.api.partitioning import PartitionField, PartitionSpecError, type_problems
+from lakeslot.mirror.catalogs import TABLE_CACHE_EXPIRY_PROPERTY
 from lakeslot.mirror.contract import (
     BACKFILL_PROPERTY,
     ERROR_LSN_PROPERTY,
@@ -151,7 +152,7 @@ class Catalog:
         ident = self._identifier(namespace, table)
         if not self._catalog.tableExists(ident):
             return MirrorState(False)
-        loaded = self._catalog.loadTable(ident)
+        loaded = self.java_table(namespace, table, fresh=False)  # (what tableExists just loaded)
         current = loaded.currentSnapshot()
         properties = python_dict(self._jvm, loaded.properties())
         generation = properties.get(GENERATION_PROPERTY)
@@ -252,7 +253,7 @@ def cache_hold_s(conf, catalog: str) -> float:
     prefix = f"spark.sql.catalog.{catalog}."
     if str(conf.get(prefix + "cache-enabled", "true")).strip().lower() != "true":
         return 0.0
-    interval_ms = int(conf.get(prefix + "cache.expiration-interval-ms", "30000"))
+    interval_ms = int(conf.get(prefix + TABLE_CACHE_EXPIRY_PROPERTY, "30000"))
     return math.inf if interval_ms < 0 else interval_ms / 2000
 
 
