@@ -7,6 +7,8 @@ that advances it; the supervision loop calls ``due()`` before every refresh (lak
 from __future__ import annotations
 
 import io
+import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -62,3 +64,28 @@ def test_a_quick_status_is_due_every_tick(clocked, monkeypatch):
     live.refresh(None, None, None)
     clock.now += 2.0  # the run's tick (Options.interval)
     assert live.due()
+
+
+def test_a_phase_ends_without_computing_a_status(clocked, monkeypatch):
+    # The supervision loop (run._Session._supervise) computes the status only when due. When a
+    # phase's job ends it returns at once: at 1,000 mirrors on a network catalog a status took
+    # 20 s, which the next phase (the apply job's start after the snapshot) waited for.
+    from lakeslot.local import run
+
+    clock, live = clocked
+    computed = []
+
+    def observed(local, activity, staged=None):
+        computed.append(clock.now)
+        clock.now += 3.0  # a slow status: the next one due 3 / STATUS_SHARE s later
+        return PostgresIngestionStatus()
+
+    monkeypatch.setattr(observe, "observe", observed)
+    ticks = iter([False, False, True])  # the job ends at the third check
+    session = SimpleNamespace(
+        stop=threading.Event(), live=live, options=SimpleNamespace(interval=1.0),
+        processes=SimpleNamespace(check_reader=lambda: None,
+                                  pause=lambda s: setattr(clock, "now", clock.now + s)),
+        _refresh=lambda: live.refresh(None, None, None))
+    run._Session._supervise(session, lambda: next(ticks))  # type: ignore[arg-type]
+    assert computed == [100.0]  # the first tick's; the second was not due, the end computes none
