@@ -50,15 +50,25 @@ MAX_SHOWN = 200  # characters of a key value quoted in a message
 def replica_identity_key(conn: psycopg.Connection, oid: int) -> tuple[str, list[str]]:
     """``(relreplident, key columns)`` where the key comes from the primary key (DEFAULT or
     FULL) or from the replica identity index (USING INDEX); empty when there is none."""
-    identity = one_row(conn.execute("SELECT relreplident FROM pg_class WHERE oid = %s::oid", (oid,)))[0]
-    index_flag = "indisreplident" if identity == "i" else "indisprimary"
-    key = [r[0] for r in conn.execute(
-        sql.SQL("""SELECT a.attname FROM pg_index i
-                     JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) ON true
-                     JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-                    WHERE i.indrelid = %s::oid AND i.{} ORDER BY k.n""").format(
-            sql.Identifier(index_flag)), (oid,))]
-    return identity, key
+    return replica_identity_keys(conn, [oid])[oid]
+
+
+def replica_identity_keys(conn: psycopg.Connection, oids: Sequence[int]) -> dict[int, tuple[str, list[str]]]:
+    """:func:`replica_identity_key` of many tables in one query (a table that does not exist is
+    left out)."""
+    found: dict[int, tuple[str, list[str]]] = {}
+    for oid, identity, name in conn.execute(
+            """SELECT c.oid::int8, c.relreplident::text, a.attname
+                 FROM pg_class c
+                 LEFT JOIN pg_index i ON i.indrelid = c.oid AND CASE WHEN c.relreplident = 'i'
+                                         THEN i.indisreplident ELSE i.indisprimary END
+                 LEFT JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, n) ON true
+                 LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                WHERE c.oid = ANY(%s::oid[]) ORDER BY c.oid, k.n""", (list(oids),)):
+        key = found.setdefault(oid, (identity, []))[1]
+        if name is not None:
+            key.append(name)
+    return found
 
 
 def table_key(conn: psycopg.Connection, oid: int, key_columns: Sequence[str]) -> list[str]:
