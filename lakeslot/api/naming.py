@@ -44,6 +44,7 @@ own, never a mirror's: each ingestion's cuts record (:attr:`IngestionNames.cuts_
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Collection, Iterable
@@ -214,10 +215,18 @@ class IngestionNames:
     def mirror_table(self, table: TableName) -> str:
         """The mirror table's name inside ``spec.sink.namespace``: the table's ``mirrorName``,
         else :func:`iceberg_table_name` of the template."""
+        mirror = self._mirror_names.get((table.schema, table.name))
+        return mirror if mirror is not None else iceberg_table_name(self.table_template,
+                                                                    table.schema, table.name)
+
+    @functools.cached_property
+    def _mirror_names(self) -> dict[tuple[str, str], str]:
+        """``overrides`` by table, the first one listed winning (a scan each time was quadratic
+        over 1,000 tables that each set mirrorName)."""
+        names: dict[tuple[str, str], str] = {}
         for schema, name, mirror in self.overrides:
-            if (schema, name) == (table.schema, table.name):
-                return mirror
-        return iceberg_table_name(self.table_template, table.schema, table.name)
+            names.setdefault((schema, name), mirror)
+        return names
 
     def earlier_mirror_table(self, table: TableName) -> str | None:
         """The name an earlier lakeslot gave the table's mirror when it differs from

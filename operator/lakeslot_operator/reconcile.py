@@ -304,8 +304,9 @@ class _Reconciler:
         :func:`lakeslot.control.steps.check_source`), tell each re-snapshot once, and say in the
         table's row why the loop guard holds one back."""
         rows = {TableName(r.schema_name, r.name): r for r in self.report.status.tables}
+        job = workloads.JobInput(self.ingestion, tuple(tables))
         generations = {t: options.resnapshot_generation for t in tables
-                       if (options := self.ingestion.spec.source.table_options(t.schema, t.name)) is not None}
+                       if (options := job.table_spec(t)) is not None}
         served = resnapshot.serve_requests([rows[t] for t in tables if t in rows],
                                            {t: progress[t] for t in tables}, generations, self._copying)
         for table in sorted(served.new):
