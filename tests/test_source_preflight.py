@@ -13,6 +13,7 @@ from lakeslot.source import connection, preflight
 from lakeslot.source.columns import ColumnOptions
 from tests.support.fixtures_pg import connection_settings
 from tests.support.odd_names import create_odd_tables
+from tests.support.queries import counted
 
 APP = connection.application_name("test", "default/preflight")
 
@@ -64,15 +65,8 @@ def test_the_checks_cost_the_same_queries_for_fifty_tables_as_for_one(pgdb):
         for table in tables:
             conn.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (id int PRIMARY KEY, g int GENERATED "
                                  "ALWAYS AS (id + 1) STORED, v text[])").format(table.sql()))
-    queries = []
     with connection.connect(connection_settings(pgdb), APP) as conn:
-        execute = conn.execute
-
-        def counted(query, params=None, **kwargs):
-            queries.append(query)
-            return execute(query, params, **kwargs)
-
-        conn.execute = counted  # type: ignore[method-assign]
+        queries = counted(conn)
         one = preflight.run(conn, tables[:1], slot_name="s")
         for_one = len(queries)
         queries.clear()
