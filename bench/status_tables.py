@@ -1,9 +1,15 @@
-"""Benchmark: reading every mirror's progress — what ``lakeslot status`` and each operator
-reconcile do — over N tables in an Iceberg REST catalog.
+"""Benchmark: what ``lakeslot status`` and each operator reconcile read over N tables — the
+source's checks in PostgreSQL and every mirror's progress in an Iceberg REST catalog.
 
-    .venv/bin/python -m bench.status_tables [--tables 1000] [--repeat 3]
+    .venv/bin/python -m bench.status_tables [--tables 1000] [--repeat 3] [--pg 15]
 
-A throwaway SeaweedFS (``lakeslot.local.objectstore``: S3 and an Iceberg REST catalog on
+The source: a throwaway PostgreSQL gets ``--tables`` tables of four columns in a publication
+a DBA created; then, ``--repeat`` times each, the preflight checks
+(``lakeslot.source.preflight.run``) and the verification of that publication
+(``lakeslot.source.publication.sync``, not managed), against the limit measured the same way:
+one catalog query reading every column of those tables (what the checks must read at least).
+
+The mirrors: a throwaway SeaweedFS (``lakeslot.local.objectstore``: S3 and an Iceberg REST catalog on
 loopback) gets ``--tables`` one-row tables (pyiceberg). Then, ``--repeat`` times each:
 
 - ``lakeslot.mirror.progress.read`` of every table (the status's and the reconcile's read: one
@@ -28,11 +34,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pyarrow as pa
+from psycopg import sql
 
+from bench import common
 from lakeslot.api.models import PostgresIngestion
 from lakeslot.api.naming import TableName
 from lakeslot.local import objectstore
 from lakeslot.mirror import catalogs, progress
+from lakeslot.source import preflight, publication
 
 NAMESPACE = "bench"
 READY_S = 30
@@ -78,11 +87,55 @@ def _raw_gets(store: objectstore.ObjectStore, names: list[str]) -> float:
     return time.monotonic() - started
 
 
+def _timed(repeat: int, action) -> tuple[float, list[float]]:
+    """The median of ``repeat`` timings of ``action()``, and the timings."""
+    times = []
+    for _ in range(repeat):
+        started = time.monotonic()
+        action()
+        times.append(time.monotonic() - started)
+    return statistics.median(times), times
+
+
+def _source(tables: int, repeat: int, pg: str) -> None:
+    """The source's checks over ``tables`` tables, against reading their columns once."""
+    names = [TableName("app", f"t{i}") for i in range(tables)]
+    with common.cluster(pg) as cluster, cluster.connect() as conn:
+        conn.autocommit = True
+        conn.execute("CREATE SCHEMA app")
+        for table in names:
+            conn.execute(sql.SQL("CREATE TABLE {} (id bigint PRIMARY KEY, qty int, note text, "
+                                 "created timestamptz)").format(table.sql()))
+        conn.execute(sql.SQL("CREATE PUBLICATION dba_pub FOR TABLE {} WITH "
+                             "(publish_via_partition_root = true)").format(
+            sql.SQL(", ").join(t.sql() for t in names)))
+
+        def checks() -> None:
+            assert not preflight.failures(preflight.run(conn, names, manage_publication=False))
+
+        def verify() -> None:
+            assert publication.sync(conn, "dba_pub", names, owner="bench", manage=False).ok
+
+        def columns() -> None:
+            conn.execute("SELECT attrelid, attname, atttypid FROM pg_catalog.pg_attribute"
+                         " WHERE attrelid = ANY(%s::regclass[]) AND attnum > 0",
+                         ([str(t) for t in names],)).fetchall()
+
+        limit, limits = _timed(repeat, columns)
+        for what, action in (("preflight checks", checks), ("publication verified", verify)):
+            took, times = _timed(repeat, action)
+            print(f"{what} of {tables} tables: {took:.3f} s (median of {repeat}: "
+                  f"{', '.join(f'{t:.3f}' for t in times)}); ratio {took / limit:.1f}x the limit")
+        print(f"limit: one query reading the {tables} tables' columns: {limit:.3f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tables", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pg", default="15", choices=["15", "18"])
     args = parser.parse_args()
+    _source(args.tables, args.repeat, args.pg)
     with objectstore.running(Path(tempfile.mkdtemp(prefix="lakeslot-bench-"))) as store:
         catalog = _catalog(store)
         schema = pa.schema([pa.field("id", pa.int32())])
