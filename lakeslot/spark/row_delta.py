@@ -130,7 +130,8 @@ ENTRIES = pa.schema([  # a manifest's live entries, as the cache holds them (one
     pa.field("parquet", pa.bool_()), pa.field("sequence", pa.int64()),
     pa.field("referenced", pa.string()),
     pa.field("lower", pa.map_(pa.int32(), pa.binary())),
-    pa.field("upper", pa.map_(pa.int32(), pa.binary()))])
+    pa.field("upper", pa.map_(pa.int32(), pa.binary())),
+    pa.field("size", pa.int64())])  # file_size_in_bytes (None: a file this driver wrote)
 
 
 # the column types the driver writes (pyarrow's Parquet, as Iceberg's Spark writer would), and
@@ -329,7 +330,8 @@ class Positions:
             if not all(_may_hold(data, i, wanted) for i, wanted in values):
                 continue
             path = data["file_path"]
-            rows = self._live(table, path, [i for i, _ in key], deletes.of(path, data["sequence"]))
+            rows = self._live(table, path, [i for i, _ in key], deletes.of(path, data["sequence"]),
+                              data["size"])
             live.append(_cast_like(rows.select(ids), keys).append_column("pos", rows["pos"])
                         .append_column("file", pa.array(np.full(len(rows), len(paths), np.int32))))
             paths.append(path)
@@ -405,18 +407,19 @@ class Positions:
         list is ``listing``, as the commit that made it knows them."""
         self._cache.put(listing + FILES, files)
 
-    def _keys(self, table, path: str, ids: Sequence[int]) -> pa.Table:
+    def _keys(self, table, path: str, ids: Sequence[int], size: int | None) -> pa.Table:
         cached = self._cache.get(path)
         if cached is None or not {str(i) for i in ids} <= set(cached.column_names):
-            read = self.columns(table, path, ids)
+            read = self.columns(table, path, ids, size)
             cached = read.append_column("pos", pa.array(range(read.num_rows), pa.int64()))
             self._cache.put(path, cached)
         return cached
 
-    def columns(self, table, path: str, ids: Sequence[int]) -> pa.Table:
+    def columns(self, table, path: str, ids: Sequence[int], size: int | None = None) -> pa.Table:
         """The columns ``ids`` (field IDs) of the data file ``path`` of the Java Iceberg
-        ``table``, named by field ID, every row (NULL for a column the file predates)."""
-        with _open(path, table.io) as raw:
+        ``table``, named by field ID, every row (NULL for a column the file predates); ``size``:
+        the file's, when its manifest entry gave it (not asked of the store then)."""
+        with _open(path, table.io, size) as raw:
             parquet = pq.ParquetFile(raw)
             names = {int(f.metadata[FIELD_ID]): f.name for f in parquet.schema_arrow
                      if f.metadata and FIELD_ID in f.metadata}
@@ -424,20 +427,21 @@ class Positions:
             count = parquet.metadata.num_rows
         return pa.table({str(i): read[names[i]] if i in names else pa.nulls(count) for i in ids})
 
-    def _live(self, table, path: str, ids: Sequence[int], deletes: list[str]) -> pa.Table:
+    def _live(self, table, path: str, ids: Sequence[int], deletes: list[str],
+              size: int | None) -> pa.Table:
         """The key columns ``ids`` and ``pos`` of the rows of the data file ``path`` that the
         position-delete files ``deletes`` leave. Kept per file with the delete files applied:
         deletes only accumulate on a file (a rewrite gives its rows a new file), so a pass
         applies only the delete files new since (a big table's file, deleted from in every
         pass, would otherwise be filtered by every delete file it ever had, every pass)."""
         if not deletes:
-            return self._keys(table, path, ids)
+            return self._keys(table, path, ids, size)
         wanted, known = frozenset(deletes), self._cache.get(path + LIVE)
         if (isinstance(known, _Live) and known.applied <= wanted
                 and {str(i) for i in ids} <= set(known.rows.column_names)):
             rows, todo = known.rows, wanted - known.applied
         else:
-            rows, todo = self._keys(table, path, ids), wanted
+            rows, todo = self._keys(table, path, ids, size), wanted
         gone = self.deleted(table, path, sorted(todo))
         if len(gone):
             rows = rows.filter(pc.invert(pc.is_in(rows["pos"], value_set=gone)))
@@ -572,7 +576,8 @@ def _entries(files: _JavaIO, manifest: ManifestFile) -> pa.Table:
                          "sequence": manifest.sequence_number if inherited else written,
                          "referenced": data[_IN_FILE["referenced_data_file"]],
                          "lower": list((lower or {}).items()),
-                         "upper": list((upper or {}).items())})
+                         "upper": list((upper or {}).items()),
+                         "size": data[_IN_FILE["file_size_in_bytes"]]})
     return pa.Table.from_pylist(rows, schema=ENTRIES)
 
 
@@ -771,7 +776,7 @@ def _entry(path: str, content: DataFileContent, referenced: str | None,
             lower.append((int(name), low.as_py().encode()))
             upper.append((int(name), high.as_py().encode()))
     return {"file_path": path, "content": content.value, "parquet": True, "sequence": None,
-            "referenced": referenced, "lower": lower, "upper": upper}
+            "referenced": referenced, "lower": lower, "upper": upper, "size": None}
 
 
 def parquet(rows: pa.Table, compression: str) -> bytes:
