@@ -589,7 +589,14 @@ class _JavaIO(FileIO):
         self._io = java_io
 
     def new_input(self, location: str, length: int | None = None) -> InputFile:
-        """``length``: the file's, when known (none asked of the store then)."""
+        """``length``: the file's, when known; unknown, the file is read to its end (one request:
+        asking its size first was a round trip more in a first commit's chain)."""
+        if length is None and local_path(location) is None:
+            stream = self._io.newInputFile(location).newStream()
+            try:
+                return _Bytes(location, bytes(stream.readAllBytes()))
+            finally:
+                stream.close()
         with _open(location, lambda: self._io, length) as raw:
             return _Bytes(location, raw.read())
 
