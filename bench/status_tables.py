@@ -126,7 +126,8 @@ def _source(tables: int, repeat: int, pg: str) -> None:
             took, times = _timed(repeat, action)
             print(f"{what} of {tables} tables: {took:.3f} s (median of {repeat}: "
                   f"{', '.join(f'{t:.3f}' for t in times)}); ratio {took / limit:.1f}x the limit")
-        print(f"limit: one query reading the {tables} tables' columns: {limit:.3f} s")
+        print(f"limit: one query reading the {tables} tables' columns: {limit:.3f} s (median of "
+              f"{repeat}: {', '.join(f'{t:.3f}' for t in limits)})")
 
 
 def main() -> None:
