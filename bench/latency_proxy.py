@@ -238,10 +238,12 @@ class LatencyProxy:
                     if target in self.upstreams:
                         self.upstreams.pop(target).close()
                     status, reason, answer, answer_headers, length = 502, "Bad Gateway", b"", [], None
-                send_answer(self, status, reason, answer_headers, answer, length)
+                # recorded before the client has the answer: a client that stops recording
+                # once answered must find its request recorded (the other order raced it)
                 proxy._record(Request(started, time.monotonic(), self.command,
                                       unquote(urlsplit(self.path).path), status, lsn,
                                       client_of(self.headers.get("User-Agent"))), table)
+                send_answer(self, status, reason, answer_headers, answer, length)
 
             def finish(self) -> None:
                 super().finish()

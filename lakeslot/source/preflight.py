@@ -305,7 +305,8 @@ def _facts(conn: psycopg.Connection, oids: list[int]) -> dict[int, _Facts]:
             " has_column_privilege(attrelid, attnum, 'SELECT')"
             " FROM pg_catalog.pg_attribute WHERE attrelid = ANY(%s::oid[]) AND attnum > 0"
             " AND NOT attisdropped ORDER BY attrelid, attnum", (oids,)):
-        table_columns[oid].append(_Column(name, generated, selectable, *types[(oid, name)]))
+        if (oid, name) in types:  # (a column added between the two queries: the next check's)
+            table_columns[oid].append(_Column(name, generated, selectable, *types[(oid, name)]))
     version = conn.info.server_version
     return {oid: _Facts(oid, user, usage, identity_keys[oid][0], identity_keys[oid][1], owner,
                         owned, hidden, table_columns[oid], version)
