@@ -155,7 +155,7 @@ class Evolution:
         """Stop the table for a re-snapshot when its changes were described with another key
         than the mirror's (:func:`moved_key`) — automatic with ``onSchemaChange: Resnapshot``,
         refused with ``Error``: the copy keys the mirror by the source's key as it is then."""
-        options = self.spec.source.table_options(table.schema, table.name)
+        options = self.sources.job.table_spec(table)
         if options is not None and options.key_columns:  # keyed by the spec, not the source
             return
         moved = moved_key(state.key, relations, renames)

@@ -72,9 +72,15 @@ def replica_identity_keys(conn: psycopg.Connection, oids: Sequence[int]) -> dict
 
 
 def table_key(conn: psycopg.Connection, oid: int, key_columns: Sequence[str]) -> list[str]:
-    """The key of table ``oid``, the one rule: the configured ``keyColumns`` when there are
-    any, else its replica identity's key (:func:`replica_identity_key`; empty when none)."""
-    return list(key_columns) or replica_identity_key(conn, oid)[1]
+    """The key of table ``oid`` (:func:`key_of`; its replica identity's key read only when no
+    ``keyColumns`` are configured)."""
+    return key_of(key_columns, [] if key_columns else replica_identity_key(conn, oid)[1])
+
+
+def key_of(key_columns: Sequence[str], identity_key: Sequence[str]) -> list[str]:
+    """The one rule for a table's key: the configured ``keyColumns`` when there are any, else
+    its replica identity's key (:func:`replica_identity_key`; empty when none)."""
+    return list(key_columns or identity_key)
 
 
 class KeyColumnsError(ValueError):

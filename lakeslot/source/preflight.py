@@ -266,8 +266,8 @@ class _Facts:
     server_version: int
 
     def key(self, key_columns: list[str]) -> list[str]:
-        """:func:`lakeslot.source.keys.table_key` (the one rule), from these facts."""
-        return list(key_columns) or self.identity_key
+        """:func:`lakeslot.source.keys.key_of` (the one rule), from these facts."""
+        return keys.key_of(key_columns, self.identity_key)
 
     def unpublished_generated(self) -> dict[str, str]:
         """:func:`lakeslot.source.columns.unpublished_generated_columns`, from these facts."""

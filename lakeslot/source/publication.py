@@ -312,12 +312,12 @@ def _mirrored(conn: psycopg.Connection, oid: int, options: ColumnOptions) -> lis
 
 
 def _unpublished_columns(conn: psycopg.Connection, oid: int, options: ColumnOptions,
-                         sent: set[str] | None) -> list[str]:
+                         sent: set[str]) -> list[str]:
     """The mirror's columns the publication does not send (``attnames`` has a stored generated
     column on PostgreSQL 18 when the column list names it or the publication sets
     ``publish_generated_columns = stored``)."""
     mirrored = _mirrored(conn, oid, options)
-    if sent is None or mirrored is None:
+    if mirrored is None:
         return []
     return [c for c in mirrored if c not in sent]
 
