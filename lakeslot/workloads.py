@@ -177,7 +177,7 @@ class JobInput:
         """The listed tables' options by table (a pass asks for each of its tables': a scan of
         the list each time was quadratic in a job of 1,000 tables)."""
         specs: dict[TableName, TableSpec] = {}
-        for options in self.ingestion.spec.source.tables:  # the first listing wins, as in table_options
+        for options in self.ingestion.spec.source.tables:  # (the first listing wins)
             specs.setdefault(TableName(options.schema_name, options.name), options)
         return specs
 

@@ -323,10 +323,6 @@ class SourceSpec(ApiModel):
         "DELETE; a dropped one becomes Removed, its mirror kept."
     )
 
-    def table_options(self, schema: str, name: str) -> TableSpec | None:
-        """The per-table options listed for ``schema.name`` (None: selected by schema)."""
-        return next((t for t in self.tables if (t.schema_name, t.name) == (schema, name)), None)
-
     rules = (
         Rule(
             cel="(has(self.tables) && size(self.tables) > 0) || (has(self.schemas) && size(self.schemas) > 0)",
