@@ -72,8 +72,8 @@ def test_a_small_table_is_compacted_on_the_driver_into_one_file_of_the_same_rows
     # what the compaction told the planning is what a fresh read of the manifests finds
     java_table = _java(spark, table)
     described = row_delta.describe(spark._jvm, java_table)
-    told = positions.files(java_table, described)
-    read = row_delta.Positions().files(java_table, described)
+    told = positions.files(spark._jvm, java_table, described)
+    read = row_delta.Positions().files(spark._jvm, java_table, described)
     columns = ["file_path", "content", "sequence", "referenced"]
     assert told.select(columns).to_pylist() == read.select(columns).to_pylist()
     assert told.num_rows == 1
@@ -87,8 +87,8 @@ def test_a_table_whose_rows_are_all_deleted_is_left_without_files(
     # every row deleted by position (Spark's DELETE drops a file all of whose rows go: the
     # driver's row delta deletes them as a pass would)
     java_table, positions = _java(spark, table), row_delta.Positions()
-    found = positions.find(java_table, row_delta.describe(spark._jvm, java_table), [(1, "id")],
-                           pa.table({"1": pa.array([1, 2], pa.int64())}))
+    found = positions.find(spark._jvm, java_table, row_delta.describe(spark._jvm, java_table),
+                           [(1, "id")], pa.table({"1": pa.array([1, 2], pa.int64())}))
     row_delta.commit(spark._jvm, java_table, positions, found, found.deletes(), None,
                      [(1, "id")], 7, "zstd")
     assert _current(spark_warehouse, table).summary["total-delete-files"] != "0"

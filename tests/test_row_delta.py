@@ -70,11 +70,11 @@ def test_positions_follow_accumulating_deletes_and_skip_files_out_of_range(spark
         # the live files of the snapshot its own last commit made: known without reading it
         # (not after round 7's, made on top of another writer's commit: read)
         assert (positions._cache.get(listing + row_delta.FILES) is not None) == (lsn not in (2, 8))
-        found = positions.find(table, described, KEY, wanted)
+        found = positions.find(jvm, table, described, KEY, wanted)
         assert _found(found) == _spark_rows(spark, keys)
         fresh = row_delta.Positions()
-        assert _found(fresh.find(table, described, KEY, wanted)) == _found(found)
-        assert _listed(found.files) == _listed(fresh._files(table, listing))
+        assert _found(fresh.find(jvm, table, described, KEY, wanted)) == _found(found)
+        assert _listed(found.files) == _listed(fresh._files(jvm, table, listing))
         # only the current snapshot's list is kept: its parent's was superseded
         parent = table.currentSnapshot().parentId()
         if lsn > 2 and parent is not None:

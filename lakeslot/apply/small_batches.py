@@ -146,7 +146,7 @@ class SmallBatches:
             else:
                 keeping, wanted = None, keys
             described = row_delta.describe(self._jvm, java_table, [row_delta.CODEC_PROPERTY])
-            found = self.positions.find(java_table, described, key, wanted, waiting)
+            found = self.positions.find(self._jvm, java_table, described, key, wanted, waiting)
             if keeping is not None:
                 resolved = self._resolve(java_table, typed, keeping, found, key,
                                          [(i, ids[names[i]]) for i in kept])

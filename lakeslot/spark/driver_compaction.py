@@ -95,7 +95,7 @@ def compact(jvm, table, positions: row_delta.Positions, properties: Mapping[str,
     if not row_delta.writes_every_column(schema):
         raise row_delta.Unsupported("the table has columns of types the driver does not write")
     codec = row_delta.compression(session_codec, described)
-    files = positions.files(table, described)
+    files = positions.files(jvm, table, described)
     deletes = row_delta.Deletes(files)
     arrow = schema_to_pyarrow(schema)
     ids = [f.field_id for f in schema.fields]

@@ -304,7 +304,7 @@ class Positions:
     def __init__(self, budget: int = CACHE_BYTES) -> None:
         self._cache = _Cache(budget)
 
-    def find(self, table, described: Described, key: Sequence[tuple[int, str]],
+    def find(self, jvm, table, described: Described, key: Sequence[tuple[int, str]],
              keys: pa.Table, waiting: Callable[[], AbstractContextManager[Any]] = contextlib.nullcontext
              ) -> Found:
         """The live rows of the Java Iceberg ``table`` (as loaded, and as ``described``) whose
@@ -316,12 +316,12 @@ class Positions:
             return Found(None, self._no_rows(keys))
         remote = local_path(described.listing) is None and self._cache.get(described.listing + FILES) is None
         with waiting() if remote else contextlib.nullcontext():
-            return self._find(table, described, key, keys)
+            return self._find(jvm, table, described, key, keys)
 
-    def _find(self, table, described: Described, key: Sequence[tuple[int, str]],
+    def _find(self, jvm, table, described: Described, key: Sequence[tuple[int, str]],
               keys: pa.Table) -> Found:
         ids = [str(i) for i, _ in key]
-        files = self.files(table, described)
+        files = self.files(jvm, table, described)
         deletes = Deletes(files)
         values = [(i, _values(keys[str(i)])) for i, _ in key]
         paths: list[str] = []
@@ -347,14 +347,14 @@ class Positions:
         return keys.slice(0, 0).append_column("pos", pa.array([], pa.int64())).append_column(
             "file_path", pa.array([], pa.string()))
 
-    def files(self, table, described: Described) -> pa.Table:
+    def files(self, jvm, table, described: Described) -> pa.Table:
         """Every live file (:data:`ENTRIES`) of the snapshot ``described`` (it has one) of the
         Java Iceberg ``table``: :class:`Unsupported` unless the table is unpartitioned with
         Parquet data files and position deletes only."""
         if not described.unpartitioned:
             raise Unsupported("the table is partitioned")
         assert described.listing is not None
-        files = self._files(table, described.listing)
+        files = self._files(jvm, table, described.listing)
         if not pc.all(files["parquet"], min_count=0).as_py():  # (an empty table: all of none)
             raise Unsupported("the table has files that are not Parquet (or deletion vectors)")
         if pc.any(pc.equal(files["content"], DataFileContent.EQUALITY_DELETES.value),
@@ -362,16 +362,19 @@ class Positions:
             raise Unsupported("the table has equality deletes")
         return files
 
-    def _files(self, table, listing: str) -> pa.Table:
+    def _files(self, jvm, table, listing: str) -> pa.Table:
         """Every live file of the snapshot whose manifest list is ``listing`` (:data:`ENTRIES`):
         as this driver's own commit or compaction left it (:meth:`committed`, :meth:`known`),
-        else read, each manifest once (a manifest never changes)."""
+        else read, each manifest once (a manifest never changes). The list is read by
+        ``RowDeltas.manifestList``: the table's snapshot keeps what it lists, so the commit
+        that follows does not read it again."""
         known = self._cache.get(listing + FILES)
         if known is not None:
             return known
         files = _JavaIO(table.io())
+        read = java(jvm, f"{ROW_DELTAS}.manifestList")(table, listing)
         parts = []
-        for manifest in read_manifest_list(files.new_input(listing)):
+        for manifest in read_manifest_list(_Bytes(listing, bytes(read))):
             cached = self._cache.get(manifest.manifest_path)
             if cached is None:
                 cached = _entries(files, manifest)
@@ -589,14 +592,6 @@ class _JavaIO(FileIO):
         self._io = java_io
 
     def new_input(self, location: str, length: int | None = None) -> InputFile:
-        """``length``: the file's, when known; unknown, the file is read to its end (one request:
-        asking its size first was a round trip more in a first commit's chain)."""
-        if length is None and local_path(location) is None:
-            stream = self._io.newInputFile(location).newStream()
-            try:
-                return _Bytes(location, bytes(stream.readAllBytes()))
-            finally:
-                stream.close()
         with _open(location, lambda: self._io, length) as raw:
             return _Bytes(location, raw.read())
 

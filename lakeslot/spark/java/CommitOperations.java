@@ -68,6 +68,16 @@ final class CommitOperations implements TableOperations {
     this.position = position;
   }
 
+  /**
+   * {@code io} with the file at {@code path} served from {@code content}, its bytes read
+   * already: a snapshot that lists its manifests through it asks storage for nothing.
+   */
+  static FileIO holding(FileIO io, String path, byte[] content) {
+    Uploads files = new Uploads(io, RowDeltas.DIRECT);
+    files.held.put(path, content);
+    return files;
+  }
+
   @Override
   public TableMetadata current() {
     return ops.current();
@@ -160,7 +170,7 @@ final class CommitOperations implements TableOperations {
     private final FileIO io;
     private final ExecutorService pool;
     private final Map<String, CompletableFuture<Void>> pending = new ConcurrentHashMap<>();
-    private final Map<String, byte[]> written = new ConcurrentHashMap<>();
+    private final Map<String, byte[]> held = new ConcurrentHashMap<>();  // path → bytes
 
     Uploads(FileIO io, ExecutorService pool) {
       this.io = io;
@@ -190,14 +200,14 @@ final class CommitOperations implements TableOperations {
 
     @Override
     public InputFile newInputFile(String path) {
-      byte[] content = written.get(path);
-      return content != null ? new Written(path, content) : io.newInputFile(path);
+      byte[] content = held.get(path);
+      return content != null ? new Held(path, content) : io.newInputFile(path);
     }
 
     @Override
     public InputFile newInputFile(String path, long length) {
-      byte[] content = written.get(path);
-      return content != null ? new Written(path, content) : io.newInputFile(path, length);
+      byte[] content = held.get(path);
+      return content != null ? new Held(path, content) : io.newInputFile(path, length);
     }
 
     @Override
@@ -262,7 +272,7 @@ final class CommitOperations implements TableOperations {
             }
             closed = true;
             byte[] content = bytes.toByteArray();
-            written.put(file.location(), content);
+            held.put(file.location(), content);
             pending.put(file.location(), CompletableFuture.runAsync(() -> upload(content), pool));
           }
         };
@@ -288,12 +298,12 @@ final class CommitOperations implements TableOperations {
     }
   }
 
-  /** A file written by this commit, read from the bytes written. */
-  private static final class Written implements InputFile {
+  /** A file read from its bytes in memory (written by this commit, or read already). */
+  private static final class Held implements InputFile {
     private final String location;
     private final byte[] content;
 
-    Written(String location, byte[] content) {
+    Held(String location, byte[] content) {
       this.location = location;
       this.content = content;
     }

@@ -15,7 +15,8 @@
  *
  * Round trips (on object storage each request crosses a network): the files handed over whole
  * are written at once, with createOrOverwrite (their names are new: no existence check first),
- * while this thread reads the current snapshot's manifest list (what the commit carries over);
+ * while this thread reads the current snapshot's manifest list (what the commit carries over)
+ * unless the snapshot has it already (manifestList, when Python read it to find positions);
  * the commit goes through CommitOperations: no reload before it or after it, its manifests and
  * manifest list uploaded at once, then the catalog's commit — three requests one after the other
  * (the files, the metadata files, the commit) where Iceberg alone makes seven or more.
@@ -49,6 +50,7 @@ import org.apache.iceberg.SnapshotUpdate;
 import org.apache.iceberg.Table;
 import org.apache.iceberg.io.FileIO;
 import org.apache.iceberg.io.PositionOutputStream;
+import org.apache.iceberg.io.SeekableInputStream;
 import org.apache.iceberg.metrics.LoggingMetricsReporter;
 import org.apache.iceberg.parquet.ParquetUtil;
 import org.apache.iceberg.relocated.com.google.common.util.concurrent.MoreExecutors;
@@ -102,6 +104,27 @@ public final class RowDeltas {
           gen.writeEndObject();
         },
         false);
+  }
+
+  /**
+   * The bytes of the manifest list at {@code location}, read in one request (its size is not
+   * asked first). When it is the list of {@code table}'s current snapshot, the snapshot keeps the
+   * manifests it lists: a commit from that snapshot (which carries them over) does not read the
+   * list again.
+   */
+  public static byte[] manifestList(Table table, String location) {
+    FileIO io = table.io();
+    byte[] content;
+    try (SeekableInputStream in = io.newInputFile(location).newStream()) {
+      content = in.readAllBytes();
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
+    Snapshot current = table.currentSnapshot();
+    if (current != null && location.equals(current.manifestListLocation())) {
+      current.allManifests(CommitOperations.holding(io, location, content));
+    }
+    return content;
   }
 
   /** The locations of new data files of the given names (a JSON list), as a JSON list. */
@@ -168,7 +191,7 @@ public final class RowDeltas {
       }
     }
     Snapshot parent = known.currentSnapshot();
-    if (parent != null) {  // (read once per Snapshot object: kept for the commit, which reads it)
+    if (parent != null) {  // (read once per Snapshot object, here or by manifestList: for the commit)
       parent.allManifests(known.io());
     }
     for (Future<?> write : writes) {
