@@ -146,3 +146,49 @@ def test_a_mirrors_state_read_in_one_call_is_the_one_read_call_by_call(built, sp
     assert one_call == by_calls
     assert one_call is not None and one_call.lsn == 42 and one_call.properties["lakeslot.owner"] == "ns/x"
     assert [f.name for f in one_call.schema.fields] == ["id", 'odd "name" é', "tags"]
+
+
+def test_a_snapshot_at_a_position_asked_in_one_call_is_the_one_asked_call_by_call(
+        built, spark, iceberg_namespace, monkeypatch):
+    """TableStates.snapshotAt (a pass's cut asks it of every member table): the current snapshot
+    of the object Spark's catalog holds where it is at the position (through a compaction's
+    replace snapshot: its parent's), else after one refresh, else none — question by question
+    the answer of the calls one by one (the path without the helpers). Another writer's commit
+    (an object of its own) is found by the refresh only."""
+    from lakeslot.spark.session import with_commit_properties
+    from lakeslot.spark.tables import Tables
+
+    catalog, namespace = iceberg_namespace.split(".", 1)
+    name = f"{iceberg_namespace}.cut_member"
+    spark.sql(f"CREATE TABLE {name} (id bigint NOT NULL) USING iceberg "
+              "TBLPROPERTIES ('format-version'='2')")
+    for lsn in (41, 42):
+        def insert(lsn: int = lsn) -> None:
+            spark.sql(f"INSERT INTO {name} VALUES ({lsn})")
+
+        with_commit_properties(spark, {"lakeslot.lsn": str(lsn)}, insert)
+    spark.sql(f"CALL {catalog}.system.rewrite_data_files(table => '{namespace}.cut_member', "
+              "options => map('min-input-files', '1'))")
+    tables = Tables(spark, catalog, namespace)
+    held = tables.held("cut_member")
+    compacted = held.currentSnapshot().snapshotId()
+
+    def asked(position: int | None) -> int | None:
+        one_call = tables.snapshot_at("cut_member", position)
+        with monkeypatch.context() as m:
+            m.setattr(helpers, "loaded", lambda jvm, name: None)
+            assert tables.snapshot_at("cut_member", position) == one_call, position
+        return one_call
+
+    assert asked(42) == compacted  # (the replace snapshot carries none: its parent's)
+    assert asked(41) is None and asked(None) is None
+    jvm = spark._jvm  # another writer: an object of the table that Spark's catalog does not hold
+    other = jvm.org.apache.iceberg.hadoop.HadoopTables(
+        spark._jsc.hadoopConfiguration()).load(held.location())
+    other.newAppend().set("lakeslot.lsn", "43").commit()
+    advanced = other.currentSnapshot().snapshotId()
+    assert held.currentSnapshot().snapshotId() == compacted  # (held: as it was)
+    assert asked(42) == compacted  # the held object is at 42: no request
+    assert asked(43) == advanced  # ... not at 43: refreshed
+    assert held.currentSnapshot().snapshotId() == advanced
+    assert asked(42) is None and asked(44) is None

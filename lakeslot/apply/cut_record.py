@@ -108,7 +108,8 @@ class CutRecord:
             full = retain or not self._recorded or now - self._listed_at >= cuts.FULL_LISTING_S
             looked = on_threads(self.spark, threads,
                                 [o for o in outcomes if self._looked_up(o, lsn, full)],
-                                lambda o: self._snapshot(o.target, o.durable), "lakeslot-cut")
+                                lambda o: self.tables.snapshot_at(o.target, o.durable),
+                                "lakeslot-cut")
             listed = [each for o in outcomes
                       if (each := self._listed(o, lsn, full, looked)) is not None]
             self._commit(cuts.record_rows(lsn, int(now * 1000), listed, full=full,
@@ -153,18 +154,6 @@ class CutRecord:
         return cuts.Listed(outcome.source, outcome.target, snapshot,
                            durable if snapshot is not None else None,
                            outcome.state if snapshot is not None else "moved")
-
-    def _snapshot(self, target: str, lsn: int | None) -> int | None:
-        """The current snapshot of ``target`` if it carries ``lsn`` (the catalog's cached table
-        object first; refreshed once if it does not)."""
-        table = self.tables.held(target)
-        for refresh in (False, True):
-            if refresh:
-                table.refresh()
-            current = table.currentSnapshot()
-            if current is not None and position_of(table) == lsn:
-                return int(current.snapshotId())
-        return None
 
     def _latest(self) -> int:
         """The record's latest cut (−1: no record yet)."""

@@ -337,6 +337,23 @@ class Tables(Catalog):
         requirements the catalog checks (see the module docstring)."""
         return self.java_table(self.namespace, table, fresh=False)
 
+    def snapshot_at(self, table: str, position: int | None) -> int | None:
+        """The ID of the current snapshot of ``table`` as Spark's catalog holds it (:meth:`held`)
+        when the table is at ``position`` (:func:`position_of`); if it is not, refreshed once (a
+        request) and asked again; None when it is not then either. Two py4j calls (the lookup,
+        the question) where asking Python's proxies made a dozen."""
+        loaded = self.held(table)
+        if helpers.loaded(self._jvm, helpers.TABLE_STATES) is not None:
+            return java(self._jvm, f"{helpers.TABLE_STATES}.snapshotAt")(
+                loaded, LSN_PROPERTY, None if position is None else str(position))
+        for refresh in (False, True):
+            if refresh:
+                loaded.refresh()
+            current = loaded.currentSnapshot()
+            if current is not None and position_of(loaded) == position:
+                return int(current.snapshotId())
+        return None
+
     def load(self, table: str, *, refresh: bool = True) -> TableState | None:
         """The table's state, read from the catalog; without ``refresh``, as this job last read
         or committed it (:meth:`held`: no request)."""

@@ -1,6 +1,7 @@
 /*
  * A mirror's state as the apply job decides on it (lakeslot/spark/tables.py's Tables.load): its
- * position, its schema and its properties, in one call from Python.
+ * position, its schema and its properties, in one call from Python; and its current snapshot
+ * where it is at a position (Tables.snapshot_at, for each table of a pass's cut), in one call.
  *
  * Built for cost: read call by call, a table's state was about a dozen py4j calls (the current
  * snapshot, its summary, the schema and its JSON, the properties and theirs) and as many again
@@ -9,14 +10,17 @@
  *
  * Invariants: the position is CommitOperations.position's (the current snapshot's value of the
  * property; a "replace" snapshot without it has its parent's); the schema is SchemaParser's JSON
- * (field IDs kept); the properties are the table's, all of them.
+ * (field IDs kept); the properties are the table's, all of them. A snapshot is "at" a position
+ * when that position is the table's (numerically: the property's value is a decimal LSN).
  */
 package lakeslot.iceberg;
 
 import java.util.Map;
 import org.apache.iceberg.HasTableOperations;
 import org.apache.iceberg.SchemaParser;
+import org.apache.iceberg.Snapshot;
 import org.apache.iceberg.Table;
+import org.apache.iceberg.TableMetadata;
 import org.apache.iceberg.util.JsonUtil;
 
 public final class TableStates {
@@ -43,5 +47,26 @@ public final class TableStates {
           gen.writeEndObject();
         },
         false);
+  }
+
+  /**
+   * The ID of {@code table}'s current snapshot if the table is at {@code position} (the value of
+   * the snapshot property {@code property}; null: none); if it is not, the table is refreshed (a
+   * request) and asked again. Null when it is not at {@code position} then either.
+   */
+  public static Long snapshotAt(Table table, String property, String position) {
+    Long wanted = position == null ? null : Long.valueOf(position);
+    for (int attempt = 0; attempt < 2; attempt++) {
+      if (attempt > 0) {
+        table.refresh();
+      }
+      TableMetadata metadata = ((HasTableOperations) table).operations().current();
+      Snapshot current = metadata.currentSnapshot();
+      String at = CommitOperations.position(metadata, property);
+      if (current != null && java.util.Objects.equals(wanted, at == null ? null : Long.valueOf(at))) {
+        return current.snapshotId();
+      }
+    }
+    return null;
   }
 }
