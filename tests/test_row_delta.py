@@ -10,8 +10,11 @@ and commits on top of the other commit. Real Spark, real Iceberg (hadoop catalog
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 
 import pyarrow as pa
+from pyiceberg.avro.resolver import resolve_reader
+from pyiceberg.typedef import Record
 
 from lakeslot.mirror.catalogs import load_hadoop_table
 from lakeslot.spark import row_delta
@@ -44,6 +47,16 @@ def _listed(files: pa.Table) -> set[tuple]:
              dict(f["lower"]).get(KEY[0][0] if f["content"] == 0 else row_delta.FILE_PATH_ID),
              dict(f["upper"]).get(KEY[0][0] if f["content"] == 0 else row_delta.FILE_PATH_ID))
             for f in files.to_pylist()}
+
+
+def _plain(value):
+    """A record read from Avro as plain values (pyiceberg's records and lazy maps compare by
+    identity)."""
+    if isinstance(value, Record):
+        return [_plain(value[i]) for i in range(len(value))]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def test_positions_follow_accumulating_deletes_and_skip_files_out_of_range(spark, spark_warehouse):
@@ -109,3 +122,38 @@ def test_positions_follow_accumulating_deletes_and_skip_files_out_of_range(spark
     assert dict(zip(read_back["id"].to_pylist(), read_back["v"].to_pylist(), strict=True)) == model
     assert read_back.num_rows == len(model)
     spark.sql(f"DROP TABLE lakeslot.{NAMESPACE}.{NAME} PURGE")
+
+
+def test_manifests_are_read_as_pyicebergs_reader_reads_them_building_a_reader_once(
+        spark, iceberg_namespace, monkeypatch):
+    """The planning's Avro reads (row_delta._Avro: a reader tree per file schema, built once)
+    give pyiceberg's own reader's records, for the manifest list and each manifest; files of
+    one schema build one reader (three manifests of one table: one)."""
+    from pyiceberg.avro.file import AvroFile
+    from pyiceberg.manifest import read_manifest_list
+
+    name = f"{iceberg_namespace}.avro_read"
+    spark.sql(f"CREATE TABLE {name} (id bigint NOT NULL, v string) USING iceberg "
+              "TBLPROPERTIES ('format-version'='2')")
+    for low in (1, 11, 21):
+        spark.sql(f"INSERT INTO {name} SELECT id, CAST(id AS string) FROM range({low}, {low + 10})")
+    catalog, namespace = iceberg_namespace.split(".", 1)
+    table = Tables(spark, catalog, namespace).iceberg_table("avro_read")
+    listing = table.currentSnapshot().manifestListLocation()
+    files = row_delta._JavaIO(table.io())
+    manifests = list(read_manifest_list(files.new_input(listing)))
+    assert len(manifests) == 3
+    with row_delta._Avro[row_delta.ManifestFile](files.new_input(listing), row_delta._LISTED,
+                                                 row_delta._LISTED_TYPES,
+                                                 row_delta._LISTED_ENUMS) as read:
+        assert list(read) == manifests
+    built = []
+    monkeypatch.setattr(row_delta, "resolve_reader",
+                        lambda *args: built.append(args) or resolve_reader(*args))
+    monkeypatch.setattr(row_delta._Avro, "_built", {})
+    for manifest in manifests:
+        path, length = manifest.manifest_path, manifest.manifest_length
+        with AvroFile(files.new_input(path, length), row_delta._ENTRY) as theirs, \
+                row_delta._Avro(files.new_input(path, length), row_delta._ENTRY) as ours:
+            assert [_plain(r) for r in ours] == [_plain(r) for r in theirs] != []
+    assert len(built) == 1
