@@ -148,12 +148,16 @@ def test_manifests_are_read_as_pyicebergs_reader_reads_them_building_a_reader_on
                                                  row_delta._LISTED_ENUMS) as read:
         assert list(read) == manifests
     built = []
-    monkeypatch.setattr(row_delta, "resolve_reader",
-                        lambda *args: built.append(args) or resolve_reader(*args))
+
+    def resolving(*args):
+        built.append(args)
+        return resolve_reader(*args)
+
+    monkeypatch.setattr(row_delta, "resolve_reader", resolving)
     monkeypatch.setattr(row_delta._Avro, "_built", {})
     for manifest in manifests:
         path, length = manifest.manifest_path, manifest.manifest_length
-        with AvroFile(files.new_input(path, length), row_delta._ENTRY) as theirs, \
-                row_delta._Avro(files.new_input(path, length), row_delta._ENTRY) as ours:
+        with AvroFile[Record](files.new_input(path, length), row_delta._ENTRY) as theirs, \
+                row_delta._Avro[Record](files.new_input(path, length), row_delta._ENTRY) as ours:
             assert [_plain(r) for r in ours] == [_plain(r) for r in theirs] != []
     assert len(built) == 1

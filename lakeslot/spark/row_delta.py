@@ -40,12 +40,13 @@ Invariants:
 - **Planning** reads only what is new. The live files of the snapshot this driver's own commit
   made are known from the commit (:meth:`Positions.committed`); otherwise the snapshot's
   manifest list is read, and each manifest once (immutable too) with pyiceberg's Avro reader
-  (its reader built once per file schema: :class:`_Avro`) through the table's FileIO, cached with the key columns: the live data files, pruned key by
-  key by the columns' bounds (integer and string keys), and the position-delete files Iceberg
-  would pair with each (committed at or after it, naming it or spanning its path). Equality
-  deletes, deletion vectors and files that are not Parquet are :class:`Unsupported`. Iceberg's
-  Java planning cost a py4j call or three per data file, and its worker pool's 10 ms polls
-  (the commit scans manifests on the calling thread for the same reason).
+  (its reader built once per file schema: :class:`_Avro`) through the table's FileIO, cached
+  with the key columns: the live data files, pruned key by key by the columns' bounds (integer
+  and string keys), and the position-delete files Iceberg would pair with each (committed at
+  or after it, naming it or spanning its path). Equality deletes, deletion vectors and files
+  that are not Parquet are :class:`Unsupported`. Iceberg's Java planning cost a py4j call or
+  three per data file, and its worker pool's 10 ms polls (the commit scans manifests on the
+  calling thread for the same reason).
 
 Failure modes: :class:`Conflict` (validation failed: retry another way), :class:`Unsupported`
 (before anything is written), :class:`lakeslot.mirror.contract.Moved` (the table moved since the
