@@ -97,3 +97,50 @@ def test_the_reader_problem_says_whether_a_run_stopped_cleanly_or_none_ran():
         "state": "failed", "definite": True, "reason": "SlotLost", "message": "gone"})
     assert "definite error (SlotLost): gone" in _problem(definite)
     assert observe._reader_problem(observe.Activity(run_active=True, reader_running=True)) is None
+
+
+def test_staged_changes_are_counted_once_per_segment_the_new_ones_at_once(tmp_path, monkeypatch):
+    """The status's staged counts (observe.StagedCounter): each table's changes above its applied
+    LSN in the sealed segments (a change per row whose op changes a table; a commit at or below
+    the LSN applied is not counted), the new segments read at once — two reads meet at a barrier,
+    which reads one after the other never pass — and each segment once."""
+    import threading
+
+    import pyarrow as pa
+
+    from lakeslot.api.naming import TableName
+    from lakeslot.reader.writer import SegmentWriter
+    from lakeslot.staging import segments
+    from lakeslot.staging.store import Staging
+
+    staging = Staging(tmp_path.as_uri())
+    source = segments.SourceIdentity("7", 1)
+    names = []
+    for k in range(4):  # segment k: k + 1 changes of a and one of b per commit, two commits
+        start = 0x1000 * (k + 1)
+        writer = SegmentWriter(staging, start, source)
+        rows = [{"commit_lsn": start + c, "seq": n, "op": op, "schema": "s", "table": t}
+                for c in (0x10, 0x20)
+                for n, (op, t) in enumerate([("I", "a")] * (k + 1) + [("U", "b"), ("C", None)])]
+        writer.write(pa.RecordBatch.from_pylist(rows, schema=segments.SCHEMA))
+        names.append(writer.seal(start + 0x1000))
+    a, b = TableName("s", "a"), TableName("s", "b")
+    applied = {a: 0, b: 0x3010}  # b: applied up to the first commit of segment 3 (k = 2)
+    expected = {a: 2 * (1 + 2 + 3 + 4), b: 1 + 2}
+
+    reads: list[segments.SegmentName] = []
+    met = threading.Barrier(2, timeout=30)
+    counted = Staging.change_counts
+
+    def reading(self, name):
+        reads.append(name)
+        if len(reads) <= 2:
+            met.wait()
+        return counted(self, name)
+
+    monkeypatch.setattr(Staging, "change_counts", reading)
+    counter = observe.StagedCounter(tmp_path.as_uri())
+    assert counter.pending(applied) == expected
+    assert sorted(reads) == sorted(names)
+    reads.clear()
+    assert counter.pending(applied) == expected and reads == []

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -43,6 +44,8 @@ from lakeslot.snapshot import progress as snapshot_progress
 from lakeslot.staging import apply_status
 from lakeslot.staging.segments import SegmentName
 from lakeslot.staging.store import Staging
+
+COUNT_READERS = 16  # new segments whose changes a status counts at once (StagedCounter)
 
 
 @dataclass(frozen=True)
@@ -79,16 +82,28 @@ def _alive(pid: int) -> bool:
 
 
 class StagedCounter:
-    """Changes per table in sealed segments; segments are immutable, so each is read once."""
+    """Changes per table in sealed segments; segments are immutable, so each is read once, the
+    new ones :data:`COUNT_READERS` at a time (on object storage a segment's read is several
+    requests: 200 new segments one after the other at 30 ms a request kept a status 31 s)."""
 
     def __init__(self, staging_uri: str) -> None:
         self.staging = Staging(staging_uri)
         self._cache: dict[SegmentName, list[tuple[str, str, int, int]]] = {}
 
+    def _read(self, names: list[SegmentName]) -> None:
+        """Count the changes of the segments ``names`` not counted yet."""
+        new = [n for n in names if n not in self._cache]
+        if len(new) <= 1:
+            self._cache.update((n, self.staging.change_counts(n)) for n in new)
+            return
+        with ThreadPoolExecutor(min(COUNT_READERS, len(new)),
+                                thread_name_prefix="lakeslot-staged-counts") as pool:
+            self._cache.update(zip(new, pool.map(self.staging.change_counts, new), strict=True))
+
     def _counts(self, name: SegmentName) -> list[tuple[str, str, int, int]]:
         """(schema, table, commit_lsn, changes) of one segment."""
         if name not in self._cache:
-            self._cache[name] = self.staging.change_counts(name)
+            self._read([name])
         return self._cache[name]
 
     def pending(self, applied: Mapping[TableName, int]) -> dict[TableName, int]:
@@ -98,6 +113,7 @@ class StagedCounter:
         low = min(applied.values())
         names = [n for n in self.staging.list() if n.end > low]
         self._cache = {n: c for n, c in self._cache.items() if n.end > low}
+        self._read(names)
         counts = dict.fromkeys(applied, 0)
         for name in names:
             for schema, table, commit_lsn, changes in self._counts(name):
