@@ -36,7 +36,7 @@ def clocked(monkeypatch):
 def test_a_slow_status_waits_in_proportion_to_what_it_took(clocked, monkeypatch, fails):
     clock, live = clocked
 
-    def observed(local, activity, staged=None):  # took 3 s of the run's clock
+    def observed(local, activity, staged=None, read=None):  # took 3 s of the run's clock
         clock.now += 3.0
         if fails:
             raise RuntimeError("the catalog did not answer")
@@ -56,7 +56,7 @@ def test_a_slow_status_waits_in_proportion_to_what_it_took(clocked, monkeypatch,
 def test_a_quick_status_is_due_every_tick(clocked, monkeypatch):
     clock, live = clocked
 
-    def observed(local, activity, staged=None):
+    def observed(local, activity, staged=None, read=None):
         clock.now += 0.01
         return PostgresIngestionStatus()
 
@@ -75,7 +75,7 @@ def test_a_phase_ends_without_computing_a_status(clocked, monkeypatch):
     clock, live = clocked
     computed = []
 
-    def observed(local, activity, staged=None):
+    def observed(local, activity, staged=None, read=None):
         computed.append(clock.now)
         clock.now += 3.0  # a slow status: the next one due 3 / STATUS_SHARE s later
         return PostgresIngestionStatus()

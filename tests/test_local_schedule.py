@@ -103,8 +103,11 @@ def test_the_first_decision_waits_for_the_first_apply_pass(tmp_path, monkeypatch
     schedule = Schedule(local, selection)
     schedule.apply_tables = (A, B)
     assert schedule.next_copy(passes=0) is None
-    assert reads == []
+    assert reads == [] and schedule.progress_read(0) is None
     assert schedule.next_copy(passes=1) is None  # every mirror current: nothing to copy
     assert reads == [(A, B)]
     assert schedule.next_copy(passes=1) is None  # no pass since: no read
     assert reads == [(A, B)]
+    # until the next pass, the status takes the mirrors as that read found them
+    assert schedule.progress_read(1) == read(local.ingestion, [A, B])
+    assert schedule.progress_read(2) is None

@@ -144,3 +144,33 @@ def test_staged_changes_are_counted_once_per_segment_the_new_ones_at_once(tmp_pa
     assert sorted(reads) == sorted(names)
     reads.clear()
     assert counter.pending(applied) == expected and reads == []
+
+
+@pytest.mark.parametrize("pg", ["pg15"], indirect=True)
+def test_a_status_between_two_passes_takes_the_mirrors_as_read_since_the_last(pgdb, tmp_path,
+                                                                            monkeypatch):
+    """``lakeslot run``'s status while no apply pass finished since the re-snapshot decision read
+    every mirror (observe's ``read``): the mirrors' progress as read then, no catalog load; a
+    read without every table is not taken (the mirrors are read as always)."""
+    from lakeslot.mirror import catalogs
+    from lakeslot.mirror.progress import MirrorProgress
+
+    with pgdb.connect() as conn:
+        table = local_support.create_accounts(conn, 10)
+    path = tmp_path / "ingestion.yaml"
+    local_support.write_ingestion(path, pgdb, [table], tmp_path)
+    local = local_support.local(path, pgdb, tmp_path / "state")
+    loads = []
+
+    def load_tables(catalog, idents, *args, **kwargs):
+        loads.append(idents)
+        return [None] * len(idents)
+
+    monkeypatch.setattr(catalogs, "load_tables", load_tables)
+    read = {table: MirrorProgress(lsn=0x16B3748, rows=10, committed_at_ms=None)}
+    status = observe.observe(local, observe.activity(local), read=read)
+    [row] = status.tables
+    assert (row.applied_lsn, row.rows_known) == ("0/16B3748", 10) and loads == []
+    status = observe.observe(local, observe.activity(local), read={})
+    [row] = status.tables
+    assert row.applied_lsn is None and len(loads) == 1  # (read: no mirror yet)

@@ -137,7 +137,11 @@ def snapshot_document(local: Local) -> dict | None:
 
 
 def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | None = None,
-            now: datetime | None = None) -> PostgresIngestionStatus:
+            now: datetime | None = None,
+            read: Mapping[TableName, MirrorProgress] | None = None) -> PostgresIngestionStatus:
+    """The status now; ``read``: the mirrors' progress as read since the last apply pass
+    finished (:meth:`.schedule.Schedule.progress_read`), taken instead of reading every mirror
+    again where it has every table."""
     ing, job = local.ingestion, local.job
     # the selection the run last recorded: a table no longer selected since is shown Removed
     report = status_report.Report(PostgresIngestionStatus(tables=state.read_tables(local.state_dir)),
@@ -150,9 +154,12 @@ def observe(local: Local, activity_now: Activity, *, staged: StagedCounter | Non
         return report.status
     tables, health = source.tables, source.health
     applied = Staging(ing.spec.staging.uri).read_apply_status() or {}
+    covered = apply_status.covered(applied)
     try:
-        progress = mirror_progress.read(ing, tables, secrets=job.catalog_secrets(local.environ),
-                                        covered=apply_status.covered(applied))
+        progress = (mirror_progress.with_coverage({t: read[t] for t in tables}, covered)
+                    if read is not None and all(t in read for t in tables) else
+                    mirror_progress.read(ing, tables, secrets=job.catalog_secrets(local.environ),
+                                         covered=covered))
     except Exception as e:  # noqa: BLE001 - any catalog failure is reported
         report.condition("Streaming", False, "CatalogUnreachable", status_report.first_line(e))
         report.summarize()

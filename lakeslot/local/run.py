@@ -352,7 +352,7 @@ class _Session:
 
     def _refresh(self) -> None:
         status = self.live.refresh(self.processes.activity(), self.processes.target,
-                                   self.apply.seconds)
+                                   self.apply.seconds, self.schedule.progress_read(self.apply.passes))
         if status is not None:
             self.selection.remember_positions(status)
 

@@ -29,7 +29,9 @@ Invariants:
   first pass (the run's start has just read them all: at 1,000 mirrors on a network catalog a
   read before it held the first pass back by seconds); and those reads take at most
   :data:`DECISION_SHARE` of the run's time (:mod:`.time_share`: hundreds of mirrors aged a day
-  took half the apply job's interpreter lock), so a decision may wait a few passes.
+  took half the apply job's interpreter lock), so a decision may wait a few passes. Until the
+  next pass finishes, the run's status takes its mirrors' progress from that read
+  (:meth:`Schedule.progress_read`) instead of reading them all again.
 - Local mode differs from the operator in one input of :func:`~lakeslot.control.scheduling.plan`
   (:data:`STREAMING`): while it streams, the snapshot's generation, cut-off and ``mode`` play no
   part — the run's start hands the snapshot job every table (under ``mode: never`` every table
@@ -101,6 +103,7 @@ class Schedule:
         self.copying: tuple[TableName, ...] = ()  # the running copy's tables
         self._copied: dict[TableName, str] = {}  # the last copy's outcome per table (its thread)
         self._decided_at = 0  # the apply passes when next_copy last read the mirrors
+        self._read: dict[TableName, MirrorProgress] = {}  # what that read found
         self._share = TimeShare(DECISION_SHARE)
 
     def _progress(self, tables: list[TableName]) -> dict[TableName, MirrorProgress]:
@@ -172,9 +175,15 @@ class Schedule:
         with self._share.spent():
             return self._decide()
 
+    def progress_read(self, passes: int) -> dict[TableName, MirrorProgress] | None:
+        """The mirrors' progress as the last decision read it, if no apply pass finished since
+        (``passes``: the passes finished) — what a read now would find but for the commits of
+        the pass in flight; else None."""
+        return self._read if self._read and passes == self._decided_at else None
+
     def _decide(self) -> Copy | None:
         spec, tables = self.local.ingestion.spec, self.selection.tables
-        progress = self._progress(tables)
+        progress = self._read = self._progress(tables)
         self.mirrored = {t for t in tables if progress[t].lsn is not None or t in self.started_empty}
         self.joined -= self.mirrored
         rejoined = self.selection.joined_below(progress)
