@@ -119,26 +119,36 @@ def test_without_a_jdk_sessions_keep_hadoops_file_system(monkeypatch, caplog):
         helpers.ensure_built.cache_clear()
 
 
+def _compacted(spark, iceberg_namespace: str, table: str, columns: str, more: str = "",
+               properties: str = ""):
+    """``table`` of ``columns``, given a row at ``lakeslot.lsn`` 41 and one at 42 (its key the
+    LSN, then the values ``more``), then compacted (a replace snapshot, which carries no
+    position: its parent's): the Tables of its namespace."""
+    from lakeslot.spark.session import with_commit_properties
+    from lakeslot.spark.tables import Tables
+
+    catalog, namespace = iceberg_namespace.split(".", 1)
+    name = f"{iceberg_namespace}.{table}"
+    spark.sql(f"CREATE TABLE {name} ({columns}) USING iceberg "
+              f"TBLPROPERTIES ('format-version'='2'{properties})")
+    for lsn in (41, 42):
+        def insert(lsn: int = lsn) -> None:
+            spark.sql(f"INSERT INTO {name} VALUES ({lsn}{', ' + more if more else ''})")
+
+        with_commit_properties(spark, {"lakeslot.lsn": str(lsn)}, insert)
+    spark.sql(f"CALL {catalog}.system.rewrite_data_files(table => '{namespace}.{table}', "
+              "options => map('min-input-files', '1'))")
+    return Tables(spark, catalog, namespace)
+
+
 def test_a_mirrors_state_read_in_one_call_is_the_one_read_call_by_call(built, spark, iceberg_namespace,
                                                                         monkeypatch):
     """TableStates: the position (through a compaction's replace snapshot, which carries none:
     its parent's), the schema with its field IDs, every property — as the calls one by one
     read them (the path without the helpers)."""
-    from lakeslot.spark.session import with_commit_properties
-    from lakeslot.spark.tables import Tables
-
-    catalog, namespace = iceberg_namespace.split(".", 1)
-    name = f"{iceberg_namespace}.states"
-    spark.sql(f"CREATE TABLE {name} (id bigint NOT NULL, `odd \"name\" é` string, tags array<int>) "
-              "USING iceberg TBLPROPERTIES ('format-version'='2', 'lakeslot.owner'='ns/x')")
-    for lsn in (41, 42):
-        def insert(lsn: int = lsn) -> None:
-            spark.sql(f"INSERT INTO {name} VALUES ({lsn}, 'v', array(1))")
-
-        with_commit_properties(spark, {"lakeslot.lsn": str(lsn)}, insert)
-    spark.sql(f"CALL {catalog}.system.rewrite_data_files(table => '{namespace}.states', "
-              "options => map('min-input-files', '1'))")
-    tables = Tables(spark, catalog, namespace)
+    tables = _compacted(spark, iceberg_namespace, "states",
+                        "id bigint NOT NULL, `odd \"name\" é` string, tags array<int>",
+                        "'v', array(1)", ", 'lakeslot.owner'='ns/x'")
     assert tables.iceberg_table("states").currentSnapshot().operation() == "replace"
     one_call = tables.load("states")
     monkeypatch.setattr(helpers, "loaded", lambda jvm, name: None)
@@ -155,21 +165,7 @@ def test_a_snapshot_at_a_position_asked_in_one_call_is_the_one_asked_call_by_cal
     replace snapshot: its parent's), else after one refresh, else none — question by question
     the answer of the calls one by one (the path without the helpers). Another writer's commit
     (an object of its own) is found by the refresh only."""
-    from lakeslot.spark.session import with_commit_properties
-    from lakeslot.spark.tables import Tables
-
-    catalog, namespace = iceberg_namespace.split(".", 1)
-    name = f"{iceberg_namespace}.cut_member"
-    spark.sql(f"CREATE TABLE {name} (id bigint NOT NULL) USING iceberg "
-              "TBLPROPERTIES ('format-version'='2')")
-    for lsn in (41, 42):
-        def insert(lsn: int = lsn) -> None:
-            spark.sql(f"INSERT INTO {name} VALUES ({lsn})")
-
-        with_commit_properties(spark, {"lakeslot.lsn": str(lsn)}, insert)
-    spark.sql(f"CALL {catalog}.system.rewrite_data_files(table => '{namespace}.cut_member', "
-              "options => map('min-input-files', '1'))")
-    tables = Tables(spark, catalog, namespace)
+    tables = _compacted(spark, iceberg_namespace, "cut_member", "id bigint NOT NULL")
     held = tables.held("cut_member")
     compacted = held.currentSnapshot().snapshotId()
 
