@@ -435,8 +435,9 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
 class _CpuGroups:
     """The process groups of :class:`bench.cpu_use.CpuUse`: what a production deployment runs
     elsewhere (the catalog and S3, the proxies standing for the network, PostgreSQL, the
-    application writing) apart from lakeslot (``root``, this process, which runs ``lakeslot
-    run``, and its children: the Spark JVM and its Python workers, the reader)."""
+    application writing) apart from lakeslot — ``root``, this process, which runs ``lakeslot
+    run`` (the apply driver's Python, the status), and its children: the Spark driver's JVM, and
+    the reader with Spark's Python workers."""
 
     root: int
     writer: int | None
@@ -451,8 +452,10 @@ class _CpuGroups:
             return "PostgreSQL"
         if pid == self.writer:
             return "the writer"
-        if pid == self.root or self.root in ancestors:
-            return "lakeslot run (Spark, the reader)"
+        if pid == self.root:
+            return "lakeslot run's Python"
+        if self.root in ancestors:
+            return "its Spark JVM" if comm == "java" else "its reader (and Spark's workers)"
         return None
 
 
