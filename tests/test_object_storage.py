@@ -722,10 +722,10 @@ def test_a_small_table_compacted_on_the_driver_on_object_storage_reads_its_files
     """A small mirror's compaction on the driver against the REST catalog and S3, behind proxies
     adding 50 ms to every request: after eight merge-on-read commits (a data file each, their
     deletes, their manifests) its manifests are read several at a time, as are its data files
-    (with their delete files), not one after the other; its commit and the manifests' rewrite
-    after it are a request to the catalog each, with no load of the table before or between.
-    Read back through the catalog by pyiceberg: the same rows, in one data file, no delete file
-    left."""
+    (with their delete files), not one after the other, and no data file's size is asked; its
+    commit and the manifests' rewrite after it are a request to the catalog each, with no load of
+    the table before or between. Read back through the catalog by pyiceberg: the same rows, in
+    one data file, no delete file left."""
     store = object_store
     namespace, name = f"compacted_{uuid.uuid4().hex[:8]}", "t"
     with _behind_proxies(rest_spark, store, "compacting", 0.05) as (s3, rest):
@@ -761,6 +761,9 @@ def test_a_small_table_compacted_on_the_driver_on_object_storage_reads_its_files
         data = [r for r in gets if r.path.endswith(".parquet")]
         assert len(manifests) >= 8 and _most_at_once(manifests) >= 4, s3.requests
         assert len(data) >= 8 and _most_at_once(data) >= 4, s3.requests
+        # a data file's size is in its manifest entry: not asked (delete files' are)
+        assert [r for r in s3.requests if r.method == "HEAD" and r.path.endswith(".parquet")
+                and not r.path.endswith("-deletes.parquet")] == [], s3.requests
         to_table = [(r.method, r.status) for r in rest.requests
                     if r.path.endswith(f"/tables/{name}")]
         # its commit, then the manifests' rewrite: no load before or between them; the one load
