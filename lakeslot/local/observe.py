@@ -91,7 +91,8 @@ class StagedCounter:
         self._cache: dict[SegmentName, list[tuple[str, str, int, int]]] = {}
 
     def _read(self, names: list[SegmentName]) -> None:
-        """Count the changes of the segments ``names`` not counted yet."""
+        """Count the changes of the segments ``names`` not counted yet: (schema, table,
+        commit_lsn, changes) of each, kept by segment."""
         new = [n for n in names if n not in self._cache]
         if len(new) <= 1:
             self._cache.update((n, self.staging.change_counts(n)) for n in new)
@@ -99,12 +100,6 @@ class StagedCounter:
         with ThreadPoolExecutor(min(COUNT_READERS, len(new)),
                                 thread_name_prefix="lakeslot-staged-counts") as pool:
             self._cache.update(zip(new, pool.map(self.staging.change_counts, new), strict=True))
-
-    def _counts(self, name: SegmentName) -> list[tuple[str, str, int, int]]:
-        """(schema, table, commit_lsn, changes) of one segment."""
-        if name not in self._cache:
-            self._read([name])
-        return self._cache[name]
 
     def pending(self, applied: Mapping[TableName, int]) -> dict[TableName, int]:
         """Changes with a commit LSN above each table's applied LSN."""
@@ -116,7 +111,7 @@ class StagedCounter:
         self._read(names)
         counts = dict.fromkeys(applied, 0)
         for name in names:
-            for schema, table, commit_lsn, changes in self._counts(name):
+            for schema, table, commit_lsn, changes in self._cache[name]:
                 key = TableName(schema, table)
                 if key in applied and commit_lsn > applied[key]:
                     counts[key] += changes
