@@ -16,7 +16,7 @@ A pass (:meth:`Passes.run_pass`), every step timed (:class:`lakeslot.apply.outco
 4. ``reduce``: every table with changes at once (:mod:`lakeslot.apply.reduction`): the small
    batches the driver will apply itself are reduced by the driver, the rest on the executors.
 5. Every planned table applied (:meth:`~lakeslot.apply.table_pass.TablePass.apply`),
-   as many at a time, then the reductions released.
+   as many at a time, oldest change first (:func:`oldest_first`), then the reductions released.
 6. Escalation of tables that keep failing transiently; ``cut``: the pass's cut in the cuts
    record (:mod:`lakeslot.apply.cut_record`): one commit, after every table commit of the pass,
    whatever the number of tables.
@@ -33,6 +33,11 @@ Invariants:
   one table becomes that table's outcome and the pass goes on (DESIGN.md "Isolation"); when
   the source cannot be read for the DDL messages, no table is planned and each is ``retrying``.
 - Retention sees every table's outcome, failed ones included (their changes wait in staging).
+- Tables are applied in the order of their first change in the batch, those without one (an
+  advance) last: a change waits for the batch after it, then for its table's turn in the pass;
+  in that order the two add up to about one pass whatever the table, where in the job's order a
+  late table's change waited up to two (at 1,000 tables the cold tables, each with a change or
+  two, were the p99 of commit → visible).
 - Passes start on the seals' grid (:mod:`lakeslot.cadence`): :meth:`Passes.until_next_pass`.
 
 Failure modes: an error that belongs to no table — staging or the catalog unreachable, a gap in
@@ -47,7 +52,7 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import NoReturn, TypeVar
 
 import pyarrow as pa
@@ -73,6 +78,13 @@ from lakeslot.workloads import JobInput
 log = logging.getLogger("lakeslot.apply.job")
 T = TypeVar("T")
 NEWS_INTERVAL_S = 1.0  # an idle pass's maintenance looks for new seals at most this often
+
+
+def oldest_first(plans: Mapping[TableName, Planned]) -> list[TableName]:
+    """The planned tables in the order a pass applies them (see the module docstring): by the
+    commit LSN of their first change in the batch, those without changes last, ties in the
+    job's order."""
+    return sorted(plans, key=lambda t: (plans[t].scan.oldest is None, plans[t].scan.oldest or 0))
 
 
 class Passes:
@@ -188,7 +200,7 @@ class Passes:
             return self.work.apply(table, plans[table], batch, reduced.get(table),
                                    small.get(table))
 
-        return self._each(list(plans), apply)
+        return self._each(oldest_first(plans), apply)
 
     def _each(self, tables: Sequence[TableName], work: Callable[[TableName], T]
               ) -> dict[TableName, T | TableOutcome]:

@@ -8,11 +8,12 @@ itself, at most :data:`DRIVER_CHANGES` changes a pass, it also reduces itself
 1. :func:`scan` (driver): which segments form the batch (:func:`lakeslot.staging.segments.chain`
    from the lowest position, at most ``max_segments``), their row groups, the relation
    descriptions of the tracked tables (from the footers), and per table the number of changes
-   above its position, its TRUNCATEs and the OIDs its changes carry; plus lakeslot's DDL
-   messages. It reads one row group's small columns (LSNs, op, relation, message payload) at a
-   time, vectorised; memory is one row group's. The driver's staging fetches the batch's
-   segments whole first, once, and serves its reads, the scan's and its own reduction's, from
-   memory (:mod:`lakeslot.apply.segment_cache`: bounded; executors read staging themselves).
+   above its position, the commit LSN of the first, its TRUNCATEs and the OIDs its changes
+   carry; plus lakeslot's DDL messages. It reads one row group's small columns (LSNs, op,
+   relation, message payload) at a time, vectorised; memory is one row group's. The driver's
+   staging fetches the batch's segments whole first, once, and serves its reads, the scan's and
+   its own reduction's, from memory (:mod:`lakeslot.apply.segment_cache`: bounded; executors
+   read staging themselves).
 2. :func:`reduce` (executors, one Spark job for every table with changes). A batch of at most
    :data:`SERIAL_CHANGES` changes — or :data:`ONE_TASK_MAX_CHANGES` on a job of at most
    :data:`ONE_TASK_CORES` cores, where shuffles cost more than they spread — is reduced by one
@@ -133,6 +134,7 @@ class TableScan:
     oids: frozenset[int] = frozenset()  # the OIDs its changes were described with
     described: frozenset[int] = frozenset()  # ... and the descriptions (Batch.relations ids)
     by_op: tuple[tuple[str, int], ...] = ()  # (op, changes): I insert, U update, D delete, T truncate
+    oldest: int | None = None  # the commit LSN of its first change (None: it has none)
 
 
 @dataclass
@@ -168,6 +170,7 @@ def scan(staging: Staging, names: list[SegmentName], positions: Mapping[TableNam
     truncates: dict[TableName, list[int]] = {t: [] for t in positions}
     oids: dict[TableName, set[int]] = {t: set() for t in positions}
     described: dict[TableName, set[int]] = {t: set() for t in positions}
+    oldest: dict[TableName, int] = {}
     floor = 0
     columns = ["commit_lsn", "seq", "op", "relation", "prefix", "content", "transactional"]
     for name in batch.segments:
@@ -187,11 +190,13 @@ def scan(staging: Staging, names: list[SegmentName], positions: Mapping[TableNam
             if not len(rows):
                 continue
             batch.units.append((name.filename, group, floor, local))
-            by_op = pa.table({"gid": relation, "op": rows["op"]}).group_by(["gid", "op"]).aggregate(
-                [([], "count_all")])
-            for gid, op, count in zip(by_op["gid"], by_op["op"], by_op["count_all"], strict=True):
+            by_op = pa.table({"gid": relation, "op": rows["op"], "lsn": rows["commit_lsn"]}).group_by(
+                ["gid", "op"]).aggregate([([], "count_all"), ("lsn", "min")])
+            for gid, op, count, first in zip(by_op["gid"], by_op["op"], by_op["count_all"],
+                                             by_op["lsn_min"], strict=True):
                 table, ops = tables[gid.as_py()], counts[tables[gid.as_py()]]
                 ops[op.as_py()] = ops.get(op.as_py(), 0) + count.as_py()
+                oldest[table] = min(oldest.get(table, first.as_py()), first.as_py())
                 oids[table].add(batch.relations[gid.as_py()].oid)
                 described[table].add(gid.as_py())
             truncated = pc.equal(rows["op"], "T")
@@ -200,7 +205,8 @@ def scan(staging: Staging, names: list[SegmentName], positions: Mapping[TableNam
                 truncates[tables[gid]].append(lsn)
         floor = name.end
     batch.tables = {t: TableScan(sum(counts[t].values()), tuple(truncates[t]), frozenset(oids[t]),
-                                 frozenset(described[t]), tuple(sorted(counts[t].items())))
+                                 frozenset(described[t]), tuple(sorted(counts[t].items())),
+                                 oldest.get(t))
                     for t in positions}
     return batch
 
