@@ -5,7 +5,8 @@ Real PostgreSQL 15 and 18, the real reader (``lakeslot reader``, as a process) a
 the tests' Spark session with Iceberg; the mirrors are read with pyiceberg, as a query engine
 would read them. The source keeps an invariant across two tables (money moved between them in one
 transaction); it must hold at every cut. On the way, ``lakeslot status`` (the local status model)
-reports how far behind the staged, not yet applied transfers leave each table, and 0 once applied.
+reports how far behind the staged, not yet applied transfers leave each table, and 0 once applied;
+and a pass commits first the table whose first change in the batch is the older.
 """
 
 from __future__ import annotations
