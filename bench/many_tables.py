@@ -257,7 +257,7 @@ class Round:
     rate: float
     drained_s: float
     pass_s: float  # a pass's wall time, averaged over the passes
-    pass_last_s: float  # ... over the passes of the last third of the writes
+    pass_last_s: float  # ... over the passes of the last third of the writes (NaN: none ended)
     pass_steps: dict[str, float]  # seconds per step (threads added up), averaged over the passes
     touched: int  # tables that had changes applied (the apply job's totals)
     passes: int
@@ -399,8 +399,9 @@ def _measure(args, cluster, staging: str, warehouse: str, names: list[TableName]
     steps = {k: v / passes for k, v in totals.get("seconds", {}).items()}
     wall = totals.get("wallSeconds", 0.0) / passes
     before, after = marks if len(marks) == 2 else ({}, totals)
-    last = (after.get("wallSeconds", 0.0) - before.get("wallSeconds", 0.0)) / max(
-        1, int(after.get("passes", 0)) - int(before.get("passes", 0)))
+    ended = int(after.get("passes", 0)) - int(before.get("passes", 0))
+    last = ((after.get("wallSeconds", 0.0) - before.get("wallSeconds", 0.0)) / ended if ended
+            else math.nan)  # (no pass ended in the last third: long passes)
     touched = sum(len(ops) > 0 for ops in totals.get("changes", {}).values())
     reader = None if net is None else net.pyiceberg_catalog()
     equal = all(_equal(cluster, warehouse, t, reader) for t in names)
@@ -533,7 +534,8 @@ def report(label: str, r: Round) -> None:
           f"each into ≤ {min(r.touched, per_pass):.0f} tables ({r.pass_s / max(per_pass, 1):.4f} s "
           f"per change); its steps (the threads' times added up): "
           + ", ".join(f"{k} {v:.3f}" for k, v in r.pass_steps.items()))
-    print(f"  a pass of the last third of the writes: {r.pass_last_s:.3f} s on average")
+    print("  a pass of the last third of the writes: " + (
+        "none ended in it" if math.isnan(r.pass_last_s) else f"{r.pass_last_s:.3f} s on average"))
     print(f"  drained {r.drained_s:.1f} s after the writer stopped; every mirror equal to its "
           f"source (pyiceberg, every column of every row): {r.equal}")
     if r.cpu is not None:
