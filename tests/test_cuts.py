@@ -145,7 +145,9 @@ def test_every_cut_keeps_the_cross_table_invariant_that_latest_reads_break(
     assert first.caught_up
     monkeypatch.setenv(workloads.PASSWORD_ENV, pgdb.cluster.password)  # the apply job's, in process
 
-    torn: list[int] = []  # the latest snapshot of each table, read between a pass's two commits
+    # (the table committed first, the total over the latest snapshot of each table) read
+    # between a pass's two commits
+    torn: list[tuple[TableName, int]] = []
     merged: list[list[TableName]] = []  # each pass's commits, in order
 
     def between_commits(point: str, table: TableName | None) -> None:
@@ -154,7 +156,7 @@ def test_every_cut_keeps_the_cross_table_invariant_that_latest_reads_break(
         elif point == "after-merge" and table is not None:
             merged[-1].append(table)
             if len(merged[-1]) == 1:  # one table committed, the other not yet
-                torn.append(_total(local, {A: None, B: None}))
+                torn.append((table, _total(local, {A: None, B: None})))
 
     for round_ in range(3):
         if round_ == 2:  # B changes first: its pass applies B first (its first change is older)
@@ -176,8 +178,9 @@ def test_every_cut_keeps_the_cross_table_invariant_that_latest_reads_break(
     assert len(found) >= 4  # the snapshot, the first run's passes, three more passes
     for cut in found:
         assert _total(local, dict(cut.snapshots)) == TOTAL, cut
-    # one table already debited or credited, the other not yet
-    assert torn and all(total != TOTAL for total in torn), torn
+    # A already debited and B not credited yet, or (B first) B credited and A not debited yet
+    assert torn and all(total < TOTAL if first == A else total > TOTAL for first, total in torn), torn
+    assert {first for first, _ in torn} == {A, B}, torn
 
     # The command prints the latest cut, with what Spark reads.
     ran = subprocess.run([local_support.LAKESLOT, "cut", "-f", str(path), "--state-dir", str(tmp_path / "state"),
