@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import secrets as random_secrets
+import threading
 import time
 import urllib.parse
 import uuid
@@ -54,6 +55,8 @@ from lakeslot.mirror import catalogs, cuts
 from lakeslot.mirror import progress as mirror_progress
 from lakeslot.mirror.contract import LSN_PROPERTY
 from lakeslot.spark import row_delta
+from lakeslot.spark.helpers import ROW_DELTAS
+from lakeslot.spark.jvm import java
 from lakeslot.spark.maintenance import Maintainer
 from lakeslot.spark.tables import Tables
 from lakeslot.staging.segments import SegmentName
@@ -634,6 +637,8 @@ def test_a_row_delta_on_object_storage_asks_only_what_its_commit_needs(rest_spar
         tables = Tables(rest_spark, "counted", namespace)
         positions = row_delta.Positions()
         jvm = rest_spark._jvm
+        for helper in ("manifestList", "read"):  # (resolved once per JVM: not counted below)
+            java(jvm, f"{ROW_DELTAS}.{helper}")
         for lsn in range(2, 6):
             if lsn == 2:  # Spark's catalog holds no object of the table (as once its cache expired)
                 rest_spark.sql(f"REFRESH TABLE counted.{namespace}.{name}")
@@ -643,10 +648,12 @@ def test_a_row_delta_on_object_storage_asks_only_what_its_commit_needs(rest_spar
             rest.recording.clear()
             assert [(r.method, r.status) for r in rest.requests] == [("GET", 200)], rest.requests
             keys = [lsn, 50 + lsn]
+            described = row_delta.describe(jvm, table)
             s3.requests.clear()
             s3.recording.set()
-            found = positions.find(jvm, table, row_delta.describe(jvm, table), key,
-                                   pa.table({"1": pa.array(keys, pa.int64())}))
+            with _py4j_calls(rest_spark) as calls:
+                found = positions.find(jvm, table, described, key,
+                                       pa.table({"1": pa.array(keys, pa.int64())}))
             s3.recording.clear()
             if lsn == 2:  # the table's first: its manifest list, its manifest and its data
                 # file, each whole in one read, no size asked — the list read to its end, the
@@ -654,8 +661,10 @@ def test_a_row_delta_on_object_storage_asks_only_what_its_commit_needs(rest_spar
                 kinds = [(r.method, "list" if "/snap-" in r.path else r.path.rsplit(".", 1)[-1])
                          for r in s3.requests]
                 assert kinds == [("GET", "list"), ("GET", "avro"), ("GET", "parquet")], s3.requests
-            else:  # (known from this job's commit: nothing read)
-                assert s3.requests == [], s3.requests
+                # and each file is one call to the JVM (RowDeltas' manifestList and read)
+                assert len(calls) == 3, calls
+            else:  # (known from this job's commit: nothing read, nothing asked of the JVM)
+                assert s3.requests == [] and calls == [], (s3.requests, calls)
             rows = pa.table([pa.array(keys, pa.int64()), pa.array([f"v{lsn}-{k}" for k in keys]),
                              pa.array([lsn] * 2, pa.int64())], schema=schema)
             advanced = None
@@ -707,6 +716,26 @@ def test_many_mirrors_loaded_at_once_through_the_rest_catalog_reuse_their_connec
     assert [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()] == []
 
 
+@contextlib.contextmanager
+def _py4j_calls(spark):
+    """The commands this thread sends to ``spark``'s JVM inside the block (each a py4j round
+    trip: a call, a field, a proxy released), as their first two lines."""
+    client, thread = spark.sparkContext._gateway._gateway_client, threading.get_ident()
+    sent: list[list[str]] = []
+    real = client.send_command
+
+    def counting(command, *args, **kwargs):
+        if threading.get_ident() == thread:
+            sent.append(command.split("\n")[:2])
+        return real(command, *args, **kwargs)
+
+    client.send_command = counting
+    try:
+        yield sent
+    finally:
+        del client.send_command  # (the class's method again)
+
+
 def _most_at_once(requests) -> int:
     """The most of ``requests`` in flight at one moment."""
     edges = sorted([(r.start, 1) for r in requests] + [(r.end, -1) for r in requests])
@@ -722,7 +751,7 @@ def test_a_small_table_compacted_on_the_driver_on_object_storage_reads_its_files
     """A small mirror's compaction on the driver against the REST catalog and S3, behind proxies
     adding 50 ms to every request: after eight merge-on-read commits (a data file each, their
     deletes, their manifests) its manifests are read several at a time, as are its data files
-    (with their delete files), not one after the other, and no data file's size is asked; its
+    (with their delete files), not one after the other, and no file's size is asked; its
     commit and the manifests' rewrite after it are a request to the catalog each, with no load of
     the table before or between. Read back through the catalog by pyiceberg: the same rows, in
     one data file, no delete file left."""
@@ -761,9 +790,9 @@ def test_a_small_table_compacted_on_the_driver_on_object_storage_reads_its_files
         data = [r for r in gets if r.path.endswith(".parquet")]
         assert len(manifests) >= 8 and _most_at_once(manifests) >= 4, s3.requests
         assert len(data) >= 8 and _most_at_once(data) >= 4, s3.requests
-        # a data file's size is in its manifest entry: not asked (delete files' are)
-        assert [r for r in s3.requests if r.method == "HEAD" and r.path.endswith(".parquet")
-                and not r.path.endswith("-deletes.parquet")] == [], s3.requests
+        # no file's size is asked: a data file's is in its manifest entry, a delete file is
+        # read to its end
+        assert [r for r in s3.requests if r.method == "HEAD"] == [], s3.requests
         to_table = [(r.method, r.status) for r in rest.requests
                     if r.path.endswith(f"/tables/{name}")]
         # its commit, then the manifests' rewrite: no load before or between them; the one load

@@ -140,7 +140,7 @@ def test_manifests_are_read_as_pyicebergs_reader_reads_them_building_a_reader_on
     catalog, namespace = iceberg_namespace.split(".", 1)
     table = Tables(spark, catalog, namespace).iceberg_table("avro_read")
     listing = table.currentSnapshot().manifestListLocation()
-    files = row_delta._JavaIO(table.io())
+    files = row_delta._JavaIO(spark._jvm, table)
     manifests = list(read_manifest_list(files.new_input(listing)))
     assert len(manifests) == 3
     with row_delta._Avro[row_delta.ManifestFile](files.new_input(listing), row_delta._LISTED,

@@ -190,7 +190,8 @@ class SmallBatches:
         parts = []
         for path in pc.unique(located["file_path"]).to_pylist():
             here = located.filter(pc.equal(located["file_path"], path))
-            read = self.positions.columns(java_table, path, [f for _, f in kept]).take(here["pos"])
+            read = self.positions.columns(self._jvm, java_table, path,
+                                          [f for _, f in kept]).take(here["pos"])
             parts.append(pa.table({**{str(f): read[str(f)].cast(types[i]) for i, f in kept},
                                    "row": here["row"]}))
         values = pa.concat_tables(parts)

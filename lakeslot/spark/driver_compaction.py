@@ -103,8 +103,8 @@ def compact(jvm, table, positions: row_delta.Positions, properties: Mapping[str,
 
     def live(n: int) -> pa.Table:
         path = data[n]["file_path"]
-        read = positions.columns(table, path, ids, data[n]["size"])  # (no size asked)
-        gone = positions.deleted(table, path, deletes.of(path, data[n]["sequence"]))
+        read = positions.columns(jvm, table, path, ids, data[n]["size"])  # (no size asked)
+        gone = positions.deleted(jvm, table, path, deletes.of(path, data[n]["sequence"]))
         if len(gone):
             read = read.filter(pc.invert(pc.is_in(pa.array(np.arange(read.num_rows)),
                                                   value_set=gone)))

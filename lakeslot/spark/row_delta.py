@@ -27,7 +27,9 @@ Invariants:
 - **The Java side is three calls** of lakeslot's ``RowDeltas`` (:mod:`lakeslot.spark.helpers`,
   ``java/RowDeltas.java``): the table's facts (:func:`describe`), the new files' locations, and
   the commit with the files' metrics computed by Iceberg from their footers (not read back),
-  JSON in and out. The commit starts from the table as the caller loaded it (no reload: the
+  JSON in and out; and one per file the planning reads off local disk (``manifestList``,
+  ``read``: its bytes, whole, in one request — a file's stream read from Python was six calls
+  and three proxies released). The commit starts from the table as the caller loaded it (no reload: the
   catalog checks the commit's requirements, and Iceberg reloads and retries one that fails
   them — only from the position the caller planned from) and ends with its answer's state (no
   reload after it). Done call by call from Python, a row delta took about forty py4j round
@@ -122,8 +124,8 @@ DELETES = pa.schema([pa.field("file_path", pa.string(), False, {FIELD_ID: str(FI
 LIVE = "#live"  # a data file's live rows are cached under its path and this (Positions._live)
 FILES = "#files"  # a snapshot's live files are cached under its manifest list's path and this
 READ_CHUNK = 8 << 20  # bytes per call across py4j when a file is read
-# a remote file of at most this size is fetched whole by its first read: one request, where a
-# Parquet reader's seeks (its footer, then its columns) cost a request each on object storage
+# a remote file of at most this size is read whole, in one request, where a Parquet reader's
+# seeks (its footer, then its columns) cost a request each on object storage
 WHOLE_BYTES = 4 << 20
 # a manifest entry as the planning reads it: the spec's v2 fields, and the data file's
 # referenced_data_file (pyiceberg's v2 read schema leaves it out)
@@ -238,15 +240,29 @@ def local_path(location: str) -> str | None:
     return location if location.startswith("/") else None
 
 
-def _open(location: str, files: Callable[[], Any], length: int | None = None
-          ) -> io.RawIOBase | io.BufferedReader:
-    """The file at ``location``, readable: from local disk, else through the Java ``FileIO``
-    that ``files`` returns (asked only then: a py4j round trip); ``length``: its length, when
-    known (not asked of the store then)."""
+def _open(jvm, table, location: str, length: int | None = None, *, whole: bool = False
+          ) -> io.RawIOBase | io.BufferedReader | io.BytesIO:
+    """The file at ``location`` of the Java Iceberg ``table``'s ``FileIO``, readable: from local
+    disk; else, when ``whole`` or its ``length`` is known to be at most :data:`WHOLE_BYTES`, its
+    bytes in one call (:func:`_read`); else through a :class:`_JavaFile` (a file that big is
+    read in parts, only the columns asked for; one of unknown length has it asked first)."""
     if (local := local_path(location)) is not None:
         return open(local, "rb")
-    return _JavaFile(files().newInputFile(location) if length is None
-                     else files().newInputFile(location, length))
+    if whole or (length is not None and length <= WHOLE_BYTES):
+        return io.BytesIO(_read(jvm, table, location, length))
+    io_ = table.io()
+    return _JavaFile(io_.newInputFile(location) if length is None
+                     else io_.newInputFile(location, length))
+
+
+def _read(jvm, table, location: str, length: int | None = None) -> bytes:
+    """The bytes of the file at ``location`` of the Java Iceberg ``table``'s ``FileIO``, whole:
+    from local disk, else ``RowDeltas.read`` — one py4j call and one request (``length``: its
+    size when known, else it is read to its end without being asked)."""
+    if (local := local_path(location)) is not None:
+        with open(local, "rb") as file:
+            return file.read()
+    return bytes(java(jvm, f"{ROW_DELTAS}.read")(table, location, -1 if length is None else length))
 
 
 @dataclass(frozen=True)
@@ -344,7 +360,7 @@ class Positions:
             if not all(_may_hold(data, i, wanted) for i, wanted in values):
                 continue
             path = data["file_path"]
-            rows = self._live(table, path, [i for i, _ in key], deletes.of(path, data["sequence"]),
+            rows = self._live(jvm, table, path, [i for i, _ in key], deletes.of(path, data["sequence"]),
                               data["size"])
             live.append(_cast_like(rows.select(ids), keys).append_column("pos", rows["pos"])
                         .append_column("file", pa.array(np.full(len(rows), len(paths), np.int32))))
@@ -385,7 +401,7 @@ class Positions:
         known = self._cache.get(listing + FILES)
         if known is not None:
             return known
-        files = _JavaIO(table.io())
+        files = _JavaIO(jvm, table)
         read = java(jvm, f"{ROW_DELTAS}.manifestList")(table, listing)
         parts = []
         with _Avro[ManifestFile](_Bytes(listing, bytes(read)), _LISTED, _LISTED_TYPES,
@@ -427,19 +443,19 @@ class Positions:
         list is ``listing``, as the commit that made it knows them."""
         self._cache.put(listing + FILES, files)
 
-    def _keys(self, table, path: str, ids: Sequence[int], size: int | None) -> pa.Table:
+    def _keys(self, jvm, table, path: str, ids: Sequence[int], size: int | None) -> pa.Table:
         cached = self._cache.get(path)
         if cached is None or not {str(i) for i in ids} <= set(cached.column_names):
-            read = self.columns(table, path, ids, size)
+            read = self.columns(jvm, table, path, ids, size)
             cached = read.append_column("pos", pa.array(range(read.num_rows), pa.int64()))
             self._cache.put(path, cached)
         return cached
 
-    def columns(self, table, path: str, ids: Sequence[int], size: int | None = None) -> pa.Table:
+    def columns(self, jvm, table, path: str, ids: Sequence[int], size: int | None = None) -> pa.Table:
         """The columns ``ids`` (field IDs) of the data file ``path`` of the Java Iceberg
         ``table``, named by field ID, every row (NULL for a column the file predates); ``size``:
         the file's, when its manifest entry gave it (not asked of the store then)."""
-        with _open(path, table.io, size) as raw:
+        with _open(jvm, table, path, size) as raw:
             parquet = pq.ParquetFile(raw)
             names = {int(f.metadata[FIELD_ID]): f.name for f in parquet.schema_arrow
                      if f.metadata and FIELD_ID in f.metadata}
@@ -447,7 +463,7 @@ class Positions:
             count = parquet.metadata.num_rows
         return pa.table({str(i): read[names[i]] if i in names else pa.nulls(count) for i in ids})
 
-    def _live(self, table, path: str, ids: Sequence[int], deletes: list[str],
+    def _live(self, jvm, table, path: str, ids: Sequence[int], deletes: list[str],
               size: int | None) -> pa.Table:
         """The key columns ``ids`` and ``pos`` of the rows of the data file ``path`` that the
         position-delete files ``deletes`` leave. Kept per file with the delete files applied:
@@ -455,28 +471,28 @@ class Positions:
         applies only the delete files new since (a big table's file, deleted from in every
         pass, would otherwise be filtered by every delete file it ever had, every pass)."""
         if not deletes:
-            return self._keys(table, path, ids, size)
+            return self._keys(jvm, table, path, ids, size)
         wanted, known = frozenset(deletes), self._cache.get(path + LIVE)
         if (isinstance(known, _Live) and known.applied <= wanted
                 and {str(i) for i in ids} <= set(known.rows.column_names)):
             rows, todo = known.rows, wanted - known.applied
         else:
-            rows, todo = self._keys(table, path, ids, size), wanted
-        gone = self.deleted(table, path, sorted(todo))
+            rows, todo = self._keys(jvm, table, path, ids, size), wanted
+        gone = self.deleted(jvm, table, path, sorted(todo))
         if len(gone):
             rows = rows.filter(pc.invert(pc.is_in(rows["pos"], value_set=gone)))
         if todo:
             self._cache.put(path + LIVE, _Live(wanted, rows))
         return rows
 
-    def deleted(self, table, path: str, deletes: Sequence[str]) -> pa.Array:
+    def deleted(self, jvm, table, path: str, deletes: Sequence[str]) -> pa.Array:
         """The positions in the data file ``path`` that the position-delete files ``deletes``
         delete (each delete file read once: cached)."""
         gone = []
         for delete in deletes:
             rows = self._cache.get(delete)
             if rows is None:
-                with _open(delete, table.io) as raw:
+                with _open(jvm, table, delete, whole=True) as raw:
                     rows = pq.read_table(raw, columns=["file_path", "pos"])
                 self._cache.put(delete, rows)
             gone.append(rows.filter(pc.equal(rows["file_path"], path))["pos"].combine_chunks())
@@ -629,15 +645,15 @@ def _entries(files: _JavaIO, manifest: ManifestFile) -> pa.Table:
 
 
 class _JavaIO(FileIO):
-    """A read-only pyiceberg ``FileIO`` over a Java Iceberg ``FileIO``: each file read whole."""
+    """A read-only pyiceberg ``FileIO`` over a Java Iceberg table's ``FileIO``: each file read
+    whole (:func:`_read`)."""
 
-    def __init__(self, java_io) -> None:
+    def __init__(self, jvm, table) -> None:
         super().__init__()
-        self._io = java_io
+        self._jvm, self._table = jvm, table
 
     def new_input(self, location: str, length: int | None = None) -> InputFile:
-        with _open(location, lambda: self._io, length) as raw:
-            return _Bytes(location, raw.read())
+        return _Bytes(location, _read(self._jvm, self._table, location, length))
 
     def new_output(self, location: str) -> OutputFile:
         raise NotImplementedError("read only")

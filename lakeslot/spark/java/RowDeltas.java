@@ -6,7 +6,8 @@
  * about forty py4j calls (builders, metrics, locations), each one a round trip on the socket and
  * one more when Python's proxy of its result is collected; with hundreds of tables in a pass
  * that chatter was a large part of the driver's CPU on both sides. Here the table's facts, the
- * new files' locations and the commit are one call each, with JSON in and out (no proxies).
+ * new files' locations, the commit and each file read are one call each, with JSON or bytes in
+ * and out (no proxies).
  *
  * Invariants: the commit is the one row_delta.py describes (position deletes scoped to one data
  * file each, validated from the snapshot the positions were found in: a ValidationException
@@ -125,6 +126,23 @@ public final class RowDeltas {
       current.allManifests(CommitOperations.holding(io, location, content));
     }
     return content;
+  }
+
+  /**
+   * The bytes of the file at {@code location} of {@code table}'s FileIO, whole, in one request:
+   * {@code length} is its size when the caller knows it (a manifest's or a data file's, from the
+   * metadata that lists it), else negative (read to its end: its size is not asked first either).
+   * One call where the file's InputFile, stream, seek, read and close were six from Python, and
+   * their proxies three more.
+   */
+  public static byte[] read(Table table, String location, long length) {
+    FileIO io = table.io();
+    try (SeekableInputStream in =
+        (length < 0 ? io.newInputFile(location) : io.newInputFile(location, length)).newStream()) {
+      return in.readAllBytes();
+    } catch (IOException e) {
+      throw new UncheckedIOException(e);
+    }
   }
 
   /** The locations of new data files of the given names (a JSON list), as a JSON list. */
