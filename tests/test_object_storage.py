@@ -605,6 +605,42 @@ def _behind_proxies(spark, store, name: str, delay_s: float):
         yield s3, rest
 
 
+def test_files_larger_than_one_read_are_read_in_parts_and_find_the_same_rows(
+        rest_spark, object_store, monkeypatch):
+    """Where the driver finds keys' rows on object storage, a file is read whole in one call only
+    up to ``row_delta.WHOLE_BYTES``; a larger one — here every file, the limit set to 64 bytes —
+    is read in parts (its size asked first where the metadata did not give it: the delete files
+    Spark wrote), and the rows found are the same: the live rows (Spark's deletes applied)."""
+    store = object_store
+    namespace, name = f"parts_{uuid.uuid4().hex[:8]}", "t"
+    with _behind_proxies(rest_spark, store, "parts", 0) as (s3, _rest):
+        table = f"parts.{namespace}.{name}"
+        rest_spark.sql(f"CREATE NAMESPACE IF NOT EXISTS parts.{namespace}")
+        rest_spark.sql(f"CREATE TABLE {table} (id bigint NOT NULL, v string) USING iceberg "
+                       "TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read')")
+        rest_spark.sql(f"INSERT INTO {table} SELECT id, CAST(id AS string) FROM range(0, 100, 1, 1)")
+        rest_spark.sql(f"DELETE FROM {table} WHERE id % 10 = 3")
+        jvm = rest_spark._jvm
+        java_table = Tables(rest_spark, "parts", namespace).iceberg_table(name)
+        keys = pa.table({"1": pa.array(range(0, 100, 7), pa.int64())})
+
+        def found(positions):
+            s3.requests.clear()
+            s3.recording.set()
+            rows = positions.find(jvm, java_table, row_delta.describe(jvm, java_table),
+                                  [(1, "id")], keys).rows
+            s3.recording.clear()
+            heads = sorted(r.path.rsplit(".", 1)[-1] for r in s3.requests if r.method == "HEAD")
+            return sorted(rows["1"].to_pylist()), heads
+
+        whole, whole_heads = found(row_delta.Positions())
+        monkeypatch.setattr(row_delta, "WHOLE_BYTES", 64)
+        parts, parts_heads = found(row_delta.Positions())
+        assert whole == parts == [k for k in range(0, 100, 7) if k % 10 != 3]
+        assert whole_heads == [] and parts_heads == ["parquet"], (whole_heads, parts_heads)
+        rest_spark.sql(f"DROP TABLE {table} PURGE")
+
+
 @pytest.mark.slow
 def test_a_row_delta_on_object_storage_asks_only_what_its_commit_needs(rest_spark, object_store):
     """The driver's row delta against the REST catalog and S3, every request counted by proxies

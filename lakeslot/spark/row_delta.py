@@ -28,12 +28,13 @@ Invariants:
   ``java/RowDeltas.java``): the table's facts (:func:`describe`), the new files' locations, and
   the commit with the files' metrics computed by Iceberg from their footers (not read back),
   JSON in and out; and one per file the planning reads off local disk (``manifestList``,
-  ``read``: its bytes, whole, in one request — a file's stream read from Python was six calls
-  and three proxies released). The commit starts from the table as the caller loaded it (no reload: the
-  catalog checks the commit's requirements, and Iceberg reloads and retries one that fails
-  them — only from the position the caller planned from) and ends with its answer's state (no
-  reload after it). Done call by call from Python, a row delta took about forty py4j round
-  trips and as many again to release their results' proxies. A JVM without the class
+  ``read``: its bytes, whole, in one request, up to :data:`WHOLE_BYTES` — a file's stream read
+  from Python was six calls and three proxies released). The commit starts from the table as
+  the caller loaded it (no reload: the catalog checks the commit's requirements, and Iceberg
+  reloads and retries one that fails them — only from the position the caller planned from)
+  and ends with its answer's state (no reload after it). Done call by call from Python, a row
+  delta took about forty py4j round trips and as many again to release their results'
+  proxies. A JVM without the class
   (:func:`available`) is the caller's to handle: it applies the batch another way.
 - Format v2 position deletes, one delete file per data file it deletes from (file-scoped,
   ``referencedDataFile`` set: a scan pairs it with that file only). A table with equality
@@ -244,25 +245,25 @@ def _open(jvm, table, location: str, length: int | None = None, *, whole: bool =
           ) -> io.RawIOBase | io.BufferedReader | io.BytesIO:
     """The file at ``location`` of the Java Iceberg ``table``'s ``FileIO``, readable: from local
     disk; else, when ``whole`` or its ``length`` is known to be at most :data:`WHOLE_BYTES`, its
-    bytes in one call (:func:`_read`); else through a :class:`_JavaFile` (a file that big is
-    read in parts, only the columns asked for; one of unknown length has it asked first)."""
+    bytes in one call if it is no larger (:func:`_read`); else through a :class:`_JavaFile` (a
+    larger file is read in parts, a Parquet file only the columns asked for)."""
     if (local := local_path(location)) is not None:
         return open(local, "rb")
-    if whole or (length is not None and length <= WHOLE_BYTES):
-        return io.BytesIO(_read(jvm, table, location, length))
+    if ((whole or (length is not None and length <= WHOLE_BYTES))
+            and (content := _read(jvm, table, location, length)) is not None):
+        return io.BytesIO(content)
     io_ = table.io()
     return _JavaFile(io_.newInputFile(location) if length is None
                      else io_.newInputFile(location, length))
 
 
-def _read(jvm, table, location: str, length: int | None = None) -> bytes:
-    """The bytes of the file at ``location`` of the Java Iceberg ``table``'s ``FileIO``, whole:
-    from local disk, else ``RowDeltas.read`` — one py4j call and one request (``length``: its
-    size when known, else it is read to its end without being asked)."""
-    if (local := local_path(location)) is not None:
-        with open(local, "rb") as file:
-            return file.read()
-    return bytes(java(jvm, f"{ROW_DELTAS}.read")(table, location, -1 if length is None else length))
+def _read(jvm, table, location: str, length: int | None = None) -> bytes | None:
+    """The bytes of the remote file at ``location`` of the Java Iceberg ``table``'s ``FileIO``,
+    whole, if it holds at most :data:`WHOLE_BYTES` (else None): ``RowDeltas.read``, one py4j
+    call and one request (``length``: its size when known, else it is not asked first)."""
+    read = java(jvm, f"{ROW_DELTAS}.read")(table, location, -1 if length is None else length,
+                                           WHOLE_BYTES)
+    return None if read is None else bytes(read)
 
 
 @dataclass(frozen=True)
@@ -646,14 +647,15 @@ def _entries(files: _JavaIO, manifest: ManifestFile) -> pa.Table:
 
 class _JavaIO(FileIO):
     """A read-only pyiceberg ``FileIO`` over a Java Iceberg table's ``FileIO``: each file read
-    whole (:func:`_read`)."""
+    whole (in one call: :func:`_open`)."""
 
     def __init__(self, jvm, table) -> None:
         super().__init__()
         self._jvm, self._table = jvm, table
 
     def new_input(self, location: str, length: int | None = None) -> InputFile:
-        return _Bytes(location, _read(self._jvm, self._table, location, length))
+        with _open(self._jvm, self._table, location, length, whole=True) as raw:
+            return _Bytes(location, raw.read())
 
     def new_output(self, location: str) -> OutputFile:
         raise NotImplementedError("read only")

@@ -129,17 +129,22 @@ public final class RowDeltas {
   }
 
   /**
-   * The bytes of the file at {@code location} of {@code table}'s FileIO, whole, in one request:
+   * The bytes of the file at {@code location} of {@code table}'s FileIO, whole, in one request,
+   * or null when it holds more than {@code limit} bytes (the caller reads it in parts):
    * {@code length} is its size when the caller knows it (a manifest's or a data file's, from the
-   * metadata that lists it), else negative (read to its end: its size is not asked first either).
-   * One call where the file's InputFile, stream, seek, read and close were six from Python, and
-   * their proxies three more.
+   * metadata that lists it), else negative (its size is not asked first either). One call where
+   * the file's InputFile, stream, seek, read and close were six from Python, and their proxies
+   * three more.
    */
-  public static byte[] read(Table table, String location, long length) {
+  public static byte[] read(Table table, String location, long length, int limit) {
+    if (length > limit) {
+      return null;
+    }
     FileIO io = table.io();
     try (SeekableInputStream in =
         (length < 0 ? io.newInputFile(location) : io.newInputFile(location, length)).newStream()) {
-      return in.readAllBytes();
+      byte[] content = in.readNBytes(limit + 1);
+      return content.length > limit ? null : content;
     } catch (IOException e) {
       throw new UncheckedIOException(e);
     }
