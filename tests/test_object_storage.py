@@ -605,20 +605,28 @@ def _behind_proxies(spark, store, name: str, delay_s: float):
         yield s3, rest
 
 
+def _merge_on_read_table(spark, catalog: str, rows: int) -> tuple[str, str, str]:
+    """A new table ``t`` (id bigint NOT NULL, v string: the id as text) of ``rows`` rows in one
+    data file, in a new namespace of Spark's ``catalog``; format v2, its deletes and updates
+    merge-on-read. Returns its namespace, its name and its full name."""
+    namespace, name = f"{catalog}_{uuid.uuid4().hex[:8]}", "t"
+    table = f"{catalog}.{namespace}.{name}"
+    spark.sql(f"CREATE NAMESPACE IF NOT EXISTS {catalog}.{namespace}")
+    spark.sql(f"CREATE TABLE {table} (id bigint NOT NULL, v string) USING iceberg "
+              "TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read', "
+              "'write.update.mode'='merge-on-read')")
+    spark.sql(f"INSERT INTO {table} SELECT id, CAST(id AS string) FROM range(0, {rows}, 1, 1)")
+    return namespace, name, table
+
+
 def test_files_larger_than_one_read_are_read_in_parts_and_find_the_same_rows(
         rest_spark, object_store, monkeypatch):
     """Where the driver finds keys' rows on object storage, a file is read whole in one call only
     up to ``row_delta.WHOLE_BYTES``; a larger one — here every file, the limit set to 64 bytes —
     is read in parts (its size asked first where the metadata did not give it: the delete files
     Spark wrote), and the rows found are the same: the live rows (Spark's deletes applied)."""
-    store = object_store
-    namespace, name = f"parts_{uuid.uuid4().hex[:8]}", "t"
-    with _behind_proxies(rest_spark, store, "parts", 0) as (s3, _rest):
-        table = f"parts.{namespace}.{name}"
-        rest_spark.sql(f"CREATE NAMESPACE IF NOT EXISTS parts.{namespace}")
-        rest_spark.sql(f"CREATE TABLE {table} (id bigint NOT NULL, v string) USING iceberg "
-                       "TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read')")
-        rest_spark.sql(f"INSERT INTO {table} SELECT id, CAST(id AS string) FROM range(0, 100, 1, 1)")
+    with _behind_proxies(rest_spark, object_store, "parts", 0) as (s3, _rest):
+        namespace, name, table = _merge_on_read_table(rest_spark, "parts", 100)
         rest_spark.sql(f"DELETE FROM {table} WHERE id % 10 = 3")
         jvm = rest_spark._jvm
         java_table = Tables(rest_spark, "parts", namespace).iceberg_table(name)
@@ -792,14 +800,8 @@ def test_a_small_table_compacted_on_the_driver_on_object_storage_reads_its_files
     the table before or between. Read back through the catalog by pyiceberg: the same rows, in
     one data file, no delete file left."""
     store = object_store
-    namespace, name = f"compacted_{uuid.uuid4().hex[:8]}", "t"
     with _behind_proxies(rest_spark, store, "compacting", 0.05) as (s3, rest):
-        table = f"compacting.{namespace}.{name}"
-        rest_spark.sql(f"CREATE NAMESPACE IF NOT EXISTS compacting.{namespace}")
-        rest_spark.sql(f"CREATE TABLE {table} (id bigint NOT NULL, v string) USING iceberg "
-                       "TBLPROPERTIES ('format-version'='2', 'write.delete.mode'='merge-on-read', "
-                       "'write.update.mode'='merge-on-read')")
-        rest_spark.sql(f"INSERT INTO {table} SELECT id, CAST(id AS string) FROM range(0, 200, 1, 1)")
+        namespace, name, table = _merge_on_read_table(rest_spark, "compacting", 200)
         for n in range(7):
             rest_spark.sql(f"UPDATE {table} SET v = 'u{n}' WHERE id % 7 = {n}")
         spec = CatalogSpec.model_validate(store.catalog_document())
